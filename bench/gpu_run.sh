@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# One call on the GPU machine: builds nothing, checks correctness, times pinfeed beside the
+# torch baselines, writes JSON under $OUT. Prepare the carried folder first, on a machine with
+# Rust: `bench/prepare_device.sh` (binaries, test binaries, wheel into .device-carry/).
+#
+#   bash bench/gpu_run.sh [tests] [rust] [torch] [python]     (default: all)
+set -uo pipefail
+C=.device-carry
+OUT=${OUT:-/tmp/pinfeed-out}
+mkdir -p "$OUT"
+want() { [ $# -eq 0 ] && return 0; for s in $SECTIONS; do [ "$s" = "$1" ] && return 0; done; return 1; }
+SECTIONS=${*:-tests rust torch python}
+export PYTHONUNBUFFERED=1
+DATA=/tmp/pinfeed-4g.npy
+RECORDS=1489700   # 4 GiB of 3x31x31 uint8 records
+
+nvidia-smi --query-gpu=name,driver_version,pcie.link.gen.current,pcie.link.width.current,memory.total --format=csv,noheader | tee "$OUT/machine.txt"
+nproc >> "$OUT/machine.txt"; free -g | head -2 >> "$OUT/machine.txt"
+
+if want tests; then
+    echo "== GPU tests (Rust, --ignored)"
+    for t in $C/tests/*; do
+        echo "-- $(basename "$t")"
+        "$t" --ignored --test-threads=1 2>&1 | grep -E "^test |test result|panicked" | tee -a "$OUT/gpu_tests.txt"
+    done
+fi
+
+if [ ! -f "$DATA" ] && { want rust || want torch || want python; }; then
+    $C/pinfeed gen "$DATA" --records $RECORDS --shape 3,31,31 --dtype u8 --seed 1
+    cat "$DATA" > /dev/null   # page-cached from here on
+fi
+
+if want rust; then
+    echo "== pinfeed bench (seed experiment)"
+    $C/pinfeed bench --json > "$OUT/pinfeed_bench.json" && $C/pinfeed bench --repeat 1 --rows 256 | tail -8
+    echo "== pinfeed stream (page-cached 4 GiB .npy, batches of 1024)"
+    : > "$OUT/pinfeed_stream.jsonl"
+    for threads in 4 8 16; do
+        for pin in register hostalloc; do
+            $C/pinfeed stream "$DATA" --batch-size 1024 --threads $threads --pin-method $pin --json >> "$OUT/pinfeed_stream.jsonl" || echo "stream failed: $threads $pin"
+        done
+    done
+    $C/pinfeed stream "$DATA" --batch-size 1000 --threads 8 --verify --json >> "$OUT/pinfeed_stream.jsonl" || echo "VERIFY FAILED"
+    python3 -c "
+import json
+for l in open('$OUT/pinfeed_stream.jsonl'):
+    r = json.loads(l); print(f\"threads {r['threads']:2d} slots {r['slots']:3d} {r['gbps']:6.2f} GB/s cpu {r['cpu_seconds']:.2f}s verified={r['verified']} crc={r['crc32']} {r['bottleneck']}\")"
+fi
+
+if want torch; then
+    echo "== torch baselines"
+    python3 bench/torch_baselines.py --npy "$DATA" --out "$OUT/torch.json"
+fi
+
+if want python && ls $C/*.whl >/dev/null 2>&1; then
+    echo "== Python package"
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site $C/*.whl && export PYTHONPATH=/tmp/site
+    python3 -m pytest -q -p no:cacheprovider bindings/python/tests --gpu 2>&1 | tail -15 | tee "$OUT/python_gpu_tests.txt"
+    [ -f bench/python_bench.py ] && python3 bench/python_bench.py --npy "$DATA" --out "$OUT/python_bench.json"
+fi
+echo "== done"

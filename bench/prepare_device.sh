@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Builds here what bench/gpu_run.sh needs on the GPU machine (which has no Rust toolchain) and
+# copies it into .device-carry/ (ignored by git; name it in the device call's `carry`).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+C=.device-carry
+rm -rf "$C" && mkdir -p "$C/tests"
+cargo build --release --locked -p pinfeed-cli
+cp target/release/pinfeed "$C/"
+strip "$C/pinfeed"
+# Test binaries that hold GPU tests (marked #[ignore = "needs a CUDA device"]).
+for pkg in pinfeed-cuda pinfeed; do
+    cargo test --release --locked -p "$pkg" --no-run --message-format=json 2>/dev/null \
+      | python3 -c "
+import json, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get('reason') == 'compiler-artifact' and m.get('executable') and m['target']['kind'] == ['test'] and m['target']['name'] == 'integration':
+        print(m['executable'])" \
+      | while read -r exe; do cp "$exe" "$C/tests/$pkg-integration"; strip "$C/tests/$pkg-integration"; done
+done
+if [ -f bindings/python/pyproject.toml ]; then
+    python3 -m maturin build --release -m bindings/python/Cargo.toml -o "$C" --quiet
+fi
+du -sh "$C"/* "$C"/tests/*

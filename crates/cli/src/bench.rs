@@ -1,0 +1,478 @@
+//! `pinfeed bench`: the seed experiment. A float32 tensor moved to the device row by row as
+//! (a) pageable copies, (b) copies through page-locked memory allocated for each row, and
+//! (c) pinfeed's ring.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context as _, Result};
+use clap::Args;
+use pinfeed::{parse_size, DeviceSpec, Loader, LoaderOptions, PinMethod};
+use pinfeed_cuda::{Context, DevicePool, PinnedMemory, Stream};
+use pinfeed_source::dtype::parse_user_dtype;
+use pinfeed_source::{HostBuffer, Layout};
+use rand::{Rng, SeedableRng};
+use serde_json::json;
+
+use crate::usage::{cpu_time, mem_available};
+use crate::Outcome;
+
+#[derive(Args, Debug)]
+pub struct BenchArgs {
+    /// auto, cpu, cuda or cuda:N.
+    #[arg(long, default_value = "auto")]
+    device: String,
+    /// Rows of the tensor (one row per copy).
+    #[arg(long, default_value_t = 1024)]
+    rows: usize,
+    /// float32 columns in a row.
+    #[arg(long, default_value_t = 655_360)]
+    cols: usize,
+    /// Most page-locked memory pinfeed may use.
+    #[arg(long, default_value = "256MiB")]
+    pinned_budget: String,
+    /// pinfeed's reader threads (default: one per core).
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Repeat each variant this many times and report the median.
+    #[arg(long, default_value_t = 3)]
+    repeat: usize,
+    /// Print one JSON object instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+struct Measured {
+    name: &'static str,
+    what: &'static str,
+    wall: Duration,
+    cpu: Duration,
+    bytes: u64,
+}
+
+impl Measured {
+    fn gbps(&self) -> f64 {
+        self.bytes as f64 / self.wall.as_secs_f64() / 1e9
+    }
+}
+
+/// What variant (b) spent on page-locking, per row.
+#[derive(Default)]
+struct LockCost {
+    alloc: Duration,
+    free: Duration,
+    count: u32,
+}
+
+/// Runs `f` `repeat` times; keeps the run with the median wall time.
+fn median_of<T>(
+    repeat: usize,
+    mut f: impl FnMut() -> Result<(Duration, Duration, T)>,
+) -> Result<(Duration, Duration, T)> {
+    let mut runs = Vec::with_capacity(repeat);
+    for _ in 0..repeat.max(1) {
+        runs.push(f()?);
+    }
+    runs.sort_by_key(|r| r.0);
+    let mid = runs.len() / 2;
+    Ok(runs.swap_remove(mid))
+}
+
+fn timed<T>(f: impl FnOnce() -> Result<T>) -> Result<(Duration, Duration, T)> {
+    let cpu = cpu_time();
+    let wall = Instant::now();
+    let out = f()?;
+    Ok((wall.elapsed(), cpu_time() - cpu, out))
+}
+
+/// The tensor: uniform floats in [0, 1), like `torch.rand`, filled on all cores.
+fn make_tensor(rows: usize, cols: usize) -> Vec<f32> {
+    let mut data = vec![0f32; rows * cols];
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let chunk = data.len().div_ceil(threads).max(1);
+    std::thread::scope(|s| {
+        for (i, part) in data.chunks_mut(chunk).enumerate() {
+            s.spawn(move || {
+                let mut rng = rand::rngs::SmallRng::seed_from_u64(i as u64);
+                part.iter_mut().for_each(|x| *x = rng.random());
+            });
+        }
+    });
+    data
+}
+
+fn as_bytes(data: &[f32]) -> &[u8] {
+    // SAFETY: f32 has no padding and every byte pattern is a valid u8; the length in bytes is
+    // exactly four times the element count.
+    unsafe { std::slice::from_raw_parts(data.as_ptr().cast(), std::mem::size_of_val(data)) }
+}
+
+pub fn run(args: BenchArgs) -> Result<Outcome> {
+    if args.rows == 0 || args.cols == 0 {
+        bail!("--rows and --cols must be at least 1");
+    }
+    let device: DeviceSpec = args.device.parse::<DeviceSpec>()?.resolve();
+    let mut rows = args.rows;
+    let row_bytes = args.cols * 4;
+    // The tensor plus a destination as large on the host backend, with room to spare.
+    let copies = if device == DeviceSpec::Cpu { 3 } else { 2 };
+    if let Some(available) = mem_available() {
+        while rows > 1 && (rows * row_bytes * copies) as u64 > available {
+            rows /= 2;
+        }
+        if rows != args.rows {
+            eprintln!(
+                "pinfeed bench: {} MB of memory available; using {rows} rows instead of {}",
+                available / 1_000_000,
+                args.rows
+            );
+        }
+    }
+    let tensor = Arc::new(make_tensor(rows, args.cols));
+    let source_crc = crc32fast::hash(as_bytes(&tensor));
+    let total = (rows * row_bytes) as u64;
+
+    let mut pin_methods = Vec::new();
+    let (pageable, per_row, lock_cost) = match device {
+        DeviceSpec::Cuda(ordinal) => {
+            let ctx = Context::new(ordinal)?;
+            let cuda = CudaBench::new(&ctx, total as usize)?;
+            let pageable = median_of(args.repeat, || timed(|| cuda.pageable(&tensor, row_bytes)))?;
+            cuda.check(source_crc, "pageable")?;
+            let per_row = median_of(args.repeat, || {
+                timed(|| cuda.pinned_per_row(&tensor, row_bytes))
+            })?;
+            cuda.check(source_crc, "pinned_per_batch")?;
+            pin_methods = measure_pin_methods(&ctx)?;
+            ((pageable.0, pageable.1), (per_row.0, per_row.1), per_row.2)
+        }
+        _ => {
+            let mut dst = vec![0u8; total as usize];
+            let pageable = median_of(args.repeat, || {
+                timed(|| host_pageable(&tensor, &mut dst, row_bytes))
+            })?;
+            check_crc(crc32fast::hash(&dst), source_crc, "pageable")?;
+            dst.fill(0);
+            let per_row = median_of(args.repeat, || {
+                timed(|| host_locked_per_row(&tensor, &mut dst, row_bytes))
+            })?;
+            check_crc(crc32fast::hash(&dst), source_crc, "pinned_per_batch")?;
+            ((pageable.0, pageable.1), (per_row.0, per_row.1), per_row.2)
+        }
+    };
+
+    let options = LoaderOptions {
+        batch_size: 1,
+        device,
+        pinned_budget: parse_size(&args.pinned_budget)?,
+        num_threads: Some(
+            args.threads
+                .unwrap_or_else(|| std::thread::available_parallelism().map_or(4, |n| n.get())),
+        ),
+        pin_method: PinMethod::Register,
+        ..LoaderOptions::default()
+    };
+    let (dtype, _) = parse_user_dtype("f32")?;
+    let layout = Layout::new(dtype, vec![args.cols as u64])?;
+    let owner = Arc::clone(&tensor);
+    // SAFETY: the bytes belong to `tensor`, which `owner` keeps alive and nobody writes.
+    let source = Arc::new(unsafe {
+        HostBuffer::from_raw(
+            tensor.as_ptr().cast(),
+            total as usize,
+            layout,
+            Box::new(owner),
+        )
+    }?);
+    let ring = median_of(args.repeat, || {
+        timed(|| {
+            let loader = Loader::new(source.clone(), options.clone())?;
+            for batch in loader {
+                batch?.wait_ready()?;
+            }
+            Ok(())
+        })
+    })?;
+    // Untimed: what arrived through the ring, read back from the device.
+    let mut crc = crc32fast::Hasher::new();
+    let mut back = vec![0u8; row_bytes];
+    for batch in Loader::new(source.clone(), options.clone())? {
+        let batch = batch?;
+        batch.read_back(&mut back)?;
+        crc.update(&back);
+    }
+    check_crc(crc.finalize(), source_crc, "pinfeed")?;
+
+    let variants = [
+        Measured {
+            name: "pageable",
+            what: "(a) pageable copy of each row",
+            wall: pageable.0,
+            cpu: pageable.1,
+            bytes: total,
+        },
+        Measured {
+            name: "pinned_per_batch",
+            what: "(b) page-locked memory allocated for each row",
+            wall: per_row.0,
+            cpu: per_row.1,
+            bytes: total,
+        },
+        Measured {
+            name: "pinfeed",
+            what: "(c) pinfeed ring",
+            wall: ring.0,
+            cpu: ring.1,
+            bytes: total,
+        },
+    ];
+    let alloc_ms = lock_cost.alloc.as_secs_f64() * 1e3 / f64::from(lock_cost.count.max(1));
+    let free_ms = lock_cost.free.as_secs_f64() * 1e3 / f64::from(lock_cost.count.max(1));
+    let row_copy_ms = variants[2].wall.as_secs_f64() * 1e3 / rows as f64;
+    let why = format!(
+        "(b) loses because page-locking a fresh {:.1} MB buffer costs {alloc_ms:.3} ms (and freeing it {free_ms:.3} ms), \
+         {:.1} times the {row_copy_ms:.3} ms one row takes through pinfeed's ring, which page-locked its memory once at start-up.",
+        row_bytes as f64 / 1e6,
+        (alloc_ms + free_ms) / row_copy_ms.max(1e-9),
+    );
+
+    if args.json {
+        let list: Vec<_> = variants
+            .iter()
+            .map(|v| {
+                json!({"name": v.name, "wall_s": v.wall.as_secs_f64(), "cpu_s": v.cpu.as_secs_f64(), "gbps": v.gbps()})
+            })
+            .collect();
+        let methods: Vec<_> = pin_methods
+            .iter()
+            .map(|(m, bytes, alloc, free)| {
+                json!({"method": m, "bytes": bytes, "alloc_ms": alloc.as_secs_f64() * 1e3, "free_ms": free.as_secs_f64() * 1e3})
+            })
+            .collect();
+        println!(
+            "{}",
+            json!({
+                "device": device.to_string(),
+                "rows": rows,
+                "cols": args.cols,
+                "row_bytes": row_bytes,
+                "bytes": total,
+                "repeat": args.repeat,
+                "variants": list,
+                "page_lock_alloc_ms": alloc_ms,
+                "page_lock_free_ms": free_ms,
+                "row_copy_ms": row_copy_ms,
+                "pin_methods": methods,
+                "verified": true,
+                "why": why,
+            })
+        );
+    } else {
+        println!(
+            "seed experiment on {device}: {rows} × {} float32 ({:.2} GB), one row ({:.2} MB) per copy, median of {}",
+            args.cols,
+            total as f64 / 1e9,
+            row_bytes as f64 / 1e6,
+            args.repeat
+        );
+        println!(
+            "{:<48} {:>10} {:>10} {:>8}",
+            "variant", "wall ms", "CPU ms", "GB/s"
+        );
+        for v in &variants {
+            println!(
+                "{:<48} {:>10.1} {:>10.1} {:>8.2}",
+                v.what,
+                v.wall.as_secs_f64() * 1e3,
+                v.cpu.as_secs_f64() * 1e3,
+                v.gbps()
+            );
+        }
+        for (m, bytes, alloc, free) in &pin_methods {
+            println!(
+                "page-locking {:.0} MiB with {m}: {:.1} ms, freeing it {:.1} ms",
+                *bytes as f64 / (1u64 << 20) as f64,
+                alloc.as_secs_f64() * 1e3,
+                free.as_secs_f64() * 1e3
+            );
+        }
+        println!(
+            "all three variants delivered bytes equal to the source (CRC-32 {source_crc:#010x})"
+        );
+        println!("{why}");
+    }
+    Ok(Outcome::Ok)
+}
+
+fn check_crc(got: u32, want: u32, variant: &str) -> Result<()> {
+    if got != want {
+        bail!("variant {variant} delivered wrong bytes: CRC-32 {got:#010x}, source {want:#010x}");
+    }
+    Ok(())
+}
+
+fn host_pageable(tensor: &[f32], dst: &mut [u8], row_bytes: usize) -> Result<()> {
+    for (src, dst) in as_bytes(tensor)
+        .chunks(row_bytes)
+        .zip(dst.chunks_mut(row_bytes))
+    {
+        dst.copy_from_slice(src);
+    }
+    Ok(())
+}
+
+/// The host backend's (b): for each row, fresh memory locked with `mlock`, the row copied in,
+/// copied out to the destination, then unlocked and unmapped.
+fn host_locked_per_row(tensor: &[f32], dst: &mut [u8], row_bytes: usize) -> Result<LockCost> {
+    let mut cost = LockCost::default();
+    for (src, dst) in as_bytes(tensor)
+        .chunks(row_bytes)
+        .zip(dst.chunks_mut(row_bytes))
+    {
+        let t = Instant::now();
+        // SAFETY: an anonymous private mapping has no preconditions.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                row_bytes,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error()).context("mmap of a row buffer");
+        }
+        // SAFETY: `ptr .. ptr + row_bytes` was just mapped.
+        if unsafe { libc::mlock(ptr, row_bytes) } != 0 {
+            let e = std::io::Error::last_os_error();
+            // SAFETY: unmapping what we mapped.
+            unsafe { libc::munmap(ptr, row_bytes) };
+            return Err(e).context(format!(
+                "mlock of one {row_bytes}-byte row (raise the memory-lock limit with `ulimit -l`)"
+            ));
+        }
+        cost.alloc += t.elapsed();
+        cost.count += 1;
+        // SAFETY: the mapping holds `row_bytes` bytes, and `src` is `row_bytes` long.
+        let locked = unsafe { std::slice::from_raw_parts_mut(ptr.cast::<u8>(), src.len()) };
+        locked.copy_from_slice(src);
+        dst.copy_from_slice(locked);
+        let t = Instant::now();
+        // SAFETY: unlocking and unmapping what we mapped; `locked` is not used after.
+        unsafe {
+            libc::munlock(ptr, row_bytes);
+            libc::munmap(ptr, row_bytes);
+        }
+        cost.free += t.elapsed();
+    }
+    Ok(cost)
+}
+
+/// Measures page-locking 256 MiB with each method (made once, so the cost is worth knowing,
+/// and the faster method is the pool's default).
+fn measure_pin_methods(
+    ctx: &Arc<Context>,
+) -> Result<Vec<(&'static str, usize, Duration, Duration)>> {
+    let bytes = 256 << 20;
+    let mut out = Vec::new();
+    for (name, method) in [
+        ("cuMemHostAlloc", PinMethod::HostAlloc),
+        ("malloc+cuMemHostRegister", PinMethod::Register),
+    ] {
+        let t = Instant::now();
+        let memory = PinnedMemory::alloc(ctx, bytes, method)?;
+        let alloc = t.elapsed();
+        let t = Instant::now();
+        drop(memory);
+        out.push((name, bytes, alloc, t.elapsed()));
+    }
+    Ok(out)
+}
+
+/// The CUDA variants (a) and (b), into one device buffer the size of the tensor.
+struct CudaBench {
+    ctx: Arc<Context>,
+    stream: Stream,
+    dst: pinfeed_cuda::DeviceBuffer,
+    len: usize,
+}
+
+impl CudaBench {
+    fn new(ctx: &Arc<Context>, len: usize) -> Result<CudaBench> {
+        let stream = Stream::new(ctx)?;
+        let pool = DevicePool::new(ctx)?;
+        let dst = pool.alloc_async(len, &stream)?;
+        stream.synchronize()?;
+        Ok(CudaBench {
+            ctx: Arc::clone(ctx),
+            stream,
+            dst,
+            len,
+        })
+    }
+
+    /// `i.cuda()` for each row: a copy from pageable memory, waited for.
+    fn pageable(&self, tensor: &[f32], row_bytes: usize) -> Result<()> {
+        for (i, row) in as_bytes(tensor).chunks(row_bytes).enumerate() {
+            // SAFETY: `row` lives through the synchronisation below; the destination range is
+            // inside `dst` (`i * row_bytes + row.len() <= len`).
+            unsafe {
+                pinfeed_cuda::memcpy_htod_async(
+                    self.dst.ptr() + (i * row_bytes) as u64,
+                    row.as_ptr(),
+                    row.len(),
+                    &self.stream,
+                )?;
+            }
+            self.stream.synchronize()?;
+        }
+        Ok(())
+    }
+
+    /// `i.pin_memory().cuda()` for each row: fresh page-locked memory, a copy in, the copy to
+    /// the device, the memory freed once the copy is done.
+    fn pinned_per_row(&self, tensor: &[f32], row_bytes: usize) -> Result<LockCost> {
+        let mut cost = LockCost::default();
+        for (i, row) in as_bytes(tensor).chunks(row_bytes).enumerate() {
+            let t = Instant::now();
+            let pinned = PinnedMemory::alloc(&self.ctx, row.len(), PinMethod::HostAlloc)?;
+            cost.alloc += t.elapsed();
+            cost.count += 1;
+            // SAFETY: the allocation holds `row.len()` bytes and nothing else uses it yet.
+            unsafe { std::ptr::copy_nonoverlapping(row.as_ptr(), pinned.as_ptr(), row.len()) };
+            // SAFETY: `pinned` lives until after the synchronisation; the destination range is
+            // inside `dst`.
+            unsafe {
+                pinfeed_cuda::memcpy_htod_async(
+                    self.dst.ptr() + (i * row_bytes) as u64,
+                    pinned.as_ptr(),
+                    row.len(),
+                    &self.stream,
+                )?;
+            }
+            self.stream.synchronize()?;
+            let t = Instant::now();
+            drop(pinned);
+            cost.free += t.elapsed();
+        }
+        Ok(cost)
+    }
+
+    /// Reads the destination back and compares its CRC-32 with the source's.
+    fn check(&self, want: u32, variant: &str) -> Result<()> {
+        let mut back = vec![0u8; self.len];
+        // SAFETY: `back` holds `len` bytes and lives through the synchronisation.
+        unsafe {
+            pinfeed_cuda::memcpy_dtoh_async(
+                back.as_mut_ptr(),
+                self.dst.ptr(),
+                self.len,
+                &self.stream,
+            )?;
+        }
+        self.stream.synchronize()?;
+        check_crc(crc32fast::hash(&back), want, variant)
+    }
+}

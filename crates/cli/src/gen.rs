@@ -1,0 +1,98 @@
+//! `pinfeed gen`: a dataset of random records, written as a `.npy` file numpy reads.
+
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use clap::Args;
+use pinfeed_source::dtype::parse_user_dtype;
+use pinfeed_source::npy::NpyWriter;
+use pinfeed_source::Layout;
+use rand::{Rng, RngCore, SeedableRng};
+
+use crate::Outcome;
+
+#[derive(Args, Debug)]
+pub struct GenArgs {
+    /// Where to write the .npy file.
+    out: PathBuf,
+    /// Number of records.
+    #[arg(long)]
+    records: u64,
+    /// Shape of one record, e.g. 3,31,31.
+    #[arg(long, default_value = "3,31,31", value_parser = parse_shape)]
+    shape: Shape,
+    /// Element type: u8, i8, u16, i16, u32, i32, u64, i64, f16, f32, f64 (Rust names: u8 is one
+    /// byte), or a numpy type string with its byte order such as <f4.
+    #[arg(long, default_value = "u8")]
+    dtype: String,
+    /// Seed of the random generator; the same seed writes the same file.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+}
+
+/// The shape of one record (a newtype, so that clap takes it as one value).
+#[derive(Clone, Debug)]
+pub struct Shape(pub Vec<u64>);
+
+/// Parses `3,31,31` (an empty string is a scalar record).
+pub fn parse_shape(text: &str) -> Result<Shape, String> {
+    if text.trim().is_empty() {
+        return Ok(Shape(Vec::new()));
+    }
+    text.split(',')
+        .map(|d| {
+            d.trim()
+                .parse::<u64>()
+                .map_err(|_| format!("bad shape {text:?}: {d:?} is not a whole number"))
+        })
+        .collect::<Result<_, _>>()
+        .map(Shape)
+}
+
+pub fn run(args: GenArgs) -> Result<Outcome> {
+    let (dtype, mut shape) = parse_user_dtype(&args.dtype)?;
+    shape.extend(&args.shape.0);
+    let layout = Layout::new(dtype, shape)?;
+    if args.records == 0 {
+        anyhow::bail!("{}: --records must be at least 1", args.out.display());
+    }
+    let mut writer = NpyWriter::create(&args.out, layout.clone(), args.records)?;
+    let record_bytes = layout.record_bytes();
+    let total = record_bytes as u128 * args.records as u128;
+    let mut rng = rand::rngs::SmallRng::seed_from_u64(args.seed);
+    let mut chunk = vec![0u8; 8 << 20];
+    let mut left = total;
+    // Floats get values in [0, 1) so that they are finite numbers; everything else random bytes.
+    let float = layout.dtype.descr.trim_matches('\'');
+    while left > 0 {
+        let n = left.min(chunk.len() as u128) as usize;
+        let buf = &mut chunk[..n];
+        match float {
+            "<f4" => buf
+                .chunks_exact_mut(4)
+                .for_each(|c| c.copy_from_slice(&rng.random::<f32>().to_le_bytes())),
+            "<f8" => buf
+                .chunks_exact_mut(8)
+                .for_each(|c| c.copy_from_slice(&rng.random::<f64>().to_le_bytes())),
+            _ => rng.fill_bytes(buf),
+        }
+        writer
+            .write(buf)
+            .with_context(|| format!("writing {}", args.out.display()))?;
+        left -= n as u128;
+    }
+    writer.finish()?;
+    eprintln!(
+        "wrote {}: {} records of {} ({} bytes)",
+        args.out.display(),
+        args.records,
+        layout_text(&layout),
+        total
+    );
+    Ok(Outcome::Ok)
+}
+
+fn layout_text(layout: &Layout) -> String {
+    let dims: Vec<String> = layout.shape.iter().map(u64::to_string).collect();
+    format!("{} [{}]", layout.dtype, dims.join(","))
+}

@@ -1,0 +1,209 @@
+//! The primary context of one device.
+
+use std::ffi::{c_char, c_int, CStr};
+use std::sync::Arc;
+
+use cudarc::driver::sys::{self, CUcontext, CUdevice, CUdevice_attribute};
+
+use crate::driver::{check, check_pid, current_pid, init};
+use crate::error::{CudaError, Result};
+
+/// The primary context of one device, retained for as long as this value lives.
+///
+/// The primary context is the one the CUDA runtime (and so PyTorch) uses, so memory and events
+/// made here can be used by torch on the same device without peer mappings.
+///
+/// Methods make the context current only for the duration of the call and restore whatever was
+/// current before (see [`Context::bind`] for the permanent version), so calling them from a thread
+/// where torch works on another device does not move torch to this one.
+#[derive(Debug)]
+pub struct Context {
+    /// Invariant: a context retained by `cuDevicePrimaryCtxRetain(dev)` in process `pid` and
+    /// released only in `Drop`.
+    ctx: CUcontext,
+    dev: CUdevice,
+    ordinal: usize,
+    /// The process that retained the context; any other process is a forked child.
+    pid: i32,
+}
+
+// SAFETY: a CUcontext is a process-wide driver handle, not tied to the thread that created it;
+// the driver API is thread-safe, and this type hands out no references into driver memory.
+unsafe impl Send for Context {}
+// SAFETY: every method takes `&self` and only passes the handle to thread-safe driver calls.
+unsafe impl Sync for Context {}
+
+/// Restores the previously current context when dropped.
+///
+/// Holds a raw pointer, so it is neither `Send` nor `Sync`: it must be dropped on the thread that
+/// made it, which is the thread whose current context it changed.
+#[must_use]
+pub(crate) struct CurrentGuard {
+    prev: CUcontext,
+    changed: bool,
+}
+
+impl Drop for CurrentGuard {
+    fn drop(&mut self) {
+        if self.changed {
+            // SAFETY: `prev` was current on this thread when the guard was made (or null, which
+            // unbinds); the guard never leaves this thread (it is !Send).
+            let _ = unsafe { sys::cuCtxSetCurrent(self.prev) };
+        }
+    }
+}
+
+impl Context {
+    /// Retains the primary context of device `ordinal`.
+    ///
+    /// Fails with [`CudaError::NoDriver`] when there is no driver and [`CudaError::NoDevice`]
+    /// when the ordinal is out of range.
+    pub fn new(ordinal: usize) -> Result<Arc<Context>> {
+        let count = init()?;
+        if ordinal >= count {
+            return Err(CudaError::NoDevice { ordinal, count });
+        }
+        let ordinal_c =
+            c_int::try_from(ordinal).map_err(|_| CudaError::NoDevice { ordinal, count })?;
+        let mut dev: CUdevice = 0;
+        // SAFETY: cuInit succeeded (init); `dev` is a valid out-pointer; the ordinal is in range.
+        check("cuDeviceGet", unsafe {
+            sys::cuDeviceGet(&mut dev, ordinal_c)
+        })?;
+        let mut ctx: CUcontext = std::ptr::null_mut();
+        // SAFETY: `dev` is a valid device handle; `ctx` is a valid out-pointer. The retain is
+        // balanced by the release in Drop.
+        check("cuDevicePrimaryCtxRetain", unsafe {
+            sys::cuDevicePrimaryCtxRetain(&mut ctx, dev)
+        })?;
+        Ok(Arc::new(Context {
+            ctx,
+            dev,
+            ordinal,
+            pid: current_pid(),
+        }))
+    }
+
+    /// Makes this context current on the calling thread (`cuCtxSetCurrent`) and leaves it so.
+    ///
+    /// Not needed before calling this crate: every method that needs a current context makes it
+    /// current itself, for the duration of the call.
+    pub fn bind(&self) -> Result<()> {
+        self.check_fork()?;
+        // SAFETY: `self.ctx` is a live retained context (field invariant) in this process.
+        check("cuCtxSetCurrent", unsafe { sys::cuCtxSetCurrent(self.ctx) })
+    }
+
+    /// Makes the context current until the guard drops, then restores the previous one.
+    pub(crate) fn enter(&self) -> Result<CurrentGuard> {
+        self.check_fork()?;
+        let mut prev: CUcontext = std::ptr::null_mut();
+        // SAFETY: `prev` is a valid out-pointer; the driver is initialised (we hold a context).
+        check("cuCtxGetCurrent", unsafe {
+            sys::cuCtxGetCurrent(&mut prev)
+        })?;
+        if prev == self.ctx {
+            return Ok(CurrentGuard {
+                prev,
+                changed: false,
+            });
+        }
+        // SAFETY: `self.ctx` is a live retained context (field invariant).
+        check("cuCtxSetCurrent", unsafe { sys::cuCtxSetCurrent(self.ctx) })?;
+        Ok(CurrentGuard {
+            prev,
+            changed: true,
+        })
+    }
+
+    /// Fails with [`CudaError::Forked`] in a forked child.
+    pub(crate) fn check_fork(&self) -> Result<()> {
+        check_pid(self.pid)
+    }
+
+    /// Whether this is still the process that created the context (drops skip the driver if not).
+    pub(crate) fn in_owner_process(&self) -> bool {
+        self.pid == current_pid()
+    }
+
+    /// The device ordinal (`cuda:N`).
+    pub fn ordinal(&self) -> usize {
+        self.ordinal
+    }
+
+    /// The raw context handle.
+    pub fn raw(&self) -> CUcontext {
+        self.ctx
+    }
+
+    /// The raw device handle.
+    pub fn device(&self) -> CUdevice {
+        self.dev
+    }
+
+    /// The device's marketing name (`NVIDIA H200`).
+    pub fn name(&self) -> Result<String> {
+        self.check_fork()?;
+        let mut buf = [0 as c_char; 256];
+        // SAFETY: `buf` is writable for the length passed; `self.dev` is a valid device.
+        check("cuDeviceGetName", unsafe {
+            sys::cuDeviceGetName(buf.as_mut_ptr(), buf.len() as c_int, self.dev)
+        })?;
+        Ok(c_buf_to_string(&buf))
+    }
+
+    /// The PCI bus id in `domain:bus:device.function` form (`0000:3b:00.0`).
+    pub fn pci_bus_id(&self) -> Result<String> {
+        self.check_fork()?;
+        let mut buf = [0 as c_char; 64];
+        // SAFETY: `buf` is writable for the length passed; `self.dev` is a valid device.
+        check("cuDeviceGetPCIBusId", unsafe {
+            sys::cuDeviceGetPCIBusId(buf.as_mut_ptr(), buf.len() as c_int, self.dev)
+        })?;
+        Ok(c_buf_to_string(&buf))
+    }
+
+    /// `(free, total)` device memory in bytes.
+    pub fn mem_info(&self) -> Result<(usize, usize)> {
+        let _current = self.enter()?;
+        let (mut free, mut total) = (0usize, 0usize);
+        // SAFETY: our context is current (guard); both out-pointers are valid.
+        check("cuMemGetInfo", unsafe {
+            sys::cuMemGetInfo_v2(&mut free, &mut total)
+        })?;
+        Ok((free, total))
+    }
+
+    /// One device attribute (`cuDeviceGetAttribute`).
+    pub fn attribute(&self, attr: CUdevice_attribute) -> Result<i32> {
+        self.check_fork()?;
+        let mut value: c_int = 0;
+        // SAFETY: `value` is a valid out-pointer; `self.dev` is a valid device.
+        check("cuDeviceGetAttribute", unsafe {
+            sys::cuDeviceGetAttribute(&mut value, attr, self.dev)
+        })?;
+        Ok(value)
+    }
+}
+
+impl Drop for Context {
+    fn drop(&mut self) {
+        if !self.in_owner_process() {
+            // The driver state belongs to the parent; touching it here is what we must not do.
+            return;
+        }
+        // SAFETY: balances the retain in `new`; every object using the context holds an
+        // `Arc<Context>`, so none is left when this runs.
+        let _ = unsafe { sys::cuDevicePrimaryCtxRelease_v2(self.dev) };
+    }
+}
+
+/// The NUL-terminated prefix of `buf` as a string.
+fn c_buf_to_string(buf: &[c_char]) -> String {
+    // c_char is i8 or u8 depending on the target; reinterpret as bytes.
+    let bytes: Vec<u8> = buf.iter().map(|&c| c as u8).collect();
+    match CStr::from_bytes_until_nul(&bytes) {
+        Ok(s) => s.to_string_lossy().into_owned(),
+        Err(_) => String::from_utf8_lossy(&bytes).into_owned(),
+    }
+}

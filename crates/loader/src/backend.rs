@@ -1,0 +1,612 @@
+//! Where batches go: a CUDA device, or the host backend that stands in for one.
+//!
+//! The host backend runs the same pipeline with host memory as "device" memory, a copy thread
+//! doing `memcpy` as the copy engine (in order, like one CUDA stream) and a completion flag as
+//! the event, so everything but the copy engine itself is exercised on machines without a GPU.
+
+use std::fmt;
+use std::str::FromStr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc;
+use std::sync::{Arc, Condvar, Mutex};
+
+use pinfeed_cuda::{Context, CudaError, DeviceBuffer, DevicePool, Event, PinMethod, Stream};
+
+use crate::error::{LoaderError, Result};
+
+/// Which device batches are delivered to.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum DeviceSpec {
+    /// The first CUDA device when a driver and a device are present, else the host backend.
+    #[default]
+    Auto,
+    /// The host backend.
+    Cpu,
+    /// CUDA device number `n`.
+    Cuda(usize),
+}
+
+impl FromStr for DeviceSpec {
+    type Err = LoaderError;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "auto" => Ok(DeviceSpec::Auto),
+            "cpu" | "host" => Ok(DeviceSpec::Cpu),
+            "cuda" | "gpu" => Ok(DeviceSpec::Cuda(0)),
+            _ => s
+                .strip_prefix("cuda:")
+                .and_then(|n| n.parse().ok())
+                .map(DeviceSpec::Cuda)
+                .ok_or_else(|| {
+                    LoaderError::Config(format!(
+                        "unknown device {s:?}: expected auto, cpu, cuda or cuda:N"
+                    ))
+                }),
+        }
+    }
+}
+
+impl fmt::Display for DeviceSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DeviceSpec::Auto => write!(f, "auto"),
+            DeviceSpec::Cpu => write!(f, "cpu"),
+            DeviceSpec::Cuda(n) => write!(f, "cuda:{n}"),
+        }
+    }
+}
+
+impl DeviceSpec {
+    /// Resolves `Auto` to a CUDA device when one is usable, else to `Cpu`.
+    pub fn resolve(self) -> DeviceSpec {
+        match self {
+            DeviceSpec::Auto => match pinfeed_cuda::probe() {
+                Ok(count) if count > 0 => DeviceSpec::Cuda(0),
+                _ => DeviceSpec::Cpu,
+            },
+            other => other,
+        }
+    }
+}
+
+/// Completion of one copy out of a slot: a CUDA event or the host engine's flag.
+#[derive(Clone)]
+pub enum CopyFence {
+    /// Set by the host copy thread after its `memcpy`.
+    Host(Arc<HostFlag>),
+    /// Recorded on the copy stream after the copy.
+    Cuda(Arc<Event>),
+}
+
+impl fmt::Debug for CopyFence {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            CopyFence::Host(flag) => write!(f, "HostFence(done={})", flag.is_set()),
+            CopyFence::Cuda(_) => write!(f, "CudaEvent"),
+        }
+    }
+}
+
+impl pinfeed_ring::Fence for CopyFence {
+    type Error = CudaError;
+    fn is_complete(&self) -> std::result::Result<bool, CudaError> {
+        match self {
+            CopyFence::Host(flag) => Ok(flag.is_set()),
+            CopyFence::Cuda(event) => event.query(),
+        }
+    }
+    fn wait(&self) -> std::result::Result<(), CudaError> {
+        match self {
+            CopyFence::Host(flag) => {
+                flag.wait();
+                Ok(())
+            }
+            CopyFence::Cuda(event) => event.synchronize(),
+        }
+    }
+}
+
+/// A one-shot completion flag that can be waited on without spinning.
+#[derive(Debug, Default)]
+pub struct HostFlag {
+    done: Mutex<bool>,
+    cv: Condvar,
+}
+
+impl HostFlag {
+    fn set(&self) {
+        *self.done.lock().unwrap_or_else(|p| p.into_inner()) = true;
+        self.cv.notify_all();
+    }
+    fn is_set(&self) -> bool {
+        *self.done.lock().unwrap_or_else(|p| p.into_inner())
+    }
+    fn wait(&self) {
+        let mut done = self.done.lock().unwrap_or_else(|p| p.into_inner());
+        while !*done {
+            done = self.cv.wait(done).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+}
+
+/// Counts device bytes held by batches and refuses to go past a budget.
+#[derive(Debug)]
+pub(crate) struct DeviceBudget {
+    limit: Option<usize>,
+    held: AtomicUsize,
+    peak: AtomicUsize,
+}
+
+impl DeviceBudget {
+    pub(crate) fn new(limit: Option<usize>) -> Arc<Self> {
+        Arc::new(DeviceBudget {
+            limit,
+            held: AtomicUsize::new(0),
+            peak: AtomicUsize::new(0),
+        })
+    }
+
+    fn take(&self, bytes: usize) -> Result<()> {
+        let held = self.held.fetch_add(bytes, Ordering::AcqRel) + bytes;
+        if let Some(limit) = self.limit {
+            if held > limit {
+                self.held.fetch_sub(bytes, Ordering::AcqRel);
+                return Err(LoaderError::DeviceBudget {
+                    budget: limit,
+                    held: held - bytes,
+                    wanted: bytes,
+                });
+            }
+        }
+        self.peak.fetch_max(held, Ordering::Relaxed);
+        Ok(())
+    }
+
+    fn give(&self, bytes: usize) {
+        self.held.fetch_sub(bytes, Ordering::AcqRel);
+    }
+
+    pub(crate) fn held(&self) -> usize {
+        self.held.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn peak(&self) -> usize {
+        self.peak.load(Ordering::Relaxed)
+    }
+}
+
+/// Recycles the host backend's "device" buffers so that steady state allocates nothing.
+#[derive(Debug, Default)]
+pub(crate) struct HostBufferCache {
+    free: Mutex<Vec<Vec<u8>>>,
+}
+
+impl HostBufferCache {
+    fn get(&self, len: usize) -> Vec<u8> {
+        let mut free = self.free.lock().unwrap_or_else(|p| p.into_inner());
+        match free.iter().position(|b| b.len() == len) {
+            Some(i) => free.swap_remove(i),
+            None => vec![0; len],
+        }
+    }
+    fn put(&self, buf: Vec<u8>) {
+        let mut free = self.free.lock().unwrap_or_else(|p| p.into_inner());
+        // A handful is enough: the ring has a bounded number of batches in flight.
+        if free.len() < 64 {
+            free.push(buf);
+        }
+    }
+}
+
+/// Device memory holding one batch. Returned to its pool when dropped.
+pub struct DeviceMemory {
+    inner: Option<DeviceInner>,
+    len: usize,
+    budget: Arc<DeviceBudget>,
+}
+
+enum DeviceInner {
+    Host {
+        buf: Vec<u8>,
+        cache: Arc<HostBufferCache>,
+    },
+    Cuda(DeviceBuffer),
+}
+
+impl fmt::Debug for DeviceMemory {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DeviceMemory")
+            .field("len", &self.len)
+            .field("address", &format_args!("{:#x}", self.address()))
+            .finish()
+    }
+}
+
+impl DeviceMemory {
+    /// Bytes held.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether it holds no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The address: a CUDA device pointer, or a host pointer on the host backend.
+    pub fn address(&self) -> u64 {
+        match &self.inner {
+            Some(DeviceInner::Host { buf, .. }) => buf.as_ptr() as u64,
+            Some(DeviceInner::Cuda(b)) => b.ptr(),
+            None => 0,
+        }
+    }
+
+    /// The bytes, on the host backend (`None` for CUDA memory).
+    pub fn host_bytes(&self) -> Option<&[u8]> {
+        match &self.inner {
+            Some(DeviceInner::Host { buf, .. }) => Some(buf),
+            _ => None,
+        }
+    }
+
+    fn host_ptr_mut(&mut self) -> Option<*mut u8> {
+        match &mut self.inner {
+            Some(DeviceInner::Host { buf, .. }) => Some(buf.as_mut_ptr()),
+            _ => None,
+        }
+    }
+}
+
+impl Drop for DeviceMemory {
+    fn drop(&mut self) {
+        match self.inner.take() {
+            Some(DeviceInner::Host { buf, cache }) => cache.put(buf),
+            // Dropping the buffer frees it in stream order on the copy stream; whoever used it
+            // on another stream made the copy stream wait first (see `Batch::release_after`).
+            Some(DeviceInner::Cuda(buffer)) => drop(buffer),
+            None => {}
+        }
+        self.budget.give(self.len);
+    }
+}
+
+/// A raw pointer moved to the host copy thread.
+struct SendPtr<T>(*mut T);
+// SAFETY: the pointer is only dereferenced by the copy thread while the ring guarantees the
+// source slot is not written (it is `Copying` until the flag is set) and the destination
+// buffer is owned by a batch that waits on the same flag before anyone reads it.
+unsafe impl<T> Send for SendPtr<T> {}
+
+struct HostJob {
+    src: SendPtr<u8>,
+    dst: SendPtr<u8>,
+    len: usize,
+    done: Arc<HostFlag>,
+}
+
+/// The host backend's copy engine: one thread copying in submission order, like a stream.
+pub(crate) struct HostCopyEngine {
+    jobs: Option<mpsc::Sender<HostJob>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl HostCopyEngine {
+    fn start() -> Result<HostCopyEngine> {
+        let (tx, rx) = mpsc::channel::<HostJob>();
+        let thread = std::thread::Builder::new()
+            .name("pinfeed-hostcopy".into())
+            .spawn(move || {
+                for job in rx {
+                    // SAFETY: see `SendPtr`: both ranges are valid for `len` bytes and nobody
+                    // else touches them until `done` is set.
+                    unsafe { std::ptr::copy_nonoverlapping(job.src.0, job.dst.0, job.len) };
+                    job.done.set();
+                }
+            })
+            .map_err(|source| LoaderError::Thread {
+                what: "host copy",
+                source,
+            })?;
+        Ok(HostCopyEngine {
+            jobs: Some(tx),
+            thread: Some(thread),
+        })
+    }
+}
+
+impl Drop for HostCopyEngine {
+    fn drop(&mut self) {
+        drop(self.jobs.take());
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// The device end of the pipeline.
+pub(crate) enum Backend {
+    Host {
+        engine: HostCopyEngine,
+        cache: Arc<HostBufferCache>,
+    },
+    Cuda {
+        ctx: Arc<Context>,
+        copy_stream: Arc<Stream>,
+        /// Used by readbacks (verification), so they never queue behind the copy stream.
+        readback_stream: Stream,
+        pool: Arc<DevicePool>,
+        pin_method: PinMethod,
+    },
+}
+
+impl Backend {
+    pub(crate) fn new(device: DeviceSpec, pin_method: PinMethod) -> Result<Backend> {
+        match device.resolve() {
+            DeviceSpec::Cpu | DeviceSpec::Auto => Ok(Backend::Host {
+                engine: HostCopyEngine::start()?,
+                cache: Arc::default(),
+            }),
+            DeviceSpec::Cuda(ordinal) => {
+                let ctx = Context::new(ordinal)?;
+                let copy_stream = Arc::new(Stream::new(&ctx)?);
+                let readback_stream = Stream::new(&ctx)?;
+                let pool = DevicePool::new(&ctx)?;
+                Ok(Backend::Cuda {
+                    ctx,
+                    copy_stream,
+                    readback_stream,
+                    pool,
+                    pin_method,
+                })
+            }
+        }
+    }
+
+    pub(crate) fn device(&self) -> DeviceSpec {
+        match self {
+            Backend::Host { .. } => DeviceSpec::Cpu,
+            Backend::Cuda { ctx, .. } => DeviceSpec::Cuda(ctx.ordinal()),
+        }
+    }
+
+    pub(crate) fn context(&self) -> Option<&Arc<Context>> {
+        match self {
+            Backend::Cuda { ctx, .. } => Some(ctx),
+            Backend::Host { .. } => None,
+        }
+    }
+
+    pub(crate) fn copy_stream(&self) -> Option<&Arc<Stream>> {
+        match self {
+            Backend::Cuda { copy_stream, .. } => Some(copy_stream),
+            Backend::Host { .. } => None,
+        }
+    }
+
+    pub(crate) fn pinned_pool(
+        &self,
+        slot_bytes: usize,
+        slots: usize,
+    ) -> Result<crate::pool::PinnedPool> {
+        match self {
+            Backend::Host { .. } => crate::pool::PinnedPool::host(slot_bytes, slots),
+            Backend::Cuda {
+                ctx, pin_method, ..
+            } => crate::pool::PinnedPool::cuda(ctx, slot_bytes, slots, *pin_method),
+        }
+    }
+
+    /// Device memory for one batch, counted against `budget`.
+    pub(crate) fn alloc(&self, len: usize, budget: &Arc<DeviceBudget>) -> Result<DeviceMemory> {
+        budget.take(len)?;
+        let inner = match self {
+            Backend::Host { cache, .. } => DeviceInner::Host {
+                buf: cache.get(len),
+                cache: Arc::clone(cache),
+            },
+            Backend::Cuda {
+                copy_stream, pool, ..
+            } => match pool.alloc_async(len, copy_stream) {
+                Ok(buffer) => DeviceInner::Cuda(buffer),
+                Err(e) => {
+                    budget.give(len);
+                    return Err(e.into());
+                }
+            },
+        };
+        Ok(DeviceMemory {
+            inner: Some(inner),
+            len,
+            budget: Arc::clone(budget),
+        })
+    }
+
+    /// Starts copying `len` bytes from `src` into `dst` and returns the fence that completes
+    /// when the copy has finished reading `src`.
+    ///
+    /// # Safety
+    /// `src` is valid for `len` bytes and not written until the fence completes; `dst` holds
+    /// at least `len` bytes and is not read until the fence completes.
+    pub(crate) unsafe fn copy(
+        &self,
+        src: *const u8,
+        dst: &mut DeviceMemory,
+        dst_offset: usize,
+        len: usize,
+    ) -> Result<CopyFence> {
+        assert!(
+            dst_offset + len <= dst.len(),
+            "copy past the end of device memory"
+        );
+        match self {
+            Backend::Host { engine, .. } => {
+                let done = Arc::new(HostFlag::default());
+                let base = dst.host_ptr_mut().expect("host backend holds host memory");
+                // SAFETY: `dst_offset + len <= dst.len()`, checked above.
+                let dst_ptr = unsafe { base.add(dst_offset) };
+                let job = HostJob {
+                    src: SendPtr(src.cast_mut()),
+                    dst: SendPtr(dst_ptr),
+                    len,
+                    done: Arc::clone(&done),
+                };
+                engine
+                    .jobs
+                    .as_ref()
+                    .and_then(|jobs| jobs.send(job).ok())
+                    .ok_or_else(|| {
+                        LoaderError::Config("the host copy engine has stopped".into())
+                    })?;
+                Ok(CopyFence::Host(done))
+            }
+            Backend::Cuda {
+                ctx, copy_stream, ..
+            } => {
+                // SAFETY: forwarded from this function's contract.
+                unsafe {
+                    pinfeed_cuda::memcpy_htod_async(
+                        dst.address() + dst_offset as u64,
+                        src,
+                        len,
+                        copy_stream,
+                    )?;
+                }
+                let event = Event::new(ctx)?;
+                event.record(copy_stream)?;
+                Ok(CopyFence::Cuda(Arc::new(event)))
+            }
+        }
+    }
+
+    /// A fence that is complete once everything issued on the copy stream so far is: for data
+    /// that needed no copy.
+    pub(crate) fn completed_fence(&self) -> Result<CopyFence> {
+        match self {
+            Backend::Host { .. } => {
+                let flag = Arc::new(HostFlag::default());
+                flag.set();
+                Ok(CopyFence::Host(flag))
+            }
+            Backend::Cuda {
+                ctx, copy_stream, ..
+            } => {
+                let event = Event::new(ctx)?;
+                event.record(copy_stream)?;
+                Ok(CopyFence::Cuda(Arc::new(event)))
+            }
+        }
+    }
+
+    /// Copies a delivered batch back to host memory, after its copy finished. Used to verify
+    /// what arrived on the device.
+    pub(crate) fn read_back(
+        &self,
+        src: &DeviceMemory,
+        ready: &CopyFence,
+        dst: &mut [u8],
+    ) -> Result<()> {
+        assert!(dst.len() <= src.len(), "read-back larger than the batch");
+        match (self, ready) {
+            (Backend::Host { .. }, fence) => {
+                pinfeed_ring::Fence::wait(fence)?;
+                let bytes = src.host_bytes().expect("host backend holds host memory");
+                dst.copy_from_slice(&bytes[..dst.len()]);
+                Ok(())
+            }
+            (
+                Backend::Cuda {
+                    readback_stream, ..
+                },
+                CopyFence::Cuda(event),
+            ) => {
+                readback_stream.wait_event(event)?;
+                // SAFETY: `dst` is borrowed mutably for the whole call and we synchronise the
+                // stream before returning; `src` outlives the call.
+                unsafe {
+                    pinfeed_cuda::memcpy_dtoh_async(
+                        dst.as_mut_ptr(),
+                        src.address(),
+                        dst.len(),
+                        readback_stream,
+                    )?;
+                }
+                readback_stream.synchronize()?;
+                Ok(())
+            }
+            (Backend::Cuda { .. }, CopyFence::Host(_)) => {
+                unreachable!("a CUDA backend only makes CUDA fences")
+            }
+        }
+    }
+}
+
+/// Device memory, the fence of the copy that fills it, and the backend it belongs to: what
+/// every kind of delivered data shares.
+pub(crate) struct Landed {
+    pub(crate) ready: CopyFence,
+    pub(crate) memory: DeviceMemory,
+    pub(crate) backend: Arc<Backend>,
+}
+
+impl Landed {
+    pub(crate) fn wait_ready(&self) -> Result<()> {
+        pinfeed_ring::Fence::wait(&self.ready).map_err(LoaderError::from)
+    }
+
+    pub(crate) fn host_bytes(&self, len: usize) -> Result<Option<&[u8]>> {
+        self.wait_ready()?;
+        Ok(self.memory.host_bytes().map(|b| &b[..len]))
+    }
+
+    pub(crate) fn read_back(&self, dst: &mut [u8], len: usize) -> Result<()> {
+        if dst.len() != len {
+            return Err(LoaderError::Config(format!(
+                "read-back buffer holds {} bytes, the data {len}",
+                dst.len()
+            )));
+        }
+        self.backend.read_back(&self.memory, &self.ready, dst)
+    }
+
+    /// # Safety
+    /// `stream` is a live CUDA stream of the data's context (0 for the legacy default stream),
+    /// or any value on the host backend.
+    pub(crate) unsafe fn stream_wait(&self, stream: u64) -> Result<()> {
+        match (&self.ready, self.backend.context()) {
+            (CopyFence::Cuda(event), Some(ctx)) => {
+                // SAFETY: forwarded from this function's contract.
+                let foreign = unsafe { pinfeed_cuda::ForeignStream::from_raw(stream) };
+                foreign.wait_event(event, ctx)?;
+                Ok(())
+            }
+            _ => self.wait_ready(),
+        }
+    }
+
+    /// Makes the copy stream (where the memory is freed, in stream order) wait for the work
+    /// queued on `stream` so far.
+    ///
+    /// # Safety
+    /// As for [`stream_wait`](Landed::stream_wait).
+    pub(crate) unsafe fn order_free_after(&self, stream: u64) -> Result<()> {
+        if let (Some(ctx), Some(copy_stream)) = (self.backend.context(), self.backend.copy_stream())
+        {
+            let used = Event::new(ctx)?;
+            // SAFETY: forwarded from this function's contract.
+            unsafe { used.record_raw(stream as pinfeed_cuda::CUstream) }?;
+            copy_stream.wait_event(&used)?;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Landed {
+    fn drop(&mut self) {
+        // On the host backend the copy thread writes into this memory until the flag is set;
+        // it must not go back to the cache before. CUDA memory is freed in stream order.
+        if let CopyFence::Host(_) = self.ready {
+            let _ = pinfeed_ring::Fence::wait(&self.ready);
+        }
+    }
+}

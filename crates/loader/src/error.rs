@@ -1,0 +1,80 @@
+use pinfeed_cuda::CudaError;
+use pinfeed_source::SourceError;
+
+/// Everything that can go wrong while building or running a [`Loader`](crate::Loader).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum LoaderError {
+    /// The dataset could not be opened or read.
+    #[error(transparent)]
+    Source(#[from] SourceError),
+    /// A CUDA driver call failed, or there is no driver or device.
+    #[error(transparent)]
+    Cuda(#[from] CudaError),
+    /// An option is out of range; the message says which and why.
+    #[error("{0}")]
+    Config(String),
+    /// The pinned budget cannot hold the two slots the ring needs.
+    #[error(
+        "pinned budget of {budget} bytes holds {fits} slot(s) of {slot_bytes} bytes \
+         ({batch_size} records of {record_bytes} bytes); pinfeed needs at least 2 to overlap \
+         reading with copying: raise the pinned budget to at least {needed} bytes or lower the batch size"
+    )]
+    BudgetTooSmall {
+        /// The budget the user set.
+        budget: usize,
+        /// Bytes in one slot.
+        slot_bytes: usize,
+        /// Slots that fit in the budget.
+        fits: usize,
+        /// Records in one batch.
+        batch_size: usize,
+        /// Bytes in one record.
+        record_bytes: usize,
+        /// The smallest budget that works.
+        needed: usize,
+    },
+    /// Host memory could not be reserved for the ring.
+    #[error("could not reserve {bytes} bytes of host memory for the pinned ring: {source}")]
+    HostMemory {
+        /// The size asked for.
+        bytes: usize,
+        /// What the operating system said.
+        source: std::io::Error,
+    },
+    /// More device memory would be held than the device budget allows.
+    #[error(
+        "device memory budget of {budget} bytes exceeded: {held} bytes are held by batches not yet \
+         released and the next batch needs {wanted}; release batches sooner or raise the device budget"
+    )]
+    DeviceBudget {
+        /// The budget.
+        budget: usize,
+        /// Bytes held now.
+        held: usize,
+        /// Bytes the next batch needs.
+        wanted: usize,
+    },
+    /// A reader thread panicked; the panic message is kept.
+    #[error("a reader thread panicked: {0}")]
+    ReaderPanicked(String),
+    /// A transform reported an error.
+    #[error("transform failed on batch {seq}: {message}")]
+    Transform {
+        /// The batch's sequence number.
+        seq: u64,
+        /// What the transform said.
+        message: String,
+    },
+    /// A thread could not be started.
+    #[error("could not start the {what} thread: {source}")]
+    Thread {
+        /// Which thread.
+        what: &'static str,
+        /// What the operating system said.
+        source: std::io::Error,
+    },
+}
+
+/// `Result` with a [`LoaderError`].
+pub type Result<T, E = LoaderError> = std::result::Result<T, E>;

@@ -1,0 +1,252 @@
+//! pinfeed moves fixed-size records from disk or host memory to an NVIDIA GPU through a bounded
+//! ring of pinned memory.
+//!
+//! A [`Loader`] joins a [`Source`](pinfeed_source::Source) (a `.npy` file, a raw record file, a
+//! host buffer) to a device. At start-up it makes one page-locked allocation, within the budget
+//! the user set, and carves it into slots. Reader threads read batches straight into free slots;
+//! a copy thread issues each filled slot's copy to the device on its own stream and records an
+//! event; the slot is reused only once that event has completed. Batches arrive in order as
+//! [`Batch`]es that own their device memory and know when their copy finished.
+//!
+//! Without a CUDA driver (or with [`DeviceSpec::Cpu`]) the same pipeline runs on the host
+//! backend, where device memory is host memory and the copy engine is a `memcpy` thread.
+//!
+//! ```
+//! use std::sync::Arc;
+//! use pinfeed::{DeviceSpec, Loader, LoaderOptions};
+//! use pinfeed_source::{dtype::parse_user_dtype, HostBuffer, Layout};
+//!
+//! let (dtype, shape) = parse_user_dtype("u8").unwrap();
+//! let layout = Layout::new(dtype, vec![4]).unwrap();
+//! let source = HostBuffer::from_vec((0..40u8).collect(), layout).unwrap();
+//! let options = LoaderOptions { batch_size: 3, device: DeviceSpec::Cpu, ..LoaderOptions::default() };
+//! let loader = Loader::new(Arc::new(source), options).unwrap();
+//! assert_eq!(loader.num_batches(), 4);
+//! let mut bytes = Vec::new();
+//! for batch in loader {
+//!     let batch = batch.unwrap();
+//!     let mut host = vec![0; batch.len_bytes()];
+//!     batch.read_back(&mut host).unwrap();
+//!     bytes.extend(host);
+//! }
+//! assert_eq!(bytes, (0..40u8).collect::<Vec<_>>());
+//! ```
+#![deny(unsafe_op_in_unsafe_fn)]
+#![warn(clippy::undocumented_unsafe_blocks)]
+#![deny(missing_docs)]
+
+mod backend;
+mod error;
+mod pipeline;
+mod pool;
+mod stager;
+mod stats;
+
+use std::sync::Arc;
+
+pub use backend::{CopyFence, DeviceMemory, DeviceSpec};
+pub use error::{LoaderError, Result};
+pub use pinfeed_cuda::PinMethod;
+pub use pipeline::{Batch, Loader};
+pub use pool::pinned_allocations;
+pub use stager::{to_device, DeviceArray, PinnedRegion, Stager, StagerOptions};
+pub use stats::{Bottleneck, Stats};
+
+/// Anything delivered into device memory: a loader's [`Batch`] or a [`Stager`]'s
+/// [`DeviceArray`]. What the Python bindings export through DLPack.
+pub trait DeviceData: Send + Sync {
+    /// The device address (a host address on the host backend).
+    fn address(&self) -> u64;
+    /// Bytes of data.
+    fn len_bytes(&self) -> usize;
+    /// Where the data lives.
+    fn device(&self) -> DeviceSpec;
+    /// Blocks until the copy that fills the data has finished.
+    fn wait_ready(&self) -> Result<()>;
+    /// Makes `stream` wait for the copy without blocking the host (CUDA); waits on the host
+    /// backend.
+    ///
+    /// # Safety
+    /// `stream` is a live CUDA stream of the data's context, or any value on the host backend.
+    unsafe fn stream_wait(&self, stream: u64) -> Result<()>;
+    /// Frees the data once the work queued on `stream` so far is done with it.
+    ///
+    /// # Safety
+    /// As for [`stream_wait`](DeviceData::stream_wait).
+    unsafe fn release_after(self: Box<Self>, stream: u64) -> Result<()>;
+    /// Copies the data back to the host, after its copy finished.
+    fn read_back(&self, dst: &mut [u8]) -> Result<()>;
+    /// The bytes on the host backend, after the copy finished; `None` on CUDA.
+    fn host_bytes(&self) -> Result<Option<&[u8]>>;
+}
+
+impl DeviceData for Batch {
+    fn address(&self) -> u64 {
+        Batch::address(self)
+    }
+    fn len_bytes(&self) -> usize {
+        Batch::len_bytes(self)
+    }
+    fn device(&self) -> DeviceSpec {
+        Batch::device(self)
+    }
+    fn wait_ready(&self) -> Result<()> {
+        Batch::wait_ready(self)
+    }
+    unsafe fn stream_wait(&self, stream: u64) -> Result<()> {
+        // SAFETY: forwarded from the trait's contract.
+        unsafe { Batch::stream_wait(self, stream) }
+    }
+    unsafe fn release_after(self: Box<Self>, stream: u64) -> Result<()> {
+        // SAFETY: forwarded from the trait's contract.
+        unsafe { Batch::release_after(*self, stream) }
+    }
+    fn read_back(&self, dst: &mut [u8]) -> Result<()> {
+        Batch::read_back(self, dst)
+    }
+    fn host_bytes(&self) -> Result<Option<&[u8]>> {
+        Batch::host_bytes(self)
+    }
+}
+
+/// The pinned budget when the user sets none: 256 MiB, a few hundred slots of typical batches,
+/// small next to any training machine's memory, and page-locked in a few milliseconds.
+pub const DEFAULT_PINNED_BUDGET: usize = 256 << 20;
+
+/// Slots the ring never goes beyond, however large the budget: past a few dozen batches in
+/// flight, more slots only lock more memory.
+pub const MAX_SLOTS: usize = 64;
+
+/// Preprocessing run by the reader threads between the read and the slot.
+///
+/// With a transform, each reader reads raw records into a scratch buffer of its own and the
+/// transform writes its output straight into the pinned slot.
+pub trait Transform: Send + Sync {
+    /// Bytes of one output record.
+    fn output_record_bytes(&self) -> usize;
+    /// Transforms `records` raw records in `input` into `output` (exactly
+    /// `records * output_record_bytes()` bytes).
+    fn apply(
+        &self,
+        input: &[u8],
+        records: usize,
+        output: &mut [u8],
+    ) -> std::result::Result<(), String>;
+}
+
+/// How a [`Loader`] runs.
+#[derive(Clone)]
+pub struct LoaderOptions {
+    /// Records in a batch.
+    pub batch_size: usize,
+    /// Drop the last batch of an epoch when it holds fewer than `batch_size` records.
+    pub drop_last: bool,
+    /// Passes over the dataset.
+    pub epochs: u64,
+    /// Most bytes of page-locked memory the loader may hold ([`DEFAULT_PINNED_BUDGET`]).
+    pub pinned_budget: usize,
+    /// Most device bytes held by delivered batches at once; `None` for no limit beyond the
+    /// device's own.
+    pub device_budget: Option<usize>,
+    /// Reader threads; `None` for one per core, at most 8.
+    pub num_threads: Option<usize>,
+    /// Where batches go.
+    pub device: DeviceSpec,
+    /// How the pinned pool is page-locked on CUDA (registration measured faster: see
+    /// `docs/BENCHMARKS.md`).
+    pub pin_method: PinMethod,
+    /// Batches copied ahead of the consumer.
+    pub prefetch: usize,
+    /// Optional preprocessing on the reader threads.
+    pub transform: Option<Arc<dyn Transform>>,
+}
+
+impl Default for LoaderOptions {
+    fn default() -> Self {
+        LoaderOptions {
+            batch_size: 1024,
+            drop_last: false,
+            epochs: 1,
+            pinned_budget: DEFAULT_PINNED_BUDGET,
+            device_budget: None,
+            num_threads: None,
+            device: DeviceSpec::Auto,
+            pin_method: PinMethod::Register,
+            prefetch: 4,
+            transform: None,
+        }
+    }
+}
+
+impl std::fmt::Debug for LoaderOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LoaderOptions")
+            .field("batch_size", &self.batch_size)
+            .field("drop_last", &self.drop_last)
+            .field("epochs", &self.epochs)
+            .field("pinned_budget", &self.pinned_budget)
+            .field("device_budget", &self.device_budget)
+            .field("num_threads", &self.num_threads)
+            .field("device", &self.device)
+            .field("pin_method", &self.pin_method)
+            .field("prefetch", &self.prefetch)
+            .field("transform", &self.transform.is_some())
+            .finish()
+    }
+}
+
+/// Parses a byte size such as `256MiB`, `1g`, `512k` or `1048576` (binary units; a bare
+/// number is bytes).
+pub fn parse_size(text: &str) -> Result<usize> {
+    let s = text.trim();
+    let split = s
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(s.len());
+    let (number, unit) = s.split_at(split);
+    let shift = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 0,
+        "k" | "kb" | "kib" => 10,
+        "m" | "mb" | "mib" => 20,
+        "g" | "gb" | "gib" => 30,
+        "t" | "tb" | "tib" => 40,
+        _ => {
+            return Err(LoaderError::Config(format!(
+                "cannot read size {text:?}: unknown unit {unit:?} (use B, KiB, MiB, GiB or TiB)"
+            )))
+        }
+    };
+    let value: f64 = number.parse().map_err(|_| {
+        LoaderError::Config(format!("cannot read size {text:?}: expected a number"))
+    })?;
+    let bytes = value * (1u64 << shift) as f64;
+    if !bytes.is_finite() || bytes < 0.0 || bytes > usize::MAX as f64 / 2.0 {
+        return Err(LoaderError::Config(format!(
+            "size {text:?} is out of range"
+        )));
+    }
+    Ok(bytes as usize)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse_in_binary_units() {
+        assert_eq!(parse_size("256MiB").unwrap(), 256 << 20);
+        assert_eq!(parse_size("1g").unwrap(), 1 << 30);
+        assert_eq!(parse_size("4096").unwrap(), 4096);
+        assert_eq!(parse_size("1.5k").unwrap(), 1536);
+        assert!(parse_size("12 parsecs").is_err());
+        assert!(parse_size("").is_err());
+        assert!(parse_size("1e300").is_err());
+    }
+
+    #[test]
+    fn devices_parse() {
+        assert_eq!("cpu".parse::<DeviceSpec>().unwrap(), DeviceSpec::Cpu);
+        assert_eq!("cuda:3".parse::<DeviceSpec>().unwrap(), DeviceSpec::Cuda(3));
+        assert_eq!("cuda".parse::<DeviceSpec>().unwrap(), DeviceSpec::Cuda(0));
+        assert!("tpu:0".parse::<DeviceSpec>().is_err());
+    }
+}

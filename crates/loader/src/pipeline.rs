@@ -1,0 +1,653 @@
+//! The threads of a loader and what they share.
+//!
+//! ```text
+//!   reader threads ──fill──▶ ring slots (pinned) ──copy stream──▶ device memory ──▶ consumer
+//!        ▲  acquire()            Filling → Filled → Copying(event) → Free when the event completes
+//!        └──────────────────────────────────────────────────────────┘
+//! ```
+//!
+//! Readers own a slot from `acquire` to `fill_done`. The copy thread takes filled slots in
+//! sequence order, allocates the batch's device memory, issues the copy and hands the batch to
+//! the consumer through a bounded channel (`prefetch` deep). The consumer owns each [`Batch`]
+//! and its device memory until it drops it.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::mpsc::{self, Receiver, SyncSender};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use pinfeed_ring::{Claim, Ring};
+use pinfeed_source::Source;
+
+use crate::backend::{Backend, CopyFence, DeviceBudget, DeviceSpec, Landed};
+use crate::error::{LoaderError, Result};
+use crate::pool::{pinned_allocations, PinnedPool};
+use crate::stats::{add, get, Counters, Stats};
+use crate::{LoaderOptions, Transform, MAX_SLOTS};
+
+/// Which records each batch holds.
+#[derive(Clone, Copy, Debug)]
+struct Plan {
+    num_records: u64,
+    batch_size: u64,
+    batches_per_epoch: u64,
+    epochs: u64,
+}
+
+/// One batch's place in the plan.
+#[derive(Clone, Copy, Debug)]
+struct BatchSpec {
+    epoch: u64,
+    index: u64,
+    first: u64,
+    records: usize,
+}
+
+impl Plan {
+    fn new(num_records: u64, options: &LoaderOptions, source_name: &str) -> Result<Plan> {
+        let batch_size = options.batch_size as u64;
+        if batch_size == 0 {
+            return Err(LoaderError::Config("batch size must be at least 1".into()));
+        }
+        if options.epochs == 0 {
+            return Err(LoaderError::Config("epochs must be at least 1".into()));
+        }
+        let batches_per_epoch = if options.drop_last {
+            num_records / batch_size
+        } else {
+            num_records.div_ceil(batch_size)
+        };
+        if batches_per_epoch == 0 {
+            return Err(LoaderError::Config(format!(
+                "{source_name}: batch size {batch_size} is larger than the dataset ({num_records} records) \
+                 and drop_last is set, so there is no batch to deliver"
+            )));
+        }
+        batches_per_epoch
+            .checked_mul(options.epochs)
+            .ok_or_else(|| LoaderError::Config(format!("{} epochs is too many", options.epochs)))?;
+        Ok(Plan {
+            num_records,
+            batch_size,
+            batches_per_epoch,
+            epochs: options.epochs,
+        })
+    }
+
+    fn total(&self) -> u64 {
+        self.batches_per_epoch * self.epochs
+    }
+
+    fn batch(&self, seq: u64) -> BatchSpec {
+        let epoch = seq / self.batches_per_epoch;
+        let index = seq % self.batches_per_epoch;
+        let first = index * self.batch_size;
+        let records = self.batch_size.min(self.num_records - first) as usize;
+        BatchSpec {
+            epoch,
+            index,
+            first,
+            records,
+        }
+    }
+}
+
+/// What the loader's threads share.
+struct Shared {
+    // Field order is drop order: the ring is drained in `Drop` before the pool is freed.
+    ring: Ring<CopyFence>,
+    pool: PinnedPool,
+    backend: Arc<Backend>,
+    source: Arc<dyn Source>,
+    transform: Option<Arc<dyn Transform>>,
+    plan: Plan,
+    out_record_bytes: usize,
+    error: Mutex<Option<LoaderError>>,
+    counters: Counters,
+    budget: Arc<DeviceBudget>,
+    started: Instant,
+    threads: usize,
+    pinned_allocations_at_start: u64,
+}
+
+impl Shared {
+    /// Keeps the first error and stops the ring.
+    fn fail(&self, error: LoaderError) {
+        let mut slot = self.error.lock().unwrap_or_else(|p| p.into_inner());
+        slot.get_or_insert(error);
+        drop(slot);
+        self.ring.shutdown();
+    }
+
+    fn take_error(&self) -> Option<LoaderError> {
+        self.error.lock().unwrap_or_else(|p| p.into_inner()).take()
+    }
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        // No copy may read the pool once it is freed. An error here leaves nothing better to do
+        // than to wait on the rest, which drain already did.
+        let _ = self.ring.drain();
+    }
+}
+
+/// A batch on the device: its memory, its place in the dataset, and the copy that fills it.
+///
+/// The memory stays valid while the `Batch` lives; the copy may still be running when the
+/// consumer receives it, so read it only after [`wait_ready`](Batch::wait_ready) or, on CUDA,
+/// on a stream made to wait with [`stream_wait`](Batch::stream_wait).
+pub struct Batch {
+    seq: u64,
+    spec: BatchSpec,
+    len: usize,
+    landed: Landed,
+}
+
+impl std::fmt::Debug for Batch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Batch")
+            .field("seq", &self.seq)
+            .field("epoch", &self.spec.epoch)
+            .field("index", &self.spec.index)
+            .field("records", &self.spec.records)
+            .field("len", &self.len)
+            .finish()
+    }
+}
+
+impl Batch {
+    /// Position in delivery order, counting across epochs from 0.
+    pub fn seq(&self) -> u64 {
+        self.seq
+    }
+    /// The epoch this batch belongs to.
+    pub fn epoch(&self) -> u64 {
+        self.spec.epoch
+    }
+    /// Index of this batch within its epoch.
+    pub fn index(&self) -> u64 {
+        self.spec.index
+    }
+    /// Index of the batch's first record in the dataset.
+    pub fn first_record(&self) -> u64 {
+        self.spec.first
+    }
+    /// Records in this batch.
+    pub fn num_records(&self) -> usize {
+        self.spec.records
+    }
+    /// Bytes in this batch.
+    pub fn len_bytes(&self) -> usize {
+        self.len
+    }
+    /// The device address of the batch (a host address on the host backend).
+    pub fn address(&self) -> u64 {
+        self.landed.memory.address()
+    }
+    /// The device the batch is on.
+    pub fn device(&self) -> DeviceSpec {
+        self.landed.backend.device()
+    }
+    /// The fence that completes when the batch's copy has finished.
+    pub fn ready(&self) -> &CopyFence {
+        &self.landed.ready
+    }
+
+    /// Blocks the calling thread until the batch's copy has finished.
+    pub fn wait_ready(&self) -> Result<()> {
+        self.landed.wait_ready()
+    }
+
+    /// The batch's bytes on the host backend, once its copy has finished (`None` on CUDA).
+    pub fn host_bytes(&self) -> Result<Option<&[u8]>> {
+        self.landed.host_bytes(self.len)
+    }
+
+    /// Copies what arrived on the device back into `dst` (exactly `len_bytes()` long), after
+    /// the batch's copy finished: how `--verify` checks the device side.
+    pub fn read_back(&self, dst: &mut [u8]) -> Result<()> {
+        self.landed.read_back(dst, self.len)
+    }
+
+    /// Makes a CUDA stream of the caller's wait for the batch's copy without blocking the host
+    /// (`cuStreamWaitEvent`). On the host backend this waits for the copy instead.
+    ///
+    /// # Safety
+    /// `stream` is a live CUDA stream of the batch's device context (0 for the legacy default
+    /// stream), or any value on the host backend.
+    pub unsafe fn stream_wait(&self, stream: u64) -> Result<()> {
+        // SAFETY: forwarded from this function's contract.
+        unsafe { self.landed.stream_wait(stream) }
+    }
+
+    /// Releases the batch once the work already queued on `stream` is done with it: the
+    /// memory is freed in stream order on the copy stream after an event recorded on `stream`,
+    /// so a later batch never overwrites memory a queued kernel may still read.
+    ///
+    /// # Safety
+    /// As for [`stream_wait`](Batch::stream_wait).
+    pub unsafe fn release_after(self, stream: u64) -> Result<()> {
+        // SAFETY: forwarded from this function's contract.
+        unsafe { self.landed.order_free_after(stream) }
+    }
+}
+
+/// Streams a [`Source`] to a device through a bounded ring of pinned slots. Iterate it to get
+/// [`Batch`]es in order; dropping it stops its threads and frees its pinned memory once every
+/// copy out of it has finished.
+pub struct Loader {
+    shared: Arc<Shared>,
+    batches: Option<Receiver<Result<Batch>>>,
+    threads: Vec<JoinHandle<()>>,
+    finished: bool,
+}
+
+impl std::fmt::Debug for Loader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Loader")
+            .field("source", &self.shared.source.name())
+            .field("device", &self.shared.backend.device())
+            .field("batches", &self.shared.plan.total())
+            .field("slots", &self.shared.pool.slots())
+            .finish()
+    }
+}
+
+impl Loader {
+    /// Starts a loader: checks the options against the source, makes the one pinned
+    /// allocation, and starts the reader and copy threads.
+    pub fn new(source: Arc<dyn Source>, options: LoaderOptions) -> Result<Loader> {
+        let name = source.name().to_string();
+        let plan = Plan::new(source.num_records(), &options, &name)?;
+        let record_bytes = source.layout().record_bytes();
+        let out_record_bytes = options
+            .transform
+            .as_ref()
+            .map_or(record_bytes, |t| t.output_record_bytes());
+        if out_record_bytes == 0 {
+            return Err(LoaderError::Config(
+                "the transform's output records are 0 bytes long".into(),
+            ));
+        }
+        let batch_bytes = out_record_bytes
+            .checked_mul(options.batch_size)
+            .ok_or_else(|| LoaderError::Config("batch size × record size overflows".into()))?;
+        // Page-aligned slots: what O_DIRECT reads need, and what keeps copies aligned.
+        let slot_bytes = batch_bytes
+            .checked_next_multiple_of(4096)
+            .ok_or_else(|| LoaderError::Config("batch too large".into()))?;
+        let fits = options.pinned_budget / slot_bytes;
+        if fits < 2 {
+            return Err(LoaderError::BudgetTooSmall {
+                budget: options.pinned_budget,
+                slot_bytes,
+                fits,
+                batch_size: options.batch_size,
+                record_bytes: out_record_bytes,
+                needed: 2 * slot_bytes,
+            });
+        }
+        let total = plan.total();
+        let threads = options
+            .num_threads
+            .unwrap_or_else(|| {
+                std::thread::available_parallelism()
+                    .map_or(4, |n| n.get())
+                    .min(8)
+            })
+            .max(1);
+        // Enough slots for every reader to hold one, the copy engine a few and the rest queued;
+        // more would only lock more memory (and take longer to lock at start-up).
+        let slots = fits
+            .min(MAX_SLOTS)
+            .min(4 * threads + 8)
+            .min(usize::try_from(total).unwrap_or(usize::MAX).max(2));
+        if options.prefetch == 0 {
+            return Err(LoaderError::Config("prefetch must be at least 1".into()));
+        }
+
+        let backend = Arc::new(Backend::new(options.device, options.pin_method)?);
+        let pool = backend.pinned_pool(slot_bytes, slots)?;
+        let shared = Arc::new(Shared {
+            ring: Ring::new(slots, total),
+            pool,
+            backend,
+            source,
+            transform: options.transform.clone(),
+            plan,
+            out_record_bytes,
+            error: Mutex::new(None),
+            counters: Counters::default(),
+            budget: DeviceBudget::new(options.device_budget),
+            started: Instant::now(),
+            threads,
+            pinned_allocations_at_start: pinned_allocations(),
+        });
+
+        let (tx, rx) = mpsc::sync_channel(options.prefetch);
+        let mut loader = Loader {
+            shared: Arc::clone(&shared),
+            batches: Some(rx),
+            threads: Vec::with_capacity(threads + 1),
+            finished: false,
+        };
+        for i in 0..threads {
+            let shared = Arc::clone(&shared);
+            let handle = std::thread::Builder::new()
+                .name(format!("pinfeed-read-{i}"))
+                .spawn(move || read_loop(&shared))
+                .map_err(|source| LoaderError::Thread {
+                    what: "reader",
+                    source,
+                });
+            match handle {
+                Ok(h) => loader.threads.push(h),
+                Err(e) => return Err(e), // Drop stops the threads already started.
+            }
+        }
+        let copier = std::thread::Builder::new()
+            .name("pinfeed-copy".into())
+            .spawn(move || copy_loop(&shared, tx))
+            .map_err(|source| LoaderError::Thread {
+                what: "copy",
+                source,
+            })?;
+        loader.threads.push(copier);
+        Ok(loader)
+    }
+
+    /// Batches per epoch.
+    pub fn batches_per_epoch(&self) -> u64 {
+        self.shared.plan.batches_per_epoch
+    }
+
+    /// Batches over all epochs.
+    pub fn num_batches(&self) -> u64 {
+        self.shared.plan.total()
+    }
+
+    /// Bytes of one output record.
+    pub fn record_bytes(&self) -> usize {
+        self.shared.out_record_bytes
+    }
+
+    /// The source being streamed.
+    pub fn source(&self) -> &Arc<dyn Source> {
+        &self.shared.source
+    }
+
+    /// The device batches go to.
+    pub fn device(&self) -> DeviceSpec {
+        self.shared.backend.device()
+    }
+
+    /// A snapshot of the loader's counters.
+    pub fn stats(&self) -> Stats {
+        let s = &self.shared;
+        let c = &s.counters;
+        let ring = s.ring.stats();
+        let nanos = |counter| Duration::from_nanos(get(counter));
+        Stats {
+            device: s.backend.device(),
+            elapsed: s.started.elapsed(),
+            batches: get(&c.delivered_batches),
+            records: get(&c.delivered_records),
+            bytes: get(&c.delivered_bytes),
+            threads: s.threads,
+            read_time: nanos(&c.read_ns),
+            read_bytes: get(&c.read_bytes),
+            transform_time: nanos(&c.transform_ns),
+            wait_free_slot: ring.wait_free,
+            wait_filled: ring.wait_filled,
+            copy_issue_time: nanos(&c.copy_issue_ns),
+            wait_consumer: nanos(&c.wait_consumer_ns),
+            consumer_wait: nanos(&c.consumer_wait_ns),
+            slots: s.pool.slots(),
+            slot_bytes: s.pool.slot_bytes(),
+            pinned_bytes: s.pool.bytes(),
+            pinned_bytes_peak: s.pool.bytes(),
+            pinned_locked: s.pool.locked(),
+            pinned_allocations_after_start: pinned_allocations()
+                .saturating_sub(s.pinned_allocations_at_start),
+            slots_recycled: ring.recycled,
+            slot_waits: ring.claims_waited,
+            slots_peak_in_use: ring.peak_in_use,
+            device_bytes_peak: s.budget.peak(),
+        }
+    }
+
+    /// Device bytes held now by batches not yet dropped.
+    pub fn device_bytes_held(&self) -> usize {
+        self.shared.budget.held()
+    }
+
+    /// Stops the threads and waits for them. Batches already delivered stay valid.
+    fn stop(&mut self) {
+        self.shared.ring.shutdown();
+        // Dropping the receiver unblocks a copy thread waiting to hand over a batch.
+        drop(self.batches.take());
+        for handle in self.threads.drain(..) {
+            let _ = handle.join();
+        }
+    }
+}
+
+impl Iterator for Loader {
+    type Item = Result<Batch>;
+
+    fn next(&mut self) -> Option<Result<Batch>> {
+        if self.finished {
+            return None;
+        }
+        let started = Instant::now();
+        let received = self.batches.as_ref()?.recv();
+        add(&self.shared.counters.consumer_wait_ns, started.elapsed());
+        match received {
+            Ok(Ok(batch)) => {
+                let c = &self.shared.counters;
+                c.delivered_batches
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                c.delivered_bytes
+                    .fetch_add(batch.len as u64, std::sync::atomic::Ordering::Relaxed);
+                c.delivered_records.fetch_add(
+                    batch.spec.records as u64,
+                    std::sync::atomic::Ordering::Relaxed,
+                );
+                Some(Ok(batch))
+            }
+            Ok(Err(e)) => {
+                self.finished = true;
+                self.stop();
+                Some(Err(e))
+            }
+            Err(mpsc::RecvError) => {
+                self.finished = true;
+                self.stop();
+                // The copy thread ends the channel after the last batch, or after an error it
+                // could not deliver because the error arrived while it was exiting.
+                self.shared.take_error().map(Err)
+            }
+        }
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        let left = self
+            .num_batches()
+            .saturating_sub(get(&self.shared.counters.delivered_batches));
+        let left = usize::try_from(left).unwrap_or(usize::MAX);
+        if self.finished {
+            (0, Some(0))
+        } else {
+            (0, Some(left))
+        }
+    }
+}
+
+impl Drop for Loader {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn read_loop(shared: &Shared) {
+    let mut scratch = Vec::new();
+    loop {
+        let claim = match shared.ring.acquire() {
+            Ok(Some(claim)) => claim,
+            Ok(None) => return,
+            Err(e) => return shared.fail(e.into()),
+        };
+        let outcome = catch_unwind(AssertUnwindSafe(|| fill(shared, &claim, &mut scratch)));
+        match outcome {
+            Ok(Ok(())) => shared.ring.fill_done(claim),
+            Ok(Err(e)) => {
+                shared.fail(e);
+                shared.ring.fill_abandoned(claim);
+                return;
+            }
+            Err(panic) => {
+                let message = panic
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "unknown panic".into());
+                shared.fail(LoaderError::ReaderPanicked(message));
+                shared.ring.fill_abandoned(claim);
+                return;
+            }
+        }
+    }
+}
+
+/// Reads one batch into its claimed slot, through the transform if there is one.
+fn fill(shared: &Shared, claim: &Claim, scratch: &mut Vec<u8>) -> Result<()> {
+    let spec = shared.plan.batch(claim.seq());
+    let out_len = spec.records * shared.out_record_bytes;
+    // SAFETY: the claim gives this thread the slot alone until `fill_done`/`fill_abandoned`,
+    // and `out_len <= batch_size * out_record_bytes <= slot_bytes`.
+    let slot = unsafe { shared.pool.slot_mut(claim.slot(), out_len) };
+    let started = Instant::now();
+    match &shared.transform {
+        None => {
+            shared.source.read_records(spec.first, slot)?;
+            add(&shared.counters.read_ns, started.elapsed());
+        }
+        Some(transform) => {
+            let raw_len = spec.records * shared.source.layout().record_bytes();
+            scratch.resize(raw_len, 0);
+            shared.source.read_records(spec.first, scratch)?;
+            let read_done = Instant::now();
+            add(&shared.counters.read_ns, read_done - started);
+            transform
+                .apply(scratch, spec.records, slot)
+                .map_err(|message| LoaderError::Transform {
+                    seq: claim.seq(),
+                    message,
+                })?;
+            add(&shared.counters.transform_ns, read_done.elapsed());
+        }
+    }
+    shared.counters.read_bytes.fetch_add(
+        (spec.records * shared.source.layout().record_bytes()) as u64,
+        std::sync::atomic::Ordering::Relaxed,
+    );
+    Ok(())
+}
+
+fn copy_loop(shared: &Arc<Shared>, batches: SyncSender<Result<Batch>>) {
+    if let Some(ctx) = shared.backend.context() {
+        if let Err(e) = ctx.bind() {
+            shared.fail(e.into());
+        }
+    }
+    for seq in 0..shared.plan.total() {
+        let Some(slot) = shared.ring.next_filled(seq) else {
+            break;
+        };
+        let started = Instant::now();
+        let spec = shared.plan.batch(seq);
+        let len = spec.records * shared.out_record_bytes;
+        let issued = shared
+            .backend
+            .alloc(len, &shared.budget)
+            .and_then(|mut memory| {
+                // SAFETY: the slot stays `Filled` (untouched by readers) until `copy_issued`, after
+                // which the ring keeps it out of the free list until this fence completes; the
+                // destination is owned by the batch, which is not read before the fence.
+                let fence = unsafe {
+                    shared
+                        .backend
+                        .copy(shared.pool.slot_ptr(slot), &mut memory, 0, len)
+                }?;
+                Ok((memory, fence))
+            });
+        let (memory, fence) = match issued {
+            Ok(issued) => issued,
+            Err(e) => {
+                shared.fail(e);
+                break;
+            }
+        };
+        shared.ring.copy_issued(slot, fence.clone());
+        add(&shared.counters.copy_issue_ns, started.elapsed());
+        let batch = Batch {
+            seq,
+            spec,
+            len,
+            landed: Landed {
+                ready: fence,
+                memory,
+                backend: Arc::clone(&shared.backend),
+            },
+        };
+        let handed = Instant::now();
+        if batches.send(Ok(batch)).is_err() {
+            return; // The consumer went away.
+        }
+        add(&shared.counters.wait_consumer_ns, handed.elapsed());
+    }
+    if let Some(e) = shared.take_error() {
+        let _ = batches.send(Err(e));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn options(batch_size: usize, drop_last: bool, epochs: u64) -> LoaderOptions {
+        LoaderOptions {
+            batch_size,
+            drop_last,
+            epochs,
+            ..LoaderOptions::default()
+        }
+    }
+
+    #[test]
+    fn plan_keeps_or_drops_the_last_partial_batch() {
+        let keep = Plan::new(10, &options(4, false, 2), "x").unwrap();
+        assert_eq!(keep.total(), 6);
+        let last = keep.batch(2);
+        assert_eq!(
+            (last.epoch, last.index, last.first, last.records),
+            (0, 2, 8, 2)
+        );
+        let second_epoch = keep.batch(3);
+        assert_eq!((second_epoch.epoch, second_epoch.first), (1, 0));
+        let drop = Plan::new(10, &options(4, true, 1), "x").unwrap();
+        assert_eq!(drop.total(), 2);
+        assert_eq!(drop.batch(1).records, 4);
+    }
+
+    #[test]
+    fn plan_rejects_impossible_batching() {
+        assert!(Plan::new(10, &options(0, false, 1), "x").is_err());
+        assert!(Plan::new(10, &options(4, false, 0), "x").is_err());
+        let err = Plan::new(3, &options(4, true, 1), "data.npy").unwrap_err();
+        assert!(err.to_string().contains("data.npy"), "{err}");
+        assert!(Plan::new(10, &options(11, false, 1), "x").is_ok());
+    }
+}

@@ -1,0 +1,180 @@
+//! The pinned pool: one page-locked allocation made at start-up and carved into slots.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use pinfeed_cuda::{Context, PinMethod, PinnedMemory};
+
+use crate::error::{LoaderError, Result};
+
+/// Page-locked allocations made by this process (pools, and per-batch allocations in the
+/// benchmark's deliberately naive variant). A loader that has started makes none: tests and
+/// `pinfeed stream --json` check that this does not move after start-up.
+static PINNED_ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
+
+/// Page-locked allocations this process has made so far.
+pub fn pinned_allocations() -> u64 {
+    PINNED_ALLOCATIONS.load(Ordering::Relaxed)
+}
+
+pub(crate) fn count_pinned_allocation() {
+    PINNED_ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+}
+
+/// Host memory that the host backend uses as its "pinned" pool: an anonymous mapping,
+/// page-locked with `mlock` when the memory-lock limit allows it.
+pub(crate) struct HostMapping {
+    ptr: *mut u8,
+    len: usize,
+    locked: bool,
+}
+
+// SAFETY: the mapping is plain memory owned by this value; access to its bytes is coordinated by
+// the ring (one claimant per slot), not by this type.
+unsafe impl Send for HostMapping {}
+// SAFETY: as above; `&HostMapping` only exposes the pointer and length.
+unsafe impl Sync for HostMapping {}
+
+impl HostMapping {
+    /// Maps `len` bytes (populated, so no page fault lands on the hot path) and tries to lock
+    /// them; `lock` false skips the attempt.
+    pub(crate) fn new(len: usize, lock: bool) -> Result<HostMapping> {
+        // SAFETY: an anonymous private mapping with no address hint has no preconditions.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_POPULATE,
+                -1,
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return Err(LoaderError::HostMemory {
+                bytes: len,
+                source: std::io::Error::last_os_error(),
+            });
+        }
+        // SAFETY: `ptr .. ptr + len` was just mapped by us.
+        let locked = lock && unsafe { libc::mlock(ptr, len) } == 0;
+        if locked {
+            count_pinned_allocation();
+        }
+        Ok(HostMapping {
+            ptr: ptr.cast(),
+            len,
+            locked,
+        })
+    }
+}
+
+impl Drop for HostMapping {
+    fn drop(&mut self) {
+        // SAFETY: we own the mapping; the pool is dropped only after the ring drained, so no copy
+        // reads it any more. munmap also releases the lock.
+        unsafe {
+            libc::munmap(self.ptr.cast(), self.len);
+        }
+    }
+}
+
+enum Memory {
+    Host(HostMapping),
+    Cuda(PinnedMemory),
+}
+
+/// A fixed number of equal slots in one page-locked allocation.
+pub(crate) struct PinnedPool {
+    memory: Memory,
+    slot_bytes: usize,
+    slots: usize,
+}
+
+impl PinnedPool {
+    pub(crate) fn host(slot_bytes: usize, slots: usize) -> Result<PinnedPool> {
+        let memory = Memory::Host(HostMapping::new(slot_bytes * slots, true)?);
+        Ok(PinnedPool {
+            memory,
+            slot_bytes,
+            slots,
+        })
+    }
+
+    pub(crate) fn cuda(
+        ctx: &Arc<Context>,
+        slot_bytes: usize,
+        slots: usize,
+        method: PinMethod,
+    ) -> Result<PinnedPool> {
+        let memory = PinnedMemory::alloc(ctx, slot_bytes * slots, method)?;
+        count_pinned_allocation();
+        Ok(PinnedPool {
+            memory: Memory::Cuda(memory),
+            slot_bytes,
+            slots,
+        })
+    }
+
+    fn base(&self) -> *mut u8 {
+        match &self.memory {
+            Memory::Host(m) => m.ptr,
+            Memory::Cuda(m) => m.as_ptr(),
+        }
+    }
+
+    /// Bytes page-locked (or, on the host backend where the lock limit refused, reserved).
+    pub(crate) fn bytes(&self) -> usize {
+        self.slot_bytes * self.slots
+    }
+
+    /// Whether the memory is really page-locked.
+    pub(crate) fn locked(&self) -> bool {
+        match &self.memory {
+            Memory::Host(m) => m.locked,
+            Memory::Cuda(_) => true,
+        }
+    }
+
+    pub(crate) fn slot_bytes(&self) -> usize {
+        self.slot_bytes
+    }
+
+    pub(crate) fn slots(&self) -> usize {
+        self.slots
+    }
+
+    /// The start of slot `slot`.
+    pub(crate) fn slot_ptr(&self, slot: usize) -> *mut u8 {
+        assert!(slot < self.slots, "slot {slot} out of {}", self.slots);
+        // SAFETY: `slot < slots`, so the offset stays inside the allocation of `slots * slot_bytes`.
+        unsafe { self.base().add(slot * self.slot_bytes) }
+    }
+
+    /// `len` bytes at `offset` from the start of the pool, for writing.
+    ///
+    /// # Safety
+    /// The caller has reserved the range (no one else reads or writes it, no copy out of it is
+    /// in flight), and `offset + len <= bytes()`.
+    #[allow(clippy::mut_from_ref)]
+    pub(crate) unsafe fn bytes_mut(&self, offset: usize, len: usize) -> &mut [u8] {
+        assert!(
+            offset + len <= self.bytes(),
+            "range past the end of the pool"
+        );
+        // SAFETY: in bounds by the assertion; exclusive by the caller's reservation.
+        unsafe { std::slice::from_raw_parts_mut(self.base().add(offset), len) }
+    }
+
+    /// The first `len` bytes of slot `slot`, for writing.
+    ///
+    /// # Safety
+    /// The caller holds the ring's claim on `slot` (no one else reads or writes it, and no copy
+    /// out of it is in flight), and `len <= slot_bytes`.
+    #[allow(clippy::mut_from_ref)]
+    pub(crate) unsafe fn slot_mut(&self, slot: usize, len: usize) -> &mut [u8] {
+        debug_assert!(len <= self.slot_bytes);
+        // SAFETY: in bounds by `slot_ptr` and `len <= slot_bytes`; exclusive by the claim.
+        unsafe { std::slice::from_raw_parts_mut(self.slot_ptr(slot), len) }
+    }
+}

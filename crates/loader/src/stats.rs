@@ -1,0 +1,162 @@
+//! Where the time went: counters kept by every stage, and the bottleneck they point to.
+
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use crate::DeviceSpec;
+
+/// Counters the pipeline's threads add to as they work (nanoseconds and bytes).
+#[derive(Debug, Default)]
+pub(crate) struct Counters {
+    pub(crate) read_ns: AtomicU64,
+    pub(crate) read_bytes: AtomicU64,
+    pub(crate) transform_ns: AtomicU64,
+    pub(crate) copy_issue_ns: AtomicU64,
+    /// The copy thread waiting for the consumer to take a batch (the queue was full).
+    pub(crate) wait_consumer_ns: AtomicU64,
+    /// The consumer waiting in `next()` for a batch.
+    pub(crate) consumer_wait_ns: AtomicU64,
+    pub(crate) delivered_batches: AtomicU64,
+    pub(crate) delivered_bytes: AtomicU64,
+    pub(crate) delivered_records: AtomicU64,
+}
+
+pub(crate) fn add(counter: &AtomicU64, elapsed: Duration) {
+    counter.fetch_add(elapsed.as_nanos() as u64, Ordering::Relaxed);
+}
+
+pub(crate) fn get(counter: &AtomicU64) -> u64 {
+    counter.load(Ordering::Relaxed)
+}
+
+/// What limits the loader, judged from where its threads waited.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Bottleneck {
+    /// The consumer takes batches more slowly than they arrive.
+    Consumer,
+    /// Readers (disk, page cache or transform) cannot keep the slots filled.
+    Read,
+    /// Filled slots wait for the copy engine (PCIe, or the host copy thread).
+    Copy,
+    /// Too little has happened yet to tell.
+    Unknown,
+}
+
+impl fmt::Display for Bottleneck {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Bottleneck::Consumer => "consumer-bound",
+            Bottleneck::Read => "read-bound",
+            Bottleneck::Copy => "copy-bound",
+            Bottleneck::Unknown => "unknown",
+        })
+    }
+}
+
+/// A snapshot of a loader's counters. Times summed over threads can exceed the wall time.
+#[derive(Clone, Debug)]
+pub struct Stats {
+    /// Where batches go.
+    pub device: DeviceSpec,
+    /// Wall time since the loader started.
+    pub elapsed: Duration,
+    /// Batches handed to the consumer.
+    pub batches: u64,
+    /// Records handed to the consumer.
+    pub records: u64,
+    /// Bytes handed to the consumer.
+    pub bytes: u64,
+    /// Reader threads.
+    pub threads: usize,
+    /// Time readers spent reading, summed over threads.
+    pub read_time: Duration,
+    /// Bytes read from the source.
+    pub read_bytes: u64,
+    /// Time readers spent in the transform, summed over threads.
+    pub transform_time: Duration,
+    /// Time readers waited for a free slot, summed over threads.
+    pub wait_free_slot: Duration,
+    /// Time the copy thread waited for the next batch to be filled.
+    pub wait_filled: Duration,
+    /// Time the copy thread spent issuing copies.
+    pub copy_issue_time: Duration,
+    /// Time the copy thread waited for the consumer to take a batch.
+    pub wait_consumer: Duration,
+    /// Time the consumer waited for a batch.
+    pub consumer_wait: Duration,
+    /// Slots in the ring.
+    pub slots: usize,
+    /// Bytes in one slot.
+    pub slot_bytes: usize,
+    /// Bytes of page-locked memory held: all of it allocated at start-up.
+    pub pinned_bytes: usize,
+    /// The most page-locked bytes held at any time (the pool is the only page-locked memory a
+    /// loader holds, so this equals `pinned_bytes`).
+    pub pinned_bytes_peak: usize,
+    /// Whether the pool is really page-locked (the host backend falls back to ordinary memory
+    /// when the memory-lock limit is too low).
+    pub pinned_locked: bool,
+    /// Page-locked allocations made by this process since the loader finished starting: zero.
+    pub pinned_allocations_after_start: u64,
+    /// Slots reused after their copy completed.
+    pub slots_recycled: u64,
+    /// Times a reader found no free slot.
+    pub slot_waits: u64,
+    /// The most slots out of the free list at once.
+    pub slots_peak_in_use: usize,
+    /// The most device bytes held by batches at once.
+    pub device_bytes_peak: usize,
+}
+
+impl Stats {
+    /// Bytes per second delivered, in GB/s (10^9).
+    pub fn gbps(&self) -> f64 {
+        self.bytes as f64 / self.elapsed.as_secs_f64().max(1e-9) / 1e9
+    }
+
+    /// Which stage limits the loader.
+    ///
+    /// The consumer that rarely waits is the bottleneck itself. Otherwise the copy thread waiting
+    /// for filled slots means readers are behind, and readers waiting for free slots while the
+    /// copy thread is never short of work means the copy engine is.
+    pub fn bottleneck(&self) -> Bottleneck {
+        let wall = self.elapsed.as_secs_f64();
+        if self.batches < 2 || wall <= 0.0 {
+            return Bottleneck::Unknown;
+        }
+        let consumer_waited = self.consumer_wait.as_secs_f64() / wall;
+        let copier_starved = self.wait_filled.as_secs_f64() / wall;
+        let copier_blocked = self.wait_consumer.as_secs_f64() / wall;
+        if consumer_waited < 0.1 && copier_blocked > 0.1 {
+            Bottleneck::Consumer
+        } else if copier_starved > 0.25 {
+            Bottleneck::Read
+        } else {
+            Bottleneck::Copy
+        }
+    }
+
+    /// One sentence on what limits the loader and by how much.
+    pub fn explain(&self) -> String {
+        let read_rate = self.read_bytes as f64 / self.read_time.as_secs_f64().max(1e-9) / 1e9;
+        match self.bottleneck() {
+            Bottleneck::Consumer => format!(
+                "consumer-bound: the consumer waited {:.0}% of the time for data; batches were ready ahead",
+                100.0 * self.consumer_wait.as_secs_f64() / self.elapsed.as_secs_f64().max(1e-9)
+            ),
+            Bottleneck::Read => format!(
+                "read-bound: {} reader thread(s) read at {:.2} GB/s each; the copy engine waited {:.0}% of the time",
+                self.threads,
+                read_rate,
+                100.0 * self.wait_filled.as_secs_f64() / self.elapsed.as_secs_f64().max(1e-9)
+            ),
+            Bottleneck::Copy => format!(
+                "copy-bound: {:.2} GB/s delivered while readers waited {:.2} s for free slots",
+                self.gbps(),
+                self.wait_free_slot.as_secs_f64()
+            ),
+            Bottleneck::Unknown => "too few batches to tell what limits the loader".to_string(),
+        }
+    }
+}

@@ -1,0 +1,47 @@
+//! No page-locked allocation after start-up, counted process-wide.
+//!
+//! This is its own test binary, with one test, because the counter is global to the process:
+//! loaders started by tests running in parallel would move it.
+
+use std::sync::Arc;
+
+use pinfeed::{pinned_allocations, DeviceSpec, Loader, LoaderOptions};
+use pinfeed_source::dtype::parse_user_dtype;
+use pinfeed_source::{HostBuffer, Layout};
+
+#[test]
+fn no_page_locked_allocation_after_start() {
+    let (dtype, _) = parse_user_dtype("u8").unwrap();
+    let layout = Layout::new(dtype, vec![64]).unwrap();
+    let source = Arc::new(HostBuffer::from_vec(vec![7u8; 5_000 * 64], layout).unwrap());
+    let options = LoaderOptions {
+        batch_size: 50,
+        epochs: 5,
+        // Small enough for the 8 MiB memory-lock limit of CI machines, so the pool is locked
+        // and counted.
+        pinned_budget: 1 << 20,
+        device: DeviceSpec::Cpu,
+        ..LoaderOptions::default()
+    };
+    let before = pinned_allocations();
+    let mut loader = Loader::new(source, options).unwrap();
+    let at_start = pinned_allocations();
+    let stats = loader.stats();
+    assert_eq!(
+        at_start - before,
+        u64::from(stats.pinned_locked),
+        "the pool is the one page-locked allocation"
+    );
+    let mut batches = 0;
+    for batch in loader.by_ref() {
+        batch.unwrap();
+        batches += 1;
+    }
+    assert_eq!(batches, 500);
+    assert_eq!(
+        pinned_allocations(),
+        at_start,
+        "page-locked memory allocated after start"
+    );
+    assert_eq!(loader.stats().pinned_allocations_after_start, 0);
+}

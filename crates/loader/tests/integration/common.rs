@@ -1,0 +1,39 @@
+use std::sync::Arc;
+
+use pinfeed::{DeviceSpec, Loader, LoaderOptions};
+use pinfeed_source::dtype::parse_user_dtype;
+use pinfeed_source::{HostBuffer, Layout, Source};
+use rand::{RngCore, SeedableRng};
+
+/// `n` random records of `record_bytes` bytes each, as a host-buffer source, and its bytes.
+pub fn random_source(n: usize, record_bytes: usize, seed: u64) -> (Arc<dyn Source>, Vec<u8>) {
+    let mut data = vec![0u8; n * record_bytes];
+    rand::rngs::StdRng::seed_from_u64(seed).fill_bytes(&mut data);
+    let (dtype, _) = parse_user_dtype("u8").unwrap();
+    let layout = Layout::new(dtype, vec![record_bytes as u64]).unwrap();
+    let source = HostBuffer::from_vec(data.clone(), layout).unwrap();
+    (Arc::new(source), data)
+}
+
+pub fn host_options(batch_size: usize) -> LoaderOptions {
+    LoaderOptions {
+        batch_size,
+        device: DeviceSpec::Cpu,
+        ..LoaderOptions::default()
+    }
+}
+
+/// Everything a loader delivers, read back from the "device", in delivery order, with the
+/// (epoch, first record, records) of each batch.
+pub fn collect(loader: Loader) -> (Vec<u8>, Vec<(u64, u64, usize)>) {
+    let mut bytes = Vec::new();
+    let mut batches = Vec::new();
+    for batch in loader {
+        let batch = batch.expect("batch");
+        let mut back = vec![0u8; batch.len_bytes()];
+        batch.read_back(&mut back).unwrap();
+        bytes.extend_from_slice(&back);
+        batches.push((batch.epoch(), batch.first_record(), batch.num_records()));
+    }
+    (bytes, batches)
+}

@@ -1,0 +1,130 @@
+//! Every byte delivered equals the source; every record once per epoch, in order.
+
+use std::sync::Arc;
+
+use pinfeed::{Loader, LoaderOptions, Transform};
+
+use crate::common::{collect, host_options, random_source};
+
+#[test]
+fn byte_exact_for_batch_sizes_that_divide_and_do_not() {
+    let (source, data) = random_source(1000, 37, 1);
+    for batch_size in [1, 7, 100, 250, 333, 999, 1000, 1001] {
+        for threads in [1, 3] {
+            let options = LoaderOptions {
+                num_threads: Some(threads),
+                ..host_options(batch_size)
+            };
+            let loader = Loader::new(Arc::clone(&source), options).unwrap();
+            assert_eq!(loader.num_batches(), 1000u64.div_ceil(batch_size as u64));
+            let (bytes, batches) = collect(loader);
+            assert_eq!(
+                crc32fast::hash(&bytes),
+                crc32fast::hash(&data),
+                "batch size {batch_size}, {threads} threads"
+            );
+            assert_eq!(bytes.len(), data.len());
+            let mut expected_first = 0;
+            for (_, first, records) in batches {
+                assert_eq!(first, expected_first);
+                expected_first += records as u64;
+            }
+            assert_eq!(expected_first, 1000);
+        }
+    }
+}
+
+#[test]
+fn drop_last_drops_only_the_partial_batch() {
+    let (source, data) = random_source(103, 5, 2);
+    let options = LoaderOptions {
+        drop_last: true,
+        ..host_options(10)
+    };
+    let (bytes, batches) = collect(Loader::new(source, options).unwrap());
+    assert_eq!(batches.len(), 10);
+    assert_eq!(bytes, data[..100 * 5]);
+}
+
+#[test]
+fn epochs_repeat_the_dataset() {
+    let (source, data) = random_source(50, 8, 3);
+    let options = LoaderOptions {
+        epochs: 3,
+        ..host_options(16)
+    };
+    let (bytes, batches) = collect(Loader::new(source, options).unwrap());
+    assert_eq!(bytes, data.repeat(3));
+    let epochs: Vec<u64> = batches.iter().map(|b| b.0).collect();
+    assert_eq!(epochs, [0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2]);
+}
+
+#[test]
+fn many_epochs_through_a_two_slot_ring() {
+    // A budget of exactly two slots makes every batch wait for a recycled slot.
+    let (source, data) = random_source(64, 4096, 4);
+    let options = LoaderOptions {
+        epochs: 20,
+        pinned_budget: 2 * 4 * 4096,
+        num_threads: Some(4),
+        ..host_options(4)
+    };
+    let loader = Loader::new(source, options).unwrap();
+    let (bytes, _) = {
+        let mut loader = loader;
+        let mut bytes = Vec::new();
+        for batch in loader.by_ref() {
+            let batch = batch.unwrap();
+            bytes.extend_from_slice(batch.host_bytes().unwrap().unwrap());
+        }
+        let stats = loader.stats();
+        assert_eq!(stats.slots, 2);
+        assert!(stats.slots_recycled >= 318, "{stats:?}");
+        (bytes, stats)
+    };
+    assert_eq!(crc32fast::hash(&bytes), crc32fast::hash(&data.repeat(20)));
+}
+
+struct Negate;
+impl Transform for Negate {
+    fn output_record_bytes(&self) -> usize {
+        6
+    }
+    fn apply(&self, input: &[u8], records: usize, output: &mut [u8]) -> Result<(), String> {
+        assert_eq!(input.len(), records * 3);
+        assert_eq!(output.len(), records * 6);
+        for (i, o) in input.iter().zip(output.chunks_exact_mut(2)) {
+            o[0] = !i;
+            o[1] = *i;
+        }
+        Ok(())
+    }
+}
+
+#[test]
+fn transform_writes_into_the_slot() {
+    let (source, data) = random_source(77, 3, 5);
+    let options = LoaderOptions {
+        transform: Some(Arc::new(Negate)),
+        ..host_options(10)
+    };
+    let loader = Loader::new(source, options).unwrap();
+    assert_eq!(loader.record_bytes(), 6);
+    let (bytes, _) = collect(loader);
+    let expected: Vec<u8> = data.iter().flat_map(|b| [!b, *b]).collect();
+    assert_eq!(bytes, expected);
+}
+
+#[test]
+fn stats_account_for_everything_delivered() {
+    let (source, data) = random_source(300, 11, 6);
+    let mut loader = Loader::new(source, host_options(32)).unwrap();
+    let count = loader.by_ref().map(|b| b.unwrap()).count();
+    let stats = loader.stats();
+    assert_eq!(count, 10);
+    assert_eq!(stats.batches, 10);
+    assert_eq!(stats.records, 300);
+    assert_eq!(stats.bytes, data.len() as u64);
+    assert_eq!(stats.read_bytes, data.len() as u64);
+    assert!(stats.gbps() > 0.0);
+}

@@ -1,0 +1,155 @@
+//! Errors and panics in readers reach the consumer; stopping early frees everything.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use pinfeed::{Loader, LoaderError, LoaderOptions};
+use pinfeed_source::{Layout, Source, SourceError};
+
+use crate::common::{host_options, random_source};
+
+/// Wraps a source and fails (or panics) when asked for a given record.
+#[derive(Debug)]
+struct Faulty {
+    inner: Arc<dyn Source>,
+    bad_record: u64,
+    panic: bool,
+}
+
+impl Source for Faulty {
+    fn name(&self) -> &str {
+        "faulty source"
+    }
+    fn layout(&self) -> &Layout {
+        self.inner.layout()
+    }
+    fn num_records(&self) -> u64 {
+        self.inner.num_records()
+    }
+    fn read_records(&self, first: u64, dst: &mut [u8]) -> pinfeed_source::Result<()> {
+        let n = (dst.len() / self.layout().record_bytes()) as u64;
+        if (first..first + n).contains(&self.bad_record) {
+            if self.panic {
+                panic!("injected panic at record {}", self.bad_record);
+            }
+            return Err(SourceError::Read {
+                path: "faulty source".into(),
+                offset: self.bad_record,
+                len: dst.len(),
+                source: std::io::Error::other("injected I/O error"),
+            });
+        }
+        self.inner.read_records(first, dst)
+    }
+}
+
+fn run_faulty(panic: bool) -> (usize, LoaderError) {
+    let (inner, _) = random_source(1000, 16, 11);
+    let source = Arc::new(Faulty {
+        inner,
+        bad_record: 555,
+        panic,
+    });
+    let loader = Loader::new(source, host_options(10)).unwrap();
+    let mut good = 0;
+    for batch in loader {
+        match batch {
+            Ok(_) => good += 1,
+            Err(e) => return (good, e),
+        }
+    }
+    panic!("the loader ended without reporting the fault");
+}
+
+#[test]
+fn an_io_error_reaches_the_consumer_after_the_good_batches() {
+    let (good, err) = run_faulty(false);
+    assert!(good <= 55, "{good} batches delivered past the fault");
+    assert!(matches!(err, LoaderError::Source(_)), "{err:?}");
+    assert!(err.to_string().contains("injected I/O error"), "{err}");
+}
+
+#[test]
+fn a_panicking_reader_becomes_an_error() {
+    let (_, err) = run_faulty(true);
+    match err {
+        LoaderError::ReaderPanicked(message) => {
+            assert!(
+                message.contains("injected panic at record 555"),
+                "{message}"
+            )
+        }
+        other => panic!("expected ReaderPanicked, got {other:?}"),
+    }
+}
+
+#[test]
+fn dropping_the_loader_mid_epoch_stops_promptly_and_keeps_held_batches_valid() {
+    let (source, data) = random_source(100_000, 64, 12);
+    let options = LoaderOptions {
+        num_threads: Some(4),
+        ..host_options(100)
+    };
+    let mut loader = Loader::new(source, options).unwrap();
+    let first = loader.next().unwrap().unwrap();
+    let second = loader.next().unwrap().unwrap();
+    let started = Instant::now();
+    drop(loader);
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "drop took {:?}",
+        started.elapsed()
+    );
+    assert_eq!(first.host_bytes().unwrap().unwrap(), &data[..6400]);
+    assert_eq!(second.host_bytes().unwrap().unwrap(), &data[6400..12800]);
+}
+
+/// A source that counts reads in flight, to show no reader is left running after drop.
+#[derive(Debug)]
+struct Slow {
+    inner: Arc<dyn Source>,
+    active: Arc<AtomicUsize>,
+}
+
+impl Source for Slow {
+    fn name(&self) -> &str {
+        "slow source"
+    }
+    fn layout(&self) -> &Layout {
+        self.inner.layout()
+    }
+    fn num_records(&self) -> u64 {
+        self.inner.num_records()
+    }
+    fn read_records(&self, first: u64, dst: &mut [u8]) -> pinfeed_source::Result<()> {
+        self.active.fetch_add(1, Ordering::SeqCst);
+        std::thread::sleep(Duration::from_millis(2));
+        let r = self.inner.read_records(first, dst);
+        self.active.fetch_sub(1, Ordering::SeqCst);
+        r
+    }
+}
+
+#[test]
+fn drop_joins_every_thread() {
+    let (inner, _) = random_source(10_000, 8, 13);
+    let active = Arc::new(AtomicUsize::new(0));
+    let source = Arc::new(Slow {
+        inner,
+        active: Arc::clone(&active),
+    });
+    let mut loader = Loader::new(source.clone(), host_options(10)).unwrap();
+    loader.next().unwrap().unwrap();
+    drop(loader);
+    assert_eq!(
+        active.load(Ordering::SeqCst),
+        0,
+        "a reader was still reading after drop"
+    );
+    assert_eq!(
+        Arc::strong_count(&source),
+        1,
+        "a thread still holds the source"
+    );
+}

@@ -1,0 +1,65 @@
+//! The same checks through a real GPU. Run on a CUDA machine with `--ignored`.
+
+use std::sync::Arc;
+
+use pinfeed::{pinned_allocations, DeviceSpec, Loader, LoaderOptions, PinMethod};
+
+use crate::common::random_source;
+
+fn cuda_options(batch_size: usize) -> LoaderOptions {
+    LoaderOptions {
+        batch_size,
+        device: DeviceSpec::Cuda(0),
+        ..LoaderOptions::default()
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gpu_byte_exact_for_several_batch_sizes_and_pin_methods() {
+    let (source, data) = random_source(20_000, 2883, 21);
+    for method in [PinMethod::Register, PinMethod::HostAlloc] {
+        for batch_size in [1, 1000, 1024, 7777, 20_000] {
+            let options = LoaderOptions {
+                pin_method: method,
+                epochs: 2,
+                ..cuda_options(batch_size)
+            };
+            let mut loader = Loader::new(Arc::clone(&source), options).unwrap();
+            let mut crc = crc32fast::Hasher::new();
+            for batch in loader.by_ref() {
+                let batch = batch.unwrap();
+                let mut back = vec![0u8; batch.len_bytes()];
+                batch.read_back(&mut back).unwrap();
+                crc.update(&back);
+            }
+            let want = crc32fast::hash(&data.repeat(2));
+            assert_eq!(crc.finalize(), want, "{method:?}, batch size {batch_size}");
+            assert_eq!(loader.stats().pinned_allocations_after_start, 0);
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gpu_held_batches_stay_intact_while_the_ring_cycles() {
+    let (source, data) = random_source(4096, 4096, 22);
+    let options = LoaderOptions {
+        pinned_budget: 4 * 16 * 4096,
+        ..cuda_options(16)
+    };
+    let before = pinned_allocations();
+    let loader = Loader::new(source, options).unwrap();
+    let held: Vec<_> = loader.map(|b| b.unwrap()).collect();
+    assert_eq!(
+        pinned_allocations() - before,
+        1,
+        "one pool allocation, nothing else"
+    );
+    for batch in &held {
+        let mut back = vec![0u8; batch.len_bytes()];
+        batch.read_back(&mut back).unwrap();
+        let start = batch.first_record() as usize * 4096;
+        assert_eq!(back, data[start..start + back.len()]);
+    }
+}

@@ -1,0 +1,7 @@
+//! Integration tests of the loader, on the host backend (CI) and, where marked, on a GPU.
+
+mod common;
+mod delivery;
+mod faults;
+mod gpu;
+mod limits;

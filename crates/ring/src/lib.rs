@@ -1,0 +1,443 @@
+//! The staging ring of pinfeed: a fixed set of slots cycled between reader threads and a copy engine.
+//!
+//! The ring owns no memory and knows nothing about CUDA. It hands out slot *indices* and sequence
+//! numbers, and it guarantees the properties that make the data path safe:
+//!
+//! - a slot is held by one filler at a time ([`Claim`]);
+//! - batches reach the copy engine in sequence order ([`Ring::next_filled`]), whatever order the
+//!   fillers finish in;
+//! - a slot whose copy was issued returns to the free list only after that copy's [`Fence`]
+//!   reports completion, so a slot is never overwritten while a copy may still read it.
+//!
+//! Each slot goes `Free → Filling → Filled → Copying → Free`. Fillers block (without spinning)
+//! while every slot is busy, and the copy engine blocks while the next batch is not yet filled:
+//! back-pressure both ways. [`Ring::shutdown`] wakes everyone, and [`Ring::drain`] waits for every
+//! outstanding fence so that the memory behind the slots can be freed.
+//!
+//! The ring is generic over the fence, so the same code runs with a CUDA event, with the host
+//! backend's completion flag, and under loom with a mock fence (`RUSTFLAGS="--cfg loom"`).
+//!
+//! ```
+//! use pinfeed_ring::{Fence, Ring};
+//!
+//! #[derive(Debug)]
+//! struct Done;
+//! impl Fence for Done {
+//!     type Error = std::convert::Infallible;
+//!     fn is_complete(&self) -> Result<bool, Self::Error> { Ok(true) }
+//!     fn wait(&self) -> Result<(), Self::Error> { Ok(()) }
+//! }
+//!
+//! let ring = Ring::<Done>::new(2, 3);
+//! let mut delivered = Vec::new();
+//! for _ in 0..3 {
+//!     let claim = ring.acquire().unwrap().expect("batches remain");
+//!     ring.fill_done(claim);
+//!     let seq = delivered.len() as u64;
+//!     let slot = ring.next_filled(seq).expect("filled");
+//!     ring.copy_issued(slot, Done);
+//!     delivered.push(seq);
+//! }
+//! assert!(ring.acquire().unwrap().is_none(), "all batches were handed out");
+//! ```
+#![deny(unsafe_op_in_unsafe_fn)]
+#![warn(clippy::undocumented_unsafe_blocks)]
+#![deny(missing_docs)]
+
+mod sync;
+
+use std::collections::VecDeque;
+use std::fmt;
+use std::time::{Duration, Instant};
+
+use sync::{Arc, Condvar, Mutex, MutexGuard};
+
+/// Completion of an asynchronous copy out of a slot: a CUDA event, or a flag on the host backend.
+pub trait Fence: Send + Sync {
+    /// Why waiting on the fence failed (a CUDA error, say).
+    type Error: std::error::Error + Send + Sync + 'static;
+    /// Whether the copy has finished, without blocking.
+    fn is_complete(&self) -> Result<bool, Self::Error>;
+    /// Blocks the calling thread until the copy has finished. Must not spin.
+    fn wait(&self) -> Result<(), Self::Error>;
+}
+
+/// A slot handed to one filler, with the sequence number of the batch it must hold.
+///
+/// Holding a `Claim` is what gives a filler the right to write into the slot's memory: the ring
+/// hands out each slot to one claimant at a time and takes it back only through
+/// [`Ring::fill_done`] or [`Ring::fill_abandoned`].
+#[derive(Debug, PartialEq, Eq)]
+#[must_use = "a claimed slot must be filled or abandoned"]
+pub struct Claim {
+    slot: usize,
+    seq: u64,
+}
+
+impl Claim {
+    /// The slot index, in `0 .. capacity`.
+    pub fn slot(&self) -> usize {
+        self.slot
+    }
+    /// The sequence number of the batch this slot must be filled with.
+    pub fn seq(&self) -> u64 {
+        self.seq
+    }
+}
+
+/// Where the time went, from the ring's point of view.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RingStats {
+    /// Slots in the ring.
+    pub capacity: usize,
+    /// Claims handed to fillers.
+    pub claims: u64,
+    /// Claims that had to wait because no slot was free.
+    pub claims_waited: u64,
+    /// Total time fillers spent waiting for a free slot (the copy engine or the consumer was behind).
+    pub wait_free: Duration,
+    /// Total time the copy engine spent waiting for the next batch to be filled (the readers were behind).
+    pub wait_filled: Duration,
+    /// Slots returned to the free list after their fence completed.
+    pub recycled: u64,
+    /// Most slots out of the free list at once.
+    pub peak_in_use: usize,
+}
+
+enum SlotState<F> {
+    Free,
+    Filling {
+        seq: u64,
+    },
+    Filled {
+        seq: u64,
+    },
+    /// The copy out of this slot was issued; `fence` completes when it has finished reading.
+    Copying {
+        seq: u64,
+        fence: Arc<F>,
+    },
+}
+
+impl<F> fmt::Debug for SlotState<F> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SlotState::Free => write!(f, "Free"),
+            SlotState::Filling { seq } => write!(f, "Filling({seq})"),
+            SlotState::Filled { seq } => write!(f, "Filled({seq})"),
+            SlotState::Copying { seq, .. } => write!(f, "Copying({seq})"),
+        }
+    }
+}
+
+struct State<F> {
+    slots: Vec<SlotState<F>>,
+    /// Indices of `Free` slots. Every index appears at most once, and only for `Free` slots.
+    free: VecDeque<usize>,
+    /// Indices of `Copying` slots in the order their copies were issued (the order they finish in
+    /// on one stream, so the oldest is the one worth waiting for).
+    copying: VecDeque<usize>,
+    /// Whether some thread is blocked in `Fence::wait` on the oldest copying slot; others then
+    /// wait on the condition variable rather than on the same fence.
+    fence_waiter: bool,
+    /// The next sequence number to hand out; always `<= total`.
+    next_seq: u64,
+    /// Sequence numbers at or beyond this are never handed out.
+    total: u64,
+    shutdown: bool,
+    stats: RingStats,
+}
+
+impl<F> State<F> {
+    fn in_use(&self) -> usize {
+        self.slots.len() - self.free.len()
+    }
+}
+
+/// A fixed set of slots, cycled between fillers and a copy engine. See the crate documentation.
+pub struct Ring<F: Fence> {
+    state: Mutex<State<F>>,
+    /// Signalled when a slot becomes free, a copy is issued (there is a fence to wait on), the
+    /// fence waiter gives up its turn, or the ring shuts down.
+    slot_freed: Condvar,
+    /// Signalled when a slot becomes filled, or the ring shuts down.
+    slot_filled: Condvar,
+}
+
+impl<F: Fence> fmt::Debug for Ring<F> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let state = self.lock();
+        f.debug_struct("Ring")
+            .field("slots", &state.slots)
+            .field("next_seq", &state.next_seq)
+            .field("total", &state.total)
+            .field("shutdown", &state.shutdown)
+            .finish()
+    }
+}
+
+impl<F: Fence> Ring<F> {
+    /// A ring of `capacity` slots that will hand out sequence numbers `0 .. total`.
+    ///
+    /// # Panics
+    /// If `capacity` is zero: a ring with no slot can never move a batch.
+    pub fn new(capacity: usize, total: u64) -> Self {
+        assert!(capacity > 0, "a ring needs at least one slot");
+        let state = State {
+            slots: (0..capacity).map(|_| SlotState::Free).collect(),
+            free: (0..capacity).collect(),
+            copying: VecDeque::with_capacity(capacity),
+            fence_waiter: false,
+            next_seq: 0,
+            total,
+            shutdown: false,
+            stats: RingStats {
+                capacity,
+                ..RingStats::default()
+            },
+        };
+        Ring {
+            state: Mutex::new(state),
+            slot_freed: Condvar::new(),
+            slot_filled: Condvar::new(),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State<F>> {
+        // A panic while holding this lock can only come from a broken invariant (a debug_assert);
+        // the state is still consistent enough to shut down, so poisoning is ignored.
+        self.state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Number of slots.
+    pub fn capacity(&self) -> usize {
+        self.lock().slots.len()
+    }
+
+    /// Claims a free slot for the next batch in sequence, blocking while none is free.
+    ///
+    /// Returns `Ok(None)` once every sequence number has been handed out or the ring was shut
+    /// down. The sequence number is assigned together with the slot, so every outstanding
+    /// sequence number owns a slot and the copy engine can never wait for a batch that has none.
+    ///
+    /// When no slot is free, the caller reclaims slots whose copies have finished; if none has,
+    /// one caller blocks on the oldest copy's fence (the others on a condition variable).
+    pub fn acquire(&self) -> Result<Option<Claim>, F::Error> {
+        let mut state = self.lock();
+        let mut waited_since: Option<Instant> = None;
+        loop {
+            if state.shutdown || state.next_seq >= state.total {
+                return Ok(None);
+            }
+            if let Some(slot) = state.free.pop_front() {
+                debug_assert!(matches!(state.slots[slot], SlotState::Free));
+                let seq = state.next_seq;
+                state.next_seq += 1;
+                state.slots[slot] = SlotState::Filling { seq };
+                state.stats.claims += 1;
+                let in_use = state.in_use();
+                state.stats.peak_in_use = state.stats.peak_in_use.max(in_use);
+                if let Some(since) = waited_since {
+                    state.stats.claims_waited += 1;
+                    state.stats.wait_free += since.elapsed();
+                }
+                return Ok(Some(Claim { slot, seq }));
+            }
+            waited_since.get_or_insert_with(Instant::now);
+            if Self::reclaim_completed(&mut state)? > 0 {
+                self.slot_freed.notify_all();
+                continue;
+            }
+            match state.copying.front() {
+                Some(&oldest) if !state.fence_waiter => {
+                    let SlotState::Copying { fence, .. } = &state.slots[oldest] else {
+                        unreachable!("slot {oldest} is in the copying queue but not Copying");
+                    };
+                    let fence = Arc::clone(fence);
+                    state.fence_waiter = true;
+                    drop(state);
+                    let waited = fence.wait();
+                    state = self.lock();
+                    state.fence_waiter = false;
+                    // Wake the others either way: the slot may be free now, or another thread
+                    // must take over waiting.
+                    self.slot_freed.notify_all();
+                    waited?;
+                }
+                _ => {
+                    state = self
+                        .slot_freed
+                        .wait(state)
+                        .unwrap_or_else(|poisoned| poisoned.into_inner());
+                }
+            }
+        }
+    }
+
+    /// Moves every copying slot whose fence has completed back to the free list, oldest first,
+    /// stopping at the first one still in flight (copies on one stream finish in order).
+    fn reclaim_completed(state: &mut State<F>) -> Result<usize, F::Error> {
+        let mut reclaimed = 0;
+        while let Some(&slot) = state.copying.front() {
+            let SlotState::Copying { fence, .. } = &state.slots[slot] else {
+                unreachable!("slot {slot} is in the copying queue but not Copying");
+            };
+            if !fence.is_complete()? {
+                break;
+            }
+            state.copying.pop_front();
+            state.slots[slot] = SlotState::Free;
+            state.free.push_back(slot);
+            state.stats.recycled += 1;
+            reclaimed += 1;
+        }
+        Ok(reclaimed)
+    }
+
+    /// Marks a claimed slot as filled with its batch: `Filling → Filled`.
+    pub fn fill_done(&self, claim: Claim) {
+        let mut state = self.lock();
+        debug_assert!(
+            matches!(state.slots[claim.slot], SlotState::Filling { seq } if seq == claim.seq),
+            "fill_done for slot {} seq {}, but it is {:?}",
+            claim.slot,
+            claim.seq,
+            state.slots[claim.slot]
+        );
+        state.slots[claim.slot] = SlotState::Filled { seq: claim.seq };
+        drop(state);
+        self.slot_filled.notify_all();
+    }
+
+    /// Gives up a claim without filling it (the read failed). The ring shuts down: a batch that
+    /// will never be filled would otherwise block the copy engine forever.
+    pub fn fill_abandoned(&self, claim: Claim) {
+        let mut state = self.lock();
+        debug_assert!(matches!(state.slots[claim.slot], SlotState::Filling { .. }));
+        state.slots[claim.slot] = SlotState::Free;
+        state.free.push_back(claim.slot);
+        state.shutdown = true;
+        drop(state);
+        self.notify_everyone();
+    }
+
+    /// Blocks until the batch with sequence number `seq` is filled and returns its slot, which
+    /// stays `Filled` until [`Ring::copy_issued`]. Returns `None` if the ring shut down first or
+    /// `seq` is past the last batch.
+    pub fn next_filled(&self, seq: u64) -> Option<usize> {
+        let mut state = self.lock();
+        let started = Instant::now();
+        let mut waited = false;
+        loop {
+            if seq >= state.total {
+                return None;
+            }
+            let found = state
+                .slots
+                .iter()
+                .position(|s| matches!(s, SlotState::Filled { seq: s } if *s == seq));
+            if let Some(slot) = found {
+                if waited {
+                    state.stats.wait_filled += started.elapsed();
+                }
+                return Some(slot);
+            }
+            if state.shutdown {
+                return None;
+            }
+            waited = true;
+            state = self
+                .slot_filled
+                .wait(state)
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+        }
+    }
+
+    /// Records that the copy out of a filled slot was issued: `Filled → Copying`. The slot
+    /// returns to the free list once `fence` completes.
+    pub fn copy_issued(&self, slot: usize, fence: F) {
+        let mut state = self.lock();
+        let SlotState::Filled { seq } = state.slots[slot] else {
+            panic!(
+                "copy_issued for slot {slot}, which is {:?}, not Filled",
+                state.slots[slot]
+            );
+        };
+        state.slots[slot] = SlotState::Copying {
+            seq,
+            fence: Arc::new(fence),
+        };
+        state.copying.push_back(slot);
+        drop(state);
+        self.slot_freed.notify_all();
+    }
+
+    /// Stops the ring: blocked and future [`acquire`](Ring::acquire) and
+    /// [`next_filled`](Ring::next_filled) calls return `None`. Slots being copied stay tracked
+    /// so that [`drain`](Ring::drain) can wait for them.
+    pub fn shutdown(&self) {
+        self.lock().shutdown = true;
+        self.notify_everyone();
+    }
+
+    /// Whether [`shutdown`](Ring::shutdown) was called.
+    pub fn is_shut_down(&self) -> bool {
+        self.lock().shutdown
+    }
+
+    fn notify_everyone(&self) {
+        self.slot_freed.notify_all();
+        self.slot_filled.notify_all();
+    }
+
+    /// Waits until no copy may still read any slot, so that the slots' memory can be freed.
+    /// Every fence is waited on even if one fails; the first error is returned.
+    pub fn drain(&self) -> Result<(), F::Error> {
+        let fences: Vec<Arc<F>> = {
+            let state = self.lock();
+            state
+                .copying
+                .iter()
+                .map(|&slot| match &state.slots[slot] {
+                    SlotState::Copying { fence, .. } => Arc::clone(fence),
+                    other => unreachable!("slot {slot} in the copying queue is {other:?}"),
+                })
+                .collect()
+        };
+        let mut first_error = None;
+        for fence in fences {
+            if let Err(e) = fence.wait() {
+                first_error.get_or_insert(e);
+            }
+        }
+        let mut state = self.lock();
+        let _ = Self::reclaim_completed(&mut state);
+        drop(state);
+        self.slot_freed.notify_all();
+        first_error.map_or(Ok(()), Err)
+    }
+
+    /// A snapshot of the ring's counters.
+    pub fn stats(&self) -> RingStats {
+        self.lock().stats.clone()
+    }
+
+    /// The sequence number of the batch each slot holds or is being filled with, for tests and
+    /// diagnostics (`None` for a free slot).
+    pub fn slot_sequences(&self) -> Vec<Option<u64>> {
+        self.lock()
+            .slots
+            .iter()
+            .map(|s| match s {
+                SlotState::Free => None,
+                SlotState::Filling { seq } | SlotState::Filled { seq } => Some(*seq),
+                SlotState::Copying { seq, .. } => Some(*seq),
+            })
+            .collect()
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests;

@@ -1,0 +1,161 @@
+use super::*;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex as StdMutex;
+
+/// A fence completed by hand.
+#[derive(Debug, Default)]
+struct Flag {
+    done: StdMutex<bool>,
+    cv: std::sync::Condvar,
+}
+
+impl Flag {
+    fn complete(&self) {
+        *self.done.lock().unwrap() = true;
+        self.cv.notify_all();
+    }
+}
+
+#[derive(Debug, Clone, Default)]
+struct SharedFlag(std::sync::Arc<Flag>);
+
+impl Fence for SharedFlag {
+    type Error = std::convert::Infallible;
+    fn is_complete(&self) -> Result<bool, Self::Error> {
+        Ok(*self.0.done.lock().unwrap())
+    }
+    fn wait(&self) -> Result<(), Self::Error> {
+        let mut done = self.0.done.lock().unwrap();
+        while !*done {
+            done = self.0.cv.wait(done).unwrap();
+        }
+        Ok(())
+    }
+}
+
+#[test]
+fn sequences_follow_claims_and_stop_at_total() {
+    let ring = Ring::<SharedFlag>::new(3, 2);
+    let a = ring.acquire().unwrap().unwrap();
+    let b = ring.acquire().unwrap().unwrap();
+    assert_eq!((a.seq(), b.seq()), (0, 1));
+    assert_ne!(a.slot(), b.slot());
+    assert!(ring.acquire().unwrap().is_none());
+    ring.fill_done(a);
+    ring.fill_done(b);
+}
+
+#[test]
+fn delivers_in_sequence_order_whatever_the_fill_order() {
+    let ring = Ring::<SharedFlag>::new(3, 3);
+    let claims: Vec<Claim> = (0..3).map(|_| ring.acquire().unwrap().unwrap()).collect();
+    let slots: Vec<usize> = claims.iter().map(Claim::slot).collect();
+    for claim in claims.into_iter().rev() {
+        ring.fill_done(claim);
+    }
+    for seq in 0..3 {
+        assert_eq!(ring.next_filled(seq), Some(slots[seq as usize]));
+        ring.copy_issued(slots[seq as usize], SharedFlag::default());
+    }
+    assert_eq!(ring.next_filled(3), None);
+}
+
+#[test]
+fn slot_is_not_reused_before_its_fence_completes() {
+    let ring = std::sync::Arc::new(Ring::<SharedFlag>::new(1, 2));
+    let claim = ring.acquire().unwrap().unwrap();
+    let slot = claim.slot();
+    ring.fill_done(claim);
+    assert_eq!(ring.next_filled(0), Some(slot));
+    let fence = SharedFlag::default();
+    ring.copy_issued(slot, fence.clone());
+
+    let got_second = std::sync::Arc::new(AtomicBool::new(false));
+    let filler = {
+        let ring = ring.clone();
+        let got_second = got_second.clone();
+        std::thread::spawn(move || {
+            let claim = ring.acquire().unwrap().unwrap();
+            got_second.store(true, Ordering::SeqCst);
+            claim
+        })
+    };
+    std::thread::sleep(Duration::from_millis(50));
+    assert!(
+        !got_second.load(Ordering::SeqCst),
+        "the slot was handed out while its copy was in flight"
+    );
+    fence.0.complete();
+    let claim = filler.join().unwrap();
+    assert_eq!((claim.slot(), claim.seq()), (slot, 1));
+    ring.fill_done(claim);
+    let stats = ring.stats();
+    assert_eq!(stats.recycled, 1);
+    assert_eq!(stats.claims_waited, 1);
+}
+
+#[test]
+fn shutdown_wakes_blocked_fillers_and_copier() {
+    let ring = std::sync::Arc::new(Ring::<SharedFlag>::new(1, 10));
+    let held = ring.acquire().unwrap().unwrap();
+    let filler = {
+        let ring = ring.clone();
+        std::thread::spawn(move || ring.acquire().unwrap())
+    };
+    let copier = {
+        let ring = ring.clone();
+        std::thread::spawn(move || ring.next_filled(0))
+    };
+    std::thread::sleep(Duration::from_millis(20));
+    ring.shutdown();
+    assert_eq!(filler.join().unwrap(), None);
+    assert_eq!(copier.join().unwrap(), None);
+    ring.fill_abandoned(held);
+    assert!(ring.is_shut_down());
+}
+
+#[test]
+fn abandoning_a_claim_shuts_the_ring_down() {
+    let ring = Ring::<SharedFlag>::new(2, 4);
+    let claim = ring.acquire().unwrap().unwrap();
+    ring.fill_abandoned(claim);
+    assert!(ring.acquire().unwrap().is_none());
+    assert_eq!(ring.next_filled(0), None);
+}
+
+#[test]
+fn drain_waits_for_every_fence() {
+    let ring = std::sync::Arc::new(Ring::<SharedFlag>::new(2, 2));
+    let fences = [SharedFlag::default(), SharedFlag::default()];
+    for fence in &fences {
+        let claim = ring.acquire().unwrap().unwrap();
+        let (slot, seq) = (claim.slot(), claim.seq());
+        ring.fill_done(claim);
+        assert_eq!(ring.next_filled(seq), Some(slot));
+        ring.copy_issued(slot, fence.clone());
+    }
+    let drained = std::sync::Arc::new(AtomicBool::new(false));
+    let drainer = {
+        let (ring, drained) = (ring.clone(), drained.clone());
+        std::thread::spawn(move || {
+            ring.drain().unwrap();
+            drained.store(true, Ordering::SeqCst);
+        })
+    };
+    fences[1].0.complete();
+    std::thread::sleep(Duration::from_millis(20));
+    assert!(
+        !drained.load(Ordering::SeqCst),
+        "drain returned with a copy in flight"
+    );
+    fences[0].0.complete();
+    drainer.join().unwrap();
+    assert_eq!(ring.slot_sequences(), vec![None, None]);
+}
+
+#[test]
+#[should_panic(expected = "not Filled")]
+fn issuing_a_copy_of_an_unfilled_slot_is_a_bug() {
+    let ring = Ring::<SharedFlag>::new(1, 1);
+    ring.copy_issued(0, SharedFlag::default());
+}

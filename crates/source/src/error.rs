@@ -1,0 +1,223 @@
+//! The one error type of this crate.
+
+use std::fmt::Write as _;
+use std::io;
+use std::path::{Path, PathBuf};
+
+/// Everything that can go wrong while opening, reading or writing a dataset.
+///
+/// Every message names the file (or "host buffer"), and where it applies the byte offset,
+/// what was expected and what was found.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SourceError {
+    /// The file is missing, unreadable, a directory or not a regular file.
+    #[error("cannot open {}: {source}", .path.display())]
+    Open {
+        /// The path as given.
+        path: PathBuf,
+        /// What the operating system said.
+        source: io::Error,
+    },
+    /// A read failed with an error other than reaching the end of the file.
+    #[error("cannot read {len} bytes at offset {offset} of {}: {source}", .path.display())]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Where the read started.
+        offset: u64,
+        /// How many bytes were asked for.
+        len: usize,
+        /// What the operating system said.
+        source: io::Error,
+    },
+    /// The file ended before the bytes its size (checked at open) promised.
+    #[error(
+        "{}: expected {expected} bytes at offset {offset} but the file ended after {found} \
+         (file shrank while streaming?)",
+        .path.display()
+    )]
+    Truncated {
+        /// The file.
+        path: PathBuf,
+        /// Where the read started.
+        offset: u64,
+        /// Bytes asked for.
+        expected: u64,
+        /// Bytes that were there.
+        found: u64,
+    },
+    /// The file does not start with a well-formed `.npy` header.
+    #[error("{}: malformed .npy header at byte {offset}: expected {expected}, found {found}", .path.display())]
+    Header {
+        /// The file.
+        path: PathBuf,
+        /// Byte offset in the file where parsing failed.
+        offset: u64,
+        /// What the parser wanted there.
+        expected: String,
+        /// What it saw.
+        found: String,
+    },
+    /// The `.npy` file stores its array in Fortran (column-major) order.
+    #[error(
+        "{}: Fortran order is not supported; save with np.ascontiguousarray",
+        .path.display()
+    )]
+    FortranOrder {
+        /// The file.
+        path: PathBuf,
+    },
+    /// A dtype that cannot be streamed as plain bytes, or a dtype string that is not understood.
+    #[error("{}dtype {descr}: {reason}", loc(.path.as_deref()))]
+    DType {
+        /// The file whose header holds the dtype; `None` for a string given directly.
+        path: Option<PathBuf>,
+        /// The dtype as given.
+        descr: String,
+        /// Why it was rejected, and what is accepted.
+        reason: String,
+    },
+    /// The array shape in a `.npy` header is unusable.
+    #[error("{}: shape {shape:?} (dtype {descr}): {reason}", .path.display())]
+    Shape {
+        /// The file.
+        path: PathBuf,
+        /// The shape from the header.
+        shape: Vec<u64>,
+        /// The dtype from the header.
+        descr: String,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+    /// A record layout whose size is zero or does not fit in memory.
+    #[error("{}record layout dtype {dtype} with shape {shape:?}: {reason}", loc(.path.as_deref()))]
+    Layout {
+        /// The file the layout came from, if any.
+        path: Option<PathBuf>,
+        /// The element dtype.
+        dtype: String,
+        /// The per-record shape.
+        shape: Vec<u64>,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+    /// The data after a `.npy` header is shorter or longer than the header promises.
+    #[error(
+        "{}: header promises {expected} bytes of data from offset {data_offset} but the file holds {found}: {}",
+        .path.display(),
+        if .found < .expected { "the file is truncated" } else { "extra bytes after the array data" }
+    )]
+    DataSize {
+        /// The file.
+        path: PathBuf,
+        /// Where the data starts.
+        data_offset: u64,
+        /// Bytes of data the header promises.
+        expected: u64,
+        /// Bytes of data in the file.
+        found: u64,
+    },
+    /// A raw record file or host buffer whose size is not a whole number of records.
+    #[error(
+        "{name}: size {size} bytes is not a multiple of the record size {record_bytes} bytes \
+         ({trailing} trailing bytes); check the record dtype and shape"
+    )]
+    RecordSize {
+        /// The file path or "host buffer".
+        name: String,
+        /// Bytes in the file or buffer.
+        size: u64,
+        /// Bytes in one record.
+        record_bytes: usize,
+        /// `size % record_bytes`.
+        trailing: u64,
+    },
+    /// The dataset holds no records.
+    #[error("{name}: dataset is empty (0 records)")]
+    Empty {
+        /// The file path or "host buffer".
+        name: String,
+    },
+    /// A file that is not `.npy` was opened without a record layout.
+    #[error(
+        "{}: not a .npy file; give the record dtype and shape for a raw record file",
+        .path.display()
+    )]
+    NotNpy {
+        /// The file.
+        path: PathBuf,
+    },
+    /// Records were asked for past the end of the dataset.
+    #[error(
+        "{name}: records {first}..{first}+{count} are out of range: expected indices below {num_records}"
+    )]
+    OutOfRange {
+        /// The file path or "host buffer".
+        name: String,
+        /// First record asked for.
+        first: u64,
+        /// Records asked for.
+        count: u64,
+        /// Records in the dataset.
+        num_records: u64,
+    },
+    /// The destination buffer does not have the size the request needs.
+    #[error("{name}: destination buffer of {len} bytes: expected {expected}")]
+    Destination {
+        /// The file path or "host buffer".
+        name: String,
+        /// Length of the buffer given.
+        len: usize,
+        /// What length was needed.
+        expected: String,
+    },
+    /// Writing a `.npy` file failed.
+    #[error("cannot write {} at offset {offset}: {source}", .path.display())]
+    Write {
+        /// The file.
+        path: PathBuf,
+        /// Bytes written before the failure.
+        offset: u64,
+        /// What the operating system said.
+        source: io::Error,
+    },
+    /// A `.npy` writer was given more or fewer data bytes than its header promises.
+    #[error(
+        "{}: header promises {expected} bytes of data but {found} {}",
+        .path.display(),
+        if .found > .expected { "were offered" } else { "were written before finish" }
+    )]
+    WriteCount {
+        /// The file.
+        path: PathBuf,
+        /// Bytes the header promises.
+        expected: u64,
+        /// Bytes written (or offered).
+        found: u64,
+    },
+}
+
+/// `"path: "` or nothing, to prefix messages whose path is optional.
+fn loc(path: Option<&Path>) -> String {
+    let mut s = String::new();
+    if let Some(p) = path {
+        let _ = write!(s, "{}: ", p.display());
+    }
+    s
+}
+
+impl SourceError {
+    /// Fills in the path of errors that can arise without one (dtype and layout checks).
+    pub(crate) fn with_path(mut self, file: &Path) -> SourceError {
+        match &mut self {
+            SourceError::DType { path, .. } | SourceError::Layout { path, .. }
+                if path.is_none() =>
+            {
+                *path = Some(file.to_path_buf());
+            }
+            _ => {}
+        }
+        self
+    }
+}

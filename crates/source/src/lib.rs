@@ -1,0 +1,332 @@
+//! Datasets of fixed-size records for pinfeed.
+//!
+//! A dataset is N records of one [`Layout`] (an element [`DType`] and a per-record shape). The
+//! [`Source`] trait reads consecutive records ([`Source::read_records`]) or records in any order
+//! ([`Source::gather`]) straight into the caller's memory, which in pinfeed is a slot of the
+//! pinned ring. Three sources implement it:
+//!
+//! - [`NpyFile`]: a numpy `.npy` file (versions 1.0, 2.0 and 3.0), header checked at open by a
+//!   strict parser ([`npy::Header`]);
+//! - [`RawFile`]: a headerless file of records, described by a layout from
+//!   [`dtype::parse_user_dtype`];
+//! - [`HostBuffer`]: records already in memory.
+//!
+//! [`open_path`] picks between the two file kinds by the file's magic bytes, and
+//! [`npy::NpyWriter`] writes `.npy` files. Every failure is a [`SourceError`] naming the file,
+//! and where it applies the offset, what was expected and what was found.
+//!
+//! ```
+//! use pinfeed_source::{dtype::parse_user_dtype, HostBuffer, Layout, Source};
+//!
+//! let (dtype, shape) = parse_user_dtype("2,3u8")?; // records of 2 x 3 bytes
+//! let layout = Layout::new(dtype, shape)?;
+//! let data: Vec<u8> = (0..60).collect(); // 10 records
+//! let source = HostBuffer::from_vec(data, layout)?;
+//! assert_eq!(source.num_records(), 10);
+//!
+//! let mut two = vec![0u8; 12];
+//! source.read_records(4, &mut two)?;
+//! assert_eq!(two[0], 24);
+//! source.gather(&[9, 0], &mut two)?;
+//! assert_eq!((two[0], two[6]), (54, 0));
+//! assert!(source.read_records(9, &mut two).is_err()); // records 9 and 10: past the end
+//! # Ok::<(), pinfeed_source::SourceError>(())
+//! ```
+#![deny(unsafe_op_in_unsafe_fn)]
+#![warn(clippy::undocumented_unsafe_blocks)]
+#![deny(missing_docs)]
+
+use std::path::Path;
+
+pub mod dtype;
+mod error;
+mod host;
+mod literal;
+pub mod npy;
+mod raw;
+mod read;
+
+pub use dtype::DType;
+pub use error::SourceError;
+pub use host::HostBuffer;
+pub use npy::NpyFile;
+pub use raw::RawFile;
+
+/// `Result` with a [`SourceError`].
+pub type Result<T, E = SourceError> = std::result::Result<T, E>;
+
+/// A record's layout: element dtype and per-record shape (the array shape without its first
+/// dimension).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Layout {
+    /// The element dtype.
+    pub dtype: DType,
+    /// The shape of one record; empty for one element per record.
+    pub shape: Vec<u64>,
+}
+
+impl Layout {
+    /// Checks that a record has a non-zero size that fits in memory.
+    pub fn new(dtype: DType, shape: Vec<u64>) -> Result<Layout> {
+        let err = |dtype: &DType, shape: &[u64], reason| SourceError::Layout {
+            path: None,
+            dtype: dtype.to_string(),
+            shape: shape.to_vec(),
+            reason,
+        };
+        match record_bytes(&dtype, &shape) {
+            None => Err(err(
+                &dtype,
+                &shape,
+                "the record size overflows this machine's address space",
+            )),
+            Some(0) => Err(err(
+                &dtype,
+                &shape,
+                "records of zero bytes cannot be streamed",
+            )),
+            Some(_) => Ok(Layout { dtype, shape }),
+        }
+    }
+
+    /// Bytes in one record: the itemsize times the product of the shape.
+    ///
+    /// For a layout built by [`Layout::new`] this neither overflows nor is zero; a layout built
+    /// from its public fields saturates at `usize::MAX` instead of overflowing.
+    pub fn record_bytes(&self) -> usize {
+        record_bytes(&self.dtype, &self.shape).unwrap_or(usize::MAX)
+    }
+}
+
+fn record_bytes(dtype: &DType, shape: &[u64]) -> Option<usize> {
+    // Kept below isize::MAX: no allocation or slice can be larger.
+    let max = isize::MAX as usize;
+    shape
+        .iter()
+        .try_fold(dtype.itemsize, |acc, &d| {
+            usize::try_from(d).ok().and_then(|d| acc.checked_mul(d))
+        })
+        .filter(|&n| n <= max)
+}
+
+/// A dataset of N fixed-size records.
+pub trait Source: Send + Sync + std::fmt::Debug {
+    /// What errors call it: the file path, or "host buffer".
+    fn name(&self) -> &str;
+
+    /// The layout of every record.
+    fn layout(&self) -> &Layout;
+
+    /// Records in the dataset; never zero.
+    fn num_records(&self) -> u64;
+
+    /// Reads `dst.len() / record_bytes` consecutive records starting at record `first` straight
+    /// into `dst` (a positioned read into the caller's memory, with no intermediate buffer).
+    ///
+    /// `dst.len()` must be a multiple of the record size ([`SourceError::Destination`]) and the
+    /// records must lie inside the dataset ([`SourceError::OutOfRange`]).
+    fn read_records(&self, first: u64, dst: &mut [u8]) -> Result<()>;
+
+    /// Gathers records in the given order (any order, repeats allowed) into `dst`, back to back;
+    /// `dst.len()` must be `indices.len()` records.
+    ///
+    /// Runs of consecutive indices are read with one [`read_records`](Source::read_records) call.
+    fn gather(&self, indices: &[u64], dst: &mut [u8]) -> Result<()> {
+        let record_bytes = self.layout().record_bytes();
+        if indices.len().checked_mul(record_bytes) != Some(dst.len()) {
+            return Err(SourceError::Destination {
+                name: self.name().to_owned(),
+                len: dst.len(),
+                expected: format!("{} indices x {record_bytes} bytes", indices.len()),
+            });
+        }
+        let mut i = 0;
+        while i < indices.len() {
+            let first = indices[i];
+            let mut end = i + 1;
+            while end < indices.len() && indices[end - 1].checked_add(1) == Some(indices[end]) {
+                end += 1;
+            }
+            self.read_records(first, &mut dst[i * record_bytes..end * record_bytes])?;
+            i = end;
+        }
+        Ok(())
+    }
+}
+
+/// Checks a `read_records` request: `len` is whole records and they lie inside the dataset.
+/// Returns the number of records.
+pub(crate) fn check_request(
+    source: &(impl Source + ?Sized),
+    first: u64,
+    len: usize,
+) -> Result<u64> {
+    let record_bytes = source.layout().record_bytes();
+    if len % record_bytes != 0 {
+        return Err(SourceError::Destination {
+            name: source.name().to_owned(),
+            len,
+            expected: format!("a multiple of the record size {record_bytes} bytes"),
+        });
+    }
+    let count = (len / record_bytes) as u64;
+    let num_records = source.num_records();
+    if first.checked_add(count).is_none_or(|end| end > num_records) {
+        return Err(SourceError::OutOfRange {
+            name: source.name().to_owned(),
+            first,
+            count,
+            num_records,
+        });
+    }
+    Ok(count)
+}
+
+/// Opens a dataset file: a `.npy` file when it starts with the `.npy` magic (whatever its
+/// name), otherwise a raw record file of `raw_layout`.
+///
+/// `raw_layout` is ignored for `.npy` files, whose header gives the layout. A file named
+/// `*.npy` without the magic is reported as a malformed `.npy` header rather than read as raw.
+pub fn open_path(path: impl AsRef<Path>, raw_layout: Option<Layout>) -> Result<Box<dyn Source>> {
+    let path = path.as_ref();
+    let (file, size) = read::open_regular(path)?;
+    let mut magic = [0u8; 6];
+    let n = size.min(magic.len() as u64) as usize;
+    read::read_exact_at(&file, path, 0, &mut magic[..n])?;
+    let named_npy = path
+        .extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("npy"));
+    if npy::has_magic(&magic[..n]) || named_npy {
+        return Ok(Box::new(NpyFile::from_file(file, path, size)?));
+    }
+    match raw_layout {
+        Some(layout) => Ok(Box::new(RawFile::from_file(file, path, size, layout)?)),
+        None => Err(SourceError::NotNpy {
+            path: path.to_path_buf(),
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn u8_layout(shape: Vec<u64>) -> Layout {
+        Layout::new(DType::uint8(), shape).unwrap()
+    }
+
+    #[test]
+    fn layout_sizes() {
+        let f4 = DType::from_descr_literal("'<f4'").unwrap();
+        assert_eq!(
+            Layout::new(f4.clone(), vec![3, 5]).unwrap().record_bytes(),
+            60
+        );
+        assert_eq!(Layout::new(f4.clone(), vec![]).unwrap().record_bytes(), 4);
+        assert!(matches!(
+            Layout::new(f4.clone(), vec![3, 0]),
+            Err(SourceError::Layout { .. })
+        ));
+        let e = Layout::new(f4.clone(), vec![u64::MAX / 2, 3]).unwrap_err();
+        assert!(e.to_string().contains("overflows"), "{e}");
+        assert!(Layout::new(f4, vec![1 << 62]).is_err());
+        assert!(Layout::new(DType::from_descr_literal("[]").unwrap(), vec![4]).is_err());
+    }
+
+    #[test]
+    fn host_buffer_reads_and_gathers() {
+        let data: Vec<u8> = (0..=255).collect();
+        let b = HostBuffer::from_vec(data.clone(), u8_layout(vec![4])).unwrap();
+        assert_eq!(
+            (b.num_records(), b.len_bytes(), b.name()),
+            (64, 256, "host buffer")
+        );
+        let mut dst = vec![0u8; 8];
+        b.read_records(62, &mut dst).unwrap();
+        assert_eq!(dst, &data[248..]);
+        let idx = [5u64, 6, 7, 0, 0, 63, 1];
+        let mut dst = vec![0u8; 4 * idx.len()];
+        b.gather(&idx, &mut dst).unwrap();
+        let want: Vec<u8> = idx
+            .iter()
+            .flat_map(|&i| data[i as usize * 4..i as usize * 4 + 4].to_vec())
+            .collect();
+        assert_eq!(dst, want);
+        b.read_records(64, &mut []).unwrap();
+    }
+
+    #[test]
+    fn request_errors() {
+        let b = HostBuffer::from_vec(vec![0; 40], u8_layout(vec![4])).unwrap();
+        let mut dst = vec![0u8; 8];
+        assert!(matches!(
+            b.read_records(9, &mut dst),
+            Err(SourceError::OutOfRange {
+                first: 9,
+                count: 2,
+                num_records: 10,
+                ..
+            })
+        ));
+        assert!(matches!(
+            b.read_records(u64::MAX, &mut dst),
+            Err(SourceError::OutOfRange { .. })
+        ));
+        assert!(matches!(
+            b.read_records(0, &mut dst[..5]),
+            Err(SourceError::Destination { .. })
+        ));
+        assert!(matches!(
+            b.gather(&[0, 10], &mut dst),
+            Err(SourceError::OutOfRange { first: 10, .. })
+        ));
+        assert!(matches!(
+            b.gather(&[u64::MAX, 0], &mut dst),
+            Err(SourceError::OutOfRange { .. })
+        ));
+        assert!(matches!(
+            b.gather(&[0], &mut dst),
+            Err(SourceError::Destination { .. })
+        ));
+        assert!(matches!(
+            HostBuffer::from_vec(vec![0; 41], u8_layout(vec![4])),
+            Err(SourceError::RecordSize { trailing: 1, .. })
+        ));
+        assert!(matches!(
+            HostBuffer::from_vec(vec![], u8_layout(vec![4])),
+            Err(SourceError::Empty { .. })
+        ));
+    }
+
+    /// Counts calls so the coalescing of `gather` is observable.
+    #[derive(Debug)]
+    struct Counting(HostBuffer, std::sync::Mutex<Vec<(u64, usize)>>);
+
+    impl Source for Counting {
+        fn name(&self) -> &str {
+            self.0.name()
+        }
+        fn layout(&self) -> &Layout {
+            self.0.layout()
+        }
+        fn num_records(&self) -> u64 {
+            self.0.num_records()
+        }
+        fn read_records(&self, first: u64, dst: &mut [u8]) -> Result<()> {
+            self.1.lock().unwrap().push((first, dst.len()));
+            self.0.read_records(first, dst)
+        }
+    }
+
+    #[test]
+    fn gather_coalesces_runs() {
+        let c = Counting(
+            HostBuffer::from_vec((0..20).collect(), u8_layout(vec![2])).unwrap(),
+            Default::default(),
+        );
+        let mut dst = vec![0u8; 14];
+        c.gather(&[3, 4, 5, 9, 2, 3, 3], &mut dst).unwrap();
+        assert_eq!(*c.1.lock().unwrap(), vec![(3, 6), (9, 2), (2, 4), (3, 2)]);
+        assert_eq!(dst, vec![6, 7, 8, 9, 10, 11, 18, 19, 4, 5, 6, 7, 6, 7]);
+    }
+}
