@@ -54,6 +54,10 @@ pub struct StreamArgs {
     /// hostalloc (cuMemHostAlloc).
     #[arg(long, default_value = "register")]
     pin_method: String,
+    /// How records reach the device: auto, pread (through pinned slots) or register (straight
+    /// from a registered mapping of the file; auto picks it for page-cached files on CUDA).
+    #[arg(long, default_value = "auto")]
+    reader: String,
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
@@ -110,6 +114,7 @@ pub fn run(args: StreamArgs) -> Result<Outcome> {
         num_threads: args.threads,
         device,
         pin_method: parse_pin_method(&args.pin_method)?,
+        reader: args.reader.parse()?,
         ..LoaderOptions::default()
     };
     let check = args.verify || args.crc;
@@ -216,6 +221,7 @@ fn report_json(
         "device_bytes_peak": stats.device_bytes_peak,
         "peak_rss_bytes": peak_rss(),
         "threads": stats.threads,
+        "reader": stats.reader.to_string(),
         "slots": stats.slots,
         "slot_bytes": stats.slot_bytes,
         "slots_recycled": stats.slots_recycled,
@@ -270,6 +276,7 @@ fn print_report(
         },
         stats.pinned_allocations_after_start
     );
+    println!("  reader: {} ({} thread(s))", stats.reader, stats.threads);
     println!(
         "  slots: recycled {}, readers waited for a free slot {} times ({:.3} s), peak in use {}",
         stats.slots_recycled,

@@ -36,6 +36,7 @@
 #![deny(missing_docs)]
 
 mod backend;
+mod direct;
 mod error;
 mod pipeline;
 mod pool;
@@ -45,6 +46,7 @@ mod stats;
 use std::sync::Arc;
 
 pub use backend::{CopyFence, DeviceMemory, DeviceSpec};
+pub use direct::ReaderKind;
 pub use error::{LoaderError, Result};
 pub use pinfeed_cuda::PinMethod;
 pub use pipeline::{Batch, Loader};
@@ -159,6 +161,9 @@ pub struct LoaderOptions {
     pub prefetch: usize,
     /// Optional preprocessing on the reader threads.
     pub transform: Option<Arc<dyn Transform>>,
+    /// How records reach the device: through pinned slots, or straight from a registered
+    /// mapping of a page-cached file.
+    pub reader: ReaderKind,
 }
 
 impl Default for LoaderOptions {
@@ -174,6 +179,7 @@ impl Default for LoaderOptions {
             pin_method: PinMethod::Register,
             prefetch: 4,
             transform: None,
+            reader: ReaderKind::Auto,
         }
     }
 }
@@ -191,6 +197,7 @@ impl std::fmt::Debug for LoaderOptions {
             .field("pin_method", &self.pin_method)
             .field("prefetch", &self.prefetch)
             .field("transform", &self.transform.is_some())
+            .field("reader", &self.reader)
             .finish()
     }
 }

@@ -21,6 +21,7 @@ use pinfeed_ring::{Claim, Ring};
 use pinfeed_source::Source;
 
 use crate::backend::{Backend, CopyFence, DeviceBudget, DeviceSpec, Landed};
+use crate::direct::{cached_fraction, MappedWindows, ReaderKind};
 use crate::error::{LoaderError, Result};
 use crate::pool::{pinned_allocations, PinnedPool};
 use crate::stats::{add, get, Counters, Stats};
@@ -95,9 +96,9 @@ impl Plan {
 
 /// What the loader's threads share.
 struct Shared {
-    // Field order is drop order: the ring is drained in `Drop` before the pool is freed.
+    // Field order is drop order: the ring is drained in `Drop` before the staging memory goes.
     ring: Ring<CopyFence>,
-    pool: PinnedPool,
+    staging: Staging,
     backend: Arc<Backend>,
     source: Arc<dyn Source>,
     transform: Option<Arc<dyn Transform>>,
@@ -130,6 +131,38 @@ impl Drop for Shared {
         // No copy may read the pool once it is freed. An error here leaves nothing better to do
         // than to wait on the rest, which drain already did.
         let _ = self.ring.drain();
+        if let Staging::Windows(windows) = &self.staging {
+            windows.unlock_all();
+        }
+    }
+}
+
+/// What the ring's slots are.
+enum Staging {
+    /// Slots of one pinned allocation, filled by reader threads.
+    Slots(PinnedPool),
+    /// Registered windows of a mapped file, locked by one registrar thread.
+    Windows(MappedWindows),
+}
+
+impl Staging {
+    fn reader(&self) -> ReaderKind {
+        match self {
+            Staging::Slots(_) => ReaderKind::Pread,
+            Staging::Windows(_) => ReaderKind::Register,
+        }
+    }
+    fn slot_bytes(&self) -> usize {
+        match self {
+            Staging::Slots(pool) => pool.slot_bytes(),
+            Staging::Windows(windows) => windows.window_bytes(),
+        }
+    }
+    fn locked(&self) -> bool {
+        match self {
+            Staging::Slots(pool) => pool.locked(),
+            Staging::Windows(_) => true,
+        }
     }
 }
 
@@ -250,7 +283,7 @@ impl std::fmt::Debug for Loader {
             .field("source", &self.shared.source.name())
             .field("device", &self.shared.backend.device())
             .field("batches", &self.shared.plan.total())
-            .field("slots", &self.shared.pool.slots())
+            .field("slots", &self.shared.ring.capacity())
             .finish()
     }
 }
@@ -309,10 +342,18 @@ impl Loader {
         }
 
         let backend = Arc::new(Backend::new(options.device, options.pin_method)?);
-        let pool = backend.pinned_pool(slot_bytes, slots)?;
+        let staging = choose_staging(&source, &options, &backend, batch_bytes, slot_bytes, slots)?;
+        let (ring_slots, ring_total) = match &staging {
+            Staging::Slots(pool) => (pool.slots(), total),
+            Staging::Windows(windows) => {
+                (windows.slots(), windows.windows_per_epoch * options.epochs)
+            }
+        };
+        let registrar = matches!(staging, Staging::Windows(_));
+        let threads = if registrar { 1 } else { threads };
         let shared = Arc::new(Shared {
-            ring: Ring::new(slots, total),
-            pool,
+            ring: Ring::new(ring_slots, ring_total),
+            staging,
             backend,
             source,
             transform: options.transform.clone(),
@@ -337,7 +378,10 @@ impl Loader {
             let shared = Arc::clone(&shared);
             let handle = std::thread::Builder::new()
                 .name(format!("pinfeed-read-{i}"))
-                .spawn(move || read_loop(&shared))
+                .spawn(move || match shared.staging {
+                    Staging::Slots(_) => read_loop(&shared),
+                    Staging::Windows(_) => register_loop(&shared),
+                })
                 .map_err(|source| LoaderError::Thread {
                     what: "reader",
                     source,
@@ -404,11 +448,12 @@ impl Loader {
             copy_issue_time: nanos(&c.copy_issue_ns),
             wait_consumer: nanos(&c.wait_consumer_ns),
             consumer_wait: nanos(&c.consumer_wait_ns),
-            slots: s.pool.slots(),
-            slot_bytes: s.pool.slot_bytes(),
-            pinned_bytes: s.pool.bytes(),
-            pinned_bytes_peak: s.pool.bytes(),
-            pinned_locked: s.pool.locked(),
+            reader: s.staging.reader(),
+            slots: ring.capacity,
+            slot_bytes: s.staging.slot_bytes(),
+            pinned_bytes: ring.capacity * s.staging.slot_bytes(),
+            pinned_bytes_peak: ring.capacity * s.staging.slot_bytes(),
+            pinned_locked: s.staging.locked(),
             pinned_allocations_after_start: pinned_allocations()
                 .saturating_sub(s.pinned_allocations_at_start),
             slots_recycled: ring.recycled,
@@ -527,7 +572,10 @@ fn fill(shared: &Shared, claim: &Claim, scratch: &mut Vec<u8>) -> Result<()> {
     let out_len = spec.records * shared.out_record_bytes;
     // SAFETY: the claim gives this thread the slot alone until `fill_done`/`fill_abandoned`,
     // and `out_len <= batch_size * out_record_bytes <= slot_bytes`.
-    let slot = unsafe { shared.pool.slot_mut(claim.slot(), out_len) };
+    let Staging::Slots(pool) = &shared.staging else {
+        unreachable!("readers run only with pinned slots");
+    };
+    let slot = unsafe { pool.slot_mut(claim.slot(), out_len) };
     let started = Instant::now();
     match &shared.transform {
         None => {
@@ -562,6 +610,26 @@ fn copy_loop(shared: &Arc<Shared>, batches: SyncSender<Result<Batch>>) {
             shared.fail(e.into());
         }
     }
+    match &shared.staging {
+        Staging::Slots(pool) => copy_slots(shared, pool, &batches),
+        Staging::Windows(windows) => copy_windows(shared, windows, &batches),
+    }
+    if let Some(e) = shared.take_error() {
+        let _ = batches.send(Err(e));
+    }
+}
+
+/// Hands a batch to the consumer; false when the consumer went away.
+fn hand_over(shared: &Shared, batches: &SyncSender<Result<Batch>>, batch: Batch) -> bool {
+    let handed = Instant::now();
+    if batches.send(Ok(batch)).is_err() {
+        return false;
+    }
+    add(&shared.counters.wait_consumer_ns, handed.elapsed());
+    true
+}
+
+fn copy_slots(shared: &Arc<Shared>, pool: &PinnedPool, batches: &SyncSender<Result<Batch>>) {
     for seq in 0..shared.plan.total() {
         let Some(slot) = shared.ring.next_filled(seq) else {
             break;
@@ -579,7 +647,7 @@ fn copy_loop(shared: &Arc<Shared>, batches: SyncSender<Result<Batch>>) {
                 let fence = unsafe {
                     shared
                         .backend
-                        .copy(shared.pool.slot_ptr(slot), &mut memory, 0, len)
+                        .copy(pool.slot_ptr(slot), &mut memory, 0, len)
                 }?;
                 Ok((memory, fence))
             });
@@ -602,15 +670,178 @@ fn copy_loop(shared: &Arc<Shared>, batches: SyncSender<Result<Batch>>) {
                 backend: Arc::clone(&shared.backend),
             },
         };
-        let handed = Instant::now();
-        if batches.send(Ok(batch)).is_err() {
-            return; // The consumer went away.
+        if !hand_over(shared, batches, batch) {
+            return;
         }
-        add(&shared.counters.wait_consumer_ns, handed.elapsed());
     }
-    if let Some(e) = shared.take_error() {
-        let _ = batches.send(Err(e));
+}
+
+/// Locks windows of the mapped file in order, as the ring frees slots.
+fn register_loop(shared: &Shared) {
+    let Staging::Windows(windows) = &shared.staging else {
+        unreachable!("the registrar runs only with mapped windows");
+    };
+    if let Some(ctx) = shared.backend.context() {
+        if let Err(e) = ctx.bind() {
+            return shared.fail(e.into());
+        }
     }
+    loop {
+        let claim = match shared.ring.acquire() {
+            Ok(Some(claim)) => claim,
+            Ok(None) => return,
+            Err(e) => return shared.fail(e.into()),
+        };
+        let started = Instant::now();
+        match windows.lock(claim.slot(), claim.seq()) {
+            Ok(bytes) => {
+                add(&shared.counters.read_ns, started.elapsed());
+                shared
+                    .counters
+                    .read_bytes
+                    .fetch_add(bytes as u64, std::sync::atomic::Ordering::Relaxed);
+                shared.ring.fill_done(claim);
+            }
+            Err(e) => {
+                shared.fail(e);
+                shared.ring.fill_abandoned(claim);
+                return;
+            }
+        }
+    }
+}
+
+/// Copies each batch straight from the windows of the mapped file it lies in.
+fn copy_windows(
+    shared: &Arc<Shared>,
+    windows: &MappedWindows,
+    batches: &SyncSender<Result<Batch>>,
+) {
+    let record_bytes = shared.source.layout().record_bytes() as u64;
+    // Windows held by the copy thread, oldest first: (window seq, slot, fence of the last copy
+    // that read it).
+    let mut held: std::collections::VecDeque<(u64, usize, Option<CopyFence>)> = Default::default();
+    let mut next_window = 0u64;
+    let release = |slot: usize, fence: Option<CopyFence>| -> Result<()> {
+        let fence = match fence {
+            Some(fence) => fence,
+            None => shared.backend.completed_fence()?,
+        };
+        shared.ring.copy_issued(slot, fence);
+        Ok(())
+    };
+    let outcome = (|| -> Result<bool> {
+        for seq in 0..shared.plan.total() {
+            let started = Instant::now();
+            let spec = shared.plan.batch(seq);
+            let len = spec.records * shared.out_record_bytes;
+            let a = spec.first * record_bytes;
+            let pieces = windows.pieces(a, a + len as u64);
+            let epoch_base = spec.epoch * windows.windows_per_epoch;
+            let first_needed = epoch_base + pieces[0].0;
+            let last_needed = epoch_base + pieces[pieces.len() - 1].0;
+            while held.front().is_some_and(|h| h.0 < first_needed) {
+                let (_, slot, fence) = held.pop_front().expect("checked");
+                release(slot, fence)?;
+            }
+            while next_window <= last_needed {
+                let Some(slot) = shared.ring.next_filled(next_window) else {
+                    return Ok(false);
+                };
+                held.push_back((next_window, slot, None));
+                next_window += 1;
+            }
+            let mut memory = shared.backend.alloc(len, &shared.budget)?;
+            let mut fence = None;
+            for &(_, src, offset, piece_len) in &pieces {
+                // SAFETY: the window holding `src .. src + piece_len` is locked and stays so
+                // until the fence of this copy (or a later one) completes; the destination range
+                // is inside `memory`, which nobody reads before the fence.
+                fence = Some(unsafe { shared.backend.copy(src, &mut memory, offset, piece_len) }?);
+            }
+            let fence = fence.expect("a batch has at least one piece");
+            for h in held
+                .iter_mut()
+                .filter(|h| h.0 >= first_needed && h.0 <= last_needed)
+            {
+                h.2 = Some(fence.clone());
+            }
+            add(&shared.counters.copy_issue_ns, started.elapsed());
+            let batch = Batch {
+                seq,
+                spec,
+                len,
+                landed: Landed {
+                    ready: fence,
+                    memory,
+                    backend: Arc::clone(&shared.backend),
+                },
+            };
+            if !hand_over(shared, batches, batch) {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    })();
+    // Release what is still held so that `drain` waits for it and the registrar can finish.
+    for (_, slot, fence) in held.drain(..) {
+        let _ = release(slot, fence);
+    }
+    if let Err(e) = outcome {
+        shared.fail(e);
+    }
+}
+
+/// Pinned slots, or registered windows of the file where that is asked for (or, with `auto`,
+/// where it pays: CUDA, no transform, a file mostly in the page cache).
+fn choose_staging(
+    source: &Arc<dyn Source>,
+    options: &LoaderOptions,
+    backend: &Backend,
+    batch_bytes: usize,
+    slot_bytes: usize,
+    slots: usize,
+) -> Result<Staging> {
+    let region = source.file();
+    let direct = match options.reader {
+        ReaderKind::Pread => false,
+        ReaderKind::Register => {
+            if options.transform.is_some() {
+                return Err(LoaderError::Config(
+                    "the register reader copies files as they are; a transform needs --reader pread".into(),
+                ));
+            }
+            if region.is_none() {
+                return Err(LoaderError::Config(format!(
+                    "{}: the register reader needs a file source",
+                    source.name()
+                )));
+            }
+            true
+        }
+        ReaderKind::Auto => {
+            options.transform.is_none()
+                && backend.context().is_some()
+                && region
+                    .as_ref()
+                    .and_then(cached_fraction)
+                    .is_some_and(|cached| cached >= 0.9)
+        }
+    };
+    if let (true, Some(region)) = (direct, region) {
+        let ctx = backend.context().cloned();
+        match MappedWindows::new(source.as_ref(), region, batch_bytes, options.pinned_budget, ctx)? {
+            Some((windows, _)) => return Ok(Staging::Windows(windows)),
+            None if options.reader == ReaderKind::Register => {
+                return Err(LoaderError::Config(format!(
+                    "pinned budget of {} bytes cannot hold two windows of a batch ({batch_bytes} bytes) for the register reader",
+                    options.pinned_budget
+                )))
+            }
+            None => {}
+        }
+    }
+    Ok(Staging::Slots(backend.pinned_pool(slot_bytes, slots)?))
 }
 
 #[cfg(test)]

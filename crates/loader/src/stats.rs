@@ -67,8 +67,10 @@ pub struct Stats {
     pub records: u64,
     /// Bytes handed to the consumer.
     pub bytes: u64,
-    /// Reader threads.
+    /// Reader threads (the one registrar thread for the register reader).
     pub threads: usize,
+    /// How records reached the device.
+    pub reader: crate::ReaderKind,
     /// Time readers spent reading, summed over threads.
     pub read_time: Duration,
     /// Bytes read from the source.

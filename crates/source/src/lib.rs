@@ -109,6 +109,18 @@ fn record_bytes(dtype: &DType, shape: &[u64]) -> Option<usize> {
         .filter(|&n| n <= max)
 }
 
+/// Where a file-backed source's records are: record `i` starts at byte
+/// `data_offset + i * record_bytes` of `file`.
+#[derive(Clone, Copy, Debug)]
+pub struct FileRegion<'a> {
+    /// The open file.
+    pub file: &'a std::fs::File,
+    /// Its path, for errors.
+    pub path: &'a Path,
+    /// Byte offset of the first record.
+    pub data_offset: u64,
+}
+
 /// A dataset of N fixed-size records.
 pub trait Source: Send + Sync + std::fmt::Debug {
     /// What errors call it: the file path, or "host buffer".
@@ -126,6 +138,12 @@ pub trait Source: Send + Sync + std::fmt::Debug {
     /// `dst.len()` must be a multiple of the record size ([`SourceError::Destination`]) and the
     /// records must lie inside the dataset ([`SourceError::OutOfRange`]).
     fn read_records(&self, first: u64, dst: &mut [u8]) -> Result<()>;
+
+    /// The file behind a file-backed source, its path, and the byte offset of record 0 in it:
+    /// for readers that map the file rather than read it. `None` for other sources.
+    fn file(&self) -> Option<FileRegion<'_>> {
+        None
+    }
 
     /// Gathers records in the given order (any order, repeats allowed) into `dst`, back to back;
     /// `dst.len()` must be `indices.len()` records.

@@ -488,6 +488,14 @@ impl Source for NpyFile {
         let offset = self.header.data_offset + first * self.layout.record_bytes() as u64;
         read_exact_at(&self.file, &self.path, offset, dst)
     }
+
+    fn file(&self) -> Option<crate::FileRegion<'_>> {
+        Some(crate::FileRegion {
+            file: &self.file,
+            path: &self.path,
+            data_offset: self.header.data_offset,
+        })
+    }
 }
 
 /// Writes a `.npy` file of a known number of records, streaming the data through a large buffer.

@@ -79,4 +79,12 @@ impl Source for RawFile {
         let offset = first * self.layout.record_bytes() as u64;
         read_exact_at(&self.file, &self.path, offset, dst)
     }
+
+    fn file(&self) -> Option<crate::FileRegion<'_>> {
+        Some(crate::FileRegion {
+            file: &self.file,
+            path: &self.path,
+            data_offset: 0,
+        })
+    }
 }

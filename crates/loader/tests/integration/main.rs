@@ -2,6 +2,7 @@
 
 mod common;
 mod delivery;
+mod direct;
 mod faults;
 mod gpu;
 mod limits;

@@ -1,0 +1,107 @@
+//! The register reader: batches copied straight from windows of a mapped file, on the host
+//! backend (the windows are locked with mlock where the limit allows, and copied with memcpy).
+
+use std::sync::Arc;
+
+use pinfeed::{Loader, LoaderOptions, ReaderKind};
+use pinfeed_source::dtype::parse_user_dtype;
+use pinfeed_source::npy::NpyWriter;
+use pinfeed_source::{open_path, Layout, Source};
+use rand::{RngCore, SeedableRng};
+
+use crate::common::{collect, host_options};
+
+fn npy_file(
+    dir: &tempfile::TempDir,
+    records: u64,
+    shape: Vec<u64>,
+    seed: u64,
+) -> (Arc<dyn Source>, Vec<u8>) {
+    let (dtype, _) = parse_user_dtype("u8").unwrap();
+    let layout = Layout::new(dtype, shape).unwrap();
+    let mut data = vec![0u8; records as usize * layout.record_bytes()];
+    rand::rngs::StdRng::seed_from_u64(seed).fill_bytes(&mut data);
+    let path = dir.path().join(format!("d{seed}.npy"));
+    let mut writer = NpyWriter::create(&path, layout, records).unwrap();
+    writer.write(&data).unwrap();
+    writer.finish().unwrap();
+    (Arc::from(open_path(&path, None).unwrap()), data)
+}
+
+#[test]
+fn register_reader_is_byte_exact_across_window_boundaries() {
+    let dir = tempfile::tempdir().unwrap();
+    // 2883-byte records: batches straddle 4096-byte pages and window boundaries everywhere.
+    let (source, data) = npy_file(&dir, 3000, vec![3, 31, 31], 1);
+    for (batch_size, budget, epochs, drop_last) in [
+        (1, 64 << 10, 1, false),
+        (7, 200 << 10, 2, false),
+        (100, 1 << 20, 1, true),
+        (1024, 64 << 20, 2, false),
+        (3000, 64 << 20, 1, false),
+    ] {
+        let options = LoaderOptions {
+            reader: ReaderKind::Register,
+            pinned_budget: budget,
+            epochs,
+            drop_last,
+            ..host_options(batch_size)
+        };
+        let loader = Loader::new(Arc::clone(&source), options).unwrap();
+        let stats = loader.stats();
+        assert_eq!(stats.reader, ReaderKind::Register);
+        assert!(
+            stats.pinned_bytes_peak <= budget,
+            "budget {budget}: {stats:?}"
+        );
+        let (bytes, _) = collect(loader);
+        let kept = if drop_last {
+            3000 / batch_size * batch_size
+        } else {
+            3000
+        };
+        let expected = data[..kept * 2883].repeat(epochs as usize);
+        assert_eq!(
+            crc32fast::hash(&bytes),
+            crc32fast::hash(&expected),
+            "batch {batch_size}, budget {budget}"
+        );
+        assert_eq!(bytes.len(), expected.len());
+    }
+}
+
+#[test]
+fn register_reader_refuses_what_it_cannot_do() {
+    let dir = tempfile::tempdir().unwrap();
+    let (source, _) = npy_file(&dir, 100, vec![1000], 2);
+    let tiny = LoaderOptions {
+        reader: ReaderKind::Register,
+        pinned_budget: 210_000,
+        ..host_options(100)
+    };
+    let err = Loader::new(Arc::clone(&source), tiny).unwrap_err();
+    assert!(err.to_string().contains("two windows"), "{err}");
+    let (host, _) = crate::common::random_source(10, 10, 3);
+    let err = Loader::new(
+        host,
+        LoaderOptions {
+            reader: ReaderKind::Register,
+            ..host_options(2)
+        },
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("needs a file source"), "{err}");
+}
+
+#[test]
+fn auto_uses_slots_on_the_host_backend() {
+    let dir = tempfile::tempdir().unwrap();
+    let (source, data) = npy_file(&dir, 500, vec![64], 4);
+    let mut loader = Loader::new(source, host_options(64)).unwrap();
+    assert_eq!(loader.stats().reader, ReaderKind::Pread);
+    let mut bytes = Vec::new();
+    for batch in loader.by_ref() {
+        bytes.extend_from_slice(batch.unwrap().host_bytes().unwrap().unwrap());
+    }
+    assert_eq!(bytes, data);
+}
