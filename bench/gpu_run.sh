@@ -31,20 +31,24 @@ if [ ! -f "$DATA" ] && { want rust || want torch || want python; }; then
 fi
 
 if want rust; then
+    if [ -x $C/copy_path ]; then echo "== copy path, step by step"; $C/copy_path 2>&1 | tee "$OUT/copy_path.txt"; fi
     echo "== pinfeed bench (seed experiment)"
     $C/pinfeed bench --json > "$OUT/pinfeed_bench.json" && $C/pinfeed bench --repeat 1 --rows 256 | tail -8
     echo "== pinfeed stream (page-cached 4 GiB .npy, batches of 1024)"
     : > "$OUT/pinfeed_stream.jsonl"
-    for threads in 4 8 16; do
-        for pin in register hostalloc; do
-            $C/pinfeed stream "$DATA" --batch-size 1024 --threads $threads --pin-method $pin --json >> "$OUT/pinfeed_stream.jsonl" || echo "stream failed: $threads $pin"
+    for rep in 1 2 3; do
+        $C/pinfeed stream "$DATA" --batch-size 1024 --reader register --json >> "$OUT/pinfeed_stream.jsonl" || echo "stream failed: register"
+        for threads in 8 16; do
+            $C/pinfeed stream "$DATA" --batch-size 1024 --reader pread --threads $threads --json >> "$OUT/pinfeed_stream.jsonl" || echo "stream failed: pread $threads"
         done
     done
-    $C/pinfeed stream "$DATA" --batch-size 1000 --threads 8 --verify --json >> "$OUT/pinfeed_stream.jsonl" || echo "VERIFY FAILED"
+    $C/pinfeed stream "$DATA" --batch-size 1000 --reader register --verify --json >> "$OUT/pinfeed_stream.jsonl" || echo "VERIFY FAILED (register)"
+    $C/pinfeed stream "$DATA" --batch-size 1000 --reader pread --verify --json >> "$OUT/pinfeed_stream.jsonl" || echo "VERIFY FAILED (pread)"
+    python3 -c "import zlib, numpy as np; print('numpy crc32 of the file', zlib.crc32(np.load('$DATA', mmap_mode='r')))" | tee -a "$OUT/machine.txt"
     python3 -c "
 import json
 for l in open('$OUT/pinfeed_stream.jsonl'):
-    r = json.loads(l); print(f\"threads {r['threads']:2d} slots {r['slots']:3d} {r['gbps']:6.2f} GB/s cpu {r['cpu_seconds']:.2f}s verified={r['verified']} crc={r['crc32']} {r['bottleneck']}\")"
+    r = json.loads(l); print(f\"{r['reader']:8s} threads {r['threads']:2d} slots {r['slots']:3d} {r['gbps']:6.2f} GB/s cpu {r['cpu_seconds']:.2f}s verified={r['verified']} crc={r['crc32']} {r['bottleneck']}\")"
 fi
 
 if want torch; then
@@ -56,6 +60,6 @@ if want python && ls $C/*.whl >/dev/null 2>&1; then
     echo "== Python package"
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site $C/*.whl && export PYTHONPATH=/tmp/site
     python3 -m pytest -q -p no:cacheprovider bindings/python/tests --gpu 2>&1 | tail -15 | tee "$OUT/python_gpu_tests.txt"
-    [ -f bench/python_bench.py ] && python3 bench/python_bench.py --npy "$DATA" --out "$OUT/python_bench.json"
+    python3 bench/python_bench.py --npy "$DATA" --pinfeed-bin $C/pinfeed --out "$OUT/python_bench.json"
 fi
 echo "== done"

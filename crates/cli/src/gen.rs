@@ -50,9 +50,12 @@ pub fn parse_shape(text: &str) -> Result<Shape, String> {
 }
 
 pub fn run(args: GenArgs) -> Result<Outcome> {
-    let (dtype, mut shape) = parse_user_dtype(&args.dtype)?;
-    shape.extend(&args.shape.0);
-    let layout = Layout::new(dtype, shape)?;
+    let layout = parse_user_dtype(&args.dtype)
+        .and_then(|(dtype, mut shape)| {
+            shape.extend(&args.shape.0);
+            Layout::new(dtype, shape)
+        })
+        .with_context(|| format!("{}: --dtype/--shape", args.out.display()))?;
     if args.records == 0 {
         anyhow::bail!("{}: --records must be at least 1", args.out.display());
     }

@@ -1,6 +1,7 @@
 //! The `pinfeed` command: generate a dataset, stream it to the GPU, run the seed benchmark.
 
 mod bench;
+mod doctor;
 mod gen;
 mod stream;
 mod usage;
@@ -25,6 +26,8 @@ enum Command {
     Stream(stream::StreamArgs),
     /// The seed experiment: a large tensor moved row by row, three ways.
     Bench(bench::BenchArgs),
+    /// Describe this machine and what it can do for data loading.
+    Doctor(doctor::DoctorArgs),
 }
 
 /// How a command ended when it did not fail outright.
@@ -38,16 +41,33 @@ pub enum Outcome {
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
-        Err(e) => {
-            // clap prints help and version to stdout with exit 0, usage errors with exit 2.
+        // Help and version go to standard output with exit 0.
+        Err(e) if !e.use_stderr() => {
             let _ = e.print();
-            return ExitCode::from(if e.use_stderr() { 2 } else { 0 });
+            return ExitCode::SUCCESS;
+        }
+        // Usage errors: one line like every other error, exit 2.
+        Err(e) => {
+            // clap's message, without its usage block, folded onto one line.
+            let detail = e.to_string();
+            let message: Vec<&str> = detail
+                .lines()
+                .take_while(|l| !l.starts_with("Usage:"))
+                .map(|l| l.trim().trim_start_matches("error: "))
+                .filter(|l| !l.is_empty() && !l.starts_with("tip:"))
+                .collect();
+            eprintln!(
+                "pinfeed: error: {} (see `pinfeed --help`)",
+                message.join(" ")
+            );
+            return ExitCode::from(2);
         }
     };
     let result = match cli.command {
         Command::Gen(args) => gen::run(args),
         Command::Stream(args) => stream::run(args),
         Command::Bench(args) => bench::run(args),
+        Command::Doctor(args) => doctor::run(args),
     };
     match result {
         Ok(Outcome::Ok) => ExitCode::SUCCESS,

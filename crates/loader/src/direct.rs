@@ -29,8 +29,9 @@ pub(crate) const MAX_WINDOW: usize = 64 << 20;
 /// How records reach the device.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum ReaderKind {
-    /// `Register` for a file that is mostly page-cached when streaming to CUDA without a
-    /// transform, `Pread` otherwise.
+    /// `Pread`: on the H200 machine it streamed a page-cached file at about 43 GB/s with 8
+    /// threads against about 16 GB/s for `Register`, whose registration runs at about 23 GB/s
+    /// (docs/BENCHMARKS.md). `Register` costs far less CPU time, so it stays available.
     #[default]
     Auto,
     /// Readers copy records into pinned slots (`pread` for files).
@@ -77,6 +78,64 @@ pub(crate) fn cached_fraction(region: &FileRegion<'_>) -> Option<f64> {
     // per page of it.
     let ok = unsafe { libc::mincore(map.as_ptr() as *mut _, len, resident.as_mut_ptr()) } == 0;
     ok.then(|| resident.iter().filter(|&&r| r & 1 == 1).count() as f64 / pages as f64)
+}
+
+/// How `--reader auto` reads a file, and why: buffered `pread` when the file is mostly in the
+/// page cache or fits comfortably in memory (the next epoch then reads from memory), `O_DIRECT`
+/// when it is cold and larger than half the memory available, where the page cache would only
+/// churn and copy twice.
+pub fn auto_read_mode(path: &std::path::Path) -> (pinfeed_source::ReadMode, String) {
+    use pinfeed_source::ReadMode;
+    let Ok(file) = std::fs::File::open(path) else {
+        return (ReadMode::Buffered, "not a single file".into());
+    };
+    let Ok(meta) = file.metadata() else {
+        return (ReadMode::Buffered, "size unknown".into());
+    };
+    if !meta.is_file() {
+        return (ReadMode::Buffered, "not a single file".into());
+    }
+    let region = FileRegion {
+        file: &file,
+        path,
+        data_offset: 0,
+    };
+    let cached = cached_fraction(&region).unwrap_or(0.0);
+    let available = mem_available().unwrap_or(u64::MAX);
+    if cached >= 0.5 {
+        (
+            ReadMode::Buffered,
+            format!("{:.0}% page-cached", cached * 100.0),
+        )
+    } else if meta.len() > available / 2 {
+        (
+            ReadMode::Direct,
+            format!(
+                "{:.0}% page-cached and {:.1} GB against {:.1} GB of memory available",
+                cached * 100.0,
+                meta.len() as f64 / 1e9,
+                available as f64 / 1e9
+            ),
+        )
+    } else {
+        (
+            ReadMode::Buffered,
+            format!("fits in memory ({:.0}% page-cached now)", cached * 100.0),
+        )
+    }
+}
+
+/// Bytes of memory available, from /proc/meminfo.
+fn mem_available() -> Option<u64> {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let kib: u64 = meminfo
+        .lines()
+        .find(|l| l.starts_with("MemAvailable:"))?
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()?;
+    Some(kib * 1024)
 }
 
 /// A page-locked window, unlocked on drop.
@@ -129,6 +188,7 @@ impl MappedWindows {
         if slots < 2 {
             return Ok(None);
         }
+        // (Checked before the cap below, which may leave one slot for a one-window dataset.)
         // SAFETY: a read-only shared mapping. The CPU reads it only on the host backend; on
         // CUDA only the copy engine does, from pages registered (and so held) first. A file
         // truncated under the mapping makes registration fail with an error.
@@ -150,6 +210,11 @@ impl MappedWindows {
         }
         let first_window = region.data_offset / window as u64;
         let last_window = (data_end - 1) / window as u64;
+        let windows_per_epoch = last_window - first_window + 1;
+        // No more slots than windows in an epoch: slots in flight then always hold distinct
+        // windows, so the next epoch never registers a range that is still registered (the
+        // driver refuses that).
+        let slots = slots.min(usize::try_from(windows_per_epoch).unwrap_or(usize::MAX));
         let windows = MappedWindows {
             locks: (0..slots).map(|_| Mutex::new(None)).collect(),
             map,
@@ -157,7 +222,7 @@ impl MappedWindows {
             ctx,
             window,
             first_window,
-            windows_per_epoch: last_window - first_window + 1,
+            windows_per_epoch,
             data_offset: region.data_offset,
         };
         Ok(Some((windows, slots)))

@@ -38,6 +38,7 @@
 mod backend;
 mod direct;
 mod error;
+mod order;
 mod pipeline;
 mod pool;
 mod stager;
@@ -46,8 +47,9 @@ mod stats;
 use std::sync::Arc;
 
 pub use backend::{CopyFence, DeviceMemory, DeviceSpec};
-pub use direct::ReaderKind;
+pub use direct::{auto_read_mode, ReaderKind};
 pub use error::{LoaderError, Result};
+pub use order::{BatchRecords, EpochOrder, OrderSpec, Position, Shuffle};
 pub use pinfeed_cuda::PinMethod;
 pub use pipeline::{Batch, Loader};
 pub use pool::pinned_allocations;
@@ -164,6 +166,17 @@ pub struct LoaderOptions {
     /// How records reach the device: through pinned slots, or straight from a registered
     /// mapping of a page-cached file.
     pub reader: ReaderKind,
+    /// The order of records in each epoch.
+    pub shuffle: Shuffle,
+    /// Seed of shuffled orders; the order is a pure function of (seed, epoch).
+    pub seed: u64,
+    /// This process's rank among `world_size` sharing the dataset.
+    pub rank: u64,
+    /// Processes sharing the dataset: each epoch, every record goes to one of them.
+    pub world_size: u64,
+    /// Where to start: an epoch and the batches of it already delivered (a resumed run).
+    /// `epochs` counts from this epoch.
+    pub start: Position,
 }
 
 impl Default for LoaderOptions {
@@ -180,6 +193,11 @@ impl Default for LoaderOptions {
             prefetch: 4,
             transform: None,
             reader: ReaderKind::Auto,
+            shuffle: Shuffle::None,
+            seed: 0,
+            rank: 0,
+            world_size: 1,
+            start: Position::default(),
         }
     }
 }
@@ -198,6 +216,11 @@ impl std::fmt::Debug for LoaderOptions {
             .field("prefetch", &self.prefetch)
             .field("transform", &self.transform.is_some())
             .field("reader", &self.reader)
+            .field("shuffle", &self.shuffle)
+            .field("seed", &self.seed)
+            .field("rank", &self.rank)
+            .field("world_size", &self.world_size)
+            .field("start", &self.start)
             .finish()
     }
 }

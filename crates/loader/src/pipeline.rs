@@ -11,86 +11,132 @@
 //! the consumer through a bounded channel (`prefetch` deep). The consumer owns each [`Batch`]
 //! and its device memory until it drops it.
 
+use std::collections::VecDeque;
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::AtomicUsize;
 use std::sync::mpsc::{self, Receiver, SyncSender};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use pinfeed_ring::{Claim, Ring};
-use pinfeed_source::Source;
+use pinfeed_source::{AlignedBuffer, Source};
 
 use crate::backend::{Backend, CopyFence, DeviceBudget, DeviceSpec, Landed};
-use crate::direct::{cached_fraction, MappedWindows, ReaderKind};
+use crate::direct::{MappedWindows, ReaderKind};
 use crate::error::{LoaderError, Result};
+use crate::order::{BatchRecords, EpochOrder, OrderSpec, Shuffle};
 use crate::pool::{pinned_allocations, PinnedPool};
 use crate::stats::{add, get, Counters, Stats};
-use crate::{LoaderOptions, Transform, MAX_SLOTS};
+use crate::{LoaderOptions, Position, Transform, MAX_SLOTS};
 
-/// Which records each batch holds.
-#[derive(Clone, Copy, Debug)]
+/// Which records each batch holds: the epochs' orders, from the resume position on.
+///
+/// Sequence number `seq` is global batch `first_global + seq`, that is batch
+/// `(first_global + seq) % batches_per_epoch` of epoch `(first_global + seq) / batches_per_epoch`.
 struct Plan {
-    num_records: u64,
-    batch_size: u64,
+    spec: OrderSpec,
     batches_per_epoch: u64,
-    epochs: u64,
+    first_global: u64,
+    total: u64,
+    /// The orders of the epochs in use, newest last: readers may work on two epochs at once,
+    /// and a shuffled order is worth computing once.
+    orders: Mutex<VecDeque<Arc<EpochOrder>>>,
 }
 
 /// One batch's place in the plan.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 struct BatchSpec {
     epoch: u64,
     index: u64,
-    first: u64,
-    records: usize,
+    records: BatchRecords,
+    count: usize,
+}
+
+impl BatchSpec {
+    fn first(&self) -> u64 {
+        match &self.records {
+            BatchRecords::Range { first, .. } => *first,
+            BatchRecords::Indices(indices) => indices[0],
+        }
+    }
 }
 
 impl Plan {
     fn new(num_records: u64, options: &LoaderOptions, source_name: &str) -> Result<Plan> {
-        let batch_size = options.batch_size as u64;
-        if batch_size == 0 {
+        if options.batch_size == 0 {
             return Err(LoaderError::Config("batch size must be at least 1".into()));
         }
         if options.epochs == 0 {
             return Err(LoaderError::Config("epochs must be at least 1".into()));
         }
-        let batches_per_epoch = if options.drop_last {
-            num_records / batch_size
-        } else {
-            num_records.div_ceil(batch_size)
+        let spec = OrderSpec {
+            num_records,
+            batch_size: options.batch_size as u64,
+            drop_last: options.drop_last,
+            shuffle: options.shuffle,
+            seed: options.seed,
+            rank: options.rank,
+            world_size: options.world_size,
         };
+        let (first, remaining) = EpochOrder::resume(&spec, options.start).map_err(|e| match e {
+            LoaderError::Config(m) => LoaderError::Config(format!("{source_name}: {m}")),
+            other => other,
+        })?;
+        let batches_per_epoch = first.num_batches();
         if batches_per_epoch == 0 {
             return Err(LoaderError::Config(format!(
-                "{source_name}: batch size {batch_size} is larger than the dataset ({num_records} records) \
-                 and drop_last is set, so there is no batch to deliver"
+                "{source_name}: batch size {} leaves no batch to deliver from {num_records} records{}",
+                options.batch_size,
+                if options.drop_last { " with drop_last" } else { "" }
             )));
         }
-        batches_per_epoch
+        let total = batches_per_epoch
             .checked_mul(options.epochs)
+            .map(|all| all - remaining.start)
             .ok_or_else(|| LoaderError::Config(format!("{} epochs is too many", options.epochs)))?;
+        let first_global = options.start.epoch * batches_per_epoch + remaining.start;
         Ok(Plan {
-            num_records,
-            batch_size,
+            spec,
             batches_per_epoch,
-            epochs: options.epochs,
+            first_global,
+            total,
+            orders: Mutex::new(VecDeque::from([Arc::new(first)])),
         })
     }
 
     fn total(&self) -> u64 {
-        self.batches_per_epoch * self.epochs
+        self.total
     }
 
-    fn batch(&self, seq: u64) -> BatchSpec {
-        let epoch = seq / self.batches_per_epoch;
-        let index = seq % self.batches_per_epoch;
-        let first = index * self.batch_size;
-        let records = self.batch_size.min(self.num_records - first) as usize;
-        BatchSpec {
+    fn order(&self, epoch: u64) -> Result<Arc<EpochOrder>> {
+        let mut orders = self.orders.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(order) = orders.iter().find(|o| o.epoch() == epoch) {
+            return Ok(Arc::clone(order));
+        }
+        // Computed under the lock: other readers need the same epoch and would only wait.
+        let order = Arc::new(EpochOrder::new(&self.spec, epoch)?);
+        orders.push_back(Arc::clone(&order));
+        if orders.len() > 2 {
+            orders.pop_front();
+        }
+        Ok(order)
+    }
+
+    fn batch(&self, seq: u64) -> Result<BatchSpec> {
+        let global = self.first_global + seq;
+        let (epoch, index) = (
+            global / self.batches_per_epoch,
+            global % self.batches_per_epoch,
+        );
+        let records = self.order(epoch)?.batch(index);
+        let count = records.len() as usize;
+        Ok(BatchSpec {
             epoch,
             index,
-            first,
             records,
-        }
+            count,
+        })
     }
 }
 
@@ -107,7 +153,13 @@ struct Shared {
     error: Mutex<Option<LoaderError>>,
     counters: Counters,
     budget: Arc<DeviceBudget>,
+    /// Where each slot's batch starts in the slot: aligned reads may put it past the start.
+    /// Written by the slot's reader before `fill_done` and read by the copy thread after
+    /// `next_filled`, which the ring's lock orders.
+    slot_offsets: Vec<AtomicUsize>,
     started: Instant,
+    /// Time `Loader::new` took before the threads started (mostly page-locking the pool).
+    startup: Duration,
     threads: usize,
     pinned_allocations_at_start: u64,
 }
@@ -184,7 +236,7 @@ impl std::fmt::Debug for Batch {
             .field("seq", &self.seq)
             .field("epoch", &self.spec.epoch)
             .field("index", &self.spec.index)
-            .field("records", &self.spec.records)
+            .field("records", &self.spec.count)
             .field("len", &self.len)
             .finish()
     }
@@ -205,11 +257,23 @@ impl Batch {
     }
     /// Index of the batch's first record in the dataset.
     pub fn first_record(&self) -> u64 {
-        self.spec.first
+        self.spec.first()
+    }
+    /// The records of this batch, in batch order.
+    pub fn records(&self) -> &BatchRecords {
+        &self.spec.records
     }
     /// Records in this batch.
     pub fn num_records(&self) -> usize {
-        self.spec.records
+        self.spec.count
+    }
+    /// Where to resume to continue after this batch: its epoch and the batches of that epoch
+    /// delivered up to and including this one.
+    pub fn position_after(&self) -> Position {
+        Position {
+            epoch: self.spec.epoch,
+            batches_done: self.spec.index + 1,
+        }
     }
     /// Bytes in this batch.
     pub fn len_bytes(&self) -> usize {
@@ -292,6 +356,7 @@ impl Loader {
     /// Starts a loader: checks the options against the source, makes the one pinned
     /// allocation, and starts the reader and copy threads.
     pub fn new(source: Arc<dyn Source>, options: LoaderOptions) -> Result<Loader> {
+        let begun = Instant::now();
         let name = source.name().to_string();
         let plan = Plan::new(source.num_records(), &options, &name)?;
         let record_bytes = source.layout().record_bytes();
@@ -307,9 +372,18 @@ impl Loader {
         let batch_bytes = out_record_bytes
             .checked_mul(options.batch_size)
             .ok_or_else(|| LoaderError::Config("batch size × record size overflows".into()))?;
-        // Page-aligned slots: what O_DIRECT reads need, and what keeps copies aligned.
-        let slot_bytes = batch_bytes
-            .checked_next_multiple_of(4096)
+        // Without a transform, readers read straight into the slot, so it holds what the
+        // source's aligned reads need (O_DIRECT reads whole aligned blocks around the records).
+        // Slots are page-aligned (and aligned as the source needs): what O_DIRECT reads need, and
+        // what keeps copies aligned.
+        let align = source.alignment().max(4096);
+        let read_span = if options.transform.is_some() {
+            batch_bytes
+        } else {
+            source.aligned_span(options.batch_size).max(batch_bytes)
+        };
+        let slot_bytes = read_span
+            .checked_next_multiple_of(align)
             .ok_or_else(|| LoaderError::Config("batch too large".into()))?;
         let fits = options.pinned_budget / slot_bytes;
         if fits < 2 {
@@ -335,7 +409,7 @@ impl Loader {
         // more would only lock more memory (and take longer to lock at start-up).
         let slots = fits
             .min(MAX_SLOTS)
-            .min(4 * threads + 8)
+            .min(2 * threads + 6)
             .min(usize::try_from(total).unwrap_or(usize::MAX).max(2));
         if options.prefetch == 0 {
             return Err(LoaderError::Config("prefetch must be at least 1".into()));
@@ -362,7 +436,9 @@ impl Loader {
             error: Mutex::new(None),
             counters: Counters::default(),
             budget: DeviceBudget::new(options.device_budget),
+            slot_offsets: (0..ring_slots).map(|_| AtomicUsize::new(0)).collect(),
             started: Instant::now(),
+            startup: begun.elapsed(),
             threads,
             pinned_allocations_at_start: pinned_allocations(),
         });
@@ -436,6 +512,7 @@ impl Loader {
         Stats {
             device: s.backend.device(),
             elapsed: s.started.elapsed(),
+            startup: s.startup,
             batches: get(&c.delivered_batches),
             records: get(&c.delivered_records),
             bytes: get(&c.delivered_bytes),
@@ -449,6 +526,10 @@ impl Loader {
             wait_consumer: nanos(&c.wait_consumer_ns),
             consumer_wait: nanos(&c.consumer_wait_ns),
             reader: s.staging.reader(),
+            reader_description: match s.staging {
+                Staging::Slots(_) => s.source.reader_description(),
+                Staging::Windows(_) => "read-only mmap registered window by window".to_string(),
+            },
             slots: ring.capacity,
             slot_bytes: s.staging.slot_bytes(),
             pinned_bytes: ring.capacity * s.staging.slot_bytes(),
@@ -497,7 +578,7 @@ impl Iterator for Loader {
                 c.delivered_bytes
                     .fetch_add(batch.len as u64, std::sync::atomic::Ordering::Relaxed);
                 c.delivered_records.fetch_add(
-                    batch.spec.records as u64,
+                    batch.spec.count as u64,
                     std::sync::atomic::Ordering::Relaxed,
                 );
                 Some(Ok(batch))
@@ -537,7 +618,7 @@ impl Drop for Loader {
 }
 
 fn read_loop(shared: &Shared) {
-    let mut scratch = Vec::new();
+    let mut scratch: Option<AlignedBuffer> = None;
     loop {
         let claim = match shared.ring.acquire() {
             Ok(Some(claim)) => claim,
@@ -567,41 +648,67 @@ fn read_loop(shared: &Shared) {
 }
 
 /// Reads one batch into its claimed slot, through the transform if there is one.
-fn fill(shared: &Shared, claim: &Claim, scratch: &mut Vec<u8>) -> Result<()> {
-    let spec = shared.plan.batch(claim.seq());
-    let out_len = spec.records * shared.out_record_bytes;
-    // SAFETY: the claim gives this thread the slot alone until `fill_done`/`fill_abandoned`,
-    // and `out_len <= batch_size * out_record_bytes <= slot_bytes`.
+fn fill(shared: &Shared, claim: &Claim, scratch: &mut Option<AlignedBuffer>) -> Result<()> {
+    let spec = shared.plan.batch(claim.seq())?;
+    let source = shared.source.as_ref();
+    let raw_len = spec.count * source.layout().record_bytes();
     let Staging::Slots(pool) = &shared.staging else {
         unreachable!("readers run only with pinned slots");
     };
-    let slot = unsafe { pool.slot_mut(claim.slot(), out_len) };
+    // SAFETY: the claim gives this thread the slot alone until `fill_done`/`fill_abandoned`.
+    let slot = unsafe { pool.slot_mut(claim.slot(), pool.slot_bytes()) };
     let started = Instant::now();
-    match &shared.transform {
-        None => {
-            shared.source.read_records(spec.first, slot)?;
-            add(&shared.counters.read_ns, started.elapsed());
-        }
+    let offset = match &shared.transform {
+        None => read_batch(source, &spec.records, spec.count, slot)?,
         Some(transform) => {
-            let raw_len = spec.records * shared.source.layout().record_bytes();
-            scratch.resize(raw_len, 0);
-            shared.source.read_records(spec.first, scratch)?;
+            let span = source
+                .aligned_span(shared.plan.spec.batch_size as usize)
+                .max(raw_len);
+            let buf = match scratch {
+                Some(buf) if buf.len() >= span => buf,
+                _ => scratch.insert(AlignedBuffer::new(span, source.alignment())),
+            };
+            let at = read_batch(source, &spec.records, spec.count, buf)?;
             let read_done = Instant::now();
             add(&shared.counters.read_ns, read_done - started);
+            let out_len = spec.count * shared.out_record_bytes;
             transform
-                .apply(scratch, spec.records, slot)
+                .apply(&buf[at..at + raw_len], spec.count, &mut slot[..out_len])
                 .map_err(|message| LoaderError::Transform {
                     seq: claim.seq(),
                     message,
                 })?;
             add(&shared.counters.transform_ns, read_done.elapsed());
+            0
         }
+    };
+    if shared.transform.is_none() {
+        add(&shared.counters.read_ns, started.elapsed());
     }
-    shared.counters.read_bytes.fetch_add(
-        (spec.records * shared.source.layout().record_bytes()) as u64,
-        std::sync::atomic::Ordering::Relaxed,
-    );
+    shared.slot_offsets[claim.slot()].store(offset, std::sync::atomic::Ordering::Relaxed);
+    shared
+        .counters
+        .read_bytes
+        .fetch_add(raw_len as u64, std::sync::atomic::Ordering::Relaxed);
     Ok(())
+}
+
+/// Reads a batch's records into `buf` (aligned as the source needs, and at least its aligned
+/// span long) and returns where they start in it: one aligned read for a range, a gather for a
+/// shuffled batch.
+fn read_batch(
+    source: &dyn Source,
+    records: &BatchRecords,
+    count: usize,
+    buf: &mut [u8],
+) -> Result<usize> {
+    Ok(match records {
+        BatchRecords::Range { first, .. } => source.read_records_aligned(*first, count, buf)?,
+        BatchRecords::Indices(indices) => {
+            source.gather(indices, &mut buf[..count * source.layout().record_bytes()])?;
+            0
+        }
+    })
 }
 
 fn copy_loop(shared: &Arc<Shared>, batches: SyncSender<Result<Batch>>) {
@@ -635,8 +742,11 @@ fn copy_slots(shared: &Arc<Shared>, pool: &PinnedPool, batches: &SyncSender<Resu
             break;
         };
         let started = Instant::now();
-        let spec = shared.plan.batch(seq);
-        let len = spec.records * shared.out_record_bytes;
+        let spec = match shared.plan.batch(seq) {
+            Ok(spec) => spec,
+            Err(e) => return shared.fail(e),
+        };
+        let len = spec.count * shared.out_record_bytes;
         let issued = shared
             .backend
             .alloc(len, &shared.budget)
@@ -645,9 +755,14 @@ fn copy_slots(shared: &Arc<Shared>, pool: &PinnedPool, batches: &SyncSender<Resu
                 // which the ring keeps it out of the free list until this fence completes; the
                 // destination is owned by the batch, which is not read before the fence.
                 let fence = unsafe {
-                    shared
-                        .backend
-                        .copy(pool.slot_ptr(slot), &mut memory, 0, len)
+                    shared.backend.copy(
+                        pool.slot_ptr(slot).wrapping_add(
+                            shared.slot_offsets[slot].load(std::sync::atomic::Ordering::Relaxed),
+                        ),
+                        &mut memory,
+                        0,
+                        len,
+                    )
                 }?;
                 Ok((memory, fence))
             });
@@ -733,9 +848,9 @@ fn copy_windows(
     let outcome = (|| -> Result<bool> {
         for seq in 0..shared.plan.total() {
             let started = Instant::now();
-            let spec = shared.plan.batch(seq);
-            let len = spec.records * shared.out_record_bytes;
-            let a = spec.first * record_bytes;
+            let spec = shared.plan.batch(seq)?;
+            let len = spec.count * shared.out_record_bytes;
+            let a = spec.first() * record_bytes;
             let pieces = windows.pieces(a, a + len as u64);
             let epoch_base = spec.epoch * windows.windows_per_epoch;
             let first_needed = epoch_base + pieces[0].0;
@@ -806,6 +921,11 @@ fn choose_staging(
     let direct = match options.reader {
         ReaderKind::Pread => false,
         ReaderKind::Register => {
+            if options.shuffle != Shuffle::None || options.world_size != 1 {
+                return Err(LoaderError::Config(
+                    "the register reader streams a file in order on one rank; shuffling or sharding needs --reader pread".into(),
+                ));
+            }
             if options.transform.is_some() {
                 return Err(LoaderError::Config(
                     "the register reader copies files as they are; a transform needs --reader pread".into(),
@@ -819,14 +939,8 @@ fn choose_staging(
             }
             true
         }
-        ReaderKind::Auto => {
-            options.transform.is_none()
-                && backend.context().is_some()
-                && region
-                    .as_ref()
-                    .and_then(cached_fraction)
-                    .is_some_and(|cached| cached >= 0.9)
-        }
+        // Measured slower than pread into slots (see `ReaderKind::Auto`).
+        ReaderKind::Auto => false,
     };
     if let (true, Some(region)) = (direct, region) {
         let ctx = backend.context().cloned();
@@ -861,24 +975,50 @@ mod tests {
     fn plan_keeps_or_drops_the_last_partial_batch() {
         let keep = Plan::new(10, &options(4, false, 2), "x").unwrap();
         assert_eq!(keep.total(), 6);
-        let last = keep.batch(2);
+        let last = keep.batch(2).unwrap();
         assert_eq!(
-            (last.epoch, last.index, last.first, last.records),
+            (last.epoch, last.index, last.first(), last.count),
             (0, 2, 8, 2)
         );
-        let second_epoch = keep.batch(3);
-        assert_eq!((second_epoch.epoch, second_epoch.first), (1, 0));
+        let second_epoch = keep.batch(3).unwrap();
+        assert_eq!((second_epoch.epoch, second_epoch.first()), (1, 0));
         let drop = Plan::new(10, &options(4, true, 1), "x").unwrap();
         assert_eq!(drop.total(), 2);
-        assert_eq!(drop.batch(1).records, 4);
+        assert_eq!(drop.batch(1).unwrap().count, 4);
+    }
+
+    #[test]
+    fn plan_resumes_mid_epoch() {
+        let mut o = options(4, false, 2);
+        o.start = Position {
+            epoch: 0,
+            batches_done: 2,
+        };
+        let plan = Plan::new(10, &o, "x").unwrap();
+        assert_eq!(
+            plan.total(),
+            4,
+            "one batch left of epoch 0, three of epoch 1"
+        );
+        let b = plan.batch(0).unwrap();
+        assert_eq!((b.epoch, b.index, b.first()), (0, 2, 8));
+        assert_eq!(plan.batch(1).unwrap().epoch, 1);
     }
 
     #[test]
     fn plan_rejects_impossible_batching() {
         assert!(Plan::new(10, &options(0, false, 1), "x").is_err());
         assert!(Plan::new(10, &options(4, false, 0), "x").is_err());
-        let err = Plan::new(3, &options(4, true, 1), "data.npy").unwrap_err();
+        let Err(err) = Plan::new(3, &options(4, true, 1), "data.npy") else {
+            panic!("a batch larger than the dataset with drop_last was accepted");
+        };
         assert!(err.to_string().contains("data.npy"), "{err}");
         assert!(Plan::new(10, &options(11, false, 1), "x").is_ok());
+        let mut past_end = options(4, false, 1);
+        past_end.start = Position {
+            epoch: 0,
+            batches_done: 4,
+        };
+        assert!(Plan::new(10, &past_end, "x").is_err());
     }
 }

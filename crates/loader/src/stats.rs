@@ -59,8 +59,10 @@ impl fmt::Display for Bottleneck {
 pub struct Stats {
     /// Where batches go.
     pub device: DeviceSpec,
-    /// Wall time since the loader started.
+    /// Wall time since the loader started (after start-up).
     pub elapsed: Duration,
+    /// Time start-up took: checking the source, page-locking the pool, starting threads.
+    pub startup: Duration,
     /// Batches handed to the consumer.
     pub batches: u64,
     /// Records handed to the consumer.
@@ -71,6 +73,9 @@ pub struct Stats {
     pub threads: usize,
     /// How records reached the device.
     pub reader: crate::ReaderKind,
+    /// How the source reads, in words: `pread`, `O_DIRECT`, `io_uring (depth 32)`, a fallback
+    /// with its reason, or the register reader's mapping.
+    pub reader_description: String,
     /// Time readers spent reading, summed over threads.
     pub read_time: Duration,
     /// Bytes read from the source.

@@ -128,7 +128,9 @@ impl fmt::Display for DType {
     /// A short name: numpy's name for numbers (`uint8`, `float32`), the typestring for strings,
     /// bytes and dates (`|S16`, `<M8[ns]`), the descr for structured dtypes.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let bits = self.itemsize * 8;
+        // Only numbers have a bit width, and their itemsize is small; computing it for any dtype
+        // would overflow on absurd sub-array sizes, which error messages still need to name.
+        let bits = self.itemsize.saturating_mul(8);
         match self.kind {
             Some(ScalarKind::Bool) => f.write_str("bool"),
             Some(ScalarKind::Int) => write!(f, "int{bits}"),

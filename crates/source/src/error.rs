@@ -196,6 +196,73 @@ pub enum SourceError {
         /// Bytes written (or offered).
         found: u64,
     },
+    /// Read options that cannot work: a zero read size or queue depth, an unknown read mode, a
+    /// tensor name for a dataset without `.safetensors` files.
+    #[error("read options: {reason}")]
+    Options {
+        /// What is wrong, and what is accepted.
+        reason: String,
+    },
+    /// The tensor asked for is not in a `.safetensors` file, or none was named and the file
+    /// holds several.
+    #[error("{}: {}", .path.display(), tensor_message(.wanted.as_deref(), .available))]
+    Tensor {
+        /// The file.
+        path: PathBuf,
+        /// The name asked for; `None` when none was given.
+        wanted: Option<String>,
+        /// The tensors in the file, sorted by name.
+        available: Vec<String>,
+    },
+    /// A `.safetensors` header that is malformed or inconsistent with itself or the file.
+    #[error("{}: malformed .safetensors header at byte {offset}: {reason}", .path.display())]
+    Safetensors {
+        /// The file.
+        path: PathBuf,
+        /// Byte offset in the file of the problem (the header's JSON starts at 8).
+        offset: u64,
+        /// What is wrong: what was expected and what was found.
+        reason: String,
+    },
+    /// Two shards of one dataset whose records differ.
+    #[error(
+        "{dataset}: shards must share one record layout: {first} holds {first_layout} but {other} holds {other_layout}"
+    )]
+    ShardLayout {
+        /// The directory or pattern.
+        dataset: String,
+        /// The first shard.
+        first: String,
+        /// Its layout, as "dtype uint8, record shape [3, 31, 31]".
+        first_layout: String,
+        /// The shard that differs.
+        other: String,
+        /// Its layout.
+        other_layout: String,
+    },
+    /// A directory or pattern that names no dataset file.
+    #[error("{dataset}: {reason}")]
+    NoShards {
+        /// The directory or pattern.
+        dataset: String,
+        /// What was looked for.
+        reason: String,
+    },
+}
+
+fn tensor_message(wanted: Option<&str>, available: &[String]) -> String {
+    let names = available
+        .iter()
+        .map(|n| format!("{n:?}"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    match (wanted, available.is_empty()) {
+        (_, true) => "the file holds no tensors".to_owned(),
+        (Some(w), false) => format!("no tensor named {w:?}; the file holds {names}"),
+        (None, false) => {
+            format!("the file holds several tensors ({names}); name one with the tensor option")
+        }
+    }
 }
 
 /// `"path: "` or nothing, to prefix messages whose path is optional.

@@ -123,4 +123,8 @@ impl Source for HostBuffer {
         dst.copy_from_slice(&self.as_slice()[start..start + dst.len()]);
         Ok(())
     }
+
+    fn reader_description(&self) -> String {
+        "memory copy".into()
+    }
 }

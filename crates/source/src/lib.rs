@@ -3,7 +3,7 @@
 //! A dataset is N records of one [`Layout`] (an element [`DType`] and a per-record shape). The
 //! [`Source`] trait reads consecutive records ([`Source::read_records`]) or records in any order
 //! ([`Source::gather`]) straight into the caller's memory, which in pinfeed is a slot of the
-//! pinned ring. Three sources implement it:
+//! pinned ring. These sources implement it:
 //!
 //! - [`NpyFile`]: a numpy `.npy` file (versions 1.0, 2.0 and 3.0), header checked at open by a
 //!   strict parser ([`npy::Header`]);
@@ -11,8 +11,16 @@
 //!   [`dtype::parse_user_dtype`];
 //! - [`HostBuffer`]: records already in memory.
 //!
-//! [`open_path`] picks between the two file kinds by the file's magic bytes, and
-//! [`npy::NpyWriter`] writes `.npy` files. Every failure is a [`SourceError`] naming the file,
+//! - [`SafetensorsFile`]: one tensor of a `.safetensors` file, its first dimension counting the
+//!   records;
+//! - [`ShardedSource`]: several files of one layout (a directory or a glob pattern), records
+//!   numbered across them.
+//!
+//! [`open_path`] picks between the two file kinds by the file's magic bytes; [`open_with`] also
+//! opens directories, patterns and `.safetensors` files, and reads as [`ReadOptions`] ask:
+//! buffered `pread`, `O_DIRECT` into aligned buffers ([`Source::read_records_aligned`]), or
+//! io_uring with a queue depth, each falling back to `pread` where the system refuses it and
+//! saying so ([`Source::reader_description`]). [`npy::NpyWriter`] writes `.npy` files. Every failure is a [`SourceError`] naming the file,
 //! and where it applies the offset, what was expected and what was found.
 //!
 //! ```
@@ -45,12 +53,20 @@ mod literal;
 pub mod npy;
 mod raw;
 mod read;
+mod reader;
+pub mod safetensors;
+mod shards;
 
 pub use dtype::DType;
 pub use error::SourceError;
 pub use host::HostBuffer;
 pub use npy::NpyFile;
 pub use raw::RawFile;
+pub use reader::{
+    AlignedBuffer, ReadMode, ReadOptions, DEFAULT_QUEUE_DEPTH, DEFAULT_READ_SIZE, DIRECT_ALIGN,
+};
+pub use safetensors::SafetensorsFile;
+pub use shards::ShardedSource;
 
 /// `Result` with a [`SourceError`].
 pub type Result<T, E = SourceError> = std::result::Result<T, E>;
@@ -145,6 +161,49 @@ pub trait Source: Send + Sync + std::fmt::Debug {
         None
     }
 
+    /// Alignment (bytes) that [`read_records_aligned`](Source::read_records_aligned) needs of
+    /// the buffer's address: 1 for buffered reads; for `O_DIRECT`, 4096, or more where the file
+    /// system reports (`statx`) that direct I/O needs more. Always a power of two.
+    fn alignment(&self) -> usize {
+        1
+    }
+
+    /// Reads `count` records starting at `first` into `buf` and returns the offset in `buf`
+    /// where record `first` starts; the records lie at `buf[offset .. offset + count *
+    /// record_bytes]`.
+    ///
+    /// `buf` must start at an address aligned to [`alignment`](Source::alignment) and hold at
+    /// least [`aligned_span(count)`](Source::aligned_span) bytes ([`SourceError::Destination`]
+    /// otherwise). An `O_DIRECT` source reads the aligned span around the records straight into
+    /// `buf` (headers and record boundaries need not be aligned: the offset is what trims them);
+    /// other sources read into `buf[..count * record_bytes]` and return 0, as this default does.
+    fn read_records_aligned(&self, first: u64, count: usize, buf: &mut [u8]) -> Result<usize> {
+        let len = check_aligned_request(self, first, count, buf)?;
+        self.read_records(first, &mut buf[..len])?;
+        Ok(0)
+    }
+
+    /// Bytes [`read_records_aligned`](Source::read_records_aligned) needs for `count` records,
+    /// whatever `first` is: `count * record_bytes` when the alignment is 1, otherwise that plus
+    /// twice the alignment, rounded up to the alignment. Saturates instead of overflowing.
+    ///
+    /// Sources that assemble records from several files need more; size buffers with the
+    /// source's own answer.
+    fn aligned_span(&self, count: usize) -> usize {
+        let bytes = count.saturating_mul(self.layout().record_bytes());
+        match self.alignment() {
+            0 | 1 => bytes,
+            a => bytes.saturating_add(2 * a).div_ceil(a).saturating_mul(a),
+        }
+    }
+
+    /// How this source reads, for statistics: `"pread"`, `"O_DIRECT"`, `"io_uring (depth
+    /// 32)"`, `"io_uring (depth 32, O_DIRECT)"`, or a fallback with its reason, such as
+    /// `"pread (io_uring refused: Operation not permitted (os error 1))"`.
+    fn reader_description(&self) -> String {
+        "pread".into()
+    }
+
     /// Gathers records in the given order (any order, repeats allowed) into `dst`, back to back;
     /// `dst.len()` must be `indices.len()` records.
     ///
@@ -200,6 +259,62 @@ pub(crate) fn check_request(
     Ok(count)
 }
 
+/// Checks a `read_records_aligned` request: the records lie inside the dataset and `buf` is
+/// aligned and long enough. Returns the number of record bytes.
+pub(crate) fn check_aligned_request(
+    source: &(impl Source + ?Sized),
+    first: u64,
+    count: usize,
+    buf: &[u8],
+) -> Result<usize> {
+    let record_bytes = source.layout().record_bytes();
+    let Some(len) = count
+        .checked_mul(record_bytes)
+        .filter(|&n| n <= isize::MAX as usize)
+    else {
+        return Err(SourceError::OutOfRange {
+            name: source.name().to_owned(),
+            first,
+            count: count as u64,
+            num_records: source.num_records(),
+        });
+    };
+    check_request(source, first, len)?;
+    let align = source.alignment().max(1);
+    let span = source.aligned_span(count);
+    let addr = buf.as_ptr() as usize;
+    if addr % align != 0 || buf.len() < span {
+        return Err(SourceError::Destination {
+            name: source.name().to_owned(),
+            len: buf.len(),
+            expected: format!(
+                "at least {span} bytes (aligned_span of {count} records) at an address aligned \
+                 to {align} bytes (found address {addr:#x})"
+            ),
+        });
+    }
+    Ok(len)
+}
+
+/// `read_records_aligned` of a source whose record `i` lies at `data_offset + i *
+/// record_bytes` of `file`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn file_read_aligned(
+    source: &(impl Source + ?Sized),
+    reader: &reader::Reader,
+    file: &std::fs::File,
+    path: &Path,
+    data_offset: u64,
+    first: u64,
+    count: usize,
+    buf: &mut [u8],
+) -> Result<usize> {
+    let len = check_aligned_request(source, first, count, buf)?;
+    // In range, so the offset is inside the file size checked at open.
+    let offset = data_offset + first * source.layout().record_bytes() as u64;
+    reader.read_aligned(file, path, offset, len, buf)
+}
+
 /// Opens a dataset file: a `.npy` file when it starts with the `.npy` magic (whatever its
 /// name), otherwise a raw record file of `raw_layout`.
 ///
@@ -219,6 +334,71 @@ pub fn open_path(path: impl AsRef<Path>, raw_layout: Option<Layout>) -> Result<B
     }
     match raw_layout {
         Some(layout) => Ok(Box::new(RawFile::from_file(file, path, size, layout)?)),
+        None => Err(SourceError::NotNpy {
+            path: path.to_path_buf(),
+        }),
+    }
+}
+
+/// Like [`open_path`], plus: a directory of `.npy` and `.safetensors` shards or a glob pattern
+/// of shards (a [`ShardedSource`]), `.safetensors` files (a [`SafetensorsFile`], by extension),
+/// and the read mode, read size and queue depth of `options`.
+///
+/// A path that exists is opened as it is (a directory as shards, a file by its kind); a path
+/// that does not exist and holds `*`, `?` or `[` is a pattern. `raw_layout` describes files that
+/// are neither `.npy` nor `.safetensors`, alone or matched by a pattern.
+pub fn open_with(
+    path: impl AsRef<Path>,
+    raw_layout: Option<Layout>,
+    options: &ReadOptions,
+) -> Result<Box<dyn Source>> {
+    options.check()?;
+    let path = path.as_ref();
+    let exists = std::fs::metadata(path);
+    if exists.as_ref().is_ok_and(|m| m.is_dir()) || (exists.is_err() && shards::is_pattern(path)) {
+        return Ok(Box::new(ShardedSource::open(path, raw_layout, options)?));
+    }
+    open_file(path, raw_layout.as_ref(), options)
+}
+
+/// One dataset file of any kind, read as `options` ask.
+pub(crate) fn open_file(
+    path: &Path,
+    raw_layout: Option<&Layout>,
+    options: &ReadOptions,
+) -> Result<Box<dyn Source>> {
+    let (file, size) = read::open_regular(path)?;
+    let has_ext = |ext: &str| {
+        path.extension()
+            .is_some_and(|e| e.eq_ignore_ascii_case(ext))
+    };
+    if has_ext("safetensors") {
+        return Ok(Box::new(SafetensorsFile::from_file(
+            file, path, size, options,
+        )?));
+    }
+    if let Some(tensor) = &options.tensor {
+        return Err(SourceError::Options {
+            reason: format!(
+                "{}: the tensor option ({tensor:?}) applies to .safetensors files only",
+                path.display()
+            ),
+        });
+    }
+    let mut magic = [0u8; 6];
+    let n = size.min(magic.len() as u64) as usize;
+    read::read_exact_at(&file, path, 0, &mut magic[..n])?;
+    if npy::has_magic(&magic[..n]) || has_ext("npy") {
+        let mut npy = NpyFile::from_file(file, path, size)?;
+        npy.set_reader(options)?;
+        return Ok(Box::new(npy));
+    }
+    match raw_layout {
+        Some(layout) => {
+            let mut raw = RawFile::from_file(file, path, size, layout.clone())?;
+            raw.set_reader(options)?;
+            Ok(Box::new(raw))
+        }
         None => Err(SourceError::NotNpy {
             path: path.to_path_buf(),
         }),

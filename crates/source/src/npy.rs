@@ -12,7 +12,8 @@ use std::path::{Path, PathBuf};
 use crate::dtype::DType;
 use crate::literal::{self, Node, Value};
 use crate::read::{open_regular, read_exact_at};
-use crate::{check_request, Layout, Result, Source, SourceError};
+use crate::reader::{ReadOptions, Reader};
+use crate::{check_request, file_read_aligned, Layout, Result, Source, SourceError};
 
 /// The first six bytes of every `.npy` file.
 pub const MAGIC: &[u8; 6] = b"\x93NUMPY";
@@ -407,6 +408,7 @@ pub struct NpyFile {
     name: String,
     header: Header,
     layout: Layout,
+    reader: Reader,
 }
 
 impl NpyFile {
@@ -455,7 +457,20 @@ impl NpyFile {
             name,
             header,
             layout,
+            reader: Reader::buffered(),
         })
+    }
+
+    /// Opens a `.npy` file to be read as `options` ask (`options.tensor` is ignored).
+    pub fn open_with(path: impl AsRef<Path>, options: &ReadOptions) -> Result<NpyFile> {
+        let mut npy = NpyFile::open(path)?;
+        npy.set_reader(options)?;
+        Ok(npy)
+    }
+
+    pub(crate) fn set_reader(&mut self, options: &ReadOptions) -> Result<()> {
+        self.reader = Reader::new(&self.file, &self.path, options)?;
+        Ok(())
     }
 
     /// The parsed header.
@@ -486,7 +501,20 @@ impl Source for NpyFile {
         check_request(self, first, dst.len())?;
         // In range, so the offset is inside the file size checked at open.
         let offset = self.header.data_offset + first * self.layout.record_bytes() as u64;
-        read_exact_at(&self.file, &self.path, offset, dst)
+        self.reader.read(&self.file, &self.path, offset, dst)
+    }
+
+    fn alignment(&self) -> usize {
+        self.reader.alignment()
+    }
+
+    fn read_records_aligned(&self, first: u64, count: usize, buf: &mut [u8]) -> Result<usize> {
+        let (file, path, offset) = (&self.file, &self.path, self.header.data_offset);
+        file_read_aligned(self, &self.reader, file, path, offset, first, count, buf)
+    }
+
+    fn reader_description(&self) -> String {
+        self.reader.description()
     }
 
     fn file(&self) -> Option<crate::FileRegion<'_>> {

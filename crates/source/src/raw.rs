@@ -3,8 +3,9 @@
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
-use crate::read::{open_regular, read_exact_at};
-use crate::{check_request, Layout, Result, Source, SourceError};
+use crate::read::open_regular;
+use crate::reader::{ReadOptions, Reader};
+use crate::{check_request, file_read_aligned, Layout, Result, Source, SourceError};
 
 /// A headerless file of fixed-size records, such as one written by
 /// `np.memmap(path, '3,31,31B', 'w+', shape=(n,))` or `arr.tofile(path)`.
@@ -16,6 +17,7 @@ pub struct RawFile {
     layout: Layout,
     /// `file size / record_bytes` at open; the size was an exact multiple.
     num_records: u64,
+    reader: Reader,
 }
 
 impl RawFile {
@@ -51,7 +53,25 @@ impl RawFile {
             name,
             layout,
             num_records,
+            reader: Reader::buffered(),
         })
+    }
+
+    /// Opens `path` as records of `layout`, to be read as `options` ask (`options.tensor` is
+    /// ignored).
+    pub fn open_with(
+        path: impl AsRef<Path>,
+        layout: Layout,
+        options: &ReadOptions,
+    ) -> Result<RawFile> {
+        let mut raw = RawFile::open(path, layout)?;
+        raw.set_reader(options)?;
+        Ok(raw)
+    }
+
+    pub(crate) fn set_reader(&mut self, options: &ReadOptions) -> Result<()> {
+        self.reader = Reader::new(&self.file, &self.path, options)?;
+        Ok(())
     }
 
     /// The path the file was opened with.
@@ -77,7 +97,28 @@ impl Source for RawFile {
         check_request(self, first, dst.len())?;
         // In range, so the offset is below the file size checked at open.
         let offset = first * self.layout.record_bytes() as u64;
-        read_exact_at(&self.file, &self.path, offset, dst)
+        self.reader.read(&self.file, &self.path, offset, dst)
+    }
+
+    fn alignment(&self) -> usize {
+        self.reader.alignment()
+    }
+
+    fn read_records_aligned(&self, first: u64, count: usize, buf: &mut [u8]) -> Result<usize> {
+        file_read_aligned(
+            self,
+            &self.reader,
+            &self.file,
+            &self.path,
+            0,
+            first,
+            count,
+            buf,
+        )
+    }
+
+    fn reader_description(&self) -> String {
+        self.reader.description()
     }
 
     fn file(&self) -> Option<crate::FileRegion<'_>> {

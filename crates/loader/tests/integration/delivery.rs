@@ -119,7 +119,11 @@ fn transform_writes_into_the_slot() {
 fn stats_account_for_everything_delivered() {
     let (source, data) = random_source(300, 11, 6);
     let mut loader = Loader::new(source, host_options(32)).unwrap();
-    let count = loader.by_ref().map(|b| b.unwrap()).count();
+    let mut count = 0;
+    for batch in loader.by_ref() {
+        batch.unwrap();
+        count += 1;
+    }
     let stats = loader.stats();
     assert_eq!(count, 10);
     assert_eq!(stats.batches, 10);

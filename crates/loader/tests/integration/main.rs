@@ -6,3 +6,4 @@ mod direct;
 mod faults;
 mod gpu;
 mod limits;
+mod shuffle;

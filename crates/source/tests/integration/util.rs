@@ -124,3 +124,72 @@ pub fn names_path(err: &SourceError, path: &Path) {
         path.display()
     );
 }
+
+/// A temporary directory on the target directory's disk: `/tmp` may be a tmpfs, which refuses
+/// `O_DIRECT`.
+pub fn disk_dir() -> tempfile::TempDir {
+    tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap()
+}
+
+/// Whether `O_DIRECT` was granted; when it was not, the description must say why.
+pub fn direct_granted(src: &dyn Source) -> bool {
+    let d = src.reader_description();
+    if d.contains("O_DIRECT refused") {
+        eprintln!("{}: {d}; comparing the fallback's bytes", src.name());
+        assert_eq!(src.alignment(), 1, "{d}");
+        false
+    } else {
+        assert!(d.contains("O_DIRECT"), "{}: {d}", src.name());
+        assert!(src.alignment() >= 4096, "{d}");
+        assert!(src.alignment().is_power_of_two(), "{d}");
+        true
+    }
+}
+
+/// Reads every `first`/`count` combination with `read_records_aligned` into one aligned buffer
+/// and compares the records with `reference` (all records back to back); checks the errors for
+/// buffers that are misaligned or short.
+pub fn check_aligned_reads(src: &dyn Source, reference: &[u8]) {
+    let n = src.num_records() as usize;
+    let rb = src.layout().record_bytes();
+    assert_eq!(reference.len(), n * rb);
+    let align = src.alignment();
+    let mut buf = pinfeed_source::AlignedBuffer::new(src.aligned_span(n) + align, align.max(64));
+    for first in 0..n {
+        for count in 0..=n - first {
+            let span = src.aligned_span(count);
+            assert!(span >= count * rb);
+            let dst = &mut buf[..span];
+            dst.fill(0xAB);
+            let off = src
+                .read_records_aligned(first as u64, count, dst)
+                .unwrap_or_else(|e| panic!("first {first} count {count}: {e}"));
+            assert!(
+                off + count * rb <= span,
+                "first {first} count {count}: offset {off}"
+            );
+            assert!(
+                dst[off..off + count * rb] == reference[first * rb..(first + count) * rb],
+                "{}: records {first}..+{count} differ (offset {off}, {})",
+                src.name(),
+                src.reader_description()
+            );
+        }
+    }
+    // One byte short, and (for aligned sources) one byte off the alignment.
+    let span = src.aligned_span(3);
+    assert!(matches!(
+        src.read_records_aligned(1, 3, &mut buf[..span - 1]),
+        Err(SourceError::Destination { .. })
+    ));
+    if align > 1 {
+        let e = src
+            .read_records_aligned(1, 3, &mut buf[1..span + 1])
+            .unwrap_err();
+        assert!(e.to_string().contains("aligned to"), "{e}");
+    }
+    assert!(matches!(
+        src.read_records_aligned(n as u64 - 1, 2, &mut buf),
+        Err(SourceError::OutOfRange { .. })
+    ));
+}

