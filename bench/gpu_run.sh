@@ -32,6 +32,8 @@ fi
 
 if want rust; then
     if [ -x $C/copy_path ]; then echo "== copy path, step by step"; $C/copy_path 2>&1 | tee "$OUT/copy_path.txt"; fi
+    echo "== pinfeed doctor"
+    $C/pinfeed doctor "$DATA" --json > "$OUT/doctor.json" && $C/pinfeed doctor 2>&1 | tail -25
     echo "== pinfeed bench (seed experiment)"
     $C/pinfeed bench --json > "$OUT/pinfeed_bench.json" && $C/pinfeed bench --repeat 1 --rows 256 | tail -8
     echo "== pinfeed stream (page-cached 4 GiB .npy, batches of 1024)"
@@ -42,13 +44,19 @@ if want rust; then
             $C/pinfeed stream "$DATA" --batch-size 1024 --reader pread --threads $threads --json >> "$OUT/pinfeed_stream.jsonl" || echo "stream failed: pread $threads"
         done
     done
+    for threads in 8 16; do
+        $C/pinfeed stream "$DATA" --batch-size 1024 --reader pread --shuffle random --threads $threads --json >> "$OUT/pinfeed_stream.jsonl" || echo "stream failed: random $threads"
+    done
+    $C/pinfeed stream "$DATA" --batch-size 1024 --reader uring --json >> "$OUT/pinfeed_stream.jsonl" || echo "stream failed: uring"
     $C/pinfeed stream "$DATA" --batch-size 1000 --reader register --verify --json >> "$OUT/pinfeed_stream.jsonl" || echo "VERIFY FAILED (register)"
+    $C/pinfeed stream "$DATA" --batch-size 1000 --shuffle random --verify --json >> "$OUT/pinfeed_stream.jsonl" || echo "VERIFY FAILED (random)"
+    $C/pinfeed stream "$DATA" --batch-size 1000 --reader direct --verify --json >> "$OUT/pinfeed_stream.jsonl" || echo "VERIFY FAILED (direct)"
     $C/pinfeed stream "$DATA" --batch-size 1000 --reader pread --verify --json >> "$OUT/pinfeed_stream.jsonl" || echo "VERIFY FAILED (pread)"
     python3 -c "import zlib, numpy as np; print('numpy crc32 of the file', zlib.crc32(np.load('$DATA', mmap_mode='r')))" | tee -a "$OUT/machine.txt"
     python3 -c "
 import json
 for l in open('$OUT/pinfeed_stream.jsonl'):
-    r = json.loads(l); print(f\"{r['reader']:8s} threads {r['threads']:2d} slots {r['slots']:3d} {r['gbps']:6.2f} GB/s cpu {r['cpu_seconds']:.2f}s verified={r['verified']} crc={r['crc32']} {r['bottleneck']}\")"
+    r = json.loads(l); print(f\"{r.get('shuffle','none'):7s} {r['reader'][:24]:24s} threads {r['threads']:2d} slots {r['slots']:3d} {r['gbps']:6.2f} GB/s cpu {r['cpu_seconds']:.2f}s verified={r['verified']} crc={r['crc32']} {r['bottleneck']}\")"
 fi
 
 if want torch; then
@@ -61,5 +69,22 @@ if want python && ls $C/*.whl >/dev/null 2>&1; then
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site $C/*.whl && export PYTHONPATH=/tmp/site
     python3 -m pytest -q -p no:cacheprovider bindings/python/tests --gpu 2>&1 | tail -15 | tee "$OUT/python_gpu_tests.txt"
     python3 bench/python_bench.py --npy "$DATA" --pinfeed-bin $C/pinfeed --out "$OUT/python_bench.json"
+    echo "== torchrun: two processes, one GPU, disjoint and complete shards"
+    timeout 120 torchrun --nproc_per_node=2 bench/torchrun_shards.py "$OUT" 2>&1 | grep -v "^W\|OMP_NUM_THREADS\|^\*" | tail -4
+fi
+if want big; then
+    echo "== 40 GB file: cold from disk (O_DIRECT) beside the disk's raw O_DIRECT rate, then page-cached"
+    BIG=/tmp/pinfeed-40g.npy
+    df -h /tmp | tail -1
+    $C/pinfeed gen "$BIG" --records 13875000 --shape 3,31,31 --dtype u8 --seed 2
+    sync; echo 3 > /proc/sys/vm/drop_caches
+    dd if="$BIG" of=/dev/null bs=8M iflag=direct 2>&1 | tail -1 | tee "$OUT/big_dd.txt"
+    sync; echo 3 > /proc/sys/vm/drop_caches
+    $C/pinfeed stream "$BIG" --batch-size 4096 --reader auto --json > "$OUT/big_cold.json"
+    python3 -c "import json; r=json.load(open('$OUT/big_cold.json')); print('cold', r['reader'], r['reader_auto_reason'], round(r['gbps'],3), 'GB/s, pinned', r['pinned_bytes_peak'], 'peak rss', r['peak_rss_bytes'])"
+    cat "$BIG" > /dev/null
+    $C/pinfeed stream "$BIG" --batch-size 4096 --reader pread --threads 8 --json > "$OUT/big_cached.json"
+    python3 -c "import json; r=json.load(open('$OUT/big_cached.json')); print('cached', r['reader'], round(r['gbps'],2), 'GB/s')"
+    rm -f "$BIG"
 fi
 echo "== done"

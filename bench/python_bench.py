@@ -118,6 +118,111 @@ def loaders(npy, batch_size, pinfeed_bin):
     return out
 
 
+def batch_sizes(repeat=3):
+    """Loader batches of 1 MiB to 256 MiB from host memory against a plain pinned copy_ of the
+    same size, in the same run (issue 6: each at least 85% of the pinned rate)."""
+    out = []
+    total = 2 << 30
+    src = np.random.default_rng(0).integers(0, 255, size=total, dtype=np.uint8).reshape(-1, 4096)
+    for mib in [1, 4, 16, 64, 256]:
+        rows = mib * 256  # records of 4096 bytes
+        pinned = torch.empty(mib << 20, dtype=torch.uint8, pin_memory=True)
+        dst = torch.empty(mib << 20, dtype=torch.uint8, device="cuda")
+        n = total // (mib << 20)
+        wall_pinned, _ = timed(lambda: [dst.copy_(pinned, non_blocking=True) for _ in range(n)], repeat)
+        loader = pinfeed.Loader(src, rows, device="cuda", pinned_budget=max(256 << 20, 8 * (mib << 20)))
+
+        def run():
+            for x in loader:
+                pass
+
+        run()
+        wall, cpu = timed(run, repeat)
+        r = {"batch_mib": mib, "pinned_copy_gbps": total / wall_pinned / 1e9, "loader_gbps": total / wall / 1e9}
+        r["ratio"] = r["loader_gbps"] / r["pinned_copy_gbps"]
+        print(f"batch {mib:4d} MiB: pinned copy_ {r['pinned_copy_gbps']:6.2f} GB/s, Loader {r['loader_gbps']:6.2f} GB/s ({r['ratio']:.0%})")
+        out.append(r)
+    return out
+
+
+def overlap(npy, steps=300, batch=4096):
+    """A training loop whose GPU step outlasts the batch's copy: GPU idle time with pinfeed
+    against DataLoader(pin_memory=True), both shuffled, against data already on the GPU."""
+    mm = np.load(npy, mmap_mode="r")
+    w = torch.randn(2883, 2883, device="cuda", dtype=torch.float16)
+
+    def step(x):
+        y = x.reshape(x.shape[0], -1)[:, :2883].half()
+        for _ in range(3):
+            y = y @ w
+        return y
+
+    resident = torch.from_numpy(np.array(mm[: batch * 8])).cuda()
+    xs = [resident[i * batch : (i + 1) * batch] for i in range(8)]
+    for x in xs:
+        step(x)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for i in range(steps):
+        step(xs[i % 8])
+    torch.cuda.synchronize()
+    ideal = time.perf_counter() - t0
+
+    def loop(it):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        k = 0
+        for x in it:
+            if not x.is_cuda:
+                x = x.cuda(non_blocking=True)
+            step(x)
+            k += 1
+            if k == steps:
+                break
+        torch.cuda.synchronize()
+        return time.perf_counter() - t0
+
+    loader = pinfeed.Loader(npy, batch, device="cuda", shuffle=True, seed=1)
+    t_pinfeed = loop(iter(loader))
+    dl = DataLoader(WholeBatch(mm), sampler=BatchSampler(torch.randperm(len(mm)).tolist(), batch, False), batch_size=None, pin_memory=True)
+    t_dl = loop(iter(dl))
+    r = {
+        "steps": steps,
+        "batch": batch,
+        "gpu_step_ms": ideal / steps * 1e3,
+        "data_on_gpu_s": ideal,
+        "pinfeed_s": t_pinfeed,
+        "dataloader_pin_memory_s": t_dl,
+        "pinfeed_gpu_idle": 1 - ideal / t_pinfeed,
+        "dataloader_gpu_idle": 1 - ideal / t_dl,
+    }
+    print(f"overlap: GPU step {r['gpu_step_ms']:.2f} ms; GPU idle {r['pinfeed_gpu_idle']:.1%} with pinfeed, "
+          f"{r['dataloader_gpu_idle']:.1%} with DataLoader(pin_memory=True)")
+    return r
+
+
+def shuffled(npy, batch=1024):
+    """Shuffled records of a page-cached file: random mode and GPU-resident mode."""
+    mm = np.load(npy, mmap_mode="r")
+    n = mm.size
+    out = []
+    for threads in [8, 16]:
+        loader = pinfeed.Loader(npy, batch, device="cuda", shuffle="random", num_threads=threads)
+        wall, cpu = timed(lambda: [x for x in loader], repeat=1)
+        out.append(row(f"pinfeed.Loader(shuffle='random', num_threads={threads})", n, wall, cpu))
+    resident = pinfeed.Loader(npy, 65536, device="cuda", shuffle="gpu")
+    for x in resident:  # the first pass uploads the dataset once
+        pass
+    wall, cpu = timed(lambda: [x for x in resident], repeat=3)
+    out.append(row("pinfeed.Loader(shuffle='gpu'), batches of 65536, per epoch", n, wall, cpu))
+    resident_small = pinfeed.Loader(npy, batch, device="cuda", shuffle="gpu")
+    for x in resident_small:
+        pass
+    wall, cpu = timed(lambda: [x for x in resident_small], repeat=3)
+    out.append(row(f"pinfeed.Loader(shuffle='gpu'), batches of {batch}, per epoch", n, wall, cpu))
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--npy", required=True)
@@ -128,7 +233,21 @@ def main():
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     torch.cuda.init()
-    result = {"seed": seed(args.rows, args.cols), "loaders": loaders(args.npy, args.batch_size, args.pinfeed_bin)}
+    result = {}
+    for name, fn in [
+        ("seed", lambda: seed(args.rows, args.cols)),
+        ("loaders", lambda: loaders(args.npy, args.batch_size, args.pinfeed_bin)),
+        ("batch_sizes", batch_sizes),
+        ("overlap", lambda: overlap(args.npy)),
+        ("shuffled", lambda: shuffled(args.npy)),
+    ]:
+        try:
+            result[name] = fn()
+        except Exception as e:  # keep the other measurements; the failure is reported
+            import traceback
+
+            traceback.print_exc()
+            result[name] = {"error": repr(e)}
     with open(args.out, "w") as f:
         json.dump(result, f, indent=1, default=str)
 

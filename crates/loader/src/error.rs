@@ -55,6 +55,18 @@ pub enum LoaderError {
         /// Bytes the next batch needs.
         wanted: usize,
     },
+    /// Asked to page-lock more than the machine can spare (the seed's 68 GB `pin_memory()`).
+    #[error(
+        "refusing to page-lock {bytes} bytes: that is more than half of this machine's {total} bytes of \
+         memory, and page-locked memory cannot be swapped out; stream it instead \
+         (pinfeed.to_device or a Loader move any size through a fixed pinned budget)"
+    )]
+    PinTooLarge {
+        /// Bytes asked for.
+        bytes: u64,
+        /// Memory of the machine.
+        total: u64,
+    },
     /// A reader thread panicked; the panic message is kept.
     #[error("a reader thread panicked: {0}")]
     ReaderPanicked(String),

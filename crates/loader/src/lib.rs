@@ -51,7 +51,7 @@ pub use direct::{auto_read_mode, ReaderKind};
 pub use error::{LoaderError, Result};
 pub use order::{BatchRecords, EpochOrder, OrderSpec, Position, Shuffle};
 pub use pinfeed_cuda::PinMethod;
-pub use pipeline::{Batch, Loader};
+pub use pipeline::{Batch, Loader, Waited};
 pub use pool::pinned_allocations;
 pub use stager::{to_device, DeviceArray, PinnedRegion, Stager, StagerOptions};
 pub use stats::{Bottleneck, Stats};

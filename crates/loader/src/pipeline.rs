@@ -560,16 +560,41 @@ impl Loader {
     }
 }
 
-impl Iterator for Loader {
-    type Item = Result<Batch>;
+/// What [`Loader::next_within`] found.
+#[derive(Debug)]
+pub enum Waited<T> {
+    /// What `next()` would have returned.
+    Ready(T),
+    /// Nothing arrived in time; ask again.
+    TimedOut,
+}
 
-    fn next(&mut self) -> Option<Result<Batch>> {
+impl Loader {
+    /// Like [`Iterator::next`], but returns [`Waited::TimedOut`] after `timeout` without a batch,
+    /// so that a caller (the Python bindings) can check for Ctrl-C while it waits.
+    pub fn next_within(&mut self, timeout: Duration) -> Waited<Option<Result<Batch>>> {
         if self.finished {
-            return None;
+            return Waited::Ready(None);
         }
+        let Some(batches) = self.batches.as_ref() else {
+            return Waited::Ready(None);
+        };
         let started = Instant::now();
-        let received = self.batches.as_ref()?.recv();
+        let received = batches.recv_timeout(timeout);
         add(&self.shared.counters.consumer_wait_ns, started.elapsed());
+        match received {
+            Ok(item) => Waited::Ready(self.received(Ok(item))),
+            Err(mpsc::RecvTimeoutError::Timeout) => Waited::TimedOut,
+            Err(mpsc::RecvTimeoutError::Disconnected) => {
+                Waited::Ready(self.received(Err(mpsc::RecvError)))
+            }
+        }
+    }
+
+    fn received(
+        &mut self,
+        received: std::result::Result<Result<Batch>, mpsc::RecvError>,
+    ) -> Option<Result<Batch>> {
         match received {
             Ok(Ok(batch)) => {
                 let c = &self.shared.counters;
@@ -596,6 +621,20 @@ impl Iterator for Loader {
                 self.shared.take_error().map(Err)
             }
         }
+    }
+}
+
+impl Iterator for Loader {
+    type Item = Result<Batch>;
+
+    fn next(&mut self) -> Option<Result<Batch>> {
+        if self.finished {
+            return None;
+        }
+        let started = Instant::now();
+        let received = self.batches.as_ref()?.recv();
+        add(&self.shared.counters.consumer_wait_ns, started.elapsed());
+        self.received(received)
     }
 
     fn size_hint(&self) -> (usize, Option<usize>) {

@@ -323,6 +323,19 @@ pub fn to_device(src: &[u8], options: StagerOptions) -> Result<DeviceArray> {
     Ok(array)
 }
 
+/// Bytes of memory this machine has, from /proc/meminfo.
+fn mem_total() -> Option<u64> {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let kib: u64 = meminfo
+        .lines()
+        .find(|l| l.starts_with("MemTotal:"))?
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()?;
+    Some(kib * 1024)
+}
+
 /// Existing host memory page-locked in place until dropped: `cuMemHostRegister` on CUDA,
 /// `mlock` on the host backend.
 pub struct PinnedRegion {
@@ -362,7 +375,8 @@ impl std::fmt::Debug for PinnedRegion {
 }
 
 impl PinnedRegion {
-    /// Page-locks `ptr .. ptr + len`.
+    /// Page-locks `ptr .. ptr + len`. More than half of the machine's memory is refused: locked
+    /// pages cannot be swapped, and the rest of the machine would starve.
     ///
     /// # Safety
     /// The range stays mapped until the region is dropped, and no copy from it is in flight
@@ -372,6 +386,14 @@ impl PinnedRegion {
             return Err(LoaderError::Config(
                 "cannot page-lock an empty range".into(),
             ));
+        }
+        if let Some(total) = mem_total() {
+            if len as u64 > total / 2 {
+                return Err(LoaderError::PinTooLarge {
+                    bytes: len as u64,
+                    total,
+                });
+            }
         }
         let lock = match device.resolve() {
             DeviceSpec::Cuda(ordinal) => {
@@ -504,5 +526,22 @@ mod tests {
         })
         .unwrap_err();
         assert!(err.to_string().contains("too small"), "{err}");
+    }
+}
+
+#[cfg(test)]
+mod pin_limit_tests {
+    use super::*;
+
+    #[test]
+    fn pinning_more_than_half_the_machine_is_refused_with_advice() {
+        let total = mem_total().expect("/proc/meminfo");
+        // Nothing is touched: the range is checked before any lock.
+        let len = (total / 2 + 4096) as usize;
+        let mut one = [0u8; 1];
+        // SAFETY: refused before the range is used; no memory is locked or read.
+        let err = unsafe { PinnedRegion::new(DeviceSpec::Cpu, one.as_mut_ptr(), len) }.unwrap_err();
+        assert!(matches!(err, LoaderError::PinTooLarge { .. }), "{err:?}");
+        assert!(err.to_string().contains("stream it instead"), "{err}");
     }
 }

@@ -153,3 +153,34 @@ fn drop_joins_every_thread() {
         "a thread still holds the source"
     );
 }
+
+#[test]
+fn next_within_times_out_while_readers_are_slow_and_then_delivers() {
+    let (inner, _) = random_source(100, 8, 14);
+    let source = Arc::new(Slow {
+        inner,
+        active: Arc::new(AtomicUsize::new(0)),
+    });
+    let mut loader = Loader::new(
+        source,
+        LoaderOptions {
+            num_threads: Some(1),
+            ..host_options(10)
+        },
+    )
+    .unwrap();
+    let mut timeouts = 0;
+    let mut batches = 0;
+    loop {
+        match loader.next_within(Duration::from_micros(200)) {
+            pinfeed::Waited::TimedOut => timeouts += 1,
+            pinfeed::Waited::Ready(Some(batch)) => {
+                batch.unwrap();
+                batches += 1;
+            }
+            pinfeed::Waited::Ready(None) => break,
+        }
+    }
+    assert_eq!(batches, 10);
+    assert!(timeouts > 0, "2 ms reads never outlasted a 0.2 ms wait");
+}

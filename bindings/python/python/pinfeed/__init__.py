@@ -1,0 +1,53 @@
+"""pinfeed: feed fixed-size records from disk or host memory to NVIDIA GPUs through a bounded
+ring of pinned memory.
+
+>>> import pinfeed
+>>> loader = pinfeed.Loader("data.npy", batch_size=4096)     # doctest: +SKIP
+>>> for x in loader:                                          # doctest: +SKIP
+...     step(x)                                               # a torch.Tensor on cuda:0
+
+- :class:`Loader`: batches of a ``.npy``/raw file, numpy array or memmap, on the GPU; shuffled,
+  sharded across ranks and resumable (``state_dict``).
+- :func:`epoch_order`: the records each batch of a shuffled, sharded epoch holds.
+- :func:`prefetch`: any iterable of (nested) arrays moved to the GPU, a few batches ahead.
+- :func:`to_device`: one array to the GPU without pinning it; :func:`pinned`: pin in place.
+- :mod:`pinfeed.transforms`: preprocessing on the reader threads.
+- :mod:`pinfeed.errors`: :class:`PinfeedError` and its subclasses.
+
+torch is imported only when a CUDA batch (or ``as_torch=True``) needs it.
+"""
+
+from . import transforms
+from ._pinfeed import DEFAULT_PINNED_BUDGET, DeviceBuffer, __version__, cuda_device_count
+from .errors import (
+    CudaError,
+    PinfeedError,
+    PinfeedMemoryError,
+    PinfeedOSError,
+    PinfeedValueError,
+)
+from .loader import Loader
+from .order import epoch_order
+from .staging import Prefetcher, free_staging_memory, pinned, prefetch, to_device
+from .transforms import Transform
+
+__all__ = [
+    "free_staging_memory",
+    "Loader",
+    "epoch_order",
+    "prefetch",
+    "Prefetcher",
+    "to_device",
+    "pinned",
+    "transforms",
+    "Transform",
+    "DeviceBuffer",
+    "PinfeedError",
+    "PinfeedValueError",
+    "PinfeedOSError",
+    "PinfeedMemoryError",
+    "CudaError",
+    "cuda_device_count",
+    "DEFAULT_PINNED_BUDGET",
+    "__version__",
+]

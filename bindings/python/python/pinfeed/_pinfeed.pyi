@@ -1,0 +1,190 @@
+"""Type stubs of the Rust extension module ``pinfeed._pinfeed`` (private: use ``pinfeed``)."""
+
+from os import PathLike
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+
+__version__: str
+DEFAULT_PINNED_BUDGET: int
+
+_Size = Union[int, str, None]
+_DLDtype = Tuple[int, int, int]
+
+class DeviceBuffer:
+    """Device memory (a loader batch or an upload), exportable once through DLPack."""
+
+    def __dlpack_device__(self) -> Tuple[int, int]: ...
+    def __dlpack__(
+        self,
+        *,
+        stream: Optional[int] = None,
+        max_version: Optional[Tuple[int, int]] = None,
+        dl_device: Optional[Tuple[int, int]] = None,
+        copy: Optional[bool] = None,
+    ) -> Any: ...
+    @property
+    def shape(self) -> List[int]: ...
+    @property
+    def dtype(self) -> _DLDtype: ...
+    @property
+    def nbytes(self) -> int: ...
+    @property
+    def address(self) -> int: ...
+    @property
+    def device(self) -> str: ...
+    @property
+    def exported(self) -> bool: ...
+    @property
+    def epoch(self) -> Optional[int]: ...
+    @property
+    def index(self) -> Optional[int]: ...
+    @property
+    def first_record(self) -> Optional[int]: ...
+    def wait(self) -> None: ...
+    def read_back(self) -> bytes: ...
+    def release(self) -> None: ...
+
+class Source:
+    """A dataset of fixed-size records."""
+
+    @staticmethod
+    def open(
+        path: Union[str, "PathLike[str]"],
+        *,
+        descr: Optional[str] = None,
+        user_dtype: Optional[str] = None,
+        shape: Optional[Sequence[int]] = None,
+    ) -> "Source": ...
+    @staticmethod
+    def from_array(array: Any, descr: str) -> "Source": ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def num_records(self) -> int: ...
+    @property
+    def record_bytes(self) -> int: ...
+    @property
+    def record_shape(self) -> List[int]: ...
+    @property
+    def descr(self) -> str: ...
+    @property
+    def dlpack_dtype(self) -> Optional[_DLDtype]: ...
+
+class ToFloatSpec:
+    """``x * scale`` as float32 (Rust, no GIL)."""
+
+    scale: float
+    def __init__(self, scale: float = ...) -> None: ...
+
+class NormalizeSpec:
+    """``(x * scale - mean[c]) / std[c]`` per channel as float32 (Rust, no GIL)."""
+
+    mean: List[float]
+    std: List[float]
+    scale: float
+    def __init__(self, mean: Sequence[float], std: Sequence[float], *, scale: float = 1.0) -> None: ...
+
+class Stream(Iterator[DeviceBuffer]):
+    """One pass of a Rust loader."""
+
+    def __init__(
+        self,
+        source: Source,
+        batch_size: int,
+        *,
+        export_dtype: _DLDtype,
+        record_shape: Sequence[int],
+        drop_last: bool = False,
+        epochs: int = 1,
+        pinned_budget: _Size = None,
+        device_budget: _Size = None,
+        num_threads: Optional[int] = None,
+        device: str = "cuda",
+        prefetch: int = 4,
+        transform: Any = None,
+        transform_out_bytes: Optional[int] = None,
+        reader: str = "auto",
+        shuffle: str = "none",
+        block_size: Optional[int] = None,
+        block_window: Optional[int] = None,
+        seed: int = 0,
+        rank: int = 0,
+        world_size: int = 1,
+        start_epoch: int = 0,
+        start_batches_done: int = 0,
+    ) -> None: ...
+    def __iter__(self) -> "Stream": ...
+    def __next__(self) -> DeviceBuffer: ...
+    def close(self) -> None: ...
+    def stats(self) -> Dict[str, Any]: ...
+    @property
+    def closed(self) -> bool: ...
+    @property
+    def num_batches(self) -> int: ...
+    @property
+    def batches_per_epoch(self) -> int: ...
+    @property
+    def record_bytes(self) -> int: ...
+    @property
+    def device(self) -> str: ...
+    @property
+    def fingerprint(self) -> int: ...
+
+class Stager:
+    """Uploads through one fixed pinned arena."""
+
+    def __init__(self, device: str = "cuda", pinned_budget: _Size = None, num_threads: Optional[int] = None) -> None: ...
+    def upload(self, array: Any, dtype: _DLDtype, shape: Sequence[int]) -> DeviceBuffer: ...
+    @property
+    def device(self) -> str: ...
+    @property
+    def pinned_bytes(self) -> int: ...
+    @property
+    def pinned_locked(self) -> bool: ...
+
+class PinnedRegion:
+    """An array page-locked in place until ``close()``."""
+
+    nbytes: int
+    def __init__(self, array: Any, device: str = "cuda") -> None: ...
+    def close(self) -> None: ...
+    @property
+    def closed(self) -> bool: ...
+
+def to_device(
+    array: Any,
+    dtype: _DLDtype,
+    shape: Sequence[int],
+    *,
+    device: str = "cuda",
+    pinned_budget: _Size = None,
+    num_threads: Optional[int] = None,
+) -> DeviceBuffer: ...
+def dlpack_dtype(descr: str) -> Optional[_DLDtype]: ...
+def parse_dtype(text: str) -> Tuple[str, List[int]]: ...
+def parse_size(text: str) -> int: ...
+def cuda_device_count() -> int: ...
+def pinned_allocations() -> int: ...
+def order_fingerprint(
+    num_records: int,
+    batch_size: int,
+    *,
+    drop_last: bool,
+    shuffle: str,
+    block_size: Optional[int] = None,
+    block_window: Optional[int] = None,
+    seed: int,
+    world_size: int,
+) -> int: ...
+def epoch_order(
+    num_records: int,
+    batch_size: int,
+    *,
+    drop_last: bool,
+    shuffle: str,
+    block_size: Optional[int] = None,
+    block_window: Optional[int] = None,
+    seed: int,
+    rank: int,
+    world_size: int,
+    epoch: int,
+) -> Tuple[bytes, int]: ...

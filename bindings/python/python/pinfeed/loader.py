@@ -1,0 +1,659 @@
+"""``pinfeed.Loader``: batches of a dataset on the GPU (or the host backend)."""
+
+import atexit
+import numbers
+import os
+import weakref
+from typing import Any, Dict, Iterator, Mapping, Optional, Sequence, Tuple, Union
+
+import numpy as np
+
+from . import _pinfeed
+from ._arrays import (
+    Export,
+    descr_of,
+    dtype_of,
+    export_for,
+    host_array,
+    is_torch_tensor,
+    materialize,
+    split_dtype,
+    torch_module,
+)
+from .errors import PinfeedError, PinfeedMemoryError, PinfeedValueError
+from .order import block_args, distributed_defaults, order_kind, shuffle_mode, u64_arg
+from .transforms import Normalize, ToFloat, make_caller
+
+__all__ = ["Loader"]
+
+# Bytes in a batch of the GPU-resident upload: large copies, few batches.
+_UPLOAD_BATCH_BYTES = 8 << 20
+
+# Passes still running, closed at exit so that no reader thread is left inside the interpreter
+# while it shuts down.
+_live_streams: "weakref.WeakSet[_pinfeed.Stream]" = weakref.WeakSet()
+
+
+@atexit.register
+def _close_live_streams() -> None:
+    for stream in list(_live_streams):
+        try:
+            stream.close()
+        except Exception:  # pragma: no cover - best effort at exit
+            pass
+
+
+def device_name(device: Any) -> str:
+    """``"cpu"``, ``"cuda"``, ``"cuda:N"`` or ``"auto"`` from a string or a ``torch.device``."""
+    if isinstance(device, int) and not isinstance(device, bool):
+        return f"cuda:{device}"
+    return str(device)
+
+
+def _open_source(source: Any, dtype: Any, shape: Optional[Sequence[int]]) -> "_pinfeed.Source":
+    if isinstance(source, (str, os.PathLike)):
+        path = os.fspath(source)
+        if isinstance(path, bytes):
+            path = os.fsdecode(path)
+        record_shape = None if shape is None else [int(d) for d in np.atleast_1d(shape)]
+        if dtype is None:
+            return _pinfeed.Source.open(path, shape=record_shape)
+        if isinstance(dtype, str):
+            # pinfeed's dtype syntax, as on the command line: "3,31,31B", "f32", "<u8".
+            return _pinfeed.Source.open(path, user_dtype=dtype, shape=record_shape)
+        base, sub = split_dtype(dtype)
+        return _pinfeed.Source.open(
+            path, descr=descr_of(base), shape=list(record_shape or ()) + list(sub)
+        )
+    if is_torch_tensor(source):
+        if source.dtype == __import__("torch").bfloat16:
+            raise PinfeedValueError(
+                "bfloat16 tensors cannot be streamed by the Loader yet (numpy has no bfloat16); "
+                "pass source.view(torch.int16) and view the batches back as bfloat16"
+            )
+        source, _ = host_array(source)
+    if isinstance(source, np.ndarray):
+        if not source.flags.c_contiguous:
+            raise PinfeedValueError(
+                "host buffer: the array is not C-contiguous; pass numpy.ascontiguousarray(x) "
+                "(a copy), or a file"
+            )
+        if source.ndim == 0:
+            raise PinfeedValueError(
+                "host buffer: a 0-d array holds no records; the first dimension is the record index"
+            )
+        return _pinfeed.Source.from_array(source, descr_of(source.dtype))
+    raise TypeError(
+        "source must be a path to a .npy or raw record file, a numpy array (or memmap) or a "
+        f"torch CPU tensor, not {type(source).__name__}"
+    )
+
+
+class Loader:
+    """Batches of fixed-size records, streamed to the GPU through a bounded ring of pinned memory.
+
+    ``source`` is a path to a ``.npy`` file or a raw record file (give ``dtype``, a numpy dtype or
+    pinfeed's syntax such as ``"3,31,31B"``, and ``shape``, the per-record shape), a C-contiguous
+    numpy array or ``np.memmap`` (records along the first dimension; kept alive, not copied), or a
+    torch CPU tensor.
+
+    Iterating yields one batch at a time, of the source's dtype and shape
+    ``(records, *record_shape)``: torch tensors on CUDA (through DLPack, ordered on torch's current
+    stream, no host synchronisation), numpy arrays with ``device="cpu"`` (torch CPU tensors with
+    ``as_torch=True``). ``raw=True`` gives the records' bytes as uint8 ``(records, record_bytes)``,
+    the only way to stream structured dtypes to CUDA.
+
+    The first pass starts (and configuration errors surface) when the Loader is made; iterating
+    again starts a new pass over ``epochs`` epochs. ``len(loader)`` is the number of batches a
+    full pass gives this rank (``epochs`` × batches per epoch; a pass resumed mid-epoch gives
+    fewer). At most ``pinned_budget`` bytes (int or ``"256MiB"``) are page-locked, once, per pass.
+
+    ``transform`` is run by the reader threads on each batch: ``transforms.ToFloat()``,
+    ``transforms.Normalize(mean, std)`` (Rust, no GIL), or a Python callable ``f(raw, out)`` whose
+    output dtype and per-record shape are ``transform_dtype``/``transform_shape`` (or the
+    ``out_dtype``/``out_shape`` attributes of a :class:`pinfeed.transforms.Transform`).
+
+    **Order.** ``shuffle`` picks how each epoch's records are ordered:
+
+    - ``False`` / ``"none"``: file order.
+    - ``True`` / ``"random"``: a uniformly random permutation each epoch; the readers fetch
+      scattered records (fine from page cache or fast NVMe).
+    - ``"block"``: quasi-random order for storage where random reads are slow: the records are
+      cut into blocks of ``block_size`` consecutive records (default: as many as fit in 1 MiB),
+      the blocks are shuffled, and the records of each window of ``block_window`` blocks (default
+      16) are shuffled among themselves. A record lands less than ``block_window × block_size``
+      positions from where its block would start.
+    - ``"gpu"``: GPU-resident shuffling. The dataset (after ``transform``, which thus runs once)
+      is uploaded once, sequentially through the ring, into one tensor on the device at the first
+      iteration; each epoch then gathers its batches there with ``index_select``, in exactly the
+      order ``"random"`` gives. It must fit ``device_budget`` (here: the bytes the resident copy
+      may take; default half of the device's free memory, ``torch.cuda.mem_get_info``), else
+      :class:`pinfeed.PinfeedMemoryError` is raised with advice; there is no silent fallback. With
+      ``device="cpu"`` the copy is a numpy array (budget default: half of the available host
+      memory) gathered with ``np.take``.
+
+    The order is a pure function of ``(seed, epoch)`` (:func:`pinfeed.epoch_order` computes it).
+    Each new iteration runs the epoch after the last one the previous pass started
+    (``epochs`` later); :meth:`set_epoch` picks the epoch of the next iteration instead, as for
+    torch's ``DistributedSampler`` (calling it every epoch is harmless; it is not needed).
+
+    **Sharding.** ``rank`` and ``world_size`` default to ``torch.distributed``'s when a process
+    group is initialised, else to ``$RANK``/``$WORLD_SIZE`` (torchrun sets them), else to 0 and 1
+    (torch is never imported for this). Each epoch every rank gets the same number of batches:
+    step ``i`` cuts the next ``world_size × batch_size`` records of the epoch's global order into
+    one batch per rank. With ``drop_last=False`` the order is padded from its start to a multiple
+    of ``world_size`` (fewer than ``world_size`` records come twice in that epoch, as with
+    torch's ``DistributedSampler``) and the last batch may be partial (the same size on every
+    rank); with ``drop_last=True`` every rank gets only full batches and fewer than
+    ``world_size × batch_size`` records are left out of the epoch (different ones each shuffled
+    epoch).
+
+    **Resume.** :meth:`state_dict` says how far the consumer got: batches it has *received*
+    (batches read ahead into the ring are not counted, so none is lost or repeated).
+    :meth:`load_state_dict` makes the next iteration deliver exactly the rest of that epoch (then
+    the following ``epochs - 1`` epochs). A state from another dataset size, batch size,
+    ``drop_last``, world size, seed or shuffle is refused.
+
+    A Loader cannot be used in a process forked after it was made (a DataLoader worker): make it
+    in the child.
+    """
+
+    def __init__(
+        self,
+        source: Any,
+        batch_size: int,
+        *,
+        device: Any = "cuda",
+        drop_last: bool = False,
+        shuffle: Union[bool, str] = False,
+        seed: int = 0,
+        block_size: Optional[int] = None,
+        block_window: Optional[int] = None,
+        rank: Optional[int] = None,
+        world_size: Optional[int] = None,
+        pinned_budget: Any = None,
+        num_threads: Optional[int] = None,
+        transform: Any = None,
+        transform_dtype: Any = None,
+        transform_shape: Optional[Sequence[int]] = None,
+        dtype: Any = None,
+        shape: Optional[Sequence[int]] = None,
+        epochs: int = 1,
+        raw: bool = False,
+        as_torch: bool = False,
+        prefetch: int = 4,
+        device_budget: Any = None,
+        reader: str = "auto",
+    ) -> None:
+        self._pid = os.getpid()
+        if not isinstance(batch_size, numbers.Integral) or isinstance(batch_size, bool):
+            raise TypeError(f"batch_size must be an int, not {type(batch_size).__name__}")
+        if not isinstance(epochs, numbers.Integral) or isinstance(epochs, bool):
+            raise TypeError(f"epochs must be an int, not {type(epochs).__name__}")
+        self._source = _open_source(source, dtype, shape)
+        name = self._source.name
+        for what, value in (("batch_size", batch_size), ("epochs", epochs), ("prefetch", prefetch)):
+            if value < 0:
+                raise PinfeedValueError(f"{name}: {what} must be at least 1, got {value}")
+        if num_threads is not None and num_threads < 1:
+            raise PinfeedValueError(f"{name}: num_threads must be at least 1, got {num_threads}")
+        #: ``"none"``, ``"random"``, ``"block"`` or ``"gpu"``.
+        self.shuffle: str = shuffle_mode(shuffle)
+        self.seed: int = u64_arg("seed", seed)
+        self.block_size, self.block_window = block_args(
+            self.shuffle, int(self._source.record_bytes), block_size, block_window
+        )
+        self.rank, self.world_size = distributed_defaults(rank, world_size)
+        self.batch_size = int(batch_size)
+        self.drop_last = bool(drop_last)
+        self.epochs = int(epochs)
+        self.raw = bool(raw)
+        self.as_torch = bool(as_torch)
+        self.resident: bool = self.shuffle == "gpu"
+
+        src_dtype = dtype_of(self._source.descr)
+        src_shape = tuple(int(d) for d in self._source.record_shape)
+        self._transform, transform_out_bytes, out_dtype, out_shape = self._make_transform(
+            transform, transform_dtype, transform_shape, src_dtype, src_shape
+        )
+        #: numpy dtype and per-record shape of the batches (before ``raw``).
+        self.dtype: np.dtype = out_dtype
+        self.record_shape: Tuple[int, ...] = out_shape
+        self._export: Export = export_for(out_dtype, out_shape, self.raw)
+        self._order: Dict[str, Any] = dict(
+            drop_last=self.drop_last,
+            shuffle=order_kind(self.shuffle),
+            block_size=self.block_size,
+            block_window=self.block_window,
+            seed=self.seed,
+            world_size=self.world_size,
+        )
+        self._options: Dict[str, Any] = dict(
+            export_dtype=self._export.dl_dtype,
+            record_shape=list(self._export.shape),
+            drop_last=self.drop_last,
+            epochs=self.epochs,
+            pinned_budget=pinned_budget,
+            device_budget=device_budget,
+            num_threads=num_threads,
+            device=device_name(device),
+            prefetch=int(prefetch),
+            transform=self._transform,
+            transform_out_bytes=transform_out_bytes,
+            reader=str(reader),
+            shuffle=self._order["shuffle"],
+            block_size=self.block_size,
+            block_window=self.block_window,
+            seed=self.seed,
+            rank=self.rank,
+            world_size=self.world_size,
+        )
+        # Records a pass's batches hold on the Rust side: the loader's own, except for the upload.
+        self._stream_batch = self.batch_size
+        if self.resident:
+            # The upload: every record once, in file order, on one "rank", in batches of a few
+            # MiB (a quarter of the pinned budget at most, so the ring keeps several slots)
+            # whatever the training batch size; what bounds the resident copy is checked below,
+            # not the batches held during the upload.
+            budget = _bytes(pinned_budget, _pinfeed.DEFAULT_PINNED_BUDGET)
+            widest = max(
+                int(self._source.record_bytes), transform_out_bytes or 0, self._export_record_bytes()
+            )
+            self._stream_batch = max(1, min(_UPLOAD_BATCH_BYTES, budget // 4) // widest)
+            self._options.update(
+                drop_last=False, epochs=1, device_budget=None, shuffle="none",
+                block_size=None, block_window=None, rank=0, world_size=1,
+            )
+        self._fingerprint: int = _pinfeed.order_fingerprint(
+            int(self._source.num_records), self.batch_size, **self._order
+        )
+        # Positions are (epoch, batches of it done). `_received`: what the consumer has been
+        # given; `_next_start`: where set_epoch/load_state_dict want the next pass to start;
+        # `_pass_epoch`: the epoch the latest pass started at (None before the first).
+        self._received: Tuple[int, int] = (0, 0)
+        self._next_start: Optional[Tuple[int, int]] = None
+        self._pass_epoch: Optional[int] = None
+        self._pass_id = 0
+        self._stream: Optional[_pinfeed.Stream] = None
+        self._resident_data: Any = None
+        self._resident_order: Optional[Tuple[int, Any]] = None
+        # The first pass (in GPU-resident mode, the upload) starts now: configuration errors
+        # surface here, and reading overlaps whatever the caller does before iterating.
+        self._pending: Optional[_pinfeed.Stream] = self._start((0, 0))
+        self._pending_start: Tuple[int, int] = (0, 0)
+        self.device: str = self._pending.device
+        if self.device.startswith("cuda") and self._export.view is not None:
+            self._pending.close()
+            raise PinfeedValueError(
+                f"{name}: dtype {out_dtype} has no torch equivalent (torch has no structured, "
+                "string or date dtypes); pass raw=True for the records' bytes as uint8 "
+                f"(records, {self._source.record_bytes if transform is None else transform_out_bytes}), "
+                "or device='cpu' for numpy arrays"
+            )
+        if self.resident:
+            try:
+                self._check_resident_budget(device_budget, int(self._pending.record_bytes))
+                # Checks the rank and drop_last against the dataset now, as a stream would.
+                order = self._epoch_order(0)
+            except BaseException:
+                self._pending.close()
+                raise
+            self._resident_order = (0, order)
+            self._batches_per_epoch = -(-len(order) // self.batch_size)
+        else:
+            self._batches_per_epoch = int(self._pending.batches_per_epoch)
+        self._len = self._batches_per_epoch * self.epochs
+
+    def _make_transform(self, transform, transform_dtype, transform_shape, src_dtype, src_shape):
+        if transform is None:
+            if transform_dtype is not None or transform_shape is not None:
+                raise PinfeedValueError(
+                    f"{self._source.name}: transform_dtype/transform_shape given without a transform"
+                )
+            return None, None, src_dtype, src_shape
+        if isinstance(transform, (ToFloat, Normalize)):
+            return transform, None, np.dtype(np.float32), src_shape
+        if not callable(transform):
+            raise TypeError(f"transform must be callable, not {type(transform).__name__}")
+        out_dtype = transform_dtype if transform_dtype is not None else getattr(transform, "out_dtype", None)
+        out_shape = transform_shape if transform_shape is not None else getattr(transform, "out_shape", None)
+        if out_dtype is None:
+            base, sub = src_dtype, ()
+        else:
+            base, sub = split_dtype(out_dtype)
+        shape = src_shape if out_shape is None else tuple(int(d) for d in np.atleast_1d(out_shape))
+        shape = tuple(shape) + tuple(sub)
+        out_bytes = base.itemsize * int(np.prod(shape, dtype=np.int64))
+        if out_bytes <= 0:
+            raise PinfeedValueError(
+                f"{self._source.name}: the transform's output records (dtype {base}, shape {shape}) "
+                "are empty"
+            )
+        caller = make_caller(transform, src_dtype, src_shape, base, shape)
+        return caller, out_bytes, base, shape
+
+    def _start(self, at: Tuple[int, int]) -> "_pinfeed.Stream":
+        stream = _pinfeed.Stream(
+            self._source,
+            self._stream_batch,
+            start_epoch=at[0],
+            start_batches_done=at[1],
+            **self._options,
+        )
+        _live_streams.add(stream)
+        return stream
+
+    def _export_record_bytes(self) -> int:
+        return int(np.dtype(self.dtype).itemsize * int(np.prod(self.record_shape, dtype=np.int64)))
+
+    def _check_fork(self) -> None:
+        if os.getpid() != self._pid:
+            raise PinfeedError(
+                f"{self._source.name}: this Loader was made in process {self._pid} and cannot be "
+                f"used in forked child {os.getpid()} (its threads and CUDA state do not survive "
+                "fork()); make the Loader in the child, e.g. in a DataLoader worker_init_fn"
+            )
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __iter__(self) -> "_Pass":
+        self._check_fork()
+        if self._next_start is not None:
+            start = self._next_start
+        elif self._pass_epoch is None:
+            start = (0, 0)
+        else:
+            start = (self._pass_epoch + self.epochs, 0)
+        self._next_start = None
+        self._pass_epoch = start[0]
+        self._received = start
+        self._pass_id += 1
+        if self.resident:
+            self._ensure_resident()
+            return _Pass(self, self._pass_id, self._resident_batches(start), None)
+        stream, self._pending = self._pending, None
+        if stream is not None and self._pending_start != start:
+            stream.close()
+            stream = None
+        if self._stream is not None:
+            # Free the previous pass's pinned ring before making the next one.
+            self._stream.close()
+        if stream is None:
+            stream = self._start(start)
+        self._stream = stream
+        return _Pass(self, self._pass_id, _stream_batches(self, stream), stream)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Makes the next iteration run epoch ``epoch`` from its start (its order is a pure
+        function of the seed and the epoch). Without it, each iteration runs the epoch after the
+        previous pass's."""
+        self._next_start = (u64_arg("epoch", epoch), 0)
+
+    def state_dict(self) -> Dict[str, Any]:
+        """How far the consumer got, as a plain dict for a checkpoint: ``epoch`` and
+        ``batches_done`` (batches of that epoch this rank has *received*; an epoch received
+        to its end reads as the next epoch with 0 done), and what the position depends on:
+        ``seed``, ``shuffle``, ``block_size``, ``block_window``, ``world_size``, ``rank``,
+        ``num_records``, ``batch_size``, ``drop_last`` and ``fingerprint`` (the Rust
+        ``OrderSpec::fingerprint()``, a hash of all of them but the rank). After
+        :meth:`set_epoch` or :meth:`load_state_dict` it is the position the next iteration
+        starts at."""
+        epoch, done = self._next_start if self._next_start is not None else self._received
+        return {
+            "epoch": int(epoch),
+            "batches_done": int(done),
+            "seed": self.seed,
+            "shuffle": self.shuffle,
+            "block_size": self.block_size,
+            "block_window": self.block_window,
+            "world_size": self.world_size,
+            "rank": self.rank,
+            "num_records": self.num_records,
+            "batch_size": self.batch_size,
+            "drop_last": self.drop_last,
+            "fingerprint": self._fingerprint,
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Makes the next iteration resume at ``state`` (from :meth:`state_dict`): the rest of
+        that epoch, exactly the batches the interrupted run had not received, then the
+        following epochs. Raises :class:`pinfeed.PinfeedValueError` when the state was saved for
+        another dataset size, batch size, ``drop_last``, world size, seed or shuffle. The rank
+        may differ (every rank is at the same position, so one rank's state serves all);
+        ``shuffle="gpu"`` and ``"random"`` share their order, so their states are
+        interchangeable."""
+        name = self._source.name
+        if not isinstance(state, Mapping) or not ("fingerprint" in state or "num_records" in state):
+            raise PinfeedValueError(
+                f"{name}: not a pinfeed Loader state (expected the dict of Loader.state_dict(), "
+                f"with 'epoch', 'batches_done' and 'fingerprint'); got {type(state).__name__}"
+            )
+        for key in ("epoch", "batches_done"):
+            if key not in state:
+                raise PinfeedValueError(f"{name}: the loader state has no {key!r}")
+        mine = self.state_dict()
+        differs = []
+        for key in ("num_records", "batch_size", "drop_last", "world_size", "seed"):
+            if key in state and state[key] != mine[key]:
+                differs.append(f"{key} {state[key]!r} (this loader: {mine[key]!r})")
+        if "shuffle" in state:
+            try:
+                theirs = order_kind(shuffle_mode(state["shuffle"]))
+            except PinfeedValueError:
+                theirs = repr(state["shuffle"])
+            if theirs != order_kind(self.shuffle):
+                differs.append(f"shuffle {state['shuffle']!r} (this loader: {self.shuffle!r})")
+            elif theirs == "block":
+                for key in ("block_size", "block_window"):
+                    if key in state and state[key] != mine[key]:
+                        differs.append(f"{key} {state[key]!r} (this loader: {mine[key]!r})")
+        if not differs and "fingerprint" in state and state["fingerprint"] != self._fingerprint:
+            differs.append(
+                f"order fingerprint {state['fingerprint']!r} (this loader: {self._fingerprint!r})"
+            )
+        if differs:
+            raise PinfeedValueError(
+                f"{name}: cannot resume from this state: it was saved with "
+                + ", ".join(differs)
+                + "; a position means nothing under another dataset, batch size, drop_last, "
+                "world size, seed or shuffle"
+            )
+        epoch = u64_arg("epoch", state["epoch"])
+        done = u64_arg("batches_done", state["batches_done"])
+        if done > self._batches_per_epoch:
+            raise PinfeedValueError(
+                f"{name}: cannot resume after batch {done} of epoch {epoch}: an epoch has "
+                f"{self._batches_per_epoch} batches on each rank here"
+            )
+        self._next_start = (epoch + 1, 0) if done == self._batches_per_epoch else (epoch, done)
+
+    def _received_batch(self, pass_id: int, epoch: int, index: int) -> None:
+        if pass_id != self._pass_id:
+            return  # a pass superseded by a newer one: it no longer speaks for the loader
+        done = index + 1
+        self._received = (epoch + 1, 0) if done >= self._batches_per_epoch else (epoch, done)
+
+    # GPU-resident shuffling.
+
+    def _epoch_order(self, epoch: int) -> np.ndarray:
+        data, _ = _pinfeed.epoch_order(
+            self.num_records, self.batch_size, rank=self.rank, epoch=epoch, **self._order
+        )
+        return np.frombuffer(data, dtype=np.uint64)
+
+    def _check_resident_budget(self, device_budget: Any, record_bytes: int) -> None:
+        need = self.num_records * record_bytes
+        if device_budget is not None:
+            budget = _bytes(device_budget, 0)
+            source = f"device_budget={device_budget!r}"
+        elif self.device.startswith("cuda"):
+            torch = torch_module()
+            free, _total = torch.cuda.mem_get_info(torch.device(self.device))
+            budget = free // 2
+            source = f"half of the {free} bytes free on {self.device} (device_budget=None)"
+        else:
+            try:
+                avail = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+            except (ValueError, OSError, AttributeError):  # pragma: no cover - not POSIX
+                return
+            budget = avail // 2
+            source = f"half of the {avail} bytes of available host memory (device_budget=None)"
+        if need > budget:
+            raise PinfeedMemoryError(
+                f"{self._source.name}: shuffle=\"gpu\" keeps the whole dataset on {self.device}: "
+                f"{self.num_records} records of {record_bytes} bytes = {need} bytes, more than "
+                f"the {budget} bytes allowed ({source}); raise device_budget if the device has "
+                "room, or stream the shuffled order instead with shuffle=True (random reads) or "
+                "shuffle=\"block\" (for slow random reads)"
+            )
+
+    def _ensure_resident(self) -> None:
+        """Uploads the dataset once: the pending upload stream, in file order, into one array."""
+        if self._resident_data is not None:
+            return
+        stream, self._pending = self._pending, None
+        if stream is None:
+            stream = self._start((0, 0))
+        self._stream = stream
+        n = self.num_records
+        out: Any = None
+        filled = 0
+        cuda = self.device.startswith("cuda")
+        for buf in stream:
+            batch = materialize(buf, self._export.view, False)
+            k = int(batch.shape[0])
+            if out is None:
+                if cuda:
+                    torch = torch_module()
+                    try:
+                        out = torch.empty(
+                            (n,) + tuple(batch.shape[1:]), dtype=batch.dtype, device=batch.device
+                        )
+                    except torch.cuda.OutOfMemoryError as e:
+                        stream.close()
+                        raise PinfeedMemoryError(
+                            f"{self._source.name}: no room on {self.device} for the resident "
+                            f"copy of the dataset ({n * stream.record_bytes} bytes); lower "
+                            "device_budget's share or use shuffle=True or \"block\""
+                        ) from e
+                else:
+                    out = np.empty((n,) + tuple(batch.shape[1:]), dtype=batch.dtype)
+            if cuda:
+                out[filled : filled + k].copy_(batch)
+            else:
+                out[filled : filled + k] = batch
+            filled += k
+        if filled != n:  # pragma: no cover - the stream ends early only by raising
+            raise PinfeedError(f"{self._source.name}: the upload delivered {filled} of {n} records")
+        self._resident_data = out
+
+    def _resident_index(self, epoch: int) -> Any:
+        if self._resident_order is None or self._resident_order[0] != epoch:
+            self._resident_order = (epoch, self._epoch_order(epoch))
+        order = self._resident_order[1]
+        index = order.astype(np.int64)
+        if self.device.startswith("cuda"):
+            torch = torch_module()
+            return torch.from_numpy(index).to(self._resident_data.device, non_blocking=False)
+        return index
+
+    def _resident_batches(self, start: Tuple[int, int]) -> Iterator[Tuple[int, int, Any]]:
+        data, b = self._resident_data, self.batch_size
+        cuda = self.device.startswith("cuda")
+        for epoch in range(start[0], start[0] + self.epochs):
+            index = self._resident_index(epoch)
+            for i in range(start[1] if epoch == start[0] else 0, self._batches_per_epoch):
+                sel = index[i * b : (i + 1) * b]
+                if cuda:
+                    yield epoch, i, data.index_select(0, sel)
+                else:
+                    batch = np.take(data, sel, axis=0)
+                    yield epoch, i, torch_module().from_numpy(batch) if self.as_torch else batch
+
+    def close(self) -> None:
+        """Stops the current pass and frees its pinned memory (batches already out stay valid).
+        In GPU-resident mode it also drops the resident copy; the next iteration uploads again."""
+        for stream in (self._pending, self._stream):
+            if stream is not None and os.getpid() == self._pid:
+                stream.close()
+        self._resident_data = None
+
+    def stats(self) -> Dict[str, Any]:
+        """Counters of the current (or last) pass: the Rust ``Stats`` fields (times in seconds,
+        sizes in bytes), ``device_bytes_held``, ``gbps``, ``bottleneck`` and ``explanation``.
+        In GPU-resident mode, those of the upload."""
+        stream = self._stream or self._pending
+        return {} if stream is None else stream.stats()
+
+    @property
+    def source_name(self) -> str:
+        """The file path, or "host buffer"."""
+        return self._source.name
+
+    @property
+    def num_records(self) -> int:
+        """Records in the dataset."""
+        return int(self._source.num_records)
+
+    def __repr__(self) -> str:
+        return (
+            f"Loader({self._source.name!r}, batch_size={self.batch_size}, device={self.device!r}, "
+            f"batches={self._len}, dtype={self.dtype}, record_shape={self.record_shape}, "
+            f"shuffle={self.shuffle!r}, rank={self.rank}, world_size={self.world_size})"
+        )
+
+    def __del__(self) -> None:
+        try:
+            if os.getpid() == self._pid:
+                self.close()
+        except Exception:
+            pass
+
+
+def _bytes(size: Any, default: int) -> int:
+    """A size given as bytes or as ``"256MiB"``; ``default`` for ``None``."""
+    if size is None:
+        return default
+    return int(_pinfeed.parse_size(size) if isinstance(size, str) else size)
+
+
+def _stream_batches(loader: Loader, stream: "_pinfeed.Stream") -> Iterator[Tuple[int, int, Any]]:
+    view, as_torch = loader._export.view, loader.as_torch
+    for buf in stream:
+        epoch, index = buf.epoch, buf.index
+        yield epoch, index, materialize(buf, view, as_torch)
+
+
+class _Pass(Iterator[Any]):
+    """One pass of a Loader: yields its batches and tells the loader which it has handed out."""
+
+    def __init__(
+        self,
+        loader: Loader,
+        pass_id: int,
+        batches: Iterator[Tuple[int, int, Any]],
+        stream: Optional["_pinfeed.Stream"],
+    ) -> None:
+        self._loader = loader
+        self._id = pass_id
+        self._batches = batches
+        self._stream = stream
+
+    def __iter__(self) -> "_Pass":
+        return self
+
+    def __next__(self) -> Any:
+        self._loader._check_fork()
+        epoch, index, batch = next(self._batches)
+        self._loader._received_batch(self._id, epoch, index)
+        return batch
+
+    def __len__(self) -> int:
+        return self._loader._len
+
+    def close(self) -> None:
+        """Stops the pass now."""
+        if self._stream is not None:
+            self._stream.close()
+        self._batches = iter(())

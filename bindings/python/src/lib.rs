@@ -1,0 +1,77 @@
+//! `pinfeed._pinfeed`: the Rust half of the `pinfeed` Python package.
+//!
+//! Thin wrappers: [`loader::Source`] and [`loader::Stream`] (one pass of a `pinfeed::Loader`),
+//! [`stage::Stager`], [`stage::to_device`] and [`stage::PinnedRegion`], and
+//! [`dlpack::DeviceBuffer`], the DLPack object every batch and upload comes out as. Anything
+//! that blocks runs without the GIL; errors become the classes of `pinfeed.errors`. The
+//! Python-facing API (`pinfeed.Loader`, `pinfeed.prefetch`, ...) is in `python/pinfeed`.
+#![deny(unsafe_op_in_unsafe_fn)]
+#![warn(clippy::undocumented_unsafe_blocks)]
+
+mod dlpack;
+mod errors;
+mod fork;
+mod loader;
+mod stage;
+mod transform;
+
+use pinfeed_source::DType;
+use pyo3::prelude::*;
+
+use crate::errors::ToPy;
+
+/// The DLPack ``(code, bits, lanes)`` of a numpy descr literal, or ``None`` when DLPack has no
+/// code for it (structured dtypes, strings, dates).
+#[pyfunction]
+fn dlpack_dtype(py: Python<'_>, descr: &str) -> PyResult<Option<(u8, u8, u16)>> {
+    let dtype = DType::from_descr_literal(descr).py_err(py)?;
+    Ok(dlpack::dl_dtype(&dtype).map(|d| (d.code.0, d.bits, d.lanes)))
+}
+
+/// Parses pinfeed's dtype syntax (``"3,31,31B"``, ``"f32"``, ``"<u8"``) into a numpy descr
+/// literal and the sub-array shape.
+#[pyfunction]
+fn parse_dtype(py: Python<'_>, text: &str) -> PyResult<(String, Vec<u64>)> {
+    let (dtype, shape) = pinfeed_source::dtype::parse_user_dtype(text).py_err(py)?;
+    Ok((dtype.descr, shape))
+}
+
+/// Parses a byte size such as ``"256MiB"`` or ``"1g"`` (binary units).
+#[pyfunction]
+fn parse_size(py: Python<'_>, text: &str) -> PyResult<usize> {
+    pinfeed::parse_size(text).py_err(py)
+}
+
+/// Number of CUDA devices, 0 when there is no driver or no device.
+#[pyfunction]
+fn cuda_device_count() -> usize {
+    pinfeed_cuda::probe().unwrap_or(0)
+}
+
+/// Page-locked allocations this process has made (pools, arenas, regions).
+#[pyfunction]
+fn pinned_allocations() -> u64 {
+    pinfeed::pinned_allocations()
+}
+
+#[pymodule]
+fn _pinfeed(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    m.add("DEFAULT_PINNED_BUDGET", pinfeed::DEFAULT_PINNED_BUDGET)?;
+    m.add_class::<loader::Source>()?;
+    m.add_class::<loader::Stream>()?;
+    m.add_class::<loader::ToFloatSpec>()?;
+    m.add_class::<loader::NormalizeSpec>()?;
+    m.add_class::<dlpack::DeviceBuffer>()?;
+    m.add_class::<stage::Stager>()?;
+    m.add_class::<stage::PinnedRegion>()?;
+    m.add_function(wrap_pyfunction!(stage::to_device, m)?)?;
+    m.add_function(wrap_pyfunction!(dlpack_dtype, m)?)?;
+    m.add_function(wrap_pyfunction!(parse_dtype, m)?)?;
+    m.add_function(wrap_pyfunction!(parse_size, m)?)?;
+    m.add_function(wrap_pyfunction!(cuda_device_count, m)?)?;
+    m.add_function(wrap_pyfunction!(pinned_allocations, m)?)?;
+    m.add_function(wrap_pyfunction!(loader::epoch_order, m)?)?;
+    m.add_function(wrap_pyfunction!(loader::order_fingerprint, m)?)?;
+    Ok(())
+}

@@ -1,0 +1,769 @@
+//! Sources and loader passes.
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+use dlpark::ffi::DLDataType;
+use pinfeed::{
+    DeviceSpec, EpochOrder, Loader, LoaderError, LoaderOptions, OrderSpec, Position, Shuffle,
+    Stats, Transform,
+};
+use pinfeed_source::{dtype::parse_user_dtype, DType, HostBuffer, Layout};
+use pyo3::exceptions::PyTypeError;
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict};
+
+use crate::dlpack::{dl_dtype, dl_dtype_from_tuple, element_bytes, BatchInfo, DeviceBuffer};
+use crate::errors::{loader_error, source_error, value_error, Kind, Raised, ToPy};
+use crate::fork::{self, ForkSafe};
+use crate::transform::{Normalize, PyTransform, ToFloat};
+
+/// The address and length of a C-contiguous numpy array (anything with
+/// `__array_interface__` and `nbytes`), which must stay alive while the memory is used.
+pub(crate) fn array_memory(
+    py: Python<'_>,
+    array: &Bound<'_, PyAny>,
+) -> PyResult<(usize, usize, Vec<u64>)> {
+    let interface = array.getattr("__array_interface__")?;
+    let (address, _readonly): (usize, bool) = interface.get_item("data")?.extract()?;
+    if !interface.get_item("strides")?.is_none() {
+        return Err(value_error(
+            py,
+            "Layout",
+            "the array is not C-contiguous; pass numpy.ascontiguousarray(x) (a copy)",
+        ));
+    }
+    let shape: Vec<u64> = interface.get_item("shape")?.extract()?;
+    let nbytes: usize = array.getattr("nbytes")?.extract()?;
+    Ok((address, nbytes, shape))
+}
+
+/// A size given as an int of bytes or a string such as "256MiB".
+pub(crate) fn size_arg(
+    py: Python<'_>,
+    value: Option<&Bound<'_, PyAny>>,
+    what: &str,
+) -> PyResult<Option<usize>> {
+    let Some(value) = value.filter(|v| !v.is_none()) else {
+        return Ok(None);
+    };
+    if let Ok(text) = value.extract::<String>() {
+        return pinfeed::parse_size(&text).py_err(py).map(Some);
+    }
+    match value.extract::<i128>() {
+        Ok(n) if n >= 0 && n <= usize::MAX as i128 => Ok(Some(n as usize)),
+        Ok(n) => Err(value_error(
+            py,
+            "Config",
+            format!("{what} must be a non-negative number of bytes, not {n}"),
+        )),
+        Err(_) => Err(PyTypeError::new_err(format!(
+            "{what} must be an int (bytes) or a string such as \"256MiB\""
+        ))),
+    }
+}
+
+/// A device name: "cpu", "cuda", "cuda:N" or "auto".
+pub(crate) fn device_arg(py: Python<'_>, device: &str) -> PyResult<DeviceSpec> {
+    device
+        .trim()
+        .to_ascii_lowercase()
+        .parse::<DeviceSpec>()
+        .py_err(py)
+}
+
+/// A dataset of fixed-size records: a `.npy` or raw record file, or a numpy array.
+#[pyclass(module = "pinfeed._pinfeed", frozen)]
+pub struct Source {
+    pub(crate) inner: Arc<dyn pinfeed_source::Source>,
+}
+
+#[pymethods]
+impl Source {
+    /// Opens a `.npy` file, or a raw record file of the given record dtype and shape.
+    ///
+    /// ``descr`` is a numpy descr literal (``repr(numpy.lib.format.dtype_to_descr(dt))``);
+    /// ``user_dtype`` is pinfeed's dtype syntax (``"3,31,31B"``, ``"f32"``, ``"<u8"``);
+    /// ``shape`` is the per-record shape, to which a sub-array shape in ``user_dtype`` is
+    /// appended. Both are ignored for `.npy` files, whose header says.
+    #[staticmethod]
+    #[pyo3(signature = (path, *, descr=None, user_dtype=None, shape=None))]
+    fn open(
+        py: Python<'_>,
+        path: PathBuf,
+        descr: Option<&str>,
+        user_dtype: Option<&str>,
+        shape: Option<Vec<u64>>,
+    ) -> PyResult<Source> {
+        let named = |e: pinfeed_source::SourceError| {
+            let mut raised = source_error(&e);
+            let name = path.display().to_string();
+            if !raised.message.contains(&name) {
+                raised.message = format!("{name}: {}", raised.message);
+            }
+            raised
+        };
+        let dtype = match (descr, user_dtype) {
+            (Some(d), _) => Some((
+                DType::from_descr_literal(d).map_err(named).py_err(py)?,
+                Vec::new(),
+            )),
+            (None, Some(u)) => Some(parse_user_dtype(u).map_err(named).py_err(py)?),
+            (None, None) => None,
+        };
+        let layout = match dtype {
+            Some((dtype, sub)) => {
+                let mut record_shape = shape.unwrap_or_default();
+                record_shape.extend(sub);
+                Some(Layout::new(dtype, record_shape).map_err(named).py_err(py)?)
+            }
+            None => None,
+        };
+        let opened = py.detach(|| pinfeed_source::open_path(&path, layout));
+        let inner: Box<dyn pinfeed_source::Source> = opened.map_err(named).py_err(py)?;
+        Ok(Source {
+            inner: Arc::from(inner),
+        })
+    }
+
+    /// Wraps a C-contiguous numpy array (or memmap) without copying: its first dimension is the
+    /// records. The array is kept alive, and must not be written, while the source lives.
+    #[staticmethod]
+    fn from_array(py: Python<'_>, array: &Bound<'_, PyAny>, descr: &str) -> PyResult<Source> {
+        let (address, nbytes, shape) = array_memory(py, array)?;
+        if shape.is_empty() {
+            return Err(value_error(
+                py,
+                "Layout",
+                "a 0-d array holds no records: the first dimension is the record index",
+            ));
+        }
+        let dtype = DType::from_descr_literal(descr).py_err(py)?;
+        let layout = Layout::new(dtype, shape[1..].to_vec()).py_err(py)?;
+        let want = (shape[0] as u128) * layout.record_bytes() as u128;
+        if want != nbytes as u128 {
+            return Err(value_error(
+                py,
+                "Layout",
+                format!("array of shape {shape:?} holds {nbytes} bytes, but records of dtype {} take {want}", layout.dtype),
+            ));
+        }
+        let owner: Py<PyAny> = array.clone().unbind();
+        // SAFETY: `address .. address + nbytes` is the array's data (numpy's array interface),
+        // valid for reads while the array lives; the owner keeps it alive as long as the
+        // buffer. That nobody writes it meanwhile is the documented contract of this function.
+        let buffer =
+            unsafe { HostBuffer::from_raw(address as *const u8, nbytes, layout, Box::new(owner)) }
+                .py_err(py)?;
+        Ok(Source {
+            inner: Arc::new(buffer),
+        })
+    }
+
+    /// What errors call the source: the file path, or "host buffer".
+    #[getter]
+    fn name(&self) -> String {
+        self.inner.name().to_owned()
+    }
+
+    /// Records in the dataset.
+    #[getter]
+    fn num_records(&self) -> u64 {
+        self.inner.num_records()
+    }
+
+    /// Bytes in one record.
+    #[getter]
+    fn record_bytes(&self) -> usize {
+        self.inner.layout().record_bytes()
+    }
+
+    /// The shape of one record.
+    #[getter]
+    fn record_shape(&self) -> Vec<u64> {
+        self.inner.layout().shape.clone()
+    }
+
+    /// The element dtype as a numpy descr literal.
+    #[getter]
+    fn descr(&self) -> String {
+        self.inner.layout().dtype.descr.clone()
+    }
+
+    /// The DLPack ``(code, bits, lanes)`` of the element dtype, or ``None`` when DLPack has
+    /// none (structured dtypes, strings, dates).
+    #[getter]
+    fn dlpack_dtype(&self) -> Option<(u8, u8, u16)> {
+        dl_dtype(&self.inner.layout().dtype).map(|d| (d.code.0, d.bits, d.lanes))
+    }
+
+    fn __repr__(&self) -> String {
+        let l = self.inner.layout();
+        format!(
+            "Source({:?}, records={}, dtype={}, record_shape={:?})",
+            self.inner.name(),
+            self.inner.num_records(),
+            l.dtype,
+            l.shape
+        )
+    }
+}
+
+/// `pinfeed.transforms.ToFloat`: records as float32 times ``scale``, in Rust on the reader
+/// threads (no GIL).
+#[pyclass(module = "pinfeed._pinfeed", frozen)]
+pub struct ToFloatSpec {
+    #[pyo3(get)]
+    scale: f32,
+}
+
+#[pymethods]
+impl ToFloatSpec {
+    #[new]
+    #[pyo3(signature = (scale = 1.0 / 255.0))]
+    fn new(scale: f64) -> ToFloatSpec {
+        ToFloatSpec {
+            scale: scale as f32,
+        }
+    }
+
+    fn __repr__(&self) -> String {
+        format!("ToFloat(scale={})", self.scale)
+    }
+}
+
+/// `pinfeed.transforms.Normalize`: ``(x * scale - mean[c]) / std[c]`` per channel ``c`` (the
+/// record shape's first dimension) as float32, in Rust on the reader threads (no GIL).
+#[pyclass(module = "pinfeed._pinfeed", frozen)]
+pub struct NormalizeSpec {
+    #[pyo3(get)]
+    mean: Vec<f32>,
+    #[pyo3(get)]
+    std: Vec<f32>,
+    #[pyo3(get)]
+    scale: f32,
+}
+
+#[pymethods]
+impl NormalizeSpec {
+    #[new]
+    #[pyo3(signature = (mean, std, *, scale = 1.0))]
+    fn new(mean: Vec<f32>, std: Vec<f32>, scale: f64) -> NormalizeSpec {
+        NormalizeSpec {
+            mean,
+            std,
+            scale: scale as f32,
+        }
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "Normalize(mean={:?}, std={:?}, scale={})",
+            self.mean, self.std, self.scale
+        )
+    }
+}
+
+/// One pass of a loader over its source: a Rust `Loader` whose batches come out as
+/// [`DeviceBuffer`]s. Made anew for each pass.
+#[pyclass(module = "pinfeed._pinfeed", frozen, weakref)]
+pub struct Stream {
+    /// `None` once the pass finished, failed or was closed.
+    loader: Mutex<Option<ForkSafe<Loader>>>,
+    /// The process that started the pass.
+    pid: u32,
+    export_dtype: DLDataType,
+    record_shape: Vec<i64>,
+    device: DeviceSpec,
+    num_batches: u64,
+    batches_per_epoch: u64,
+    record_bytes: usize,
+    source_name: String,
+    /// `OrderSpec::fingerprint` of the pass's order.
+    fingerprint: u64,
+    /// Counters at the end of the pass, with the device bytes then held.
+    final_stats: Mutex<Option<(Stats, usize)>>,
+    transform: Option<Arc<PyTransform>>,
+}
+
+#[pymethods]
+impl Stream {
+    /// Starts a pass: makes the pinned ring and starts the reader and copy threads (without the
+    /// GIL). Batches export as ``export_dtype`` (DLPack ``(code, bits, lanes)``) with shape
+    /// ``(records, *record_shape)``, which must cover a record exactly.
+    #[new]
+    #[pyo3(signature = (
+        source, batch_size, *, export_dtype, record_shape, drop_last=false, epochs=1,
+        pinned_budget=None, device_budget=None, num_threads=None, device="cuda", prefetch=4,
+        transform=None, transform_out_bytes=None, reader="auto", shuffle="none",
+        block_size=None, block_window=None, seed=0, rank=0, world_size=1, start_epoch=0,
+        start_batches_done=0
+    ))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        source: &Source,
+        batch_size: usize,
+        export_dtype: (u8, u8, u16),
+        record_shape: Vec<i64>,
+        drop_last: bool,
+        epochs: u64,
+        pinned_budget: Option<Bound<'_, PyAny>>,
+        device_budget: Option<Bound<'_, PyAny>>,
+        num_threads: Option<usize>,
+        device: &str,
+        prefetch: usize,
+        transform: Option<Bound<'_, PyAny>>,
+        transform_out_bytes: Option<usize>,
+        reader: &str,
+        shuffle: &str,
+        block_size: Option<u64>,
+        block_window: Option<u64>,
+        seed: u64,
+        rank: u64,
+        world_size: u64,
+        start_epoch: u64,
+        start_batches_done: u64,
+    ) -> PyResult<Stream> {
+        let shuffle = shuffle_arg(py, shuffle, block_size, block_window)?;
+        let src = Arc::clone(&source.inner);
+        let source_name = src.name().to_owned();
+        let layout = src.layout().clone();
+        let named = |message: String| {
+            if message.contains(&source_name) {
+                message
+            } else {
+                format!("{source_name}: {message}")
+            }
+        };
+        let mut py_transform = None;
+        let transform: Option<Arc<dyn Transform>> = match transform.filter(|t| !t.is_none()) {
+            None => None,
+            Some(t) => {
+                if let Ok(spec) = t.cast::<ToFloatSpec>() {
+                    let t = ToFloat::new(&layout, spec.get().scale)
+                        .map_err(|m| value_error(py, "Transform", named(m)))?;
+                    Some(Arc::new(t))
+                } else if let Ok(spec) = t.cast::<NormalizeSpec>() {
+                    let spec = spec.get();
+                    let t = Normalize::new(&layout, &spec.mean, &spec.std, spec.scale)
+                        .map_err(|m| value_error(py, "Transform", named(m)))?;
+                    Some(Arc::new(t))
+                } else if t.is_callable() {
+                    let out = transform_out_bytes.ok_or_else(|| {
+                        value_error(
+                            py,
+                            "Transform",
+                            "a Python transform needs transform_out_bytes",
+                        )
+                    })?;
+                    let t = PyTransform::new(t.unbind(), out);
+                    py_transform = Some(Arc::clone(&t));
+                    Some(t)
+                } else {
+                    return Err(PyTypeError::new_err("transform must be callable"));
+                }
+            }
+        };
+        let out_record_bytes = transform
+            .as_ref()
+            .map_or(layout.record_bytes(), |t| t.output_record_bytes());
+        let export_dtype = dl_dtype_from_tuple(export_dtype);
+        let elements = record_shape.iter().try_fold(1usize, |acc, &d| {
+            usize::try_from(d).ok().and_then(|d| acc.checked_mul(d))
+        });
+        if elements.and_then(|n| n.checked_mul(element_bytes(export_dtype)))
+            != Some(out_record_bytes)
+        {
+            return Err(value_error(
+                py,
+                "Layout",
+                named(format!(
+                    "records of {out_record_bytes} bytes cannot be viewed as shape {record_shape:?} of \
+                     {}-bit elements; check the dtype and shape (and the transform's output dtype and shape)",
+                    export_dtype.bits as usize * export_dtype.lanes as usize
+                )),
+            ));
+        }
+        let options = LoaderOptions {
+            batch_size,
+            drop_last,
+            epochs,
+            pinned_budget: size_arg(py, pinned_budget.as_ref(), "pinned_budget")?
+                .unwrap_or(pinfeed::DEFAULT_PINNED_BUDGET),
+            device_budget: size_arg(py, device_budget.as_ref(), "device_budget")?,
+            num_threads,
+            device: device_arg(py, device)?,
+            prefetch,
+            transform,
+            reader: reader
+                .parse()
+                .map_err(|e: pinfeed::LoaderError| value_error(py, "Config", e.to_string()))?,
+            shuffle,
+            seed,
+            rank,
+            world_size,
+            start: Position {
+                epoch: start_epoch,
+                batches_done: start_batches_done,
+            },
+            ..LoaderOptions::default()
+        };
+        let fingerprint = OrderSpec {
+            num_records: src.num_records(),
+            batch_size: batch_size as u64,
+            drop_last,
+            shuffle,
+            seed,
+            rank,
+            world_size,
+        }
+        .fingerprint();
+        let started = py.detach(move || Loader::new(src, options));
+        let loader = started.map_err(|e| {
+            let mut raised = loader_error(&e);
+            raised.message = named(raised.message);
+            raised.into_pyerr(py)
+        })?;
+        Ok(Stream {
+            pid: fork::pid(),
+            export_dtype,
+            record_shape,
+            device: loader.device(),
+            num_batches: loader.num_batches(),
+            batches_per_epoch: loader.batches_per_epoch(),
+            record_bytes: loader.record_bytes(),
+            source_name,
+            fingerprint,
+            final_stats: Mutex::new(None),
+            transform: py_transform,
+            loader: Mutex::new(Some(ForkSafe::new(loader))),
+        })
+    }
+
+    fn __iter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
+        slf
+    }
+
+    /// The next batch (waiting without the GIL); the pass ends with ``StopIteration``.
+    fn __next__(&self, py: Python<'_>) -> PyResult<Option<DeviceBuffer>> {
+        if fork::pid() != self.pid {
+            return Err(Raised::new(
+                Kind::Base,
+                "Forked",
+                format!(
+                    "{}: this loader pass was started in process {} and cannot run in forked child {}; \
+                     create the Loader in the child (e.g. in a DataLoader worker_init_fn)",
+                    self.source_name,
+                    self.pid,
+                    fork::pid()
+                ),
+            )
+            .into_pyerr(py));
+        }
+        // Wait in short slices with the GIL released, checking for Ctrl-C between them, so that
+        // KeyboardInterrupt interrupts a wait for a slow source.
+        let step = loop {
+            let waited = py.detach(|| {
+                let mut guard = self.loader.lock().unwrap_or_else(|p| p.into_inner());
+                match guard.as_mut() {
+                    Some(l) => l.next_within(std::time::Duration::from_millis(50)),
+                    None => pinfeed::Waited::Ready(None),
+                }
+            });
+            match waited {
+                pinfeed::Waited::TimedOut => py.check_signals()?,
+                pinfeed::Waited::Ready(next) => break next,
+            }
+        };
+        let step = py.detach(|| {
+            let mut guard = self.loader.lock().unwrap_or_else(|p| p.into_inner());
+            let next = step;
+            match next {
+                Some(Ok(batch)) => Ok(Some(batch)),
+                other => {
+                    self.finish(&mut guard);
+                    match other {
+                        Some(Err(e)) => Err(e),
+                        _ => Ok(None),
+                    }
+                }
+            }
+        });
+        match step {
+            Ok(Some(batch)) => {
+                let info = BatchInfo {
+                    epoch: batch.epoch(),
+                    index: batch.index(),
+                    first_record: batch.first_record(),
+                };
+                let mut shape = Vec::with_capacity(self.record_shape.len() + 1);
+                shape.push(batch.num_records() as i64);
+                shape.extend_from_slice(&self.record_shape);
+                DeviceBuffer::new(Box::new(batch), shape, self.export_dtype, Some(info))
+                    .map(Some)
+                    .map_err(|m| value_error(py, "Layout", m))
+            }
+            Ok(None) => Ok(None),
+            Err(e) => Err(self.raise(py, e)),
+        }
+    }
+
+    /// Stops the pass now: stops the threads and frees the pinned ring (batches already
+    /// delivered stay valid).
+    fn close(&self, py: Python<'_>) {
+        if fork::pid() != self.pid {
+            return;
+        }
+        py.detach(|| {
+            let mut guard = self.loader.lock().unwrap_or_else(|p| p.into_inner());
+            self.finish(&mut guard);
+        });
+    }
+
+    /// Whether the pass has finished, failed or been closed.
+    #[getter]
+    fn closed(&self) -> bool {
+        self.loader
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_none()
+    }
+
+    /// Batches over all epochs.
+    #[getter]
+    fn num_batches(&self) -> u64 {
+        self.num_batches
+    }
+
+    /// Batches per epoch.
+    #[getter]
+    fn batches_per_epoch(&self) -> u64 {
+        self.batches_per_epoch
+    }
+
+    /// Bytes of one delivered record (after the transform).
+    #[getter]
+    fn record_bytes(&self) -> usize {
+        self.record_bytes
+    }
+
+    /// The Rust ``OrderSpec::fingerprint()`` of the pass's order: a hash of everything but the
+    /// rank and the epoch that decides which records each batch holds.
+    #[getter]
+    fn fingerprint(&self) -> u64 {
+        self.fingerprint
+    }
+
+    /// ``"cpu"`` or ``"cuda:N"``.
+    #[getter]
+    fn device(&self) -> String {
+        self.device.to_string()
+    }
+
+    /// The pass's counters as a dict (see ``pinfeed.Loader.stats``).
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let live = {
+            let guard = self.loader.lock().unwrap_or_else(|p| p.into_inner());
+            guard
+                .as_ref()
+                .filter(|l| l.is_owner())
+                .map(|l| (l.stats(), l.device_bytes_held()))
+        };
+        let snapshot = live.or_else(|| {
+            self.final_stats
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone()
+        });
+        match snapshot {
+            Some((stats, held)) => stats_dict(py, &stats, held),
+            None => Ok(PyDict::new(py)),
+        }
+    }
+}
+
+impl Stream {
+    /// Keeps the final counters and drops the loader (joining its threads). Called without the
+    /// GIL: a Python transform on a reader thread may be waiting for it.
+    fn finish(&self, guard: &mut Option<ForkSafe<Loader>>) {
+        if let Some(loader) = guard.take() {
+            if loader.is_owner() {
+                *self.final_stats.lock().unwrap_or_else(|p| p.into_inner()) =
+                    Some((loader.stats(), loader.device_bytes_held()));
+            }
+            drop(loader);
+        }
+    }
+
+    fn raise(&self, py: Python<'_>, e: LoaderError) -> PyErr {
+        let mut raised = loader_error(&e);
+        if !raised.message.contains(&self.source_name) {
+            raised.message = format!("{}: {}", self.source_name, raised.message);
+        }
+        let err = raised.into_pyerr(py);
+        if let (LoaderError::Transform { .. }, Some(t)) = (&e, &self.transform) {
+            if let Some(cause) = t
+                .last_error
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .take()
+            {
+                err.set_cause(py, Some(cause));
+            }
+        }
+        err
+    }
+}
+
+impl Drop for Stream {
+    fn drop(&mut self) {
+        let loader = self
+            .loader
+            .get_mut()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some(loader) = loader {
+            // Joining the threads may wait for a reader inside a Python transform.
+            Python::attach(|py| py.detach(move || drop(loader)));
+        }
+    }
+}
+
+/// A shuffle name (``"none"``, ``"random"``, ``"block"``) as a [`Shuffle`]; ``"block"`` needs
+/// both sizes (the Python layer picks the defaults, which depend on the record size).
+fn shuffle_arg(
+    py: Python<'_>,
+    name: &str,
+    block: Option<u64>,
+    window: Option<u64>,
+) -> PyResult<Shuffle> {
+    match name {
+        "none" => Ok(Shuffle::None),
+        "random" => Ok(Shuffle::Random),
+        "block" => match (block, window) {
+            (Some(block), Some(window)) => Ok(Shuffle::Block { block, window }),
+            _ => Err(value_error(
+                py,
+                "Config",
+                "block shuffling needs block_size and block_window",
+            )),
+        },
+        other => Err(value_error(
+            py,
+            "Config",
+            format!("unknown shuffle {other:?}: expected \"none\", \"random\" or \"block\""),
+        )),
+    }
+}
+
+/// The ``OrderSpec::fingerprint()`` of an order (the rank does not enter it).
+#[pyfunction]
+#[pyo3(signature = (
+    num_records, batch_size, *, drop_last, shuffle, block_size=None, block_window=None, seed,
+    world_size
+))]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn order_fingerprint(
+    py: Python<'_>,
+    num_records: u64,
+    batch_size: u64,
+    drop_last: bool,
+    shuffle: &str,
+    block_size: Option<u64>,
+    block_window: Option<u64>,
+    seed: u64,
+    world_size: u64,
+) -> PyResult<u64> {
+    Ok(OrderSpec {
+        num_records,
+        batch_size,
+        drop_last,
+        shuffle: shuffle_arg(py, shuffle, block_size, block_window)?,
+        seed,
+        rank: 0,
+        world_size,
+    }
+    .fingerprint())
+}
+
+/// One rank's records of one epoch, in batch order, as native-endian ``u64`` bytes (wrap with
+/// ``numpy.frombuffer(b, numpy.uint64)``), and the number of batches. Every batch but the last
+/// holds ``batch_size`` records; the order is the Rust ``EpochOrder``'s, the one the loader reads.
+#[pyfunction]
+#[pyo3(signature = (
+    num_records, batch_size, *, drop_last, shuffle, block_size=None, block_window=None, seed,
+    rank, world_size, epoch
+))]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn epoch_order<'py>(
+    py: Python<'py>,
+    num_records: u64,
+    batch_size: u64,
+    drop_last: bool,
+    shuffle: &str,
+    block_size: Option<u64>,
+    block_window: Option<u64>,
+    seed: u64,
+    rank: u64,
+    world_size: u64,
+    epoch: u64,
+) -> PyResult<(Bound<'py, PyBytes>, u64)> {
+    let spec = OrderSpec {
+        num_records,
+        batch_size,
+        drop_last,
+        shuffle: shuffle_arg(py, shuffle, block_size, block_window)?,
+        seed,
+        rank,
+        world_size,
+    };
+    let built = py.detach(|| -> pinfeed::Result<(Vec<u8>, u64)> {
+        let order = EpochOrder::new(&spec, epoch)?;
+        let mut bytes = Vec::new();
+        for i in 0..order.num_batches() {
+            for r in order.batch(i).to_vec() {
+                bytes.extend_from_slice(&r.to_ne_bytes());
+            }
+        }
+        Ok((bytes, order.num_batches()))
+    });
+    let (bytes, num_batches) = built.py_err(py)?;
+    Ok((PyBytes::new(py, &bytes), num_batches))
+}
+
+fn stats_dict<'py>(py: Python<'py>, s: &Stats, held: usize) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("device", s.device.to_string())?;
+    d.set_item("elapsed", s.elapsed.as_secs_f64())?;
+    d.set_item("batches", s.batches)?;
+    d.set_item("records", s.records)?;
+    d.set_item("bytes", s.bytes)?;
+    d.set_item("threads", s.threads)?;
+    d.set_item("read_time", s.read_time.as_secs_f64())?;
+    d.set_item("read_bytes", s.read_bytes)?;
+    d.set_item("transform_time", s.transform_time.as_secs_f64())?;
+    d.set_item("wait_free_slot", s.wait_free_slot.as_secs_f64())?;
+    d.set_item("wait_filled", s.wait_filled.as_secs_f64())?;
+    d.set_item("copy_issue_time", s.copy_issue_time.as_secs_f64())?;
+    d.set_item("wait_consumer", s.wait_consumer.as_secs_f64())?;
+    d.set_item("consumer_wait", s.consumer_wait.as_secs_f64())?;
+    d.set_item("slots", s.slots)?;
+    d.set_item("slot_bytes", s.slot_bytes)?;
+    d.set_item("pinned_bytes", s.pinned_bytes)?;
+    d.set_item("pinned_bytes_peak", s.pinned_bytes_peak)?;
+    d.set_item("pinned_locked", s.pinned_locked)?;
+    d.set_item(
+        "pinned_allocations_after_start",
+        s.pinned_allocations_after_start,
+    )?;
+    d.set_item("slots_recycled", s.slots_recycled)?;
+    d.set_item("slot_waits", s.slot_waits)?;
+    d.set_item("slots_peak_in_use", s.slots_peak_in_use)?;
+    d.set_item("device_bytes_peak", s.device_bytes_peak)?;
+    d.set_item("device_bytes_held", held)?;
+    d.set_item("gbps", s.gbps())?;
+    d.set_item("bottleneck", s.bottleneck().to_string())?;
+    d.set_item("explanation", s.explain())?;
+    Ok(d)
+}

@@ -1,0 +1,207 @@
+"""Loader on the host backend: values byte for byte against numpy."""
+
+import os
+import warnings
+
+import numpy as np
+import pytest
+
+import pinfeed
+
+
+def collect(loader):
+    return list(loader)
+
+
+@pytest.mark.parametrize("batch_size", [1, 7, 25, 99, 100])
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_npy_byte_for_byte(tmp_path, batch_size, drop_last):
+    data = np.random.default_rng(0).integers(0, 255, size=(100, 3, 5), dtype=np.uint8)
+    path = tmp_path / "d.npy"
+    np.save(path, data)
+    ref = np.load(path)
+    loader = pinfeed.Loader(path, batch_size, device="cpu", drop_last=drop_last)
+    batches = collect(loader)
+    full = 100 // batch_size if drop_last else -(-100 // batch_size)
+    assert len(loader) == full == len(batches)
+    for i, b in enumerate(batches):
+        assert isinstance(b, np.ndarray)
+        assert b.dtype == ref.dtype and b.shape[1:] == ref.shape[1:]
+        np.testing.assert_array_equal(b, ref[i * batch_size : i * batch_size + len(b)])
+        assert len(b) == batch_size or (not drop_last and i == len(batches) - 1)
+
+
+@pytest.mark.parametrize(
+    "dtype",
+    ["<f4", "<f8", "<i2", "<u8", "|b1", "<f2", "<c8", "<c16", "<M8[ns]", "|S5", "<U3"],
+)
+def test_npy_dtypes(tmp_path, dtype):
+    rng = np.random.default_rng(1)
+    data = (rng.random((37, 4)) * 100).astype(dtype)
+    path = tmp_path / "d.npy"
+    np.save(path, data)
+    out = np.concatenate(collect(pinfeed.Loader(str(path), 8, device="cpu")))
+    assert out.dtype == np.dtype(dtype)
+    np.testing.assert_array_equal(out, np.load(path))
+
+
+def test_structured_npy(tmp_path):
+    dt = np.dtype([("x", "<f4"), ("pad", "V3"), ("y", "u1", (3,)), ("z", [("a", "<i2"), ("b", "<f8")])])
+    data = np.zeros(53, dtype=dt)
+    data["x"] = np.arange(53)
+    data["y"] = np.arange(53 * 3).reshape(53, 3) % 256
+    data["z"]["a"] = -np.arange(53)
+    data["z"]["b"] = np.arange(53) / 7
+    path = tmp_path / "s.npy"
+    np.save(path, data)
+    batches = collect(pinfeed.Loader(path, 10, device="cpu"))
+    assert [len(b) for b in batches] == [10] * 5 + [3]
+    out = np.concatenate(batches)
+    assert out.dtype == np.load(path).dtype
+    assert out.tobytes() == np.load(path).tobytes()
+
+
+def test_structured_raw_bytes(tmp_path):
+    dt = np.dtype([("x", "<f4"), ("y", "u1", (3,))])
+    data = np.zeros(20, dtype=dt)
+    data["x"] = np.arange(20)
+    path = tmp_path / "s.npy"
+    np.save(path, data)
+    out = np.concatenate(collect(pinfeed.Loader(path, 6, device="cpu", raw=True)))
+    assert out.dtype == np.uint8 and out.shape == (20, dt.itemsize)
+    assert out.tobytes() == data.tobytes()
+
+
+@pytest.mark.parametrize("batch_size", [64, 100, 1000])
+def test_raw_file_numpy_subarray_syntax(tmp_path, batch_size):
+    data = np.random.default_rng(2).integers(0, 255, size=(300, 3, 31, 31), dtype=np.uint8)
+    path = tmp_path / "records.bin"
+    data.tofile(path)
+    ref = np.memmap(path, dtype=np.uint8, mode="r").reshape(300, 3, 31, 31)
+    loader = pinfeed.Loader(path, batch_size, device="cpu", dtype="3,31,31B")
+    assert len(loader) == -(-300 // batch_size)
+    out = np.concatenate(collect(loader))
+    assert out.shape == (300, 3, 31, 31) and out.dtype == np.uint8
+    np.testing.assert_array_equal(out, ref)
+
+
+def test_raw_file_numpy_dtype_and_shape(tmp_path):
+    data = np.arange(50 * 6, dtype=np.float32).reshape(50, 2, 3)
+    path = tmp_path / "records.f32"
+    data.tofile(path)
+    out = np.concatenate(collect(pinfeed.Loader(path, 16, device="cpu", dtype=np.float32, shape=(2, 3))))
+    np.testing.assert_array_equal(out, data)
+    out = np.concatenate(collect(pinfeed.Loader(path, 16, device="cpu", dtype=np.dtype("(3,)f4"), shape=(2,))))
+    np.testing.assert_array_equal(out, data)
+
+
+def test_numpy_array_source_and_len():
+    data = np.arange(1001 * 4, dtype=np.int64).reshape(1001, 4)
+    loader = pinfeed.Loader(data, 100, device="cpu")
+    assert len(loader) == 11
+    out = collect(loader)
+    assert len(out) == 11
+    np.testing.assert_array_equal(np.concatenate(out), data)
+    assert pinfeed.Loader(data, 100, device="cpu", drop_last=True).__len__() == 10
+    assert len(pinfeed.Loader(data, 100, device="cpu", epochs=3)) == 33
+
+
+def test_one_dimensional_array_source():
+    data = np.arange(77, dtype=np.float64)
+    out = collect(pinfeed.Loader(data, 10, device="cpu"))
+    assert out[0].shape == (10,)
+    np.testing.assert_array_equal(np.concatenate(out), data)
+
+
+def test_memmap_source(tmp_path):
+    path = tmp_path / "m.bin"
+    mm = np.memmap(path, dtype=np.uint16, mode="w+", shape=(500, 7))
+    mm[:] = np.arange(3500).reshape(500, 7)
+    mm.flush()
+    ro = np.memmap(path, dtype=np.uint16, mode="r", shape=(500, 7))
+    out = np.concatenate(collect(pinfeed.Loader(ro, 64, device="cpu")))
+    np.testing.assert_array_equal(out, ro)
+
+
+def test_source_kept_alive_without_user_reference():
+    loader = pinfeed.Loader(np.arange(1000, dtype=np.int32).reshape(100, 10), 30, device="cpu")
+    import gc
+
+    gc.collect()
+    np.testing.assert_array_equal(np.concatenate(list(loader)), np.arange(1000).reshape(100, 10))
+
+
+def test_epochs_and_reiteration():
+    data = np.arange(50, dtype=np.int32).reshape(25, 2)
+    loader = pinfeed.Loader(data, 10, device="cpu", epochs=2)
+    first = np.concatenate(list(loader))
+    np.testing.assert_array_equal(first, np.concatenate([data, data]))
+    second = np.concatenate(list(loader))
+    np.testing.assert_array_equal(second, first)
+    # A pass abandoned half way, then a fresh one.
+    it = iter(loader)
+    next(it)
+    np.testing.assert_array_equal(np.concatenate(list(loader)), first)
+
+
+def test_batches_stay_valid_after_loader_dropped():
+    data = np.arange(4000, dtype=np.uint8).reshape(1000, 4)
+    loader = pinfeed.Loader(data, 100, device="cpu", pinned_budget=64 << 10)
+    kept = list(loader)
+    del loader
+    np.testing.assert_array_equal(np.concatenate(kept), data)
+
+
+def test_stats():
+    data = np.zeros((1000, 16), dtype=np.uint8)
+    loader = pinfeed.Loader(data, 100, device="cpu", pinned_budget="1MiB", num_threads=2)
+    list(loader)
+    s = loader.stats()
+    assert s["batches"] == 10 and s["records"] == 1000 and s["bytes"] == 16000
+    assert s["device"] == "cpu" and s["threads"] == 2
+    assert s["pinned_bytes"] <= 1 << 20
+    assert s["pinned_allocations_after_start"] == 0
+    assert isinstance(s["bottleneck"], str) and isinstance(s["explanation"], str)
+    for key in ("elapsed", "read_time", "wait_free_slot", "consumer_wait", "gbps"):
+        assert isinstance(s[key], float)
+    assert "device_bytes_held" in s
+
+
+def test_torch_is_not_imported_for_cpu_batches():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, numpy as np, pinfeed; "
+        "list(pinfeed.Loader(np.zeros((10, 2)), 5, device='cpu')); "
+        "assert 'torch' not in sys.modules, 'torch imported'"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_shuffle_is_real_and_silent():
+    data = np.arange(100, dtype=np.int32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        loader = pinfeed.Loader(data, 10, device="cpu", shuffle=True, seed=3, rank=0, world_size=1)
+        out = np.concatenate(list(loader))
+    assert not np.array_equal(out, data)
+    np.testing.assert_array_equal(np.sort(out), data)
+
+
+def test_no_warning_without_shuffle():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        list(pinfeed.Loader(np.arange(10), 5, device="cpu"))
+
+
+def test_torch_like_path_objects(tmp_path):
+    data = np.arange(30, dtype=np.float32).reshape(10, 3)
+    path = tmp_path / "x.npy"
+    np.save(path, data)
+
+    class P(os.PathLike):
+        def __fspath__(self):
+            return str(path)
+
+    np.testing.assert_array_equal(np.concatenate(list(pinfeed.Loader(P(), 4, device="cpu"))), data)
