@@ -71,28 +71,45 @@ def main():
         for r in raw["pinfeed_stream"]:
             if r["crc32"] is not None:
                 continue
-            key = (r.get("reader", "pread"), r["threads"])
+            key = (r.get("shuffle", "none"), r.get("reader", "pread"), r["threads"])
             groups.setdefault(key, []).append(r)
         dl = torch_.get("dataloader", [])
         rows = [[f"DataLoader: {v['name']}", f"{v['gbps']:.2f}", "", ""] for v in dl]
         best_dl = max((v["gbps"] for v in dl), default=None)
-        for (reader, threads), rs in sorted(groups.items()):
+        for (shuffle, reader, threads), rs in sorted(groups.items()):
             g = statistics.median(r["gbps"] for r in rs)
             cpu = statistics.median(r["cpu_seconds"] for r in rs)
             ratio = f"{g / best_dl:.1f}×" if best_dl else ""
-            rows.append([f"`pinfeed stream --reader {reader}` ({threads} thread(s)), median of {len(rs)}", f"{g:.2f}", f"{cpu:.2f}", ratio])
+            runs = f", median of {len(rs)}" if len(rs) > 1 else ""
+            rows.append([f"`pinfeed stream --shuffle {shuffle}` ({reader}, {threads} thread(s){runs})", f"{g:.2f}", f"{cpu:.2f}", ratio])
         verified = [r for r in raw["pinfeed_stream"] if r["verified"]]
         md.append("\n### 4 GiB page-cached `.npy` of `3,31,31` uint8 records to the GPU, batches of 1024\n")
         md.append(table(["loader", "GB/s", "CPU s", "vs best DataLoader"], rows))
         for r in verified:
-            md.append(f"\n`--verify` with `--reader {r.get('reader', 'pread')}`: every batch read back from the GPU equals the file; CRC-32 {r['crc32']}.")
-    if raw["python_bench"]:
-        pb = raw["python_bench"]
+            md.append(f"\n`--verify --shuffle {r.get('shuffle', 'none')}` ({r.get('reader', 'pread')}): every batch read back from the GPU equals the file; CRC-32 of the delivered bytes {r['crc32']}.")
+    pb = raw["python_bench"] or {}
+    if pb.get("seed") and pb.get("loaders"):
         rows = [[v["name"], f"{v['wall_s']*1e3:.1f}", f"{v['cpu_s']*1e3:.0f}", f"{v['gbps']:.2f}"] for v in pb["seed"]["variants"]]
         md.append("\n### Python: the seed tensor\n")
         md.append(table(["variant", "wall ms", "CPU ms", "GB/s"], rows))
         rows = [[v["name"], f"{v['wall_s']*1e3:.1f}", f"{v['cpu_s']*1e3:.0f}", f"{v['gbps']:.2f}"] for v in pb["loaders"]]
         md.append("\n### Python: the 4 GiB file\n")
+        md.append(table(["loader", "wall ms", "CPU ms", "GB/s"], rows))
+    if isinstance(pb.get("batch_sizes"), list):
+        rows = [[f"{r['batch_mib']} MiB", f"{r['pinned_copy_gbps']:.2f}", f"{r['loader_gbps']:.2f}", f"{r['ratio']:.0%}"] for r in pb["batch_sizes"]]
+        md.append("\n### Batch sizes: `pinfeed.Loader` over a 2 GiB host array against a plain pinned `copy_` of the same size\n")
+        md.append(table(["batch", "pinned copy_ GB/s", "Loader GB/s", "ratio"], rows))
+    if isinstance(pb.get("overlap"), dict) and "steps" in pb["overlap"]:
+        o = pb["overlap"]
+        md.append(f"\n### Overlap: {o['steps']} training steps of {o['gpu_step_ms']:.2f} ms GPU work on shuffled batches of {o['batch']} records\n")
+        md.append(table(["data from", "wall s", "GPU idle"], [
+            ["already on the GPU (ideal)", f"{o['data_on_gpu_s']:.3f}", "0%"],
+            ["pinfeed.Loader(shuffle=True)", f"{o['pinfeed_s']:.3f}", f"{o['pinfeed_gpu_idle']:.1%}"],
+            ["DataLoader(pin_memory=True), whole-batch reads", f"{o['dataloader_pin_memory_s']:.3f}", f"{o['dataloader_gpu_idle']:.1%}"],
+        ]))
+    if isinstance(pb.get("shuffled"), list):
+        rows = [[v["name"], f"{v['wall_s']*1e3:.1f}", f"{v['cpu_s']*1e3:.0f}", f"{v['gbps']:.2f}"] for v in pb["shuffled"]]
+        md.append("\n### Shuffled records of the 4 GiB file\n")
         md.append(table(["loader", "wall ms", "CPU ms", "GB/s"], rows))
     print("\n".join(md))
     try:

@@ -214,6 +214,7 @@ pub fn run(args: StreamArgs) -> Result<Outcome> {
     let mut source_bytes = Vec::new();
     let mut mismatches: Vec<String> = Vec::new();
     let progress = progress_bar(&args, loader.num_batches());
+    let mut last = None;
     for batch in loader.by_ref() {
         let batch = batch?;
         progress.inc(1);
@@ -255,8 +256,14 @@ pub fn run(args: StreamArgs) -> Result<Outcome> {
                 }
             }
         } else {
-            batch.wait_ready()?;
+            // No host synchronisation per batch: dropping a batch frees its memory in stream
+            // order after its copy. Copies on the one copy stream finish in order, so waiting
+            // for the last batch below waits for them all.
+            last = Some(batch);
         }
+    }
+    if let Some(last) = last.take() {
+        last.wait_ready()?;
     }
     progress.finish_and_clear();
     let seconds = started.elapsed().as_secs_f64();

@@ -52,7 +52,7 @@ pub use error::{LoaderError, Result};
 pub use order::{BatchRecords, EpochOrder, OrderSpec, Position, Shuffle};
 pub use pinfeed_cuda::PinMethod;
 pub use pipeline::{Batch, Loader, Waited};
-pub use pool::pinned_allocations;
+pub use pool::{pinned_allocations, release_idle_pinned_memory};
 pub use stager::{to_device, DeviceArray, PinnedRegion, Stager, StagerOptions};
 pub use stats::{Bottleneck, Stats};
 

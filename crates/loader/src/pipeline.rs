@@ -109,6 +109,11 @@ impl Plan {
         self.total
     }
 
+    /// The epoch of the first batch this plan delivers.
+    fn first_epoch(&self) -> u64 {
+        self.first_global / self.batches_per_epoch
+    }
+
     fn order(&self, epoch: u64) -> Result<Arc<EpochOrder>> {
         let mut orders = self.orders.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(order) = orders.iter().find(|o| o.epoch() == epoch) {
@@ -891,7 +896,8 @@ fn copy_windows(
             let len = spec.count * shared.out_record_bytes;
             let a = spec.first() * record_bytes;
             let pieces = windows.pieces(a, a + len as u64);
-            let epoch_base = spec.epoch * windows.windows_per_epoch;
+            // Window sequence numbers count from the loader's first epoch, as the ring's do.
+            let epoch_base = (spec.epoch - shared.plan.first_epoch()) * windows.windows_per_epoch;
             let first_needed = epoch_base + pieces[0].0;
             let last_needed = epoch_base + pieces[pieces.len() - 1].0;
             while held.front().is_some_and(|h| h.0 < first_needed) {
@@ -902,7 +908,13 @@ fn copy_windows(
                 let Some(slot) = shared.ring.next_filled(next_window) else {
                     return Ok(false);
                 };
-                held.push_back((next_window, slot, None));
+                if next_window < first_needed {
+                    // No batch reads it (a resumed epoch starts past it): give it straight back,
+                    // or the held windows could fill the ring and stall the registrar.
+                    release(slot, None)?;
+                } else {
+                    held.push_back((next_window, slot, None));
+                }
                 next_window += 1;
             }
             let mut memory = shared.backend.alloc(len, &shared.budget)?;

@@ -1,7 +1,7 @@
 //! The pinned pool: one page-locked allocation made at start-up and carved into slots.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use pinfeed_cuda::{Context, PinMethod, PinnedMemory};
 
@@ -84,18 +84,80 @@ enum Memory {
     Cuda(PinnedMemory),
 }
 
+/// What an idle pool can be reused for: the same device, size and method.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct PoolKey {
+    /// CUDA device ordinal, or `None` for the host backend.
+    device: Option<usize>,
+    bytes: usize,
+    method: Option<PinMethod>,
+}
+
+/// The pool of the last loader that finished, kept for the next loader of the same size: a
+/// Python loader starts a loader per epoch, and page-locking a pool again each epoch would cost
+/// as much as a good part of the epoch. At most one pool is kept, and it is freed as soon as a
+/// loader needs a pool of another size, so the pinned memory held never exceeds what the live
+/// loaders asked for plus one finished loader's budget. [`release_idle_pinned_memory`] frees it.
+static IDLE_POOL: Mutex<Option<(PoolKey, Memory)>> = Mutex::new(None);
+
+/// Frees the pinned pool kept from the last finished loader, if any.
+pub fn release_idle_pinned_memory() {
+    let idle = IDLE_POOL.lock().unwrap_or_else(|p| p.into_inner()).take();
+    drop(idle);
+}
+
+/// The idle pool if it matches `key`; any other idle pool is freed.
+fn take_idle(key: PoolKey) -> Option<Memory> {
+    let mut idle = IDLE_POOL.lock().unwrap_or_else(|p| p.into_inner());
+    match idle.take() {
+        Some((k, memory)) if k == key => Some(memory),
+        other => {
+            drop(other);
+            None
+        }
+    }
+}
+
 /// A fixed number of equal slots in one page-locked allocation.
 pub(crate) struct PinnedPool {
-    memory: Memory,
+    /// `Some` until `Drop` hands it to the idle cache.
+    memory: Option<Memory>,
+    key: PoolKey,
     slot_bytes: usize,
     slots: usize,
 }
 
+// SAFETY: the pool is plain memory owned by this value (CUDA pinned memory is Send + Sync; the
+// host mapping is declared so above); access to slots is coordinated by the ring.
+unsafe impl Send for Memory {}
+
+impl Drop for PinnedPool {
+    fn drop(&mut self) {
+        // The loader drained its ring before dropping the pool: no copy reads it any more.
+        if let Some(memory) = self.memory.take() {
+            let previous = IDLE_POOL
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .replace((self.key, memory));
+            drop(previous);
+        }
+    }
+}
+
 impl PinnedPool {
     pub(crate) fn host(slot_bytes: usize, slots: usize) -> Result<PinnedPool> {
-        let memory = Memory::Host(HostMapping::new(slot_bytes * slots, true)?);
+        let key = PoolKey {
+            device: None,
+            bytes: slot_bytes * slots,
+            method: None,
+        };
+        let memory = match take_idle(key) {
+            Some(memory) => memory,
+            None => Memory::Host(HostMapping::new(slot_bytes * slots, true)?),
+        };
         Ok(PinnedPool {
-            memory,
+            memory: Some(memory),
+            key,
             slot_bytes,
             slots,
         })
@@ -107,17 +169,35 @@ impl PinnedPool {
         slots: usize,
         method: PinMethod,
     ) -> Result<PinnedPool> {
-        let memory = PinnedMemory::alloc(ctx, slot_bytes * slots, method)?;
-        count_pinned_allocation();
+        let key = PoolKey {
+            device: Some(ctx.ordinal()),
+            bytes: slot_bytes * slots,
+            method: Some(method),
+        };
+        let memory = match take_idle(key) {
+            Some(memory) => memory,
+            None => {
+                let memory = PinnedMemory::alloc(ctx, slot_bytes * slots, method)?;
+                count_pinned_allocation();
+                Memory::Cuda(memory)
+            }
+        };
         Ok(PinnedPool {
-            memory: Memory::Cuda(memory),
+            memory: Some(memory),
+            key,
             slot_bytes,
             slots,
         })
     }
 
+    fn memory(&self) -> &Memory {
+        self.memory
+            .as_ref()
+            .expect("the memory leaves the pool only in Drop")
+    }
+
     fn base(&self) -> *mut u8 {
-        match &self.memory {
+        match self.memory() {
             Memory::Host(m) => m.ptr,
             Memory::Cuda(m) => m.as_ptr(),
         }
@@ -130,7 +210,7 @@ impl PinnedPool {
 
     /// Whether the memory is really page-locked.
     pub(crate) fn locked(&self) -> bool {
-        match &self.memory {
+        match self.memory() {
             Memory::Host(m) => m.locked,
             Memory::Cuda(_) => true,
         }

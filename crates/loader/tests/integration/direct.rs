@@ -156,3 +156,31 @@ fn direct_and_uring_readers_are_byte_exact_through_the_loader() {
         }
     }
 }
+
+/// A loader that starts at a later epoch, or mid-epoch, with the register reader (what every
+/// Python pass after the first is): it must deliver the rest exactly, not stall.
+#[test]
+fn register_reader_resumes_at_later_epochs_and_mid_epoch() {
+    let dir = tempfile::tempdir().unwrap();
+    let (source, data) = npy_file(&dir, 3000, vec![3, 31, 31], 6);
+    for (epoch, done) in [(1, 0), (3, 0), (0, 5), (2, 11)] {
+        let options = LoaderOptions {
+            reader: ReaderKind::Register,
+            pinned_budget: 1 << 20,
+            epochs: 2,
+            start: pinfeed::Position {
+                epoch,
+                batches_done: done,
+            },
+            ..host_options(100)
+        };
+        let (bytes, batches) = collect(Loader::new(Arc::clone(&source), options).unwrap());
+        let expected = [&data[done as usize * 100 * 2883..], &data[..]].concat();
+        assert_eq!(batches.first().map(|b| b.0), Some(epoch));
+        assert_eq!(
+            crc32fast::hash(&bytes),
+            crc32fast::hash(&expected),
+            "start {epoch}/{done}"
+        );
+    }
+}
