@@ -86,14 +86,25 @@ impl Source {
     /// ``user_dtype`` is pinfeed's dtype syntax (``"3,31,31B"``, ``"f32"``, ``"<u8"``);
     /// ``shape`` is the per-record shape, to which a sub-array shape in ``user_dtype`` is
     /// appended. Both are ignored for `.npy` files, whose header says.
+    /// A directory or glob of `.npy` shards and `.safetensors` files (``tensor`` names the
+    /// tensor) open as one dataset. ``reader`` picks how files are read: ``"pread"`` (also for
+    /// ``"register"``, which reads through a mapping instead), ``"direct"`` (``O_DIRECT``),
+    /// ``"uring"`` (io_uring, ``queue_depth`` reads in flight, ``read_size`` bytes each), or
+    /// ``"auto"``: buffered for files mostly page-cached or smaller than half the memory
+    /// available, ``O_DIRECT`` for larger cold ones.
     #[staticmethod]
-    #[pyo3(signature = (path, *, descr=None, user_dtype=None, shape=None))]
+    #[pyo3(signature = (path, *, descr=None, user_dtype=None, shape=None, reader="auto", read_size=None, queue_depth=None, tensor=None))]
+    #[allow(clippy::too_many_arguments)]
     fn open(
         py: Python<'_>,
         path: PathBuf,
         descr: Option<&str>,
         user_dtype: Option<&str>,
         shape: Option<Vec<u64>>,
+        reader: &str,
+        read_size: Option<Bound<'_, PyAny>>,
+        queue_depth: Option<u32>,
+        tensor: Option<String>,
     ) -> PyResult<Source> {
         let named = |e: pinfeed_source::SourceError| {
             let mut raised = source_error(&e);
@@ -119,7 +130,28 @@ impl Source {
             }
             None => None,
         };
-        let opened = py.detach(|| pinfeed_source::open_path(&path, layout));
+        let mode =
+            match reader {
+                "auto" => pinfeed::auto_read_mode(&path).0,
+                "pread" | "register" => pinfeed_source::ReadMode::Buffered,
+                "direct" => pinfeed_source::ReadMode::Direct,
+                "uring" => pinfeed_source::ReadMode::Uring,
+                other => return Err(value_error(
+                    py,
+                    "Config",
+                    format!(
+                        "unknown reader {other:?}: expected auto, pread, direct, uring or register"
+                    ),
+                )),
+            };
+        let read = pinfeed_source::ReadOptions {
+            mode,
+            read_size: size_arg(py, read_size.as_ref(), "read_size")?
+                .unwrap_or(pinfeed_source::DEFAULT_READ_SIZE),
+            queue_depth: queue_depth.unwrap_or(pinfeed_source::DEFAULT_QUEUE_DEPTH),
+            tensor,
+        };
+        let opened = py.detach(|| pinfeed_source::open_with(&path, layout, &read));
         let inner: Box<dyn pinfeed_source::Source> = opened.map_err(named).py_err(py)?;
         Ok(Source {
             inner: Arc::from(inner),

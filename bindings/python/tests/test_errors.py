@@ -28,9 +28,11 @@ def test_missing_file(tmp_path):
     assert isinstance(e.value, OSError)
 
 
-def test_directory(tmp_path):
-    with pytest.raises(PinfeedOSError, match=str(tmp_path)):
+def test_empty_directory(tmp_path):
+    # A directory is a dataset of shards; one holding none is refused, naming it.
+    with pytest.raises(PinfeedValueError, match=str(tmp_path)) as e:
         pinfeed.Loader(tmp_path, 4, device="cpu")
+    assert "no .npy or .safetensors" in str(e.value) and e.value.kind == "NoShards"
 
 
 def test_bad_header(tmp_path):

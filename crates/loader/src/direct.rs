@@ -101,7 +101,7 @@ pub fn auto_read_mode(path: &std::path::Path) -> (pinfeed_source::ReadMode, Stri
         data_offset: 0,
     };
     let cached = cached_fraction(&region).unwrap_or(0.0);
-    let available = mem_available().unwrap_or(u64::MAX);
+    let available = meminfo("MemAvailable").unwrap_or(u64::MAX);
     if cached >= 0.5 {
         (
             ReadMode::Buffered,
@@ -125,12 +125,15 @@ pub fn auto_read_mode(path: &std::path::Path) -> (pinfeed_source::ReadMode, Stri
     }
 }
 
-/// Bytes of memory available, from /proc/meminfo.
-fn mem_available() -> Option<u64> {
+/// A `/proc/meminfo` figure in bytes (`"MemTotal"`, `"MemAvailable"`).
+pub(crate) fn meminfo(key: &str) -> Option<u64> {
     let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
     let kib: u64 = meminfo
         .lines()
-        .find(|l| l.starts_with("MemAvailable:"))?
+        .find(|l| {
+            l.strip_prefix(key)
+                .is_some_and(|rest| rest.starts_with(':'))
+        })?
         .split_whitespace()
         .nth(1)?
         .parse()

@@ -323,17 +323,9 @@ pub fn to_device(src: &[u8], options: StagerOptions) -> Result<DeviceArray> {
     Ok(array)
 }
 
-/// Bytes of memory this machine has, from /proc/meminfo.
+/// Bytes of memory this machine has.
 fn mem_total() -> Option<u64> {
-    let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let kib: u64 = meminfo
-        .lines()
-        .find(|l| l.starts_with("MemTotal:"))?
-        .split_whitespace()
-        .nth(1)?
-        .parse()
-        .ok()?;
-    Some(kib * 1024)
+    crate::direct::meminfo("MemTotal")
 }
 
 /// Existing host memory page-locked in place until dropped: `cuMemHostRegister` on CUDA,

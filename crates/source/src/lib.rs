@@ -231,6 +231,41 @@ pub trait Source: Send + Sync + std::fmt::Debug {
     }
 }
 
+/// Coalesces a gather's indices into runs of consecutive records, as `(file offset, bytes)`,
+/// after checking the destination's size and every index; for sources that read a file at
+/// `data_offset + index * record_bytes`.
+pub(crate) fn gather_runs(
+    source: &(impl Source + ?Sized),
+    data_offset: u64,
+    indices: &[u64],
+    dst_len: usize,
+) -> Result<Vec<(u64, usize)>> {
+    let record_bytes = source.layout().record_bytes();
+    if indices.len().checked_mul(record_bytes) != Some(dst_len) {
+        return Err(SourceError::Destination {
+            name: source.name().to_owned(),
+            len: dst_len,
+            expected: format!("{} indices x {record_bytes} bytes", indices.len()),
+        });
+    }
+    let mut runs: Vec<(u64, usize)> = Vec::with_capacity(indices.len());
+    let mut i = 0;
+    while i < indices.len() {
+        let first = indices[i];
+        let mut end = i + 1;
+        while end < indices.len() && indices[end - 1].checked_add(1) == Some(indices[end]) {
+            end += 1;
+        }
+        check_request(source, first, (end - i) * record_bytes)?;
+        runs.push((
+            data_offset + first * record_bytes as u64,
+            (end - i) * record_bytes,
+        ));
+        i = end;
+    }
+    Ok(runs)
+}
+
 /// Checks a `read_records` request: `len` is whole records and they lie inside the dataset.
 /// Returns the number of records.
 pub(crate) fn check_request(

@@ -513,6 +513,11 @@ impl Source for NpyFile {
         file_read_aligned(self, &self.reader, file, path, offset, first, count, buf)
     }
 
+    fn gather(&self, indices: &[u64], dst: &mut [u8]) -> Result<()> {
+        let runs = crate::gather_runs(self, self.header.data_offset, indices, dst.len())?;
+        self.reader.gather(&self.file, &self.path, &runs, dst)
+    }
+
     fn reader_description(&self) -> String {
         self.reader.description()
     }

@@ -117,6 +117,11 @@ impl Source for RawFile {
         )
     }
 
+    fn gather(&self, indices: &[u64], dst: &mut [u8]) -> Result<()> {
+        let runs = crate::gather_runs(self, 0, indices, dst.len())?;
+        self.reader.gather(&self.file, &self.path, &runs, dst)
+    }
+
     fn reader_description(&self) -> String {
         self.reader.description()
     }

@@ -267,6 +267,11 @@ impl Source for SafetensorsFile {
         self.reader.read(&self.file, &self.path, offset, dst)
     }
 
+    fn gather(&self, indices: &[u64], dst: &mut [u8]) -> Result<()> {
+        let runs = crate::gather_runs(self, self.data_offset, indices, dst.len())?;
+        self.reader.gather(&self.file, &self.path, &runs, dst)
+    }
+
     fn file(&self) -> Option<crate::FileRegion<'_>> {
         Some(crate::FileRegion {
             file: &self.file,

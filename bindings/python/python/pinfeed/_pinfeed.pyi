@@ -53,6 +53,10 @@ class Source:
         descr: Optional[str] = None,
         user_dtype: Optional[str] = None,
         shape: Optional[Sequence[int]] = None,
+        reader: str = "auto",
+        read_size: Optional[Union[int, str]] = None,
+        queue_depth: Optional[int] = None,
+        tensor: Optional[str] = None,
     ) -> "Source": ...
     @staticmethod
     def from_array(array: Any, descr: str) -> "Source": ...

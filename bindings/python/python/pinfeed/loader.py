@@ -50,20 +50,23 @@ def device_name(device: Any) -> str:
     return str(device)
 
 
-def _open_source(source: Any, dtype: Any, shape: Optional[Sequence[int]]) -> "_pinfeed.Source":
+def _open_source(
+    source: Any, dtype: Any, shape: Optional[Sequence[int]], reader: str = "auto", tensor: Optional[str] = None
+) -> "_pinfeed.Source":
     if isinstance(source, (str, os.PathLike)):
         path = os.fspath(source)
         if isinstance(path, bytes):
             path = os.fsdecode(path)
         record_shape = None if shape is None else [int(d) for d in np.atleast_1d(shape)]
+        how = dict(reader=reader, tensor=tensor)
         if dtype is None:
-            return _pinfeed.Source.open(path, shape=record_shape)
+            return _pinfeed.Source.open(path, shape=record_shape, **how)
         if isinstance(dtype, str):
             # pinfeed's dtype syntax, as on the command line: "3,31,31B", "f32", "<u8".
-            return _pinfeed.Source.open(path, user_dtype=dtype, shape=record_shape)
+            return _pinfeed.Source.open(path, user_dtype=dtype, shape=record_shape, **how)
         base, sub = split_dtype(dtype)
         return _pinfeed.Source.open(
-            path, descr=descr_of(base), shape=list(record_shape or ()) + list(sub)
+            path, descr=descr_of(base), shape=list(record_shape or ()) + list(sub), **how
         )
     if is_torch_tensor(source):
         if source.dtype == __import__("torch").bfloat16:
@@ -107,6 +110,14 @@ class Loader:
     again starts a new pass over ``epochs`` epochs. ``len(loader)`` is the number of batches a
     full pass gives this rank (``epochs`` × batches per epoch; a pass resumed mid-epoch gives
     fewer). At most ``pinned_budget`` bytes (int or ``"256MiB"``) are page-locked, once, per pass.
+
+    ``source`` may also be a directory or glob of ``.npy`` shards with one record layout, or
+    ``.safetensors`` files (``tensor`` names the tensor whose first dimension counts records).
+    ``reader`` is how files are read: ``"pread"`` (buffered reads into the pinned slots),
+    ``"direct"`` (``O_DIRECT``, bypassing the page cache), ``"uring"`` (io_uring, several reads
+    in flight), ``"register"`` (DMA straight from a registered mapping of a page-cached file, no
+    CPU copy; in-order, one rank), or ``"auto"``: buffered for a file mostly in the page cache
+    or smaller than half the memory available, ``O_DIRECT`` for a larger cold one.
 
     ``transform`` is run by the reader threads on each batch: ``transforms.ToFloat()``,
     ``transforms.Normalize(mean, std)`` (Rust, no GIL), or a Python callable ``f(raw, out)`` whose
@@ -184,13 +195,14 @@ class Loader:
         prefetch: int = 4,
         device_budget: Any = None,
         reader: str = "auto",
+        tensor: Optional[str] = None,
     ) -> None:
         self._pid = os.getpid()
         if not isinstance(batch_size, numbers.Integral) or isinstance(batch_size, bool):
             raise TypeError(f"batch_size must be an int, not {type(batch_size).__name__}")
         if not isinstance(epochs, numbers.Integral) or isinstance(epochs, bool):
             raise TypeError(f"epochs must be an int, not {type(epochs).__name__}")
-        self._source = _open_source(source, dtype, shape)
+        self._source = _open_source(source, dtype, shape, str(reader), tensor)
         name = self._source.name
         for what, value in (("batch_size", batch_size), ("epochs", epochs), ("prefetch", prefetch)):
             if value < 0:
@@ -240,7 +252,9 @@ class Loader:
             prefetch=int(prefetch),
             transform=self._transform,
             transform_out_bytes=transform_out_bytes,
-            reader=str(reader),
+            # direct and uring are ways of reading into the pinned slots, chosen when the
+            # source was opened; only register changes how batches reach the device.
+            reader="register" if reader == "register" else "auto",
             shuffle=self._order["shuffle"],
             block_size=self.block_size,
             block_window=self.block_window,
