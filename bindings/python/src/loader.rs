@@ -130,20 +130,21 @@ impl Source {
             }
             None => None,
         };
-        let mode =
-            match reader {
-                "auto" => pinfeed::auto_read_mode(&path).0,
-                "pread" | "register" => pinfeed_source::ReadMode::Buffered,
-                "direct" => pinfeed_source::ReadMode::Direct,
-                "uring" => pinfeed_source::ReadMode::Uring,
-                other => return Err(value_error(
+        let mode = match reader {
+            "auto" => pinfeed::auto_read_mode(&path).0,
+            "pread" | "register" => pinfeed_source::ReadMode::Buffered,
+            "direct" => pinfeed_source::ReadMode::Direct,
+            "uring" => pinfeed_source::ReadMode::Uring,
+            other => {
+                return Err(value_error(
                     py,
                     "Config",
                     format!(
                         "unknown reader {other:?}: expected auto, pread, direct, uring or register"
                     ),
-                )),
-            };
+                ))
+            }
+        };
         let read = pinfeed_source::ReadOptions {
             mode,
             read_size: size_arg(py, read_size.as_ref(), "read_size")?

@@ -154,7 +154,8 @@ pub fn run(args: BenchArgs) -> Result<Outcome> {
             ((pageable.0, pageable.1), (per_row.0, per_row.1), per_row.2)
         }
         _ => {
-            let mut dst = vec![0u8; total as usize];
+            // Touched before any timing: first-touch page faults are not what (a) measures.
+            let mut dst = vec![1u8; total as usize];
             let pageable = median_of(args.repeat, || {
                 timed(|| host_pageable(&tensor, &mut dst, row_bytes))
             })?;

@@ -38,6 +38,7 @@
 mod backend;
 mod direct;
 mod error;
+mod multi;
 mod order;
 mod pipeline;
 mod pool;
@@ -49,6 +50,7 @@ use std::sync::Arc;
 pub use backend::{CopyFence, DeviceMemory, DeviceSpec};
 pub use direct::{auto_read_mode, ReaderKind};
 pub use error::{LoaderError, Result};
+pub use multi::MultiLoader;
 pub use order::{BatchRecords, EpochOrder, OrderSpec, Position, Shuffle};
 pub use pinfeed_cuda::PinMethod;
 pub use pipeline::{Batch, Loader, Waited};

@@ -87,6 +87,9 @@ enum Memory {
 /// What an idle pool can be reused for: the same device, size and method.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct PoolKey {
+    /// The process that made the pool: a forked child must not reuse its parent's (the CUDA
+    /// state does not survive fork, and locks on pages are not inherited).
+    pid: u32,
     /// CUDA device ordinal, or `None` for the host backend.
     device: Option<usize>,
     bytes: usize,
@@ -147,6 +150,7 @@ impl Drop for PinnedPool {
 impl PinnedPool {
     pub(crate) fn host(slot_bytes: usize, slots: usize) -> Result<PinnedPool> {
         let key = PoolKey {
+            pid: std::process::id(),
             device: None,
             bytes: slot_bytes * slots,
             method: None,
@@ -170,6 +174,7 @@ impl PinnedPool {
         method: PinMethod,
     ) -> Result<PinnedPool> {
         let key = PoolKey {
+            pid: std::process::id(),
             device: Some(ctx.ordinal()),
             bytes: slot_bytes * slots,
             method: Some(method),

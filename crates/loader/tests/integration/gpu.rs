@@ -107,3 +107,30 @@ fn gpu_register_reader_is_byte_exact() {
         assert!(loader.stats().pinned_bytes_peak <= budget);
     }
 }
+
+/// Several rings on one GPU in one process (what a process driving several GPUs does, on the one
+/// GPU a machine may have): shards in step, every record delivered once.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gpu_several_rings_in_one_process() {
+    use pinfeed::{MultiLoader, Shuffle};
+    let (source, data) = random_source(9000, 2883, 24);
+    let options = LoaderOptions {
+        shuffle: Shuffle::Random,
+        seed: 4,
+        ..cuda_options(500)
+    };
+    let multi = MultiLoader::new(source, options, &[DeviceSpec::Cuda(0), DeviceSpec::Cuda(0)]).unwrap();
+    let mut seen = vec![0u32; 9000];
+    for step in multi {
+        for batch in step.unwrap() {
+            let mut back = vec![0u8; batch.len_bytes()];
+            batch.read_back(&mut back).unwrap();
+            for (k, &r) in batch.records().to_vec().iter().enumerate() {
+                assert_eq!(back[k * 2883..(k + 1) * 2883], data[r as usize * 2883..(r as usize + 1) * 2883]);
+                seen[r as usize] += 1;
+            }
+        }
+    }
+    assert!(seen.iter().all(|&c| c == 1));
+}

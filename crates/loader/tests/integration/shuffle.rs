@@ -187,3 +187,43 @@ fn batches_report_where_to_resume() {
         }
     );
 }
+
+/// One process, several devices: each gets its shard, in step, and together (with the other
+/// processes) they deliver every record of an epoch once, apart from the documented padding.
+#[test]
+fn several_devices_in_one_process_split_the_epoch() {
+    use pinfeed::{DeviceSpec, MultiLoader};
+    let n = 1000;
+    let source = numbered(n);
+    for (processes, devices) in [(1u64, 3usize), (2, 2), (3, 1)] {
+        let mut seen = vec![0u32; n as usize];
+        let mut steps = Vec::new();
+        for rank in 0..processes {
+            let o = LoaderOptions {
+                pinned_budget: 4 << 20,
+                ..options(Shuffle::Random, 32, 11, rank, processes)
+            };
+            let multi =
+                MultiLoader::new(Arc::clone(&source), o, &vec![DeviceSpec::Cpu; devices]).unwrap();
+            let mut count = 0;
+            for step in multi {
+                let step = step.unwrap();
+                assert_eq!(step.len(), devices);
+                for batch in step {
+                    for r in batch.host_bytes().unwrap().unwrap().chunks_exact(16) {
+                        seen[u64::from_le_bytes(r[..8].try_into().unwrap()) as usize] += 1;
+                    }
+                }
+                count += 1;
+            }
+            steps.push(count);
+        }
+        let shards = processes * devices as u64;
+        assert!(steps.windows(2).all(|w| w[0] == w[1]), "{steps:?}");
+        assert!(seen.iter().all(|&c| c == 1 || c == 2));
+        assert_eq!(
+            seen.iter().filter(|&&c| c == 2).count() as u64,
+            n.div_ceil(shards) * shards - n
+        );
+    }
+}
