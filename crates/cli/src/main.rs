@@ -3,6 +3,7 @@
 mod bench;
 mod doctor;
 mod gen;
+mod plot;
 mod stream;
 mod usage;
 

@@ -81,6 +81,9 @@ pub struct StreamArgs {
     /// Seed of the shuffled order (the order is a pure function of seed and epoch).
     #[arg(long, default_value_t = 0)]
     seed: u64,
+    /// Draw throughput and each stage's waiting over time into this PNG file.
+    #[arg(long)]
+    plot: Option<std::path::PathBuf>,
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
@@ -215,9 +218,13 @@ pub fn run(args: StreamArgs) -> Result<Outcome> {
     let mut mismatches: Vec<String> = Vec::new();
     let progress = progress_bar(&args, loader.num_batches());
     let mut last = None;
-    for batch in loader.by_ref() {
+    let mut timeline = args.plot.as_ref().map(|_| crate::plot::Timeline::default());
+    while let Some(batch) = loader.next() {
         let batch = batch?;
         progress.inc(1);
+        if let Some(timeline) = timeline.as_mut() {
+            timeline.sample(started, 0.02, || loader.stats());
+        }
         if batch.seq() % 64 == 0 {
             progress.set_message(format!(
                 "{:.2} GB/s",
@@ -269,6 +276,22 @@ pub fn run(args: StreamArgs) -> Result<Outcome> {
     let seconds = started.elapsed().as_secs_f64();
     let cpu_seconds = (cpu_time() - cpu_before).as_secs_f64();
     let stats = loader.stats();
+    if let (Some(timeline), Some(path)) = (timeline.as_mut(), args.plot.as_ref()) {
+        timeline.finish(started, stats.clone());
+        timeline.draw(
+            path,
+            &format!(
+                "{}: {:.2} GB/s to {}, {}",
+                args.path.file_name().map_or_else(
+                    || args.path.display().to_string(),
+                    |n| n.to_string_lossy().into()
+                ),
+                stats.bytes as f64 / seconds / 1e9,
+                stats.device,
+                stats.bottleneck()
+            ),
+        )?;
+    }
     let expected_records = source.num_records() * args.epochs;
     if !args.drop_last && stats.records != expected_records {
         bail!(

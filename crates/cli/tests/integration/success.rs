@@ -129,3 +129,47 @@ fn bench_json_names_the_three_variants() {
         assert!(v["gbps"].as_f64().unwrap() > 0.0, "{v}");
     }
 }
+
+#[test]
+fn stream_plot_writes_a_png() {
+    let (dir, path) = fixture("plot.npy");
+    let run = pinfeed(["gen", &shown(&path), "--records", "20000", "--shape", "256"]);
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    let png = dir.path().join("timeline.png");
+    let run = pinfeed([
+        "stream",
+        &shown(&path),
+        "--batch-size",
+        "100",
+        "--epochs",
+        "3",
+        "--device",
+        "cpu",
+        "--plot",
+        &shown(&png),
+    ]);
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    let bytes = std::fs::read(&png).expect("the plot was written");
+    assert!(bytes.starts_with(b"\x89PNG\r\n\x1a\n"), "not a PNG");
+    assert!(
+        bytes.len() > 10_000,
+        "a {}-byte PNG has no chart in it",
+        bytes.len()
+    );
+    let bad = pinfeed([
+        "stream",
+        &shown(&path),
+        "--batch-size",
+        "100",
+        "--device",
+        "cpu",
+        "--plot",
+        &shown(&dir.path().join("missing-dir/x.png")),
+    ]);
+    assert_eq!(bad.code, Some(2));
+    assert!(
+        bad.stderr.contains("cannot draw the plot"),
+        "{}",
+        bad.stderr
+    );
+}

@@ -120,14 +120,18 @@ fn gpu_several_rings_in_one_process() {
         seed: 4,
         ..cuda_options(500)
     };
-    let multi = MultiLoader::new(source, options, &[DeviceSpec::Cuda(0), DeviceSpec::Cuda(0)]).unwrap();
+    let multi =
+        MultiLoader::new(source, options, &[DeviceSpec::Cuda(0), DeviceSpec::Cuda(0)]).unwrap();
     let mut seen = vec![0u32; 9000];
     for step in multi {
         for batch in step.unwrap() {
             let mut back = vec![0u8; batch.len_bytes()];
             batch.read_back(&mut back).unwrap();
             for (k, &r) in batch.records().to_vec().iter().enumerate() {
-                assert_eq!(back[k * 2883..(k + 1) * 2883], data[r as usize * 2883..(r as usize + 1) * 2883]);
+                assert_eq!(
+                    back[k * 2883..(k + 1) * 2883],
+                    data[r as usize * 2883..(r as usize + 1) * 2883]
+                );
                 seen[r as usize] += 1;
             }
         }

@@ -1,0 +1,153 @@
+//! `pinfeed stream --plot out.png`: throughput and where each stage waited, over time.
+
+use std::path::Path;
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use pinfeed::Stats;
+use plotters::prelude::*;
+
+/// DejaVu Sans (its licence is beside it in `assets/`): plotters draws text with a font it is
+/// given, and a font of our own keeps the plot independent of the fonts a machine has.
+static FONT: &[u8] = include_bytes!("../assets/DejaVuSans.ttf");
+
+/// Samples of a loader's counters taken while it runs.
+#[derive(Default)]
+pub struct Timeline {
+    samples: Vec<(f64, Stats)>,
+    last: Option<Instant>,
+}
+
+impl Timeline {
+    /// Keeps a snapshot when at least `every` seconds passed since the last one.
+    pub fn sample(&mut self, started: Instant, every: f64, stats: impl FnOnce() -> Stats) {
+        let now = Instant::now();
+        if self.last.is_some_and(|t| (now - t).as_secs_f64() < every) {
+            return;
+        }
+        self.last = Some(now);
+        self.samples.push(((now - started).as_secs_f64(), stats()));
+    }
+
+    /// Adds the final snapshot.
+    pub fn finish(&mut self, started: Instant, stats: Stats) {
+        self.samples.push((started.elapsed().as_secs_f64(), stats));
+    }
+
+    /// Per interval: (time, delivered GB/s, read GB/s, and the fraction of the interval that
+    /// readers (per thread), the copy thread and the consumer spent waiting).
+    fn series(&self) -> Vec<(f64, f64, f64, f64, f64, f64)> {
+        self.samples
+            .windows(2)
+            .filter_map(|w| {
+                let ((t0, a), (t1, b)) = (&w[0], &w[1]);
+                let dt = t1 - t0;
+                (dt > 0.0).then(|| {
+                    let secs = |x: std::time::Duration, y: std::time::Duration| {
+                        x.saturating_sub(y).as_secs_f64()
+                    };
+                    (
+                        *t1,
+                        (b.bytes - a.bytes) as f64 / dt / 1e9,
+                        (b.read_bytes - a.read_bytes) as f64 / dt / 1e9,
+                        secs(b.wait_free_slot, a.wait_free_slot) / dt / b.threads.max(1) as f64,
+                        secs(b.wait_filled, a.wait_filled) / dt,
+                        secs(b.consumer_wait, a.consumer_wait) / dt,
+                    )
+                })
+            })
+            .collect()
+    }
+
+    /// Draws the timeline as a PNG.
+    pub fn draw(&self, path: &Path, title: &str) -> Result<()> {
+        // Registering twice is harmless; a bad font would be a bug in the build.
+        let _ = plotters::style::register_font("sans-serif", FontStyle::Normal, FONT);
+        let series = self.series();
+        let t_end = series.last().map_or(1.0, |s| s.0).max(1e-3);
+        let rate_max = series
+            .iter()
+            .map(|s| s.1.max(s.2))
+            .fold(0.0f64, f64::max)
+            .max(0.1)
+            * 1.15;
+        let root = BitMapBackend::new(path, (1000, 700)).into_drawing_area();
+        let draw = || -> Result<(), Box<dyn std::error::Error>> {
+            root.fill(&WHITE)?;
+            let (top, bottom) = root.split_vertically(380);
+            let mut rates = ChartBuilder::on(&top)
+                .caption(title, ("sans-serif", 20))
+                .margin(10)
+                .x_label_area_size(35)
+                .y_label_area_size(55)
+                .build_cartesian_2d(0.0..t_end, 0.0..rate_max)?;
+            rates
+                .configure_mesh()
+                .x_desc("seconds")
+                .y_desc("GB/s")
+                .draw()?;
+            rates
+                .draw_series(LineSeries::new(
+                    series.iter().map(|s| (s.0, s.1)),
+                    BLUE.stroke_width(2),
+                ))?
+                .label("delivered to the device")
+                .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLUE));
+            rates
+                .draw_series(LineSeries::new(
+                    series.iter().map(|s| (s.0, s.2)),
+                    GREEN.stroke_width(2),
+                ))?
+                .label("read from the source")
+                .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], GREEN));
+            rates
+                .configure_series_labels()
+                .background_style(WHITE.mix(0.8))
+                .border_style(BLACK)
+                .draw()?;
+            let mut waits = ChartBuilder::on(&bottom)
+                .caption("share of each interval spent waiting", ("sans-serif", 16))
+                .margin(10)
+                .x_label_area_size(35)
+                .y_label_area_size(55)
+                .build_cartesian_2d(0.0..t_end, 0.0..105.0)?;
+            waits
+                .configure_mesh()
+                .x_desc("seconds")
+                .y_desc("% of time")
+                .draw()?;
+            let lines: [(&str, RGBColor, fn(&(f64, f64, f64, f64, f64, f64)) -> f64); 3] = [
+                (
+                    "readers, for a free slot (copy or consumer behind)",
+                    RED,
+                    |s| s.3,
+                ),
+                (
+                    "copy engine, for a filled slot (readers behind)",
+                    MAGENTA,
+                    |s| s.4,
+                ),
+                ("consumer, for a batch", CYAN, |s| s.5),
+            ];
+            for (label, color, pick) in lines {
+                waits
+                    .draw_series(LineSeries::new(
+                        series.iter().map(|s| (s.0, (pick(s) * 100.0).min(100.0))),
+                        color.stroke_width(2),
+                    ))?
+                    .label(label)
+                    .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
+            }
+            waits
+                .configure_series_labels()
+                .background_style(WHITE.mix(0.8))
+                .border_style(BLACK)
+                .draw()?;
+            root.present()?;
+            Ok(())
+        };
+        draw()
+            .map_err(|e| anyhow::anyhow!("{e}"))
+            .with_context(|| format!("{}: cannot draw the plot", path.display()))
+    }
+}
