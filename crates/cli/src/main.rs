@@ -20,6 +20,7 @@ struct Cli {
 }
 
 #[derive(Subcommand, Debug)]
+#[allow(clippy::large_enum_variant)] // parsed once per process; boxing would buy nothing
 enum Command {
     /// Write a .npy dataset of random records.
     Gen(gen::GenArgs),

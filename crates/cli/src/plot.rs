@@ -11,6 +11,17 @@ use plotters::prelude::*;
 /// given, and a font of our own keeps the plot independent of the fonts a machine has.
 static FONT: &[u8] = include_bytes!("../assets/DejaVuSans.ttf");
 
+/// One interval between samples: its end (seconds), the delivered and read rates (GB/s), and
+/// the share of it that readers (per thread), the copy thread and the consumer spent waiting.
+struct Interval {
+    end: f64,
+    delivered: f64,
+    read: f64,
+    readers_waiting: f64,
+    copy_waiting: f64,
+    consumer_waiting: f64,
+}
+
 /// Samples of a loader's counters taken while it runs.
 #[derive(Default)]
 pub struct Timeline {
@@ -34,9 +45,8 @@ impl Timeline {
         self.samples.push((started.elapsed().as_secs_f64(), stats));
     }
 
-    /// Per interval: (time, delivered GB/s, read GB/s, and the fraction of the interval that
-    /// readers (per thread), the copy thread and the consumer spent waiting).
-    fn series(&self) -> Vec<(f64, f64, f64, f64, f64, f64)> {
+    /// Rates and waits per interval between samples.
+    fn series(&self) -> Vec<Interval> {
         self.samples
             .windows(2)
             .filter_map(|w| {
@@ -46,14 +56,16 @@ impl Timeline {
                     let secs = |x: std::time::Duration, y: std::time::Duration| {
                         x.saturating_sub(y).as_secs_f64()
                     };
-                    (
-                        *t1,
-                        (b.bytes - a.bytes) as f64 / dt / 1e9,
-                        (b.read_bytes - a.read_bytes) as f64 / dt / 1e9,
-                        secs(b.wait_free_slot, a.wait_free_slot) / dt / b.threads.max(1) as f64,
-                        secs(b.wait_filled, a.wait_filled) / dt,
-                        secs(b.consumer_wait, a.consumer_wait) / dt,
-                    )
+                    Interval {
+                        end: *t1,
+                        delivered: (b.bytes - a.bytes) as f64 / dt / 1e9,
+                        read: (b.read_bytes - a.read_bytes) as f64 / dt / 1e9,
+                        readers_waiting: secs(b.wait_free_slot, a.wait_free_slot)
+                            / dt
+                            / b.threads.max(1) as f64,
+                        copy_waiting: secs(b.wait_filled, a.wait_filled) / dt,
+                        consumer_waiting: secs(b.consumer_wait, a.consumer_wait) / dt,
+                    }
                 })
             })
             .collect()
@@ -64,10 +76,10 @@ impl Timeline {
         // Registering twice is harmless; a bad font would be a bug in the build.
         let _ = plotters::style::register_font("sans-serif", FontStyle::Normal, FONT);
         let series = self.series();
-        let t_end = series.last().map_or(1.0, |s| s.0).max(1e-3);
+        let t_end = series.last().map_or(1.0, |s| s.end).max(1e-3);
         let rate_max = series
             .iter()
-            .map(|s| s.1.max(s.2))
+            .map(|s| s.delivered.max(s.read))
             .fold(0.0f64, f64::max)
             .max(0.1)
             * 1.15;
@@ -88,14 +100,14 @@ impl Timeline {
                 .draw()?;
             rates
                 .draw_series(LineSeries::new(
-                    series.iter().map(|s| (s.0, s.1)),
+                    series.iter().map(|s| (s.end, s.delivered)),
                     BLUE.stroke_width(2),
                 ))?
                 .label("delivered to the device")
                 .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLUE));
             rates
                 .draw_series(LineSeries::new(
-                    series.iter().map(|s| (s.0, s.2)),
+                    series.iter().map(|s| (s.end, s.read)),
                     GREEN.stroke_width(2),
                 ))?
                 .label("read from the source")
@@ -132,7 +144,7 @@ impl Timeline {
             for (label, color, pick) in lines {
                 waits
                     .draw_series(LineSeries::new(
-                        series.iter().map(|s| (s.0, (pick(s) * 100.0).min(100.0))),
+                        series.iter().map(|s| (s.end, (pick(s) * 100.0).min(100.0))),
                         color.stroke_width(2),
                     ))?
                     .label(label)
