@@ -128,18 +128,19 @@ impl Timeline {
                 .x_desc("seconds")
                 .y_desc("% of time")
                 .draw()?;
-            let lines: [(&str, RGBColor, fn(&(f64, f64, f64, f64, f64, f64)) -> f64); 3] = [
+            type Pick = fn(&Interval) -> f64;
+            let lines: [(&str, RGBColor, Pick); 3] = [
                 (
                     "readers, for a free slot (copy or consumer behind)",
                     RED,
-                    |s| s.3,
+                    |s| s.readers_waiting,
                 ),
                 (
                     "copy engine, for a filled slot (readers behind)",
                     MAGENTA,
-                    |s| s.4,
+                    |s| s.copy_waiting,
                 ),
-                ("consumer, for a batch", CYAN, |s| s.5),
+                ("consumer, for a batch", CYAN, |s| s.consumer_waiting),
             ];
             for (label, color, pick) in lines {
                 waits
