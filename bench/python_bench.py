@@ -17,21 +17,10 @@ import time
 
 import numpy as np
 import torch
-from torch.utils.data import BatchSampler, DataLoader, Dataset
+from torch.utils.data import BatchSampler, DataLoader
 
 import pinfeed
-
-
-def timed(fn, repeat=3):
-    runs = []
-    for _ in range(repeat):
-        torch.cuda.synchronize()
-        c0, t0 = time.process_time(), time.perf_counter()
-        fn()
-        torch.cuda.synchronize()
-        runs.append((time.perf_counter() - t0, time.process_time() - c0))
-    runs.sort()
-    return runs[len(runs) // 2]
+from torch_baselines import WholeBatch, timed  # the same helpers as the torch baselines
 
 
 def row(name, nbytes, wall, cpu, **extra):
@@ -63,20 +52,6 @@ def seed(rows, cols):
     got = pinfeed.to_device(a, device="cuda")
     assert torch.equal(got.cpu(), a), "to_device delivered wrong values"
     return {"bytes": n, "variants": out}
-
-
-class WholeBatch(Dataset):
-    def __init__(self, mm):
-        self.mm = mm
-
-    def __len__(self):
-        return len(self.mm)
-
-    def __getitem__(self, idx):
-        idx = np.sort(np.asarray(idx))
-        if idx[-1] - idx[0] + 1 == len(idx):
-            return torch.from_numpy(np.array(self.mm[idx[0] : idx[-1] + 1]))
-        return torch.from_numpy(self.mm[idx])
 
 
 def loaders(npy, batch_size, pinfeed_bin):

@@ -16,7 +16,7 @@ import torch
 from torch.utils.data import BatchSampler, DataLoader, Dataset, RandomSampler
 
 
-def timed(fn, repeat):
+def timed(fn, repeat=3):
     runs = []
     for _ in range(repeat):
         torch.cuda.synchronize()

@@ -1,7 +1,7 @@
 //! `pinfeed._pinfeed`: the Rust half of the `pinfeed` Python package.
 //!
 //! Thin wrappers: [`loader::Source`] and [`loader::Stream`] (one pass of a `pinfeed::Loader`),
-//! [`stage::Stager`], [`stage::to_device`] and [`stage::PinnedRegion`], and
+//! [`stage::Stager`] and [`stage::PinnedRegion`], and
 //! [`dlpack::DeviceBuffer`], the DLPack object every batch and upload comes out as. Anything
 //! that blocks runs without the GIL; errors become the classes of `pinfeed.errors`. The
 //! Python-facing API (`pinfeed.Loader`, `pinfeed.prefetch`, ...) is in `python/pinfeed`.
@@ -65,7 +65,6 @@ fn _pinfeed(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<dlpack::DeviceBuffer>()?;
     m.add_class::<stage::Stager>()?;
     m.add_class::<stage::PinnedRegion>()?;
-    m.add_function(wrap_pyfunction!(stage::to_device, m)?)?;
     m.add_function(wrap_pyfunction!(dlpack_dtype, m)?)?;
     m.add_function(wrap_pyfunction!(parse_dtype, m)?)?;
     m.add_function(wrap_pyfunction!(parse_size, m)?)?;

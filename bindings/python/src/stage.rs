@@ -119,35 +119,6 @@ impl Drop for Stager {
     }
 }
 
-/// Copies a C-contiguous array to new device memory through a staging arena made for the
-/// purpose (at most ``pinned_budget`` bytes, never the whole array pinned) and waits until it
-/// has arrived.
-#[pyfunction]
-#[pyo3(signature = (array, dtype, shape, *, device="cuda", pinned_budget=None, num_threads=None))]
-pub(crate) fn to_device(
-    py: Python<'_>,
-    array: &Bound<'_, PyAny>,
-    dtype: (u8, u8, u16),
-    shape: Vec<i64>,
-    device: &str,
-    pinned_budget: Option<Bound<'_, PyAny>>,
-    num_threads: Option<usize>,
-) -> PyResult<DeviceBuffer> {
-    let options = StagerOptions {
-        device: device_arg(py, device)?,
-        pinned_budget: size_arg(py, pinned_budget.as_ref(), "pinned_budget")?
-            .unwrap_or(pinfeed::DEFAULT_PINNED_BUDGET),
-        num_threads,
-        ..StagerOptions::default()
-    };
-    let bytes = array_bytes(py, array)?;
-    let uploaded = py
-        .detach(move || pinfeed::to_device(bytes, options))
-        .py_err(py)?;
-    DeviceBuffer::new(Box::new(uploaded), shape, dl_dtype_from_tuple(dtype), None)
-        .map_err(|m| value_error(py, "Layout", m))
-}
-
 /// A C-contiguous array page-locked in place (``cuMemHostRegister`` on CUDA, ``mlock`` on the
 /// host backend) until ``close()``; the array is kept alive meanwhile.
 #[pyclass(module = "pinfeed._pinfeed", frozen)]
