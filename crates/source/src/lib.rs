@@ -54,6 +54,7 @@ pub mod npy;
 mod raw;
 mod read;
 mod reader;
+mod records;
 pub mod safetensors;
 mod shards;
 
@@ -329,25 +330,6 @@ pub(crate) fn check_aligned_request(
         });
     }
     Ok(len)
-}
-
-/// `read_records_aligned` of a source whose record `i` lies at `data_offset + i *
-/// record_bytes` of `file`.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn file_read_aligned(
-    source: &(impl Source + ?Sized),
-    reader: &reader::Reader,
-    file: &std::fs::File,
-    path: &Path,
-    data_offset: u64,
-    first: u64,
-    count: usize,
-    buf: &mut [u8],
-) -> Result<usize> {
-    let len = check_aligned_request(source, first, count, buf)?;
-    // In range, so the offset is inside the file size checked at open.
-    let offset = data_offset + first * source.layout().record_bytes() as u64;
-    reader.read_aligned(file, path, offset, len, buf)
 }
 
 /// Opens a dataset file: a `.npy` file when it starts with the `.npy` magic (whatever its

@@ -12,8 +12,9 @@ use std::path::{Path, PathBuf};
 use crate::dtype::DType;
 use crate::literal::{self, Node, Value};
 use crate::read::{open_regular, read_exact_at};
-use crate::reader::{ReadOptions, Reader};
-use crate::{check_request, file_read_aligned, Layout, Result, Source, SourceError};
+use crate::reader::ReadOptions;
+use crate::records::{delegate_source_to_records, FileRecords};
+use crate::{Layout, Result, SourceError};
 
 /// The first six bytes of every `.npy` file.
 pub const MAGIC: &[u8; 6] = b"\x93NUMPY";
@@ -403,12 +404,8 @@ pub fn header_bytes(layout: &Layout, num_records: u64) -> Vec<u8> {
 /// A `.npy` file opened for reading records.
 #[derive(Debug)]
 pub struct NpyFile {
-    file: File,
-    path: PathBuf,
-    name: String,
+    records: FileRecords,
     header: Header,
-    layout: Layout,
-    reader: Reader,
 }
 
 impl NpyFile {
@@ -452,12 +449,8 @@ impl NpyFile {
             });
         }
         Ok(NpyFile {
-            file,
-            path: path.to_path_buf(),
-            name,
+            records: FileRecords::new(file, path, layout, header.num_records(), header.data_offset),
             header,
-            layout,
-            reader: Reader::buffered(),
         })
     }
 
@@ -469,8 +462,7 @@ impl NpyFile {
     }
 
     pub(crate) fn set_reader(&mut self, options: &ReadOptions) -> Result<()> {
-        self.reader = Reader::new(&self.file, &self.path, options)?;
-        Ok(())
+        self.records.set_reader(options)
     }
 
     /// The parsed header.
@@ -480,56 +472,11 @@ impl NpyFile {
 
     /// The path the file was opened with.
     pub fn path(&self) -> &Path {
-        &self.path
+        &self.records.path
     }
 }
 
-impl Source for NpyFile {
-    fn name(&self) -> &str {
-        &self.name
-    }
-
-    fn layout(&self) -> &Layout {
-        &self.layout
-    }
-
-    fn num_records(&self) -> u64 {
-        self.header.num_records()
-    }
-
-    fn read_records(&self, first: u64, dst: &mut [u8]) -> Result<()> {
-        check_request(self, first, dst.len())?;
-        // In range, so the offset is inside the file size checked at open.
-        let offset = self.header.data_offset + first * self.layout.record_bytes() as u64;
-        self.reader.read(&self.file, &self.path, offset, dst)
-    }
-
-    fn alignment(&self) -> usize {
-        self.reader.alignment()
-    }
-
-    fn read_records_aligned(&self, first: u64, count: usize, buf: &mut [u8]) -> Result<usize> {
-        let (file, path, offset) = (&self.file, &self.path, self.header.data_offset);
-        file_read_aligned(self, &self.reader, file, path, offset, first, count, buf)
-    }
-
-    fn gather(&self, indices: &[u64], dst: &mut [u8]) -> Result<()> {
-        let runs = crate::gather_runs(self, self.header.data_offset, indices, dst.len())?;
-        self.reader.gather(&self.file, &self.path, &runs, dst)
-    }
-
-    fn reader_description(&self) -> String {
-        self.reader.description()
-    }
-
-    fn file(&self) -> Option<crate::FileRegion<'_>> {
-        Some(crate::FileRegion {
-            file: &self.file,
-            path: &self.path,
-            data_offset: self.header.data_offset,
-        })
-    }
-}
+delegate_source_to_records!(NpyFile);
 
 /// Writes a `.npy` file of a known number of records, streaming the data through a large buffer.
 ///

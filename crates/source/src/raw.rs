@@ -1,23 +1,19 @@
 //! Raw record files: records back to back with no header, described by a [`Layout`] the user gives.
 
 use std::fs::File;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use crate::read::open_regular;
-use crate::reader::{ReadOptions, Reader};
-use crate::{check_request, file_read_aligned, Layout, Result, Source, SourceError};
+use crate::reader::ReadOptions;
+use crate::records::{delegate_source_to_records, FileRecords};
+use crate::{Layout, Result, SourceError};
 
 /// A headerless file of fixed-size records, such as one written by
 /// `np.memmap(path, '3,31,31B', 'w+', shape=(n,))` or `arr.tofile(path)`.
 #[derive(Debug)]
 pub struct RawFile {
-    file: File,
-    path: PathBuf,
-    name: String,
-    layout: Layout,
-    /// `file size / record_bytes` at open; the size was an exact multiple.
-    num_records: u64,
-    reader: Reader,
+    /// `file size / record_bytes` records from byte 0; the size was an exact multiple.
+    records: FileRecords,
 }
 
 impl RawFile {
@@ -48,12 +44,7 @@ impl RawFile {
             return Err(SourceError::Empty { name });
         }
         Ok(RawFile {
-            file,
-            path: path.to_path_buf(),
-            name,
-            layout,
-            num_records,
-            reader: Reader::buffered(),
+            records: FileRecords::new(file, path, layout, num_records, 0),
         })
     }
 
@@ -70,67 +61,13 @@ impl RawFile {
     }
 
     pub(crate) fn set_reader(&mut self, options: &ReadOptions) -> Result<()> {
-        self.reader = Reader::new(&self.file, &self.path, options)?;
-        Ok(())
+        self.records.set_reader(options)
     }
 
     /// The path the file was opened with.
     pub fn path(&self) -> &Path {
-        &self.path
+        &self.records.path
     }
 }
 
-impl Source for RawFile {
-    fn name(&self) -> &str {
-        &self.name
-    }
-
-    fn layout(&self) -> &Layout {
-        &self.layout
-    }
-
-    fn num_records(&self) -> u64 {
-        self.num_records
-    }
-
-    fn read_records(&self, first: u64, dst: &mut [u8]) -> Result<()> {
-        check_request(self, first, dst.len())?;
-        // In range, so the offset is below the file size checked at open.
-        let offset = first * self.layout.record_bytes() as u64;
-        self.reader.read(&self.file, &self.path, offset, dst)
-    }
-
-    fn alignment(&self) -> usize {
-        self.reader.alignment()
-    }
-
-    fn read_records_aligned(&self, first: u64, count: usize, buf: &mut [u8]) -> Result<usize> {
-        file_read_aligned(
-            self,
-            &self.reader,
-            &self.file,
-            &self.path,
-            0,
-            first,
-            count,
-            buf,
-        )
-    }
-
-    fn gather(&self, indices: &[u64], dst: &mut [u8]) -> Result<()> {
-        let runs = crate::gather_runs(self, 0, indices, dst.len())?;
-        self.reader.gather(&self.file, &self.path, &runs, dst)
-    }
-
-    fn reader_description(&self) -> String {
-        self.reader.description()
-    }
-
-    fn file(&self) -> Option<crate::FileRegion<'_>> {
-        Some(crate::FileRegion {
-            file: &self.file,
-            path: &self.path,
-            data_offset: 0,
-        })
-    }
-}
+delegate_source_to_records!(RawFile);

@@ -13,12 +13,13 @@
 //! most common format of model weights and embeddings unusable.
 
 use std::fs::File;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use crate::dtype::DType;
 use crate::read::{open_regular, read_exact_at};
-use crate::reader::{ReadOptions, Reader};
-use crate::{check_request, file_read_aligned, Layout, Result, Source, SourceError};
+use crate::reader::ReadOptions;
+use crate::records::{delegate_source_to_records, FileRecords};
+use crate::{Layout, Result, SourceError};
 
 /// Headers longer than this are refused before anything is allocated for them (the
 /// `safetensors` library's own limit).
@@ -49,19 +50,12 @@ fn descr(dtype: &str) -> Option<&'static str> {
 /// One tensor of a `.safetensors` file read as records.
 #[derive(Debug)]
 pub struct SafetensorsFile {
-    file: File,
-    path: PathBuf,
-    name: String,
+    /// The tensor's first dimension (not zero) of records, from `8 + header length + begin`
+    /// (the data is inside the file, checked at open).
+    records: FileRecords,
     tensor: String,
     /// The safetensors dtype name (`"BF16"`).
     dtype_name: String,
-    layout: Layout,
-    /// The tensor's first dimension; not zero.
-    num_records: u64,
-    /// `8 + header length + begin`; `data_offset + num_records * record_bytes` is inside the
-    /// file (checked at open).
-    data_offset: u64,
-    reader: Reader,
 }
 
 impl SafetensorsFile {
@@ -217,17 +211,12 @@ impl SafetensorsFile {
                 found: size.saturating_sub(data_offset),
             });
         }
-        let reader = Reader::new(&file, path, options)?;
+        let mut records = FileRecords::new(file, path, layout, records, data_offset);
+        records.set_reader(options)?;
         Ok(SafetensorsFile {
-            file,
-            path: path.to_path_buf(),
-            name,
+            records,
             tensor,
             dtype_name,
-            layout,
-            num_records: records,
-            data_offset,
-            reader,
         })
     }
 
@@ -243,60 +232,16 @@ impl SafetensorsFile {
 
     /// The path the file was opened with.
     pub fn path(&self) -> &Path {
-        &self.path
+        &self.records.path
     }
 }
 
-impl Source for SafetensorsFile {
-    fn name(&self) -> &str {
-        &self.name
-    }
-
-    fn layout(&self) -> &Layout {
-        &self.layout
-    }
-
-    fn num_records(&self) -> u64 {
-        self.num_records
-    }
-
-    fn read_records(&self, first: u64, dst: &mut [u8]) -> Result<()> {
-        check_request(self, first, dst.len())?;
-        // In range, so inside the tensor's bytes, which lie inside the file (checked at open).
-        let offset = self.data_offset + first * self.layout.record_bytes() as u64;
-        self.reader.read(&self.file, &self.path, offset, dst)
-    }
-
-    fn gather(&self, indices: &[u64], dst: &mut [u8]) -> Result<()> {
-        let runs = crate::gather_runs(self, self.data_offset, indices, dst.len())?;
-        self.reader.gather(&self.file, &self.path, &runs, dst)
-    }
-
-    fn file(&self) -> Option<crate::FileRegion<'_>> {
-        Some(crate::FileRegion {
-            file: &self.file,
-            path: &self.path,
-            data_offset: self.data_offset,
-        })
-    }
-
-    fn alignment(&self) -> usize {
-        self.reader.alignment()
-    }
-
-    fn read_records_aligned(&self, first: u64, count: usize, buf: &mut [u8]) -> Result<usize> {
-        let (file, path, offset) = (&self.file, &self.path, self.data_offset);
-        file_read_aligned(self, &self.reader, file, path, offset, first, count, buf)
-    }
-
-    fn reader_description(&self) -> String {
-        self.reader.description()
-    }
-}
+delegate_source_to_records!(SafetensorsFile);
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::Source;
 
     /// A safetensors file as the library writes it: header padded with spaces to 8 bytes.
     fn file_with(header: &str, data: &[u8]) -> Vec<u8> {
