@@ -414,3 +414,37 @@ def test_torch_is_not_imported_to_find_the_rank():
         "assert 'torch' not in sys.modules, 'torch imported'"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_multiloader_splits_an_epoch_among_devices_and_processes():
+    """A MultiLoader per process, several devices each: every record once per epoch (apart from
+    the documented padding), the same number of steps everywhere, one batch per device a step."""
+    import numpy as np
+
+    import pinfeed
+
+    n = 1001
+    data = np.arange(n, dtype=np.int64).reshape(n, 1)
+    for processes, devices in [(1, 3), (2, 2)]:
+        seen = np.zeros(n, dtype=np.int64)
+        steps = []
+        for rank in range(processes):
+            multi = pinfeed.MultiLoader(
+                data, 50, devices=["cpu"] * devices, rank=rank, world_size=processes,
+                shuffle=True, seed=2, pinned_budget="3MiB",
+            )
+            count = 0
+            for step in multi:
+                assert len(step) == devices
+                for batch in step:
+                    np.add.at(seen, batch[:, 0], 1)
+                count += 1
+            assert count == len(multi)
+            steps.append(count)
+            multi.close()
+        shards = processes * devices
+        assert len(set(steps)) == 1
+        assert seen.min() >= 1 and seen.max() <= 2
+        assert (seen == 2).sum() == -n % shards
+    with pytest.raises(ValueError, match="at least one device"):
+        pinfeed.MultiLoader(data, 50, devices=[])

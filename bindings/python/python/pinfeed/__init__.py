@@ -8,6 +8,7 @@ ring of pinned memory.
 
 - :class:`Loader`: batches of a ``.npy``/raw file, numpy array or memmap, on the GPU; shuffled,
   sharded across ranks and resumable (``state_dict``).
+- :class:`MultiLoader`: one process feeding several devices, a ring per device.
 - :func:`epoch_order`: the records each batch of a shuffled, sharded epoch holds.
 - :func:`prefetch`: any iterable of (nested) arrays moved to the GPU, a few batches ahead.
 - :func:`to_device`: one array to the GPU without pinning it; :func:`pinned`: pin in place.
@@ -27,11 +28,13 @@ from .errors import (
     PinfeedValueError,
 )
 from .loader import Loader
+from .multi import MultiLoader
 from .order import epoch_order
 from .staging import Prefetcher, free_staging_memory, pinned, prefetch, to_device
 from .transforms import Transform
 
 __all__ = [
+    "MultiLoader",
     "free_staging_memory",
     "Loader",
     "epoch_order",
