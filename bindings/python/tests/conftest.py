@@ -21,3 +21,19 @@ def pytest_collection_modifyitems(config, items):
     if deselected:
         config.hook.pytest_deselected(items=deselected)
         items[:] = selected
+
+
+@pytest.fixture(scope="module")
+def torch():
+    """torch with a CUDA device, for the GPU tests; skips (they are marked ``gpu``) without."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    return torch
+
+
+@pytest.fixture
+def no_launcher_env(monkeypatch):
+    """Tests that want RANK/WORLD_SIZE set them; a launcher's must not leak in."""
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)

@@ -8,14 +8,6 @@ import pinfeed
 pytestmark = pytest.mark.gpu
 
 
-@pytest.fixture(scope="module")
-def torch():
-    torch = pytest.importorskip("torch")
-    if not torch.cuda.is_available():
-        pytest.skip("no CUDA device")
-    return torch
-
-
 @pytest.fixture
 def records(tmp_path):
     data = np.random.default_rng(0).integers(0, 256, size=(20_000, 3, 31, 31), dtype=np.uint8)

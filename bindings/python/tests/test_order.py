@@ -19,11 +19,7 @@ N = 103
 SMALL = dict(device="cpu", pinned_budget="256KiB", num_threads=2)
 
 
-@pytest.fixture(autouse=True)
-def no_launcher_env(monkeypatch):
-    # Tests that want RANK/WORLD_SIZE set them; a launcher's must not leak in.
-    monkeypatch.delenv("RANK", raising=False)
-    monkeypatch.delenv("WORLD_SIZE", raising=False)
+pytestmark = pytest.mark.usefixtures("no_launcher_env")
 
 
 def ids(n=N):

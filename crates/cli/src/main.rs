@@ -1,4 +1,6 @@
 //! The `pinfeed` command: generate a dataset, stream it to the GPU, run the seed benchmark.
+#![deny(unsafe_op_in_unsafe_fn)]
+#![warn(clippy::undocumented_unsafe_blocks)]
 
 mod bench;
 mod doctor;

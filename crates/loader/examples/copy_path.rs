@@ -2,13 +2,27 @@
 //! `cargo run --release --example copy_path` on a GPU machine. Prints a table; asserts nothing
 //! about speed (speed belongs in benchmarks), but checks the bytes that arrive.
 
-use std::sync::Arc;
 use std::time::Instant;
 
 use pinfeed_cuda::{Context, DevicePool, Event, PinMethod, PinnedMemory, Stream};
 
 const BATCH: usize = 1024 * 2883;
 const BATCHES: usize = 1000;
+
+/// How a consumer waits for a batch's event.
+#[derive(Clone, Copy)]
+enum Wait {
+    Block,
+    Poll,
+}
+
+/// Which parts of the per-batch path a timing step includes.
+#[derive(Clone, Copy, Default)]
+struct Step {
+    event: bool,
+    alloc: bool,
+    consumer: Option<Wait>,
+}
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let ctx = Context::new(0)?;
@@ -31,129 +45,84 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             BATCH * 16 / 1_000_000
         );
 
-        // 1. Copies only, one synchronisation at the end.
-        let t = Instant::now();
-        for i in 0..BATCHES {
-            let k = i % 16;
-            // SAFETY: both ranges are inside their allocations, which outlive the synchronisation.
-            unsafe {
-                pinfeed_cuda::memcpy_htod_async(
-                    dst.ptr() + (k * BATCH) as u64,
-                    pinned.as_ptr().add(k * BATCH),
-                    BATCH,
-                    &stream,
-                )?
-            };
-        }
-        stream.synchronize()?;
-        rate("copies only", t.elapsed().as_secs_f64());
-
-        // 2. Plus an event created and recorded per copy.
-        let t = Instant::now();
-        let mut events = Vec::with_capacity(BATCHES);
-        for i in 0..BATCHES {
-            let k = i % 16;
-            // SAFETY: as above.
-            unsafe {
-                pinfeed_cuda::memcpy_htod_async(
-                    dst.ptr() + (k * BATCH) as u64,
-                    pinned.as_ptr().add(k * BATCH),
-                    BATCH,
-                    &stream,
-                )?
-            };
-            let e = Event::new(&ctx)?;
-            e.record(&stream)?;
-            events.push(e);
-        }
-        stream.synchronize()?;
-        rate("+ event per copy", t.elapsed().as_secs_f64());
-        drop(events);
-
-        // 3. Plus a stream-ordered device allocation and free per copy.
-        let t = Instant::now();
-        for i in 0..BATCHES {
-            let k = i % 16;
-            let buf = pool.alloc_async(BATCH, &stream)?;
-            // SAFETY: as above; `buf` is freed in stream order after the copy.
-            unsafe {
-                pinfeed_cuda::memcpy_htod_async(
-                    buf.ptr(),
-                    pinned.as_ptr().add(k * BATCH),
-                    BATCH,
-                    &stream,
-                )?
-            };
-            let e = Event::new(&ctx)?;
-            e.record(&stream)?;
-            drop(buf);
-        }
-        stream.synchronize()?;
-        rate("+ device alloc/free per copy", t.elapsed().as_secs_f64());
-
-        // 4. Plus a consumer that waits on each event, 4 batches behind.
-        let t = Instant::now();
-        let mut pending = std::collections::VecDeque::new();
-        for i in 0..BATCHES {
-            let k = i % 16;
-            let buf = pool.alloc_async(BATCH, &stream)?;
-            // SAFETY: as above.
-            unsafe {
-                pinfeed_cuda::memcpy_htod_async(
-                    buf.ptr(),
-                    pinned.as_ptr().add(k * BATCH),
-                    BATCH,
-                    &stream,
-                )?
-            };
-            let e = Event::new(&ctx)?;
-            e.record(&stream)?;
-            pending.push_back((e, buf));
-            if pending.len() > 4 {
-                let (e, buf) = pending.pop_front().unwrap();
-                e.synchronize()?;
-                drop(buf);
-            }
-        }
-        for (e, _) in pending.drain(..) {
-            e.synchronize()?;
-        }
-        rate(
-            "+ consumer waits on each event (4 behind)",
-            t.elapsed().as_secs_f64(),
-        );
-
-        // 5. Same with events polled (query) instead of blocking waits.
-        let t = Instant::now();
-        let mut pending = std::collections::VecDeque::new();
-        for i in 0..BATCHES {
-            let k = i % 16;
-            let buf = pool.alloc_async(BATCH, &stream)?;
-            // SAFETY: as above.
-            unsafe {
-                pinfeed_cuda::memcpy_htod_async(
-                    buf.ptr(),
-                    pinned.as_ptr().add(k * BATCH),
-                    BATCH,
-                    &stream,
-                )?
-            };
-            let e = Event::new(&ctx)?;
-            e.record(&stream)?;
-            pending.push_back((e, buf));
-            if pending.len() > 4 {
-                let (e, buf) = pending.pop_front().unwrap();
-                while !e.query()? {
-                    std::hint::spin_loop();
+        // Each step adds one piece of pinfeed's per-batch path to the bare copies.
+        let steps: [(&str, Step); 5] = [
+            ("copies only", Step::default()),
+            (
+                "+ event per copy",
+                Step {
+                    event: true,
+                    ..Step::default()
+                },
+            ),
+            (
+                "+ device alloc/free per copy",
+                Step {
+                    event: true,
+                    alloc: true,
+                    ..Step::default()
+                },
+            ),
+            (
+                "+ consumer waits on each event (4 behind)",
+                Step {
+                    event: true,
+                    alloc: true,
+                    consumer: Some(Wait::Block),
+                },
+            ),
+            (
+                "+ consumer polls each event (4 behind)",
+                Step {
+                    event: true,
+                    alloc: true,
+                    consumer: Some(Wait::Poll),
+                },
+            ),
+        ];
+        for (label, step) in steps {
+            let t = Instant::now();
+            let mut pending = std::collections::VecDeque::new();
+            for i in 0..BATCHES {
+                let src = pinned.as_ptr().wrapping_add((i % 16) * BATCH);
+                let buf = if step.alloc {
+                    Some(pool.alloc_async(BATCH, &stream)?)
+                } else {
+                    None
+                };
+                let dst = buf
+                    .as_ref()
+                    .map_or(dst.ptr() + ((i % 16) * BATCH) as u64, |b| b.ptr());
+                // SAFETY: both ranges are inside their allocations, which outlive the final
+                // synchronisation (a per-copy buffer is freed in stream order after its copy).
+                unsafe { pinfeed_cuda::memcpy_htod_async(dst, src, BATCH, &stream)? };
+                let event = if step.event {
+                    let e = Event::new(&ctx)?;
+                    e.record(&stream)?;
+                    Some(e)
+                } else {
+                    None
+                };
+                if let (Some(wait), Some(e)) = (step.consumer, event) {
+                    pending.push_back((e, buf));
+                    if pending.len() > 4 {
+                        let (e, buf) = pending.pop_front().expect("more than four pending");
+                        match wait {
+                            Wait::Block => e.synchronize()?,
+                            Wait::Poll => {
+                                while !e.query()? {
+                                    std::hint::spin_loop();
+                                }
+                            }
+                        }
+                        drop(buf);
+                    }
                 }
-                drop(buf);
             }
+            stream.synchronize()?;
+            drop(pending);
+            rate(label, t.elapsed().as_secs_f64());
         }
-        stream.synchronize()?;
-        rate(
-            "+ consumer polls each event (4 behind)",
-            t.elapsed().as_secs_f64(),
-        );
 
         // 6. The bytes arrived.
         let mut back = vec![0u8; BATCH];
@@ -161,7 +130,6 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         unsafe { pinfeed_cuda::memcpy_dtoh_async(back.as_mut_ptr(), dst.ptr(), BATCH, &stream)? };
         stream.synchronize()?;
         assert!(back.iter().all(|&b| b == 7), "copied bytes differ");
-        let _ = Arc::strong_count(&ctx);
     }
     Ok(())
 }

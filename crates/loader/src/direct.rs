@@ -174,15 +174,16 @@ pub(crate) struct MappedWindows {
 }
 
 impl MappedWindows {
-    /// Maps the source's file and plans windows of at least `min_window` bytes whose `slots`
-    /// fit in `budget`. `None` when the budget cannot hold two windows.
+    /// Maps the source's file and plans windows of at least `min_window` bytes, as many slots of
+    /// them as fit in `budget` (see [`slots`](MappedWindows::slots)). `None` when the budget
+    /// cannot hold two windows.
     pub(crate) fn new(
         source: &dyn Source,
         region: FileRegion<'_>,
         min_window: usize,
         budget: usize,
         ctx: Option<Arc<Context>>,
-    ) -> Result<Option<(MappedWindows, usize)>> {
+    ) -> Result<Option<MappedWindows>> {
         let window = (budget / 4)
             .min(MAX_WINDOW)
             .max(min_window + PAGE)
@@ -228,7 +229,7 @@ impl MappedWindows {
             windows_per_epoch,
             data_offset: region.data_offset,
         };
-        Ok(Some((windows, slots)))
+        Ok(Some(windows))
     }
 
     pub(crate) fn slots(&self) -> usize {

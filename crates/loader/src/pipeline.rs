@@ -13,7 +13,6 @@
 
 use std::collections::VecDeque;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::AtomicUsize;
 use std::sync::mpsc::{self, Receiver, SyncSender};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -145,6 +144,12 @@ impl Plan {
     }
 }
 
+/// A filled slot's batch and the offset of its first byte in the slot.
+struct SlotContents {
+    spec: BatchSpec,
+    offset: usize,
+}
+
 /// What the loader's threads share.
 struct Shared {
     // Field order is drop order: the ring is drained in `Drop` before the staging memory goes.
@@ -158,10 +163,11 @@ struct Shared {
     error: Mutex<Option<LoaderError>>,
     counters: Counters,
     budget: Arc<DeviceBudget>,
-    /// Where each slot's batch starts in the slot: aligned reads may put it past the start.
-    /// Written by the slot's reader before `fill_done` and read by the copy thread after
-    /// `next_filled`, which the ring's lock orders.
-    slot_offsets: Vec<AtomicUsize>,
+    /// What each filled slot holds: the batch's place in the plan and where its bytes start in
+    /// the slot (aligned reads may put them past the start). Set by the slot's reader before
+    /// `fill_done` and taken by the copy thread after `next_filled`, which the ring orders; so
+    /// the plan is worked out once per batch.
+    slot_contents: Vec<Mutex<Option<SlotContents>>>,
     started: Instant,
     /// Time `Loader::new` took before the threads started (mostly page-locking the pool).
     startup: Duration,
@@ -441,7 +447,7 @@ impl Loader {
             error: Mutex::new(None),
             counters: Counters::default(),
             budget: DeviceBudget::new(options.device_budget),
-            slot_offsets: (0..ring_slots).map(|_| AtomicUsize::new(0)).collect(),
+            slot_contents: (0..ring_slots).map(|_| Mutex::new(None)).collect(),
             started: Instant::now(),
             startup: begun.elapsed(),
             threads,
@@ -729,11 +735,13 @@ fn fill(shared: &Shared, claim: &Claim, scratch: &mut Option<AlignedBuffer>) -> 
     if shared.transform.is_none() {
         add(&shared.counters.read_ns, started.elapsed());
     }
-    shared.slot_offsets[claim.slot()].store(offset, std::sync::atomic::Ordering::Relaxed);
     shared
         .counters
         .read_bytes
         .fetch_add(raw_len as u64, std::sync::atomic::Ordering::Relaxed);
+    *shared.slot_contents[claim.slot()]
+        .lock()
+        .unwrap_or_else(|p| p.into_inner()) = Some(SlotContents { spec, offset });
     Ok(())
 }
 
@@ -770,8 +778,24 @@ fn copy_loop(shared: &Arc<Shared>, batches: SyncSender<Result<Batch>>) {
     }
 }
 
-/// Hands a batch to the consumer; false when the consumer went away.
-fn hand_over(shared: &Shared, batches: &SyncSender<Result<Batch>>, batch: Batch) -> bool {
+/// Hands a batch whose copy was issued to the consumer; false when the consumer went away.
+fn deliver(
+    shared: &Shared,
+    batches: &SyncSender<Result<Batch>>,
+    (seq, spec, len): (u64, BatchSpec, usize),
+    memory: crate::backend::DeviceMemory,
+    ready: CopyFence,
+) -> bool {
+    let batch = Batch {
+        seq,
+        spec,
+        len,
+        landed: Landed {
+            ready,
+            memory,
+            backend: Arc::clone(&shared.backend),
+        },
+    };
     let handed = Instant::now();
     if batches.send(Ok(batch)).is_err() {
         return false;
@@ -786,28 +810,22 @@ fn copy_slots(shared: &Arc<Shared>, pool: &PinnedPool, batches: &SyncSender<Resu
             break;
         };
         let started = Instant::now();
-        let spec = match shared.plan.batch(seq) {
-            Ok(spec) => spec,
-            Err(e) => return shared.fail(e),
-        };
+        let SlotContents { spec, offset } = shared.slot_contents[slot]
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+            .expect("a filled slot has its contents recorded");
         let len = spec.count * shared.out_record_bytes;
         let issued = shared
             .backend
             .alloc(len, &shared.budget)
             .and_then(|mut memory| {
+                let src = pool.slot_ptr(slot).wrapping_add(offset);
                 // SAFETY: the slot stays `Filled` (untouched by readers) until `copy_issued`, after
                 // which the ring keeps it out of the free list until this fence completes; the
-                // destination is owned by the batch, which is not read before the fence.
-                let fence = unsafe {
-                    shared.backend.copy(
-                        pool.slot_ptr(slot).wrapping_add(
-                            shared.slot_offsets[slot].load(std::sync::atomic::Ordering::Relaxed),
-                        ),
-                        &mut memory,
-                        0,
-                        len,
-                    )
-                }?;
+                // destination is owned by the batch, which is not read before the fence; the
+                // reader left the batch at `offset .. offset + len`, inside the slot.
+                let fence = unsafe { shared.backend.copy(src, &mut memory, 0, len) }?;
                 Ok((memory, fence))
             });
         let (memory, fence) = match issued {
@@ -819,17 +837,7 @@ fn copy_slots(shared: &Arc<Shared>, pool: &PinnedPool, batches: &SyncSender<Resu
         };
         shared.ring.copy_issued(slot, fence.clone());
         add(&shared.counters.copy_issue_ns, started.elapsed());
-        let batch = Batch {
-            seq,
-            spec,
-            len,
-            landed: Landed {
-                ready: fence,
-                memory,
-                backend: Arc::clone(&shared.backend),
-            },
-        };
-        if !hand_over(shared, batches, batch) {
+        if !deliver(shared, batches, (seq, spec, len), memory, fence) {
             return;
         }
     }
@@ -933,17 +941,7 @@ fn copy_windows(
                 h.2 = Some(fence.clone());
             }
             add(&shared.counters.copy_issue_ns, started.elapsed());
-            let batch = Batch {
-                seq,
-                spec,
-                len,
-                landed: Landed {
-                    ready: fence,
-                    memory,
-                    backend: Arc::clone(&shared.backend),
-                },
-            };
-            if !hand_over(shared, batches, batch) {
+            if !deliver(shared, batches, (seq, spec, len), memory, fence) {
                 return Ok(false);
             }
         }
@@ -996,7 +994,7 @@ fn choose_staging(
     if let (true, Some(region)) = (direct, region) {
         let ctx = backend.context().cloned();
         match MappedWindows::new(source.as_ref(), region, batch_bytes, options.pinned_budget, ctx)? {
-            Some((windows, _)) => return Ok(Staging::Windows(windows)),
+            Some(windows) => return Ok(Staging::Windows(windows)),
             None if options.reader == ReaderKind::Register => {
                 return Err(LoaderError::Config(format!(
                     "pinned budget of {} bytes cannot hold two windows of a batch ({batch_bytes} bytes) for the register reader",
