@@ -3,7 +3,8 @@
 # torch baselines, writes JSON under $OUT. Prepare the carried folder first, on a machine with
 # Rust: `bench/prepare_device.sh` (binaries, test binaries, wheel into .device-carry/).
 #
-#   bash bench/gpu_run.sh [tests] [rust] [torch] [python]     (default: all)
+#   bash bench/gpu_run.sh [tests] [rust] [torch] [python] [bigcached] [bigcold] [soakstart] [soakwait]
+#   (default: tests rust torch python; the 40 GB file and the 10-minute soak only when named)
 set -uo pipefail
 C=.device-carry
 OUT=${OUT:-/tmp/pinfeed-out}
@@ -48,6 +49,11 @@ for v in b['variants']: print(f\"{v['name']:<20} {v['wall_s']*1e3:8.1f} ms {v['c
     $C/pinfeed stream "$DATA" --batch-size 1024 --reader register --json >> "$OUT/pinfeed_stream.jsonl" || echo "stream failed: register"
     $C/pinfeed stream "$DATA" --batch-size 1024 --reader pread --threads 16 --json >> "$OUT/pinfeed_stream.jsonl" || echo "stream failed: pread 16"
     $C/pinfeed stream "$DATA" --batch-size 1024 --reader pread --shuffle random --threads 16 --json >> "$OUT/pinfeed_stream.jsonl" || echo "stream failed: random"
+    for t in 8 16; do
+        $C/pinfeed stream "$DATA" --batch-size 1024 --reader mmap --shuffle random --threads $t --json >> "$OUT/pinfeed_stream.jsonl" || echo "stream failed: random mmap $t"
+    done
+    $C/pinfeed stream "$DATA" --batch-size 1024 --reader auto --shuffle random --json >> "$OUT/pinfeed_stream.jsonl" || echo "stream failed: random auto"
+    $C/pinfeed stream "$DATA" --batch-size 1000 --reader mmap --shuffle random --verify --json >> "$OUT/pinfeed_stream.jsonl" || echo "VERIFY FAILED (random mmap)"
     $C/pinfeed stream "$DATA" --batch-size 1000 --reader pread --verify --json >> "$OUT/pinfeed_stream.jsonl" || echo "VERIFY FAILED (pread)"
     $C/pinfeed stream "$DATA" --batch-size 1000 --shuffle random --verify --json >> "$OUT/pinfeed_stream.jsonl" || echo "VERIFY FAILED (random)"
     python3 -c "import zlib, numpy as np; print('numpy crc32 of the file', zlib.crc32(np.load('$DATA', mmap_mode='r')))" | tee -a "$OUT/machine.txt"
@@ -65,26 +71,66 @@ fi
 if want python && ls $C/*.whl >/dev/null 2>&1; then
     echo "== Python package"
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site $C/*.whl && export PYTHONPATH=/tmp/site
-    timeout 200 python3 bench/python_bench.py --npy "$DATA" --pinfeed-bin $C/pinfeed --out "$OUT/python_bench.json" || echo "python_bench ended with $?"
+    timeout 320 python3 bench/python_bench.py --npy "$DATA" --pinfeed-bin $C/pinfeed --out "$OUT/python_bench.json" || echo "python_bench ended with $?"
     echo "== torchrun: two processes, one GPU, disjoint and complete shards"
     timeout 90 torchrun --nproc_per_node=2 bench/torchrun_shards.py "$OUT" 2>&1 | grep -v "^W\|OMP_NUM_THREADS\|^\*" | tail -4
     echo "== Python GPU tests"
     timeout 150 python3 -m pytest -q -p no:cacheprovider bindings/python/tests --gpu 2>&1 | tail -4 | tee "$OUT/python_gpu_tests.txt"
 fi
 
-if want big; then
-    echo "== 40 GB file: cold from disk (O_DIRECT) beside the disk's raw O_DIRECT rate, then page-cached"
-    BIG=/tmp/pinfeed-40g.npy
-    df -h /tmp | tail -1
-    $C/pinfeed gen "$BIG" --records 13875000 --shape 3,31,31 --dtype u8 --seed 2
-    sync; echo 3 > /proc/sys/vm/drop_caches
-    dd if="$BIG" of=/dev/null bs=8M iflag=direct 2>&1 | tail -1 | tee "$OUT/big_dd.txt"
-    sync; echo 3 > /proc/sys/vm/drop_caches
-    $C/pinfeed stream "$BIG" --batch-size 4096 --reader auto --json > "$OUT/big_cold.json"
-    python3 -c "import json; r=json.load(open('$OUT/big_cold.json')); print('cold', r['reader'], r['reader_auto_reason'], round(r['gbps'],3), 'GB/s, pinned', r['pinned_bytes_peak'], 'peak rss', r['peak_rss_bytes'])"
-    cat "$BIG" > /dev/null
-    $C/pinfeed stream "$BIG" --batch-size 4096 --reader pread --threads 8 --json > "$OUT/big_cached.json"
-    python3 -c "import json; r=json.load(open('$OUT/big_cached.json')); print('cached', r['reader'], round(r['gbps'],2), 'GB/s')"
-    rm -f "$BIG"
+# The 40 GB file lives on a real disk, not on a tmpfs: the first directory with room that is not
+# one (its page cache is what `cached` reads and what `cold` drops).
+bigdir() {
+    for d in /tmp /var/tmp "$PWD" /root; do
+        [ -f "$d/pinfeed-40g.npy" ] && { echo "$d"; return; }
+    done
+    for d in /tmp /var/tmp "$PWD" /root; do
+        [ -d "$d" ] || continue
+        fs=$(df --output=fstype "$d" | tail -1); avail=$(df --output=avail -B1 "$d" | tail -1)
+        if [ "$fs" != tmpfs ] && [ "$avail" -gt 45000000000 ]; then echo "$d"; return; fi
+    done
+}
+BIGDIR=${BIGDIR:-$(bigdir)}
+BIG=$BIGDIR/pinfeed-40g.npy
+drop_caches() { sync; echo 3 > /proc/sys/vm/drop_caches 2>/dev/null || python3 -c "
+import os, sys; fd = os.open(sys.argv[1], os.O_RDONLY); os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)" "$BIG"; }
+
+if want bigcached; then
+    echo "== 40 GB file, page-cached, to the GPU (in $BIGDIR)"
+    df -h "$BIGDIR" | tail -1 | tee "$OUT/big_machine.txt"
+    [ -f "$BIG" ] || $C/pinfeed gen "$BIG" --records 13875000 --shape 3,31,31 --dtype u8 --seed 2
+    : > "$OUT/big_cached.jsonl"
+    for rep in 1 2; do $C/pinfeed stream "$BIG" --batch-size 4096 --reader pread --threads 8 --json >> "$OUT/big_cached.jsonl"; done
+    $C/pinfeed stream "$BIG" --batch-size 4096 --reader auto --json >> "$OUT/big_cached.jsonl"
+    python3 -c "
+import json
+for l in open('$OUT/big_cached.jsonl'):
+    r = json.loads(l); print('cached', r['reader'], r['reader_auto_reason'], 'threads', r['threads'], round(r['gbps'], 2), 'GB/s', round(r['streaming_gbps'], 2), 'after start-up; peak rss', r['peak_rss_bytes'], 'pinned', r['pinned_bytes_peak'])"
+fi
+
+if want bigcold; then
+    echo "== 40 GB file, cold (caches dropped), beside the disk's raw O_DIRECT rate"
+    [ -n "$BIGDIR" ] || { echo "no directory with 45 GB free"; exit 1; }
+    [ -f "$BIG" ] || $C/pinfeed gen "$BIG" --records 13875000 --shape 3,31,31 --dtype u8 --seed 2
+    drop_caches
+    dd if="$BIG" of=/dev/null bs=8M iflag=direct count=1200 2>&1 | tail -1 | tee "$OUT/big_dd.txt"
+    # Four readers at once, as pinfeed's are: the disk's rate with parallel O_DIRECT reads.
+    t0=$(date +%s.%N)
+    for k in 0 1 2 3; do dd if="$BIG" of=/dev/null bs=8M iflag=direct skip=$((1200 + k * 300)) count=300 2>/dev/null & done; wait
+    python3 -c "import sys; print('dd x4 O_DIRECT:', round(4 * 300 * 8 * 2**20 / (float(sys.argv[2]) - float(sys.argv[1])) / 1e9, 3), 'GB/s')" "$t0" "$(date +%s.%N)" | tee -a "$OUT/big_dd.txt"
+    drop_caches
+    $C/pinfeed stream "$BIG" --batch-size 4096 --reader direct --json > "$OUT/big_cold.json"
+    python3 -c "import json; r=json.load(open('$OUT/big_cold.json')); print('cold', r['reader'], round(r['gbps'],3), 'GB/s, bytes', r['bytes'], 'pinned peak', r['pinned_bytes_peak'], 'peak rss', r['peak_rss_bytes'], r['bottleneck'])"
+fi
+
+if want soakstart; then
+    echo "== GPU soak started (${SOAK_SECONDS:-620} s, in the background)"
+    PINFEED_SOAK_SECONDS=${SOAK_SECONDS:-620} setsid nohup $C/soak --ignored --exact gpu_shuffled_epochs_for_a_bounded_time_leak_nothing --nocapture > /tmp/pinfeed-soak.log 2>&1 < /dev/null &
+    sleep 5; cat /tmp/pinfeed-soak.log
+fi
+
+if want soakwait; then
+    while pgrep -f "soak --ignored" > /dev/null; do sleep 5; done
+    cp /tmp/pinfeed-soak.log "$OUT/soak.log"; tail -20 /tmp/pinfeed-soak.log
 fi
 echo "== done"

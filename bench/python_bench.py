@@ -40,7 +40,10 @@ def seed(rows, cols):
         "rows: i.pin_memory().cuda(non_blocking=True)": lambda: [i.pin_memory().cuda(non_blocking=True) for i in a],
         "rows: i.cuda()": lambda: [i.cuda() for i in a],
         "pinfeed.to_device(a)": lambda: pinfeed.to_device(a, device="cuda"),
+        "pinfeed.to_device(a, method='both')": lambda: pinfeed.to_device(a, device="cuda", method="both"),
+        "pinfeed.to_device(a, method='register')": lambda: pinfeed.to_device(a, device="cuda", method="register"),
         "pinfeed.to_device(a, pinned_budget=64MiB)": lambda: pinfeed.to_device(a, device="cuda", pinned_budget="64MiB"),
+        "pinfeed.to_device(a, pinned_budget=1GiB)": lambda: pinfeed.to_device(a, device="cuda", pinned_budget="1GiB"),
     }
     for name, fn in variants.items():
         fn()
@@ -49,9 +52,60 @@ def seed(rows, cols):
     with pinfeed.pinned(a):
         wall, cpu = timed(lambda: a.cuda(non_blocking=True))
         out.append(row("with pinfeed.pinned(a): a.cuda(non_blocking=True)", n, wall, cpu))
-    got = pinfeed.to_device(a, device="cuda")
-    assert torch.equal(got.cpu(), a), "to_device delivered wrong values"
-    return {"bytes": n, "variants": out}
+        pinfeed.to_device(a, device="cuda")
+        wall, cpu = timed(lambda: pinfeed.to_device(a, device="cuda"))
+        out.append(row("with pinfeed.pinned(a): pinfeed.to_device(a)", n, wall, cpu))
+    counters = {}
+    for method in ["both", "stage", "register"]:
+        got = pinfeed.to_device(a, device="cuda", method=method)
+        assert torch.equal(got.cpu(), a), f"to_device(method={method!r}) delivered wrong values"
+        del got
+        counters[method] = pinfeed.staging._shared_stager("cuda", None, method).counters()
+    print("to_device counters:", counters)
+    return {"bytes": n, "variants": out, "counters": counters, "caps": caps(a)}
+
+
+def caps(a):
+    """What bounds a pageable source's trip to the GPU on this machine: the CPU copy rate with
+    every core (torch's multi-threaded copy_, alone and while the copy engine reads pinned memory
+    on a side stream), the driver's register + unregister rate for touched pages in 32 MiB
+    chunks, and the plain pinned copy rate."""
+    cudart = torch.cuda.cudart()
+    n = a.numel() * 4
+    dst = torch.empty_like(a)
+    dst.copy_(a)
+    wall, _ = timed(lambda: dst.copy_(a))
+    memcpy = n / wall / 1e9
+    pinned = torch.empty(1 << 30, dtype=torch.uint8, pin_memory=True)
+    dev = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    side = torch.cuda.Stream()
+    wall_pinned, _ = timed(lambda: dev.copy_(pinned, non_blocking=True))
+    with torch.cuda.stream(side):
+        for _ in range(int(3 * memcpy / 50) + 8):  # keep the copy engine busy through the memcpy
+            dev.copy_(pinned, non_blocking=True)
+    t0 = time.perf_counter()
+    dst.copy_(a)
+    memcpy_busy = n / (time.perf_counter() - t0) / 1e9
+    side.synchronize()
+    chunk = 32 << 20
+    base = a.data_ptr()
+
+    def register_all():
+        for off in range(0, n - chunk + 1, chunk):
+            assert cudart.cudaHostRegister(base + off, chunk, 0) == 0
+        for off in range(0, n - chunk + 1, chunk):
+            assert cudart.cudaHostUnregister(base + off) == 0
+
+    wall_reg, cpu_reg = timed(register_all)
+    r = {
+        "memcpy_all_cores_gbps": memcpy,
+        "memcpy_while_copy_engine_reads_gbps": memcpy_busy,
+        "register_unregister_gbps": (n // chunk * chunk) / wall_reg / 1e9,
+        "pinned_copy_1gib_gbps": (1 << 30) / wall_pinned / 1e9,
+        "torch_threads": torch.get_num_threads(),
+    }
+    print("caps:", {k: round(v, 2) if isinstance(v, float) else v for k, v in r.items()})
+    return r
 
 
 def loaders(npy, batch_size, pinfeed_bin):
@@ -76,6 +130,14 @@ def loaders(npy, batch_size, pinfeed_bin):
     out.append(row("DataLoader whole-batch sequential, pin_memory=True", n, wall, cpu))
     wall, cpu = timed(lambda: consume(pinfeed.prefetch(seq(False), device="cuda")), repeat=1)
     out.append(row("pinfeed.prefetch(DataLoader(pin_memory=False))", n, wall, cpu))
+    wall, cpu = timed(lambda: consume(pinfeed.prefetch(seq(False), device="cuda", depth=4)), repeat=1)
+    out.append(row("pinfeed.prefetch(DataLoader(pin_memory=False), depth=4)", n, wall, cpu))
+    # What the DataLoader itself delivers, with no copy at all: the ceiling for both above.
+    wall, cpu = timed(lambda: sum(x.numel() for x in seq(False)), repeat=1)
+    out.append(row("DataLoader whole-batch sequential, pin_memory=False, no copy", n, wall, cpu))
+    got = list(pinfeed.prefetch(seq(False), device="cuda"))
+    assert sum(int(x.shape[0]) for x in got) == len(mm) and torch.equal(got[-1].cpu(), torch.from_numpy(np.array(mm[-got[-1].shape[0]:])))
+    del got
     # The same file through the command, for the Python layer's cost.
     cli = []
     for _ in range(3):
@@ -184,10 +246,10 @@ def shuffled(npy, batch=1024):
     mm = np.load(npy, mmap_mode="r")
     n = mm.size
     out = []
-    for threads in [8, 16]:
-        loader = pinfeed.Loader(npy, batch, device="cuda", shuffle="random", num_threads=threads)
+    for reader, threads in [("pread", 16), ("auto", 8), ("auto", 16)]:
+        loader = pinfeed.Loader(npy, batch, device="cuda", shuffle="random", num_threads=threads, reader=reader)
         wall, cpu = timed(lambda: [x for x in loader], repeat=1)
-        out.append(row(f"pinfeed.Loader(shuffle='random', num_threads={threads})", n, wall, cpu))
+        out.append(row(f"pinfeed.Loader(shuffle='random', num_threads={threads}, reader={reader!r}) [{loader.stats().get('reader_description', '')}]", n, wall, cpu))
     resident = pinfeed.Loader(npy, 65536, device="cuda", shuffle="gpu")
     for x in resident:  # the first pass uploads the dataset once
         pass

@@ -44,6 +44,12 @@ def main():
         "torch": load(f"{d}/torch.json"),
         "python_bench": load(f"{d}/python_bench.json"),
         "doctor": load(f"{d}/doctor.json"),
+        "torchrun_shards": load(f"{d}/torchrun_shards.json"),
+        "big_machine": load(f"{d}/big_machine.txt"),
+        "big_cached": load(f"{d}/big_cached.jsonl"),
+        "big_dd": load(f"{d}/big_dd.txt"),
+        "big_cold": load(f"{d}/big_cold.json"),
+        "soak_log": load(f"{d}/soak.log"),
     }
     base = f"bench/results/{args.date}-{args.tag}"
     with open(base + ".json", "w") as f:
@@ -111,6 +117,31 @@ def main():
         rows = [[v["name"], f"{v['wall_s']*1e3:.1f}", f"{v['cpu_s']*1e3:.0f}", f"{v['gbps']:.2f}"] for v in pb["shuffled"]]
         md.append("\n### Shuffled records of the 4 GiB file\n")
         md.append(table(["loader", "wall ms", "CPU ms", "GB/s"], rows))
+    caps = (pb.get("seed") or {}).get("caps") if isinstance(pb.get("seed"), dict) else None
+    if caps:
+        md.append("\n### What caps a pageable source on this machine (same run)\n")
+        md.append(table(["measured", "GB/s"], [
+            ["CPU memory copy, all cores (torch `copy_`, %d threads)" % caps["torch_threads"], f"{caps['memcpy_all_cores_gbps']:.2f}"],
+            ["CPU memory copy while the copy engine reads pinned memory", f"{caps['memcpy_while_copy_engine_reads_gbps']:.2f}"],
+            ["`cudaHostRegister` + `cudaHostUnregister` of touched pages, 32 MiB chunks", f"{caps['register_unregister_gbps']:.2f}"],
+            ["plain pinned copy, 1 GiB", f"{caps['pinned_copy_1gib_gbps']:.2f}"],
+        ]))
+    if raw["big_cached"] or raw["big_cold"]:
+        rows = []
+        for r in raw["big_cached"] or []:
+            how = f"auto`: {r['reader_auto_reason']}" if r.get("reader_auto_reason") else f"{r['reader_kind']}`"
+            rows.append([f"page-cached, `--reader {how} ({r['reader']}, {r['threads']} threads)", f"{r['gbps']:.2f}", f"{r['streaming_gbps']:.2f}", f"{r['cpu_seconds']:.1f}", f"{r['peak_rss_bytes']>>20}", f"{r['pinned_bytes_peak']>>20}"])
+        c = raw["big_cold"]
+        if c:
+            rows.append([f"cold (caches dropped), `--reader direct` ({c['reader']}, {c['threads']} threads)", f"{c['gbps']:.3f}", f"{c['streaming_gbps']:.3f}", f"{c['cpu_seconds']:.1f}", f"{c['peak_rss_bytes']>>20}", f"{c['pinned_bytes_peak']>>20}"])
+        r0 = (raw["big_cached"] or [raw["big_cold"]])[0]
+        md.append(f"\n### A {r0['bytes']/1e9:.1f} GB `.npy` ({r0['records']} records of `3,31,31` uint8), batches of {r0['batch_size']}, to the GPU\n")
+        md.append(table(["run", "GB/s", "GB/s after start-up", "CPU s", "peak RSS MiB", "pinned MiB"], rows))
+        if raw["big_dd"]:
+            md.append("\nThe disk's raw `O_DIRECT` rate in the same run (`dd bs=8M iflag=direct`):\n\n```\n" + raw["big_dd"].strip() + "\n```")
+    if raw["soak_log"]:
+        last = [l for l in raw["soak_log"].splitlines() if l.startswith("gpu soak:") or l.startswith("test result")]
+        md.append("\n### GPU soak\n\n```\n" + "\n".join(last) + "\n```")
     print("\n".join(md))
     try:
         import matplotlib

@@ -5,8 +5,8 @@ use std::sync::{Arc, Mutex};
 
 use dlpark::ffi::DLDataType;
 use pinfeed::{
-    DeviceSpec, EpochOrder, Loader, LoaderError, LoaderOptions, OrderSpec, Position, Shuffle,
-    Stats, Transform,
+    BatchRecords, DeviceSpec, EpochOrder, Loader, LoaderError, LoaderOptions, OrderSpec, Position,
+    Shuffle, Stats, Transform,
 };
 use pinfeed_source::{dtype::parse_user_dtype, DType, HostBuffer, Layout};
 use pyo3::exceptions::PyTypeError;
@@ -88,10 +88,11 @@ impl Source {
     /// appended. Both are ignored for `.npy` files, whose header says.
     /// A directory or glob of `.npy` shards and `.safetensors` files (``tensor`` names the
     /// tensor) open as one dataset. ``reader`` picks how files are read: ``"pread"`` (also for
-    /// ``"register"``, which reads through a mapping instead), ``"direct"`` (``O_DIRECT``),
-    /// ``"uring"`` (io_uring, ``queue_depth`` reads in flight, ``read_size`` bytes each), or
-    /// ``"auto"``: buffered for files mostly page-cached or smaller than half the memory
-    /// available, ``O_DIRECT`` for larger cold ones.
+    /// ``"register"``, which reads through a mapping instead), ``"mmap"`` (``pread`` for ranges,
+    /// shuffled batches copied out of a read-only mapping of the file), ``"direct"``
+    /// (``O_DIRECT``), ``"uring"`` (io_uring, ``queue_depth`` reads in flight, ``read_size``
+    /// bytes each), or ``"auto"``: ``"mmap"`` for files mostly page-cached or smaller than half
+    /// the memory available, ``O_DIRECT`` for larger cold ones.
     #[staticmethod]
     #[pyo3(signature = (path, *, descr=None, user_dtype=None, shape=None, reader="auto", read_size=None, queue_depth=None, tensor=None))]
     #[allow(clippy::too_many_arguments)]
@@ -133,6 +134,7 @@ impl Source {
         let mode = match reader {
             "auto" => pinfeed::auto_read_mode(&path).0,
             "pread" | "register" => pinfeed_source::ReadMode::Buffered,
+            "mmap" => pinfeed_source::ReadMode::Mmap,
             "direct" => pinfeed_source::ReadMode::Direct,
             "uring" => pinfeed_source::ReadMode::Uring,
             other => {
@@ -140,7 +142,7 @@ impl Source {
                     py,
                     "Config",
                     format!(
-                        "unknown reader {other:?}: expected auto, pread, direct, uring or register"
+                        "unknown reader {other:?}: expected auto, pread, mmap, direct, uring or register"
                     ),
                 ))
             }
@@ -720,13 +722,20 @@ pub(crate) fn order_fingerprint(
     .fingerprint())
 }
 
-/// One rank's records of one epoch, in batch order, as native-endian ``u64`` bytes (wrap with
-/// ``numpy.frombuffer(b, numpy.uint64)``), and the number of batches. Every batch but the last
-/// holds ``batch_size`` records; the order is the Rust ``EpochOrder``'s, the one the loader reads.
+/// One rank's records of one epoch, in batch order, as native-endian 8-byte integers, and the
+/// number of batches. Every batch but the last holds ``batch_size`` records; the order is the
+/// Rust ``EpochOrder``'s, the one the loader reads.
+///
+/// Without ``out`` the records come as ``bytes`` (wrap with ``numpy.frombuffer(b,
+/// numpy.uint64)``). With ``out``, a writable C-contiguous numpy array of native ``int64`` or
+/// ``uint64`` holding exactly this rank's records of the epoch, they are written there (no
+/// intermediate copy; the GPU-resident loader passes a view of pinned memory) and ``out`` is
+/// returned. Either way the work is done without the GIL. A record index is below 2⁶³ (no
+/// order could hold more), so both integer types read the same values.
 #[pyfunction]
 #[pyo3(signature = (
     num_records, batch_size, *, drop_last, shuffle, block_size=None, block_window=None, seed,
-    rank, world_size, epoch
+    rank, world_size, epoch, out=None
 ))]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn epoch_order<'py>(
@@ -741,7 +750,8 @@ pub(crate) fn epoch_order<'py>(
     rank: u64,
     world_size: u64,
     epoch: u64,
-) -> PyResult<(Bound<'py, PyBytes>, u64)> {
+    out: Option<Bound<'py, PyAny>>,
+) -> PyResult<(Bound<'py, PyAny>, u64)> {
     let spec = OrderSpec {
         num_records,
         batch_size,
@@ -751,18 +761,92 @@ pub(crate) fn epoch_order<'py>(
         rank,
         world_size,
     };
-    let built = py.detach(|| -> pinfeed::Result<(Vec<u8>, u64)> {
-        let order = EpochOrder::new(&spec, epoch)?;
-        let mut bytes = Vec::new();
-        for i in 0..order.num_batches() {
-            for r in order.batch(i).to_vec() {
-                bytes.extend_from_slice(&r.to_ne_bytes());
-            }
+    let order = py.detach(|| EpochOrder::new(&spec, epoch)).py_err(py)?;
+    let num_batches = order.num_batches();
+    let len = usize::try_from(order.num_records())
+        .ok()
+        .and_then(|n| n.checked_mul(8))
+        .ok_or_else(|| {
+            value_error(
+                py,
+                "Config",
+                format!(
+                    "the order of {} records does not fit in memory",
+                    order.num_records()
+                ),
+            )
+        })?;
+    let Some(out) = out.filter(|o| !o.is_none()) else {
+        let bytes = PyBytes::new_with(py, len, |buf| {
+            // The new bytes object is reachable from no other thread until it is returned, so
+            // filling it without the GIL races with nothing.
+            py.detach(|| write_order(&order, buf));
+            Ok(())
+        })?;
+        return Ok((bytes.into_any(), num_batches));
+    };
+    let typestr: String = out
+        .getattr("__array_interface__")?
+        .get_item("typestr")?
+        .extract()?;
+    let native = if cfg!(target_endian = "little") {
+        ["<i8", "<u8"]
+    } else {
+        [">i8", ">u8"]
+    };
+    if !native.contains(&typestr.as_str()) {
+        return Err(value_error(
+            py,
+            "Config",
+            format!("epoch_order: out must hold native int64 or uint64, not {typestr}"),
+        ));
+    }
+    if !out
+        .getattr("flags")?
+        .getattr("writeable")?
+        .extract::<bool>()?
+    {
+        return Err(value_error(py, "Config", "epoch_order: out is read-only"));
+    }
+    let (address, nbytes, _shape) = array_memory(py, &out)?;
+    if nbytes != len {
+        return Err(value_error(
+            py,
+            "Config",
+            format!(
+                "epoch_order: out holds {} records, but rank {rank} has {} in epoch {epoch}",
+                nbytes / 8,
+                order.num_records()
+            ),
+        ));
+    }
+    let address = address as *mut u8;
+    // SAFETY: `address .. address + len` is the data of `out` (numpy's array interface:
+    // C-contiguous, writable, `len` bytes, all checked above), alive while `out` is, which this
+    // call holds. The caller (the loader's order workers, each with a buffer of its own) touches
+    // it only after this returns; nothing else reads or writes it meanwhile.
+    let slice = unsafe { std::slice::from_raw_parts_mut(address, len) };
+    py.detach(|| write_order(&order, slice));
+    Ok((out, num_batches))
+}
+
+/// Writes the records of `order`, in batch order, into `out` (8 native-endian bytes each,
+/// exactly `order.num_records()` of them): one batch's list at a time, with no list of the
+/// whole epoch nor a copy of it.
+fn write_order(order: &EpochOrder, out: &mut [u8]) {
+    debug_assert_eq!(out.len() as u64, order.num_records() * 8);
+    let mut slots = out.chunks_exact_mut(8);
+    let mut put = |r: u64| {
+        if let Some(slot) = slots.next() {
+            slot.copy_from_slice(&r.to_ne_bytes());
         }
-        Ok((bytes, order.num_batches()))
-    });
-    let (bytes, num_batches) = built.py_err(py)?;
-    Ok((PyBytes::new(py, &bytes), num_batches))
+    };
+    for i in 0..order.num_batches() {
+        match order.batch(i) {
+            BatchRecords::Range { first, count } => (first..first + count).for_each(&mut put),
+            BatchRecords::Indices(records) => records.into_iter().for_each(&mut put),
+        }
+    }
 }
 
 fn stats_dict<'py>(py: Python<'py>, s: &Stats, held: usize) -> PyResult<Bound<'py, PyDict>> {
@@ -773,6 +857,10 @@ fn stats_dict<'py>(py: Python<'py>, s: &Stats, held: usize) -> PyResult<Bound<'p
     d.set_item("records", s.records)?;
     d.set_item("bytes", s.bytes)?;
     d.set_item("threads", s.threads)?;
+    // Which reader ran: "pread" or "register", and in words how the source read ("pread",
+    // "mmap gather, pread ranges", a fallback with its reason).
+    d.set_item("reader", s.reader.to_string())?;
+    d.set_item("reader_description", &s.reader_description)?;
     d.set_item("read_time", s.read_time.as_secs_f64())?;
     d.set_item("read_bytes", s.read_bytes)?;
     d.set_item("transform_time", s.transform_time.as_secs_f64())?;
@@ -786,6 +874,8 @@ fn stats_dict<'py>(py: Python<'py>, s: &Stats, held: usize) -> PyResult<Bound<'p
     d.set_item("pinned_bytes", s.pinned_bytes)?;
     d.set_item("pinned_bytes_peak", s.pinned_bytes_peak)?;
     d.set_item("pinned_locked", s.pinned_locked)?;
+    // "node 1 (the GPU's)", "no NUMA (one node)" or "not placed: <reason>".
+    d.set_item("pinned_numa", &s.pinned_numa)?;
     d.set_item(
         "pinned_allocations_after_start",
         s.pinned_allocations_after_start,

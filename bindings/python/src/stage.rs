@@ -43,18 +43,20 @@ pub struct Stager {
 #[pymethods]
 impl Stager {
     #[new]
-    #[pyo3(signature = (device="cuda", pinned_budget=None, num_threads=None))]
+    #[pyo3(signature = (device="cuda", pinned_budget=None, num_threads=None, method="stage"))]
     fn new(
         py: Python<'_>,
         device: &str,
         pinned_budget: Option<Bound<'_, PyAny>>,
         num_threads: Option<usize>,
+        method: &str,
     ) -> PyResult<Stager> {
         let options = StagerOptions {
             device: device_arg(py, device)?,
             pinned_budget: size_arg(py, pinned_budget.as_ref(), "pinned_budget")?
                 .unwrap_or(pinfeed::DEFAULT_PINNED_BUDGET),
             num_threads,
+            method: method.parse::<pinfeed::UploadMethod>().py_err(py)?,
             ..StagerOptions::default()
         };
         let stager = py
@@ -97,6 +99,32 @@ impl Stager {
     #[getter]
     fn pinned_locked(&self, py: Python<'_>) -> PyResult<bool> {
         Ok(self.get(py)?.pinned_locked())
+    }
+
+    /// The most bytes page-locked at once: the arena plus the source chunks the register lane
+    /// may hold.
+    #[getter]
+    fn pinned_budget(&self, py: Python<'_>) -> PyResult<usize> {
+        Ok(self.get(py)?.pinned_budget())
+    }
+
+    /// ``"both"``, ``"stage"`` or ``"register"``.
+    #[getter]
+    fn method(&self, py: Python<'_>) -> PyResult<String> {
+        Ok(self.get(py)?.method().to_string())
+    }
+
+    /// Bytes moved so far by each way: ``staged_bytes``, ``registered_bytes``,
+    /// ``direct_bytes`` (from an already page-locked source) and ``register_error`` (why
+    /// registration failed, if it did; those chunks were staged).
+    fn counters<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, pyo3::types::PyDict>> {
+        let c = self.get(py)?.counters();
+        let d = pyo3::types::PyDict::new(py);
+        d.set_item("staged_bytes", c.staged_bytes)?;
+        d.set_item("registered_bytes", c.registered_bytes)?;
+        d.set_item("direct_bytes", c.direct_bytes)?;
+        d.set_item("register_error", c.register_error)?;
+        Ok(d)
     }
 }
 

@@ -84,3 +84,13 @@ def test_child_can_make_its_own_loader():
         return 0 if np.array_equal(out, data) else 4
 
     assert run_in_child(child) == 0
+
+
+def test_prefetch_iterator_in_child_raises():
+    items = [np.full(1000, i, dtype=np.int32) for i in range(50)]
+    it = pinfeed.prefetch(iter(items), device="cpu", depth=2, pinned_budget="1MiB")
+    first = next(it)
+    assert run_in_child(expect_fork_error(lambda: next(it))) == 0
+    # The parent's iterator carries on where it was.
+    rest = list(it)
+    np.testing.assert_array_equal(np.concatenate([first] + rest), np.concatenate(items))

@@ -96,6 +96,26 @@ def test_to_device_and_prefetch_equal_the_source(torch):
         assert torch.equal(g["y"][0].cpu(), w["y"][0])
 
 
+@pytest.mark.parametrize("method", ["both", "stage", "register"])
+def test_to_device_methods_equal_the_source(torch, method):
+    from pinfeed import _pinfeed
+
+    x = torch.rand(300, 1 << 16)  # 75 MiB
+    stager = _pinfeed.Stager("cuda", "64MiB", None, method)
+    for t in [x, x[1:], x[:, 1:].contiguous()]:
+        got = torch.from_dlpack(stager.upload(t.numpy(), (2, 32, 1), list(t.shape)))
+        assert got.is_cuda and torch.equal(got.cpu(), t)
+    c = stager.counters()
+    assert c["register_error"] is None, c
+    assert (c["registered_bytes"] > 0) == (method != "stage"), c
+    # Already page-locked: copied straight from.
+    p = x.pin_memory()
+    before = stager.counters()["direct_bytes"]
+    got = torch.from_dlpack(stager.upload(p.numpy(), (2, 32, 1), list(p.shape)))
+    assert torch.equal(got.cpu(), x)
+    assert stager.counters()["direct_bytes"] - before == x.numel() * 4
+
+
 def test_pinned_in_place(torch):
     x = torch.arange(1 << 20, dtype=torch.float32)
     with pinfeed.pinned(x):

@@ -134,3 +134,31 @@ def test_rank_from_an_initialised_process_group(torch, tmp_path, monkeypatch):
         assert (loader.rank, loader.world_size) == (0, 1)
     finally:
         dist.destroy_process_group()
+
+
+def test_resident_orders_ahead_on_cuda_across_jumps_and_streams(torch):
+    """Orders computed ahead into pinned memory and copied without a host sync: still
+    ``epoch_order``'s after set_epoch jumps, and when the gathers move to another stream than
+    the index was copied on."""
+    data = images(2000)
+    loader = pinfeed.Loader(data, 128, device="cuda", shuffle="gpu", seed=4)
+    side = torch.cuda.Stream()
+    for epoch, switch in [(0, False), (1, False), (7, True), (8, False), (2, True), (3, False)]:
+        loader.set_epoch(epoch)
+        it = iter(loader)
+        got = [next(it)]  # the index is copied on the default stream
+        with torch.cuda.stream(side if switch else torch.cuda.current_stream()):
+            got += list(it)
+        side.synchronize()
+        idx = pinfeed.epoch_order(2000, 128, seed=4, epoch=epoch).astype(np.int64)
+        np.testing.assert_array_equal(torch.cat(got).cpu().numpy(), data[idx])
+    orders = loader._orders
+    with orders._cond:
+        while orders._running:
+            orders._cond.wait()
+        kept = list(orders._ready.values())
+    assert kept and all(h.is_pinned() and h.dtype == torch.int64 for h in kept)
+    workers = list(orders._threads)
+    assert workers
+    loader.close()
+    assert not any(t.is_alive() for t in workers)

@@ -161,6 +161,7 @@ def test_stats():
     assert s["device"] == "cpu" and s["threads"] == 2
     assert s["pinned_bytes"] <= 1 << 20
     assert s["pinned_allocations_after_start"] == 0
+    assert s["pinned_numa"] == "not placed: no GPU (host backend)"
     assert isinstance(s["bottleneck"], str) and isinstance(s["explanation"], str)
     for key in ("elapsed", "read_time", "wait_free_slot", "consumer_wait", "gbps"):
         assert isinstance(s[key], float)
@@ -226,9 +227,17 @@ def test_shards_safetensors_and_readers(tmp_path):
         assert np.array_equal(got, whole)
     path = tmp_path / "one.npy"
     np.save(path, whole)
-    for reader in ("pread", "direct", "uring", "register", "auto"):
+    for reader in ("pread", "mmap", "direct", "uring", "register", "auto"):
         got = np.concatenate(list(pinfeed.Loader(str(path), 333, device="cpu", reader=reader)))
         assert np.array_equal(got, whole), reader
+    # Shuffled: the mapped gather delivers what pread delivers, and the stats say which ran.
+    shuffled = {}
+    for reader, said in (("pread", "pread"), ("mmap", "mmap gather, pread ranges")):
+        loader = pinfeed.Loader(str(path), 333, device="cpu", reader=reader, shuffle=True, seed=3)
+        shuffled[reader] = np.concatenate(list(loader))
+        assert loader.stats()["reader_description"] == said, loader.stats()
+    assert np.array_equal(shuffled["pread"], shuffled["mmap"])
+    assert not np.array_equal(shuffled["mmap"], whole)
     from safetensors.numpy import save_file
 
     st = tmp_path / "t.safetensors"

@@ -1,7 +1,13 @@
 """prefetch, to_device and pinned on the host backend."""
 
+import collections
+import signal
+import subprocess
+import sys
 import threading
 import time
+
+import zlib
 
 import numpy as np
 import pytest
@@ -18,6 +24,11 @@ def batches(n, rng=None):
             "meta": {"i": i, "empty": np.zeros((0, 4), np.int16)},
             "scalar": np.float64(i),
         }
+
+
+def prefetch_threads(before):
+    """The prefetch threads started since ``before`` (a set of threads) that are still alive."""
+    return [t for t in threading.enumerate() if t not in before and t.name.startswith("pinfeed-prefetch")]
 
 
 def assert_same_tree(got, want):
@@ -87,7 +98,7 @@ def test_prefetch_early_break_stops_the_thread():
             yield np.full(1000, i)
             i += 1
 
-    before = {t.ident for t in threading.enumerate()}
+    before = set(threading.enumerate())
     p = pinfeed.prefetch(endless(), device="cpu", depth=2)
     for i, x in enumerate(p):
         assert x[0] == i
@@ -96,10 +107,10 @@ def test_prefetch_early_break_stops_the_thread():
     p.close()
     n = len(produced)
     time.sleep(0.2)
-    assert len(produced) == n, "the worker kept pulling after close()"
-    assert n <= 6 + 2 + 2
-    leftover = [t for t in threading.enumerate() if t.ident not in before and t.name == "pinfeed-prefetch"]
-    assert not leftover
+    assert len(produced) == n, "the fetch thread kept pulling after close()"
+    # Six consumed, depth 2 queued, and at most three more held by the two threads.
+    assert n <= 6 + 2 + 3
+    assert not prefetch_threads(before)
 
 
 def test_prefetch_dropped_without_close():
@@ -109,18 +120,197 @@ def test_prefetch_dropped_without_close():
 
     p = pinfeed.prefetch(endless(), device="cpu")
     next(p)
-    thread = p._thread
+    threads = p._threads
     del p
     import gc
 
     gc.collect()
-    thread.join(5)
-    assert not thread.is_alive()
+    for thread in threads:
+        thread.join(5)
+        assert not thread.is_alive()
 
 
 def test_prefetch_context_manager_and_empty():
     with pinfeed.prefetch([], device="cpu") as p:
         assert list(p) == []
+
+
+Point = collections.namedtuple("Point", "i a")
+
+
+def varied_items(n, seed):
+    """Items of many sizes (up to five times a 64 KiB arena) and shapes, each tagged with its index."""
+    rng = np.random.default_rng(seed)
+    for i in range(n):
+        a = np.full(int(rng.integers(0, 40_000)), i, dtype=np.int64)
+        kind = i % 4
+        if kind == 0:
+            yield a
+        elif kind == 1:
+            yield (i, a[: len(a) // 2].astype(np.float32), [a[:3].copy(), {"k": a[::2]}])
+        elif kind == 2:
+            yield {"i": i, "x": a.reshape(-1, 1), "nested": (a[:7], "s", {"e": a[:0]})}
+        else:
+            yield [np.int32(i), Point(i, a.astype(np.uint8)), np.array(i)]
+
+
+@pytest.mark.parametrize("depth", [1, 4])
+def test_prefetch_keeps_order_over_many_varied_items(depth):
+    got = list(pinfeed.prefetch(varied_items(300, seed=depth), device="cpu", depth=depth, pinned_budget="64KiB"))
+    want = list(varied_items(300, seed=depth))
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        assert_same_tree(g, w)
+
+
+@pytest.mark.parametrize("where", ["iterable", "upload"])
+def test_prefetch_error_mid_stream_comes_after_exactly_the_items_before_it(where):
+    asked = []
+
+    def items():
+        for i in range(100):
+            asked.append(i)
+            if i == 37:
+                if where == "iterable":
+                    raise ZeroDivisionError("item 37")
+                yield {"bad": np.array([object()])}  # object arrays cannot be uploaded
+                continue
+            yield {"i": np.full(i + 1, i)}
+
+    before = set(threading.enumerate())
+    got = []
+    expected = ZeroDivisionError if where == "iterable" else pinfeed.PinfeedValueError
+    p = pinfeed.prefetch(items(), device="cpu", depth=3)
+    with pytest.raises(expected):
+        for x in p:
+            got.append(x)
+    assert [int(x["i"][0]) for x in got] == list(range(37))
+    assert all(len(x["i"]) == i + 1 for i, x in enumerate(got))
+    with pytest.raises(StopIteration):
+        next(p)
+    assert not prefetch_threads(before), "the threads outlived the error"
+    assert len(asked) <= 37 + 1 + 3, "the iterable ran on after the error"
+
+
+def test_prefetch_close_mid_stream_joins_both_threads():
+    def endless():
+        i = 0
+        while True:
+            yield (np.full(5000, i), {"i": i})
+            i += 1
+
+    before = set(threading.enumerate())
+    p = pinfeed.prefetch(endless(), device="cpu", depth=3)
+    for i in range(4):
+        x, meta = next(p)
+        assert x[0] == i and meta == {"i": i}
+    names = sorted(t.name for t in prefetch_threads(before))
+    assert names == ["pinfeed-prefetch-fetch", "pinfeed-prefetch-upload"]
+    p.close()
+    assert not prefetch_threads(before)
+    with pytest.raises(StopIteration):
+        next(p)
+
+
+def test_prefetch_close_abandons_an_iterable_that_blocks_forever():
+    release = threading.Event()
+
+    def stuck():
+        yield np.zeros(3)
+        release.wait()  # forever, as far as close() knows
+        yield np.ones(3)
+
+    before = set(threading.enumerate())
+    p = pinfeed.prefetch(stuck(), device="cpu")
+    np.testing.assert_array_equal(next(p), np.zeros(3))
+    closer = threading.Thread(target=p.close, kwargs={"timeout": 1.0}, daemon=True)
+    try:
+        closer.start()
+        closer.join(30)
+        assert not closer.is_alive(), "close() hung on an iterable that blocks"
+        # The upload thread is gone; the fetch thread is left inside the iterable.
+        [fetch] = prefetch_threads(before)
+        assert fetch.name == "pinfeed-prefetch-fetch"
+        with pytest.raises(StopIteration):
+            next(p)
+    finally:
+        release.set()
+    # Once the iterable returns, the fetch thread sees it was stopped and ends.
+    fetch.join(30)
+    assert not fetch.is_alive()
+
+
+def test_prefetch_fetches_the_next_item_while_uploading_this_one(monkeypatch):
+    from pinfeed import staging
+
+    n = 4
+    asked = [threading.Event() for _ in range(n + 1)]
+    fetched_on, uploaded_on, overlapped = set(), set(), []
+
+    def items():
+        for i in range(n):
+            asked[i].set()
+            fetched_on.add(threading.current_thread().name)
+            yield np.full(4, i)
+        asked[n].set()
+
+    real_upload_leaf = staging._upload_leaf
+
+    def upload_leaf(x, upload):
+        i = int(x[0])
+        uploaded_on.add(threading.current_thread().name)
+        # Only a fetch thread of its own can be asked for item i + 1 while item i is being
+        # uploaded; one thread doing both would wait here for the whole timeout.
+        overlapped.append(asked[i + 1].wait(10))
+        return real_upload_leaf(x, upload)
+
+    monkeypatch.setattr(staging, "_upload_leaf", upload_leaf)
+    got = list(pinfeed.prefetch(items(), device="cpu", depth=1))
+    assert [int(x[0]) for x in got] == list(range(n))
+    assert overlapped == [True] * n
+    assert fetched_on == {"pinfeed-prefetch-fetch"} and uploaded_on == {"pinfeed-prefetch-upload"}
+
+
+INTERRUPTED = """
+import os, signal, threading
+import numpy as np
+import pinfeed
+
+def items(block):
+    i = 0
+    while True:
+        yield np.full(1000, i)
+        i += 1
+        if block:
+            threading.Event().wait()  # never returns
+
+p = pinfeed.prefetch(items({block}), device="cpu")
+next(p)
+if {block}:
+    print("ready", flush=True)
+    next(p)  # blocks until SIGINT
+for x in p:
+    raise KeyboardInterrupt
+"""
+
+
+@pytest.mark.skipif(not hasattr(signal, "SIGINT") or sys.platform == "win32", reason="needs POSIX signals")
+@pytest.mark.parametrize("block", [True, False], ids=["sigint-while-waiting", "raised-in-the-loop"])
+def test_prefetch_keyboard_interrupt_in_the_consumer_exits(block):
+    proc = subprocess.Popen(
+        [sys.executable, "-c", INTERRUPTED.format(block=block)], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    watchdog = threading.Timer(60, proc.kill)
+    watchdog.start()
+    try:
+        if block:
+            assert proc.stdout.readline() == b"ready\n"
+            proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate()
+    finally:
+        watchdog.cancel()
+    assert proc.returncode != -signal.SIGKILL, "the interrupted process hung"
+    assert b"KeyboardInterrupt" in err, err.decode(errors="replace")
 
 
 def test_to_device_cpu():
@@ -142,6 +332,31 @@ def test_to_device_cpu():
 def test_to_device_large_through_small_budget():
     x = np.random.default_rng(3).random(1_000_000)
     np.testing.assert_array_equal(pinfeed.to_device(x, device="cpu", pinned_budget="64KiB"), x)
+
+
+@pytest.mark.parametrize("method", ["both", "stage", "register"])
+def test_to_device_methods_deliver_every_byte(method):
+    from pinfeed import _pinfeed
+
+    rng = np.random.default_rng(7)
+    backing = rng.integers(0, 256, size=(40 << 20) + 12345, dtype=np.uint8)
+    stager = _pinfeed.Stager("cpu", "16MiB", 2, method)
+    assert stager.method == method and stager.pinned_budget == 16 << 20
+    for start, n in [(0, 40 << 20), (3, (20 << 20) + 5), (4095, 10 << 20), (1, 100)]:
+        x = backing[start : start + n]
+        got = np.from_dlpack(stager.upload(x, (1, 8, 1), [n]))
+        assert zlib.crc32(got) == zlib.crc32(x), (method, start, n)
+    c = stager.counters()
+    assert c["staged_bytes"] + c["registered_bytes"] == (70 << 20) + 105
+    assert (c["registered_bytes"] > 0) == (method != "stage"), c
+    assert c["direct_bytes"] == 0 and c["register_error"] is None
+    got = pinfeed.to_device(backing, device="cpu", pinned_budget="16MiB", method=method)
+    np.testing.assert_array_equal(got, backing)
+
+
+def test_to_device_refuses_an_unknown_method():
+    with pytest.raises(ValueError, match="expected both, stage or register"):
+        pinfeed.to_device(np.zeros(3), device="cpu", method="fast")
 
 
 def test_pinned_cpu():

@@ -9,6 +9,7 @@ use anyhow::{bail, Context as _, Result};
 use clap::Args;
 use pinfeed::{
     parse_size, DeviceData, DeviceSpec, Loader, LoaderOptions, PinMethod, Stager, StagerOptions,
+    UploadMethod,
 };
 use pinfeed_cuda::{Context, DevicePool, PinnedMemory, Stream};
 use pinfeed_source::dtype::parse_user_dtype;
@@ -211,27 +212,38 @@ pub fn run(args: BenchArgs) -> Result<Outcome> {
     }
     check_crc(crc.finalize(), source_crc, "pinfeed")?;
 
-    // Not one of the seed's per-row variants: the whole tensor through the staging arena, what
-    // `pinfeed.to_device` does.
-    let stager_options = StagerOptions {
-        device,
-        pinned_budget: parse_size(&args.pinned_budget)?,
-        num_threads: options.num_threads,
-        ..StagerOptions::default()
-    };
-    let stager = Stager::new(stager_options)?;
-    let whole = median_of(args.repeat, || {
-        timed(|| {
-            let array = stager.upload(as_bytes(&tensor))?;
-            array.wait_ready()?;
-            Ok(())
-        })
-    })?;
-    let array = stager.upload(as_bytes(&tensor))?;
-    let mut back = vec![0u8; total as usize];
-    array.read_back(&mut back)?;
-    check_crc(crc32fast::hash(&back), source_crc, "pinfeed_to_device")?;
-    drop((array, back));
+    // Not one of the seed's per-row variants: the whole tensor at once, what `pinfeed.to_device`
+    // does, by each upload method (the default, the arena alone, first).
+    let mut uploads = Vec::new();
+    for (name, method) in [
+        ("pinfeed_to_device", UploadMethod::Stage),
+        ("pinfeed_to_device_both", UploadMethod::Both),
+        ("pinfeed_to_device_register", UploadMethod::Register),
+    ] {
+        let stager = Stager::new(StagerOptions {
+            device,
+            pinned_budget: parse_size(&args.pinned_budget)?,
+            num_threads: options.num_threads,
+            method,
+            ..StagerOptions::default()
+        })?;
+        let whole = median_of(args.repeat, || {
+            timed(|| {
+                let array = stager.upload(as_bytes(&tensor))?;
+                array.wait_ready()?;
+                Ok(())
+            })
+        })?;
+        let array = stager.upload(as_bytes(&tensor))?;
+        let mut back = vec![0u8; total as usize];
+        array.read_back(&mut back)?;
+        check_crc(crc32fast::hash(&back), source_crc, name)?;
+        let counters = stager.counters();
+        if let Some(error) = counters.register_error {
+            eprintln!("{name}: registration failed, staged instead: {error}");
+        }
+        uploads.push((name, method, whole));
+    }
 
     let variants = [
         Measured {
@@ -255,14 +267,27 @@ pub fn run(args: BenchArgs) -> Result<Outcome> {
             cpu: ring.1,
             bytes: total,
         },
-        Measured {
-            name: "pinfeed_to_device",
-            what: "whole tensor through pinfeed's staging arena",
-            wall: whole.0,
-            cpu: whole.1,
-            bytes: total,
-        },
     ];
+    let variants: Vec<Measured> = variants
+        .into_iter()
+        .chain(
+            uploads
+                .iter()
+                .map(|&(name, method, (wall, cpu, _))| Measured {
+                    name,
+                    what: match method {
+                        UploadMethod::Both => {
+                            "whole tensor, staging arena and in-place registration at once"
+                        }
+                        UploadMethod::Stage => "whole tensor through the staging arena",
+                        UploadMethod::Register => "whole tensor registered chunk by chunk in place",
+                    },
+                    wall,
+                    cpu,
+                    bytes: total,
+                }),
+        )
+        .collect();
     let alloc_ms = lock_cost.alloc.as_secs_f64() * 1e3 / f64::from(lock_cost.count.max(1));
     let free_ms = lock_cost.free.as_secs_f64() * 1e3 / f64::from(lock_cost.count.max(1));
     let row_copy_ms = variants[2].wall.as_secs_f64() * 1e3 / rows as f64;

@@ -18,7 +18,8 @@ use anyhow::{bail, Context as _, Result};
 use clap::Args;
 use pinfeed::{DeviceSpec, PinMethod, DEFAULT_PINNED_BUDGET};
 use pinfeed_cuda::{
-    CUdevice_attribute, Context, CudaError, DevicePool, Event, PinnedMemory, Registration, Stream,
+    numa, CUdevice_attribute, Context, CudaError, DevicePool, Event, PinnedMemory, Registration,
+    Stream,
 };
 use serde::Serialize;
 
@@ -117,8 +118,8 @@ struct GpuFacts {
     pci_bus_id: Option<String>,
     copy_engines: Option<i32>,
     link: Link,
-    /// From sysfs; -1 when the platform reports none.
-    numa_node: Option<i32>,
+    /// From sysfs; `None` when the platform reports none (`-1`) or there is no sysfs entry.
+    numa_node: Option<u32>,
     numa_cpus: Option<String>,
 }
 
@@ -310,7 +311,7 @@ fn host_facts() -> Host {
         cap_ipc_lock: has_capability(&status, CAP_IPC_LOCK),
         transparent_hugepages: read_trimmed("/sys/kernel/mm/transparent_hugepage/enabled")
             .and_then(|s| bracketed(&s).map(str::to_owned)),
-        numa_nodes: read_trimmed("/sys/devices/system/node/online").and_then(|s| list_count(&s)),
+        numa_nodes: numa::online_node_count(),
     }
 }
 
@@ -361,28 +362,6 @@ fn bracketed(text: &str) -> Option<&str> {
     Some(&text[start..end])
 }
 
-/// How many items a kernel list (`0-3,8,10-11`) names.
-fn list_count(list: &str) -> Option<usize> {
-    let list = list.trim();
-    if list.is_empty() {
-        return Some(0);
-    }
-    let mut count = 0;
-    for part in list.split(',') {
-        match part.split_once('-') {
-            Some((a, b)) => {
-                let (a, b): (usize, usize) = (a.trim().parse().ok()?, b.trim().parse().ok()?);
-                count += b.checked_sub(a)? + 1;
-            }
-            None => {
-                part.trim().parse::<usize>().ok()?;
-                count += 1;
-            }
-        }
-    }
-    Some(count)
-}
-
 fn read_trimmed(path: impl AsRef<Path>) -> Option<String> {
     std::fs::read_to_string(path)
         .ok()
@@ -396,26 +375,6 @@ fn read_trimmed(path: impl AsRef<Path>) -> Option<String> {
 /// `13000` as `13.0`, `12080` as `12.8`.
 fn cuda_version(v: i32) -> String {
     format!("{}.{}", v / 1000, (v % 1000) / 10)
-}
-
-/// The directory name sysfs gives a PCI device, from a CUDA bus id: lower case, a four-digit
-/// domain (CUDA may write eight, `00000000:3B:00.0`, or none).
-fn sysfs_pci_name(bus_id: &str) -> Option<String> {
-    let bus_id = bus_id.trim();
-    let parts: Vec<&str> = bus_id.split(':').collect();
-    let (domain, bus, devfn) = match parts.as_slice() {
-        [domain, bus, devfn] => (u32::from_str_radix(domain, 16).ok()?, *bus, *devfn),
-        [bus, devfn] => (0, *bus, *devfn),
-        _ => return None,
-    };
-    let bus = u8::from_str_radix(bus, 16).ok()?;
-    let (dev, func) = devfn.split_once('.')?;
-    let dev = u8::from_str_radix(dev, 16).ok()?;
-    let func = u8::from_str_radix(func, 16).ok()?;
-    if dev > 0x1f || func > 7 {
-        return None;
-    }
-    Some(format!("{domain:04x}:{bus:02x}:{dev:02x}.{func:x}"))
 }
 
 /// The PCIe generation of a sysfs link speed (`16.0 GT/s PCIe`, or `8 GT/s` on old kernels).
@@ -469,11 +428,7 @@ fn gpu_facts(ctx: &Arc<Context>) -> GpuFacts {
     ));
     let mem = ctx.mem_info().ok();
     let pci_bus_id = ctx.pci_bus_id().ok();
-    let sysfs = pci_bus_id
-        .as_deref()
-        .and_then(sysfs_pci_name)
-        .map(|name| PathBuf::from("/sys/bus/pci/devices").join(name))
-        .filter(|dir| dir.exists());
+    let sysfs = pci_bus_id.as_deref().and_then(numa::pci_device_dir);
     let (link, numa_node, numa_cpus) = match &sysfs {
         Some(dir) => (
             Link {
@@ -482,7 +437,7 @@ fn gpu_facts(ctx: &Arc<Context>) -> GpuFacts {
                 max: link_state(dir, "max"),
                 under_load: None,
             },
-            read_trimmed(dir.join("numa_node")).and_then(|n| n.parse().ok()),
+            numa::device_numa_node(dir),
             read_trimmed(dir.join("local_cpulist")),
         ),
         None => (Link::default(), None, None),
@@ -1137,10 +1092,10 @@ fn link_advice(link: &Link, pinned_gbps: Option<f64>) -> Vec<String> {
     out
 }
 
-fn numa_advice(nodes: Option<usize>, gpu_node: Option<i32>, cpus: Option<&str>) -> Option<String> {
+fn numa_advice(nodes: Option<usize>, gpu_node: Option<u32>, cpus: Option<&str>) -> Option<String> {
     let nodes = nodes?;
     let node = gpu_node?;
-    if nodes < 2 || node < 0 {
+    if nodes < 2 {
         return None;
     }
     let cpus = cpus.map(|c| format!(" (CPUs {c})")).unwrap_or_default();
@@ -1402,10 +1357,10 @@ fn render(r: &Report, path: Option<&Path>) -> String {
             "unknown (no sysfs entry for the device)".to_owned()
         };
         line(&mut s, "PCIe link", link);
-        let node = match g.numa_node {
-            None => "unknown".to_owned(),
-            Some(n) if n < 0 => "none reported".to_owned(),
-            Some(n) => n.to_string(),
+        let node = match (g.numa_node, &g.link.sysfs) {
+            (Some(n), _) => n.to_string(),
+            (None, Some(_)) => "none reported".to_owned(),
+            (None, None) => "unknown".to_owned(),
         };
         let cpus = g
             .numa_cpus
@@ -1558,26 +1513,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn pci_names_follow_sysfs() {
-        assert_eq!(
-            sysfs_pci_name("00000000:3B:00.0").as_deref(),
-            Some("0000:3b:00.0")
-        );
-        assert_eq!(
-            sysfs_pci_name("0000:3b:00.0").as_deref(),
-            Some("0000:3b:00.0")
-        );
-        assert_eq!(sysfs_pci_name("3B:00.0").as_deref(), Some("0000:3b:00.0"));
-        assert_eq!(
-            sysfs_pci_name("0001:C1:1F.7\n").as_deref(),
-            Some("0001:c1:1f.7")
-        );
-        assert_eq!(sysfs_pci_name("nonsense"), None);
-        assert_eq!(sysfs_pci_name("0000:3b:00"), None);
-        assert_eq!(sysfs_pci_name("0000:3b:20.0"), None);
-    }
-
-    #[test]
     fn link_speeds_give_generations() {
         assert_eq!(pcie_gen("32.0 GT/s PCIe"), Some(5));
         assert_eq!(pcie_gen("16.0 GT/s PCIe"), Some(4));
@@ -1595,10 +1530,6 @@ mod tests {
     fn kernel_texts_parse() {
         assert_eq!(bracketed("always [madvise] never"), Some("madvise"));
         assert_eq!(bracketed("always madvise never"), None);
-        assert_eq!(list_count("0"), Some(1));
-        assert_eq!(list_count("0-1"), Some(2));
-        assert_eq!(list_count("0-3,8,10-11\n"), Some(7));
-        assert_eq!(list_count("3-1"), None);
         let meminfo = "MemTotal:       24684084 kB\nMemFree:  1 kB\nMemAvailable:   24269648 kB\n";
         assert_eq!(meminfo_bytes(meminfo, "MemTotal"), Some(24684084 * 1024));
         assert_eq!(
@@ -1726,7 +1657,7 @@ mod tests {
             "{text}"
         );
         assert_eq!(numa_advice(Some(1), Some(0), None), None);
-        assert_eq!(numa_advice(Some(2), Some(-1), None), None);
+        assert_eq!(numa_advice(Some(2), None, None), None);
         assert_eq!(numa_advice(None, Some(1), None), None);
     }
 

@@ -163,6 +163,13 @@ impl Context {
         Ok(c_buf_to_string(&buf))
     }
 
+    /// The NUMA node the device hangs off, from sysfs; `None` when the bus id, the sysfs entry
+    /// or the node (`-1`) is missing.
+    pub fn numa_node(&self) -> Option<u32> {
+        let dir = crate::numa::pci_device_dir(&self.pci_bus_id().ok()?)?;
+        crate::numa::device_numa_node(&dir)
+    }
+
     /// `(free, total)` device memory in bytes.
     pub fn mem_info(&self) -> Result<(usize, usize)> {
         let _current = self.enter()?;

@@ -92,6 +92,11 @@ impl CudaError {
         }
     }
 
+    /// Whether `cuMemHostRegister` refused a range because (part of) it is already page-locked.
+    pub fn is_already_registered(&self) -> bool {
+        self.driver_code() == Some(sys::CUresult::CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED as i32)
+    }
+
     /// Builds [`CudaError::Driver`] from a failed call, asking the driver for the name and text.
     ///
     /// Only called once the driver library is known to be loadable (every `CUresult` in hand came

@@ -10,8 +10,8 @@
 //! - [`Stream`] (ours, non-blocking) and [`ForeignStream`] (borrowed, such as torch's);
 //!   [`Event`]s to order them and to learn when a copy is done.
 //! - [`PinnedMemory`]: one page-locked allocation, made once ([`PinMethod`] picks
-//!   `cuMemHostAlloc` or `mmap` + `cuMemHostRegister`); [`Registration`] pins existing memory in
-//!   place.
+//!   `cuMemHostAlloc` or `mmap` + `cuMemHostRegister`, the latter bound to the GPU's NUMA node:
+//!   [`numa`]); [`Registration`] pins existing memory in place.
 //! - [`DevicePool`] and [`DeviceBuffer`]: stream-ordered device memory that stays cached.
 //! - [`memcpy_htod_async`], [`memcpy_dtoh_async`], [`memcpy_dtod_async`].
 //!
@@ -45,6 +45,7 @@ mod context;
 mod driver;
 mod error;
 mod memory;
+pub mod numa;
 mod pool;
 mod stream;
 
@@ -52,8 +53,10 @@ pub use context::Context;
 pub use driver::{driver_present, driver_version, probe};
 pub use error::{CudaError, Result};
 pub use memory::{
-    memcpy_dtod_async, memcpy_dtoh_async, memcpy_htod_async, PinMethod, PinnedMemory, Registration,
+    is_page_locked, memcpy_dtod_async, memcpy_dtoh_async, memcpy_htod_async, PinMethod,
+    PinnedMemory, Registration,
 };
+pub use numa::NumaPlacement;
 pub use pool::{DeviceBuffer, DevicePool};
 pub use stream::{Event, ForeignStream, Stream};
 

@@ -250,10 +250,13 @@ impl DeviceMemory {
         }
     }
 
-    fn host_ptr_mut(&mut self) -> Option<*mut u8> {
+    /// The address to copy into: [`address`](DeviceMemory::address), but taken through
+    /// `&mut` so that on the host backend writes through it are allowed.
+    pub(crate) fn write_address(&mut self) -> u64 {
         match &mut self.inner {
-            Some(DeviceInner::Host { buf, .. }) => Some(buf.as_mut_ptr()),
-            _ => None,
+            Some(DeviceInner::Host { buf, .. }) => buf.as_mut_ptr() as u64,
+            Some(DeviceInner::Cuda(b)) => b.ptr(),
+            None => 0,
         }
     }
 }
@@ -439,15 +442,26 @@ impl Backend {
             dst_offset + len <= dst.len(),
             "copy past the end of device memory"
         );
+        let at = dst.write_address() + dst_offset as u64;
+        // SAFETY: `at .. at + len` lies inside `dst` (asserted), which the caller does not read
+        // until the fence; the rest is forwarded from this function's contract.
+        unsafe { self.copy_to(src, at, len) }
+    }
+
+    /// [`copy`](Backend::copy) to a raw destination: a device address on CUDA, a host pointer
+    /// on the host backend (from [`DeviceMemory::write_address`]). Several threads may copy
+    /// into disjoint parts of one allocation this way.
+    ///
+    /// # Safety
+    /// As for `copy`; and `dst .. dst + len` lies inside live memory of this backend that
+    /// nothing else writes or reads until the fence completes.
+    pub(crate) unsafe fn copy_to(&self, src: *const u8, dst: u64, len: usize) -> Result<CopyFence> {
         match self {
             Backend::Host { engine, .. } => {
                 let done = Arc::new(HostFlag::default());
-                let base = dst.host_ptr_mut().expect("host backend holds host memory");
-                // SAFETY: `dst_offset + len <= dst.len()`, checked above.
-                let dst_ptr = unsafe { base.add(dst_offset) };
                 let job = HostJob {
                     src: SendPtr(src.cast_mut()),
-                    dst: SendPtr(dst_ptr),
+                    dst: SendPtr(dst as *mut u8),
                     len,
                     done: Arc::clone(&done),
                 };
@@ -464,14 +478,7 @@ impl Backend {
                 ctx, copy_stream, ..
             } => {
                 // SAFETY: forwarded from this function's contract.
-                unsafe {
-                    pinfeed_cuda::memcpy_htod_async(
-                        dst.address() + dst_offset as u64,
-                        src,
-                        len,
-                        copy_stream,
-                    )?;
-                }
+                unsafe { pinfeed_cuda::memcpy_htod_async(dst, src, len, copy_stream)? };
                 let event = Event::new(ctx)?;
                 event.record(copy_stream)?;
                 Ok(CopyFence::Cuda(Arc::new(event)))

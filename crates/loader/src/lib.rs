@@ -55,7 +55,9 @@ pub use order::{BatchRecords, EpochOrder, OrderSpec, Position, Shuffle};
 pub use pinfeed_cuda::PinMethod;
 pub use pipeline::{Batch, Loader, Waited};
 pub use pool::{pinned_allocations, release_idle_pinned_memory};
-pub use stager::{to_device, DeviceArray, PinnedRegion, Stager, StagerOptions};
+pub use stager::{
+    to_device, DeviceArray, PinnedRegion, Stager, StagerOptions, UploadCounters, UploadMethod,
+};
 pub use stats::{Bottleneck, Stats};
 
 /// Anything delivered into device memory: a loader's [`Batch`] or a [`Stager`]'s

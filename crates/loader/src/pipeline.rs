@@ -227,6 +227,14 @@ impl Staging {
             Staging::Windows(_) => true,
         }
     }
+    fn numa_placement(&self) -> String {
+        match self {
+            Staging::Slots(pool) => pool.numa_placement(),
+            Staging::Windows(_) => {
+                "not placed: the page cache holds the file's pages where it read them".to_string()
+            }
+        }
+    }
 }
 
 /// A batch on the device: its memory, its place in the dataset, and the copy that fills it.
@@ -546,6 +554,7 @@ impl Loader {
             pinned_bytes: ring.capacity * s.staging.slot_bytes(),
             pinned_bytes_peak: ring.capacity * s.staging.slot_bytes(),
             pinned_locked: s.staging.locked(),
+            pinned_numa: s.staging.numa_placement(),
             pinned_allocations_after_start: pinned_allocations()
                 .saturating_sub(s.pinned_allocations_at_start),
             slots_recycled: ring.recycled,

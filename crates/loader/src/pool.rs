@@ -213,6 +213,14 @@ impl PinnedPool {
         self.slot_bytes * self.slots
     }
 
+    /// Which NUMA node the pool's pages were put on, in words (see [`crate::Stats::pinned_numa`]).
+    pub(crate) fn numa_placement(&self) -> String {
+        match self.memory() {
+            Memory::Host(_) => "not placed: no GPU (host backend)".to_string(),
+            Memory::Cuda(m) => m.numa_placement().to_string(),
+        }
+    }
+
     /// Whether the memory is really page-locked.
     pub(crate) fn locked(&self) -> bool {
         match self.memory() {

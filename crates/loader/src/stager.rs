@@ -5,10 +5,23 @@
 //! FIFO order, fills each piece with a multi-threaded `memcpy`, and issues the piece's copy into
 //! the destination at once, so the copy of one piece overlaps the `memcpy` of the next. A piece
 //! is reused only after its copy's fence has completed. Uploads larger than the arena stream
-//! through it; nothing is page-locked per upload.
+//! through it; nothing is allocated page-locked per upload.
+//!
+//! Two other ways are there to choose ([`UploadMethod`]). `Register` page-locks the source in
+//! place chunk by chunk (`cuMemHostRegister`), lets the copy engine read each chunk directly and
+//! unlocks it once that copy has finished: almost no CPU time, but bounded by the driver's
+//! registration rate. `Both` runs that lane from the back of the source while the arena lane
+//! works from the front, until they meet. On the H200 machine the arena alone was fastest
+//! (35.1 GB/s for the seed tensor against 14.6 for `Register` and 16.9 for `Both`: the driver
+//! serialises registration with the copies the other lane issues), so `Stage` is the default;
+//! `Register` is there for machines short of CPU time (192 ms of CPU against 902 for 2.7 GB).
+//! With a lane, the budget is shared: half for the arena, half for the chunks registered at any
+//! moment. A source that is already page-locked (`pin_memory()`, `pinned()`) is copied straight
+//! from by every method, with no lane.
 
 use std::collections::VecDeque;
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
 
 use pinfeed_cuda::{Context, PinMethod, Registration};
 
@@ -20,12 +33,80 @@ use crate::{DeviceData, DEFAULT_PINNED_BUDGET};
 /// Pieces are aligned to this, so that every `memcpy` and DMA starts on a cache line.
 const ALIGN: usize = 4096;
 
+/// Registered chunks are whole pages of the source.
+const PAGE: usize = 4096;
+
+/// The largest chunk the register lane locks at once: big enough that the driver's fixed cost
+/// per call is small, small enough that the lane starts soon and holds little of the budget.
+const MAX_REGISTER_CHUNK: usize = 32 << 20;
+
+/// The smallest chunk worth registering: below this a `memcpy` is cheaper than the driver calls
+/// (0.8 ms to register 2.5 MiB on the H200 machine, REFERENCE.md).
+const MIN_REGISTER_CHUNK: usize = 4 << 20;
+
+/// Copies from an already page-locked source are issued in pieces of at most this size.
+const DIRECT_PIECE: usize = 256 << 20;
+
+/// How an upload moves a pageable source to the device.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum UploadMethod {
+    /// The arena alone: a multi-threaded `memcpy` into pinned memory, then the DMA. The
+    /// default: fastest on the H200 machine (docs/BENCHMARKS.md).
+    #[default]
+    Stage,
+    /// Both lanes at once, from opposite ends of the source: CPU threads copy into the arena,
+    /// one thread registers chunks in place. Uploads too small for two registered chunks use
+    /// the arena alone.
+    Both,
+    /// Registration alone: every whole page of the source is registered chunk by chunk and
+    /// copied from in place; the arena takes only the partial pages at either end.
+    Register,
+}
+
+impl std::str::FromStr for UploadMethod {
+    type Err = LoaderError;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "both" => Ok(UploadMethod::Both),
+            "stage" => Ok(UploadMethod::Stage),
+            "register" => Ok(UploadMethod::Register),
+            _ => Err(LoaderError::Config(format!(
+                "unknown upload method {s:?}: expected both, stage or register"
+            ))),
+        }
+    }
+}
+
+impl std::fmt::Display for UploadMethod {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            UploadMethod::Both => "both",
+            UploadMethod::Stage => "stage",
+            UploadMethod::Register => "register",
+        })
+    }
+}
+
+/// Bytes a [`Stager`] has moved, by the way they went, since it was made.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct UploadCounters {
+    /// Copied by the CPU into the arena, then by DMA.
+    pub staged_bytes: u64,
+    /// Copied by DMA from chunks of the source registered for the purpose.
+    pub registered_bytes: u64,
+    /// Copied by DMA from a source that was already page-locked.
+    pub direct_bytes: u64,
+    /// Why the register lane stopped, when registration failed; its chunks were staged.
+    pub register_error: Option<String>,
+}
+
 /// How a [`Stager`] runs.
 #[derive(Clone, Debug)]
 pub struct StagerOptions {
     /// Where uploads go.
     pub device: DeviceSpec,
-    /// Bytes of page-locked memory in the arena.
+    /// Bytes page-locked at most: the arena, plus the chunks of a source the register lane
+    /// holds registered at once (half each, see [`Stager::new`]).
     pub pinned_budget: usize,
     /// Threads that copy into the arena; `None` for one per core, at most 8.
     pub num_threads: Option<usize>,
@@ -34,6 +115,8 @@ pub struct StagerOptions {
     /// Largest piece one copy moves; `None` for a quarter of the arena, at most 64 MiB, so that
     /// several pieces are in flight at once.
     pub piece_bytes: Option<usize>,
+    /// How large uploads move (see [`UploadMethod`]).
+    pub method: UploadMethod,
 }
 
 impl Default for StagerOptions {
@@ -44,6 +127,7 @@ impl Default for StagerOptions {
             num_threads: None,
             pin_method: PinMethod::Register,
             piece_bytes: None,
+            method: UploadMethod::Stage,
         }
     }
 }
@@ -87,6 +171,15 @@ struct StagerShared {
     pool: PinnedPool,
     backend: Arc<Backend>,
     budget: Arc<DeviceBudget>,
+    counters: Counters,
+}
+
+#[derive(Default)]
+struct Counters {
+    staged: AtomicU64,
+    registered: AtomicU64,
+    direct: AtomicU64,
+    register_error: Mutex<Option<String>>,
 }
 
 impl Drop for StagerShared {
@@ -105,6 +198,11 @@ pub struct Stager {
     upload: Mutex<()>,
     threads: usize,
     piece: usize,
+    method: UploadMethod,
+    /// Bytes of the source the register lane may hold registered at once; 0 turns it off.
+    register_budget: usize,
+    /// Bytes the register lane registers per call.
+    register_chunk: usize,
 }
 
 impl std::fmt::Debug for Stager {
@@ -114,21 +212,33 @@ impl std::fmt::Debug for Stager {
             .field("pinned_bytes", &self.pinned_bytes())
             .field("threads", &self.threads)
             .field("piece", &self.piece)
+            .field("method", &self.method)
+            .field("register_budget", &self.register_budget)
             .finish()
     }
 }
 
 impl Stager {
-    /// Makes the arena: the one page-locked allocation of this stager.
+    /// Makes the arena: the one page-locked allocation of this stager. With a register lane
+    /// ([`UploadMethod::Both`] or `Register`) the arena gets half the budget and the lane the
+    /// other half; a budget too small to register chunks of at least 4 MiB two at a time gives
+    /// the arena all of it.
     pub fn new(options: StagerOptions) -> Result<Stager> {
-        let capacity = options.pinned_budget / ALIGN * ALIGN;
-        if capacity < 2 * ALIGN {
+        let total = options.pinned_budget / ALIGN * ALIGN;
+        if total < 2 * ALIGN {
             return Err(LoaderError::Config(format!(
                 "pinned budget of {} bytes is too small for a staging arena: give at least {} bytes",
                 options.pinned_budget,
                 2 * ALIGN
             )));
         }
+        let half = total / 2 / ALIGN * ALIGN;
+        let (capacity, register_budget) = match options.method {
+            UploadMethod::Stage => (total, 0),
+            _ if total - half < 2 * MIN_REGISTER_CHUNK => (total, 0),
+            _ => (half, total - half),
+        };
+        let register_chunk = (register_budget / 2).min(MAX_REGISTER_CHUNK) / PAGE * PAGE;
         let piece = options
             .piece_bytes
             .unwrap_or((capacity / 4).min(64 << 20))
@@ -151,11 +261,35 @@ impl Stager {
                 pool,
                 backend,
                 budget: DeviceBudget::new(None),
+                counters: Counters::default(),
             }),
             upload: Mutex::new(()),
             threads,
             piece,
+            method: options.method,
+            register_budget,
+            register_chunk,
         })
+    }
+
+    /// How large uploads move.
+    pub fn method(&self) -> UploadMethod {
+        self.method
+    }
+
+    /// Bytes moved so far, by the way they went.
+    pub fn counters(&self) -> UploadCounters {
+        let c = &self.shared.counters;
+        UploadCounters {
+            staged_bytes: c.staged.load(Ordering::Relaxed),
+            registered_bytes: c.registered.load(Ordering::Relaxed),
+            direct_bytes: c.direct.load(Ordering::Relaxed),
+            register_error: c
+                .register_error
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone(),
+        }
     }
 
     /// Where uploads go.
@@ -166,6 +300,11 @@ impl Stager {
     /// Bytes of page-locked memory in the arena.
     pub fn pinned_bytes(&self) -> usize {
         self.shared.pool.bytes()
+    }
+
+    /// The most bytes page-locked at once: the arena plus what the register lane may hold.
+    pub fn pinned_budget(&self) -> usize {
+        self.shared.pool.bytes() + self.register_budget
     }
 
     /// Whether the arena is really page-locked (see [`Stats::pinned_locked`](crate::Stats)).
@@ -199,41 +338,20 @@ impl Stager {
         }
     }
 
-    /// Copies `src` into new device memory. Returns once the last copy is issued; the result's
-    /// fence completes when all of it has arrived. Blocks while the arena is full.
+    /// Copies `src` into new device memory. Returns once nothing reads `src` any more (the
+    /// arena lane's last copies may still be in flight); the result's fence completes when all
+    /// of it has arrived. Blocks while the arena is full.
     pub fn upload(&self, src: &[u8]) -> Result<DeviceArray> {
         let _one_at_a_time = self.upload.lock().unwrap_or_else(|p| p.into_inner());
         let shared = &self.shared;
         let mut memory = shared.backend.alloc(src.len(), &shared.budget)?;
-        let mut last = None;
-        let mut offset = 0;
-        for piece in src.chunks(self.piece) {
-            let len = piece.len();
-            let start = self.reserve(len.next_multiple_of(ALIGN))?;
-            // SAFETY: `reserve` returned `start .. start + len` free: no copy reads it and no
-            // other upload runs (the upload lock).
-            let staging = unsafe { shared.pool.bytes_mut(start, len) };
-            parallel_copy(staging, piece, self.threads);
-            // SAFETY: the staging piece stays reserved (in the arena's list) until this fence
-            // completes; the destination range is inside `memory`, which no one reads before
-            // the fence.
-            let fence = unsafe {
-                shared
-                    .backend
-                    .copy(staging.as_ptr(), &mut memory, offset, len)
-            }?;
-            shared
-                .arena
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .pieces
-                .push_back((start, start + len.next_multiple_of(ALIGN), fence.clone()));
-            last = Some(fence);
-            offset += len;
-        }
-        let ready = match last {
-            Some(fence) => fence,
-            None => shared.backend.completed_fence()?,
+        let dst = memory.write_address();
+        let ready = if src.is_empty() {
+            shared.backend.completed_fence()?
+        } else if self.already_page_locked(src)? {
+            self.upload_direct(src, dst)?
+        } else {
+            self.upload_lanes(src, dst)?
         };
         Ok(DeviceArray {
             len: src.len(),
@@ -244,23 +362,374 @@ impl Stager {
             },
         })
     }
+
+    /// Whether `src` is page-locked already, so that the copy engine can read it as it is.
+    fn already_page_locked(&self, src: &[u8]) -> Result<bool> {
+        let Some(ctx) = self.shared.backend.context() else {
+            return Ok(false);
+        };
+        let last = src.as_ptr().wrapping_add(src.len() - 1);
+        Ok(pinfeed_cuda::is_page_locked(ctx, src.as_ptr())?
+            && pinfeed_cuda::is_page_locked(ctx, last)?)
+    }
+
+    /// Copies an already page-locked source straight to `dst` and waits until it has been read.
+    fn upload_direct(&self, src: &[u8], dst: u64) -> Result<CopyFence> {
+        let mut last = None;
+        for (i, piece) in src.chunks(DIRECT_PIECE).enumerate() {
+            // SAFETY: `src` outlives the copy (we wait for it below) and the destination range
+            // lies inside the allocation of `src.len()` bytes at `dst`, which nobody reads
+            // before the returned fence.
+            let fence = unsafe {
+                self.shared.backend.copy_to(
+                    piece.as_ptr(),
+                    dst + (i * DIRECT_PIECE) as u64,
+                    piece.len(),
+                )
+            }?;
+            last = Some(fence);
+        }
+        let fence = last.expect("a non-empty source has a piece");
+        pinfeed_ring::Fence::wait(&fence)?;
+        self.shared
+            .counters
+            .direct
+            .fetch_add(src.len() as u64, Ordering::Relaxed);
+        Ok(fence)
+    }
+
+    /// The arena lane and, for large sources, the register lane.
+    fn upload_lanes(&self, src: &[u8], dst: u64) -> Result<CopyFence> {
+        let plan = LanePlan::new(src, self);
+        std::thread::scope(|scope| -> Result<CopyFence> {
+            let register = (plan.chunks > 0).then(|| {
+                let plan = &plan;
+                scope.spawn(move || self.register_lane(src, dst, plan))
+            });
+            let gang = CopyGang::start(scope, self.threads);
+            let mut stage = StageLane {
+                stager: self,
+                gang: &gang,
+                src,
+                dst,
+                last: None,
+            };
+            let staged = (|| -> Result<()> {
+                stage.range(0, plan.head)?;
+                while let Some(i) = plan.take_front() {
+                    let (start, end) = plan.chunk(i);
+                    stage.range(start, end)?;
+                }
+                Ok(())
+            })();
+            if staged.is_err() {
+                plan.abandon();
+            }
+            let returned = match register {
+                Some(lane) => lane.join().unwrap_or_else(|_| {
+                    Err(LoaderError::Config("the register lane panicked".into()))
+                }),
+                None => Ok(Vec::new()),
+            };
+            staged?;
+            // Chunks the register lane could not lock, then the partial page at the end.
+            for i in returned? {
+                let (start, end) = plan.chunk(i);
+                stage.range(start, end)?;
+            }
+            stage.range(plan.tail, src.len())?;
+            match stage.last {
+                Some(fence) => Ok(fence),
+                // Everything went through the register lane, which waited for its copies.
+                None => self.shared.backend.completed_fence(),
+            }
+        })
+    }
+
+    /// Takes chunks from the back of the plan, registers each, copies from it in place and
+    /// unregisters it once that copy is done, holding at most `register_budget` bytes. Returns
+    /// the chunks it took but could not register (registration failed), for the arena lane.
+    fn register_lane(&self, src: &[u8], dst: u64, plan: &LanePlan) -> Result<Vec<usize>> {
+        let backend = &self.shared.backend;
+        let counters = &self.shared.counters;
+        let mut held: VecDeque<(Option<Registration>, CopyFence, usize)> = VecDeque::new();
+        let mut held_bytes = 0;
+        let result = (|| -> Result<Vec<usize>> {
+            while let Some(i) = plan.take_back() {
+                let (start, end) = plan.chunk(i);
+                let len = end - start;
+                while held_bytes + len > self.register_budget {
+                    let (lock, fence, n) = held.pop_front().expect("held bytes are in the queue");
+                    pinfeed_ring::Fence::wait(&fence)?;
+                    drop(lock);
+                    held_bytes -= n;
+                }
+                let ptr = src[start..end].as_ptr();
+                let lock = match lock_in_place(backend, ptr, len) {
+                    Ok(lock) => lock,
+                    Err(e) => {
+                        *counters
+                            .register_error
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner()) = Some(e.to_string());
+                        // This chunk and every one not yet taken go through the arena.
+                        let mut left = vec![i];
+                        left.extend(std::iter::from_fn(|| plan.take_back()));
+                        return Ok(left);
+                    }
+                };
+                // SAFETY: the chunk stays locked and unwritten (we hold `&src`) until its fence
+                // completes, which is awaited before the lock is dropped; the destination range
+                // lies inside the allocation at `dst` and is disjoint from every other chunk's.
+                let fence = unsafe { backend.copy_to(ptr, dst + start as u64, len) }?;
+                held.push_back((lock, fence, len));
+                held_bytes += len;
+                counters.registered.fetch_add(len as u64, Ordering::Relaxed);
+            }
+            Ok(Vec::new())
+        })();
+        if result.is_err() {
+            plan.abandon();
+        }
+        // Unlock only what nobody reads any more, also on the way out of an error.
+        for (lock, fence, _) in held.drain(..) {
+            let waited = pinfeed_ring::Fence::wait(&fence);
+            drop(lock);
+            waited?;
+        }
+        result
+    }
 }
 
-/// Copies `src` into `dst` on up to `threads` threads (one for small copies).
-fn parallel_copy(dst: &mut [u8], src: &[u8], threads: usize) {
-    let dst = &mut dst[..src.len()];
-    const MIN_PER_THREAD: usize = 1 << 20;
-    let threads = threads.min(src.len() / MIN_PER_THREAD).max(1);
-    if threads == 1 {
-        dst.copy_from_slice(src);
-        return;
-    }
-    let part = src.len().div_ceil(threads).next_multiple_of(64);
-    std::thread::scope(|scope| {
-        for (d, s) in dst.chunks_mut(part).zip(src.chunks(part)) {
-            scope.spawn(move || d.copy_from_slice(s));
+/// How an upload's source is split between the lanes: the partial page at either end goes
+/// through the arena; the whole pages between are cut into chunks that the arena lane takes
+/// from the front and the register lane from the back, until they meet.
+struct LanePlan {
+    /// End of the leading partial page (the first page-aligned offset of the source).
+    head: usize,
+    /// Start of the trailing partial page.
+    tail: usize,
+    chunk: usize,
+    /// Chunks between `head` and `tail`; 0 when there is no register lane.
+    chunks: usize,
+    /// Whether the arena lane takes chunks too ([`UploadMethod::Both`]).
+    front_lane: bool,
+    /// The next chunk the front lane takes, and one past the next the back lane takes.
+    claims: Mutex<(usize, usize)>,
+}
+
+impl LanePlan {
+    fn new(src: &[u8], stager: &Stager) -> LanePlan {
+        let addr = src.as_ptr() as usize;
+        let head = (addr.next_multiple_of(PAGE) - addr).min(src.len());
+        let tail = ((addr + src.len()) / PAGE * PAGE)
+            .saturating_sub(addr)
+            .max(head);
+        let chunk = stager.register_chunk.max(PAGE);
+        let whole = (tail - head).div_ceil(chunk);
+        // Both lanes: worth it from two whole chunks on; registration alone: from one chunk.
+        let enough = match stager.method {
+            UploadMethod::Both => tail - head >= 2 * chunk,
+            UploadMethod::Register => whole >= 1,
+            UploadMethod::Stage => false,
+        };
+        let chunks = if stager.register_budget > 0 && enough {
+            whole
+        } else {
+            0
+        };
+        let (head, tail) = if chunks == 0 {
+            // The arena takes everything, as one range.
+            (src.len(), src.len())
+        } else {
+            (head, tail)
+        };
+        LanePlan {
+            head,
+            tail,
+            chunk,
+            chunks,
+            front_lane: stager.method == UploadMethod::Both,
+            claims: Mutex::new((0, chunks)),
         }
-    });
+    }
+
+    /// `[start, end)` of chunk `i`, as offsets into the source.
+    fn chunk(&self, i: usize) -> (usize, usize) {
+        let start = self.head + i * self.chunk;
+        (start, (start + self.chunk).min(self.tail))
+    }
+
+    fn take_front(&self) -> Option<usize> {
+        if !self.front_lane {
+            return None;
+        }
+        let mut claims = self.claims.lock().unwrap_or_else(|p| p.into_inner());
+        (claims.0 < claims.1).then(|| {
+            claims.0 += 1;
+            claims.0 - 1
+        })
+    }
+
+    fn take_back(&self) -> Option<usize> {
+        let mut claims = self.claims.lock().unwrap_or_else(|p| p.into_inner());
+        (claims.0 < claims.1).then(|| {
+            claims.1 -= 1;
+            claims.1
+        })
+    }
+
+    /// Leaves the chunks nobody has taken yet: the upload failed.
+    fn abandon(&self) {
+        let mut claims = self.claims.lock().unwrap_or_else(|p| p.into_inner());
+        claims.0 = claims.1;
+    }
+}
+
+/// A page-locked chunk of the source, or `None` where no lock is needed: the host backend, or
+/// memory the driver had page-locked already.
+fn lock_in_place(backend: &Backend, ptr: *const u8, len: usize) -> Result<Option<Registration>> {
+    let Some(ctx) = backend.context() else {
+        return Ok(None);
+    };
+    // SAFETY: the chunk is part of a source slice borrowed for the whole upload, so it stays
+    // mapped; the register lane drops the registration only after the copy reading it is done.
+    // Read-only: the source may be a read-only file mapping (a numpy memmap).
+    match unsafe { Registration::new(ctx, ptr.cast_mut(), len, true) } {
+        Ok(registration) => Ok(Some(registration)),
+        Err(e) if e.is_already_registered() => Ok(None),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// The arena lane of one upload.
+struct StageLane<'a, 'g> {
+    stager: &'a Stager,
+    gang: &'a CopyGang<'g>,
+    src: &'a [u8],
+    dst: u64,
+    /// The fence of the last copy this lane issued.
+    last: Option<CopyFence>,
+}
+
+impl StageLane<'_, '_> {
+    /// Copies `src[start..end]` through the arena to the same offsets of the destination.
+    fn range(&mut self, start: usize, end: usize) -> Result<()> {
+        let shared = &self.stager.shared;
+        let mut offset = start;
+        for piece in self.src[start..end].chunks(self.stager.piece) {
+            let len = piece.len();
+            let at = self.stager.reserve(len.next_multiple_of(ALIGN))?;
+            // SAFETY: `reserve` returned `at .. at + len` free: no copy reads it and no other
+            // upload runs (the upload lock); only this lane reserves.
+            let staging = unsafe { shared.pool.bytes_mut(at, len) };
+            self.gang.copy(staging, piece);
+            // SAFETY: the staging piece stays reserved (in the arena's list) until this fence
+            // completes; the destination range lies inside the upload's allocation, disjoint
+            // from every other piece and chunk, and nobody reads it before the upload's fence.
+            let fence = unsafe {
+                shared
+                    .backend
+                    .copy_to(staging.as_ptr(), self.dst + offset as u64, len)
+            }?;
+            shared
+                .arena
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .pieces
+                .push_back((at, at + len.next_multiple_of(ALIGN), fence.clone()));
+            shared
+                .counters
+                .staged
+                .fetch_add(len as u64, Ordering::Relaxed);
+            self.last = Some(fence);
+            offset += len;
+        }
+        Ok(())
+    }
+}
+
+/// One part of a `memcpy` handed to a gang thread.
+struct Part {
+    dst: *mut u8,
+    src: *const u8,
+    len: usize,
+}
+
+// SAFETY: a part is two disjoint ranges that the sender keeps valid, and touches in no other
+// way, until the thread reports it done (`CopyGang::copy` waits for that).
+unsafe impl Send for Part {}
+
+/// Threads that split each `memcpy` of an upload between them, started once per upload rather
+/// than once per piece.
+struct CopyGang<'scope> {
+    parts: Vec<mpsc::Sender<Part>>,
+    done: mpsc::Receiver<()>,
+    _threads: std::marker::PhantomData<&'scope ()>,
+}
+
+impl<'scope> CopyGang<'scope> {
+    /// Starts `threads - 1` helpers in `scope` (the caller is the last thread of the gang).
+    fn start<'env>(scope: &'scope std::thread::Scope<'scope, 'env>, threads: usize) -> Self {
+        let (done_tx, done) = mpsc::channel();
+        let parts = (1..threads)
+            .map(|_| {
+                let (tx, rx) = mpsc::channel::<Part>();
+                let done_tx = done_tx.clone();
+                scope.spawn(move || {
+                    for part in rx {
+                        // SAFETY: see `Part`: both ranges are valid and disjoint until we report.
+                        unsafe { std::ptr::copy_nonoverlapping(part.src, part.dst, part.len) };
+                        if done_tx.send(()).is_err() {
+                            return;
+                        }
+                    }
+                });
+                tx
+            })
+            .collect();
+        CopyGang {
+            parts,
+            done,
+            _threads: std::marker::PhantomData,
+        }
+    }
+
+    /// Copies `src` into the start of `dst`, split between the gang (one thread for small
+    /// copies).
+    fn copy(&self, dst: &mut [u8], src: &[u8]) {
+        const MIN_PER_THREAD: usize = 1 << 20;
+        let dst = &mut dst[..src.len()];
+        let threads = (self.parts.len() + 1)
+            .min(src.len() / MIN_PER_THREAD)
+            .max(1);
+        if threads == 1 {
+            dst.copy_from_slice(src);
+            return;
+        }
+        let part = src.len().div_ceil(threads).next_multiple_of(64);
+        let mut pieces = dst.chunks_mut(part).zip(src.chunks(part));
+        let (first_dst, first_src) = pieces.next().expect("a non-empty copy has a part");
+        let mut sent = 0;
+        for ((d, s), helper) in pieces.zip(&self.parts) {
+            let job = Part {
+                dst: d.as_mut_ptr(),
+                src: s.as_ptr(),
+                len: s.len(),
+            };
+            if helper.send(job).is_err() {
+                // A helper is gone (it cannot be: they only stop when the gang is dropped).
+                d.copy_from_slice(s);
+            } else {
+                sent += 1;
+            }
+        }
+        first_dst.copy_from_slice(first_src);
+        for _ in 0..sent {
+            // Each helper holds a sender until it exits, and exits only when the gang drops.
+            self.done.recv().expect("copy helpers outlive the gang");
+        }
+    }
 }
 
 /// Host bytes copied to new device memory by a [`Stager`]. It keeps the backend alive, not
@@ -506,6 +975,131 @@ mod tests {
         assert_eq!(
             crc32fast::hash(array.host_bytes().unwrap().unwrap()),
             crc32fast::hash(&src)
+        );
+    }
+
+    fn lanes_stager(method: UploadMethod) -> Stager {
+        Stager::new(StagerOptions {
+            device: DeviceSpec::Cpu,
+            pinned_budget: 16 << 20,
+            num_threads: Some(3),
+            method,
+            ..StagerOptions::default()
+        })
+        .unwrap()
+    }
+
+    #[test]
+    fn every_method_delivers_every_byte_from_any_alignment() {
+        // Sources starting and ending at every kind of offset from a page boundary, smaller
+        // and larger than the register lane's chunks (4 MiB with this budget).
+        let backing = pattern((41 << 20) + 3 * 4096, 11);
+        for method in [
+            UploadMethod::Both,
+            UploadMethod::Stage,
+            UploadMethod::Register,
+        ] {
+            let stager = lanes_stager(method);
+            for (start, len) in [
+                (0, 41 << 20),
+                (1, (41 << 20) - 1),
+                (4095, 9 << 20),
+                (4096, 8 << 20),
+                (123, (4 << 20) + 77),
+                (7, 4096),
+                (0, 1),
+            ] {
+                let src = &backing[start..start + len];
+                let array = stager.upload(src).unwrap();
+                assert_eq!(
+                    crc32fast::hash(array.host_bytes().unwrap().unwrap()),
+                    crc32fast::hash(src),
+                    "{method} from offset {start}, {len} bytes"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn large_uploads_use_both_lanes_and_small_ones_the_arena() {
+        let src = pattern(40 << 20, 3);
+        let stager = lanes_stager(UploadMethod::Both);
+        assert_eq!(
+            stager.pinned_bytes(),
+            8 << 20,
+            "half the budget is the arena"
+        );
+        assert_eq!(stager.pinned_budget(), 16 << 20);
+        // Less than two whole chunks (4 MiB each here) between the partial pages: arena only.
+        stager.upload(&src[..6 << 20]).unwrap();
+        let small = stager.counters();
+        assert_eq!(small.staged_bytes, 6 << 20, "{small:?}");
+        assert_eq!(small.registered_bytes, 0, "{small:?}");
+        stager.upload(&src).unwrap();
+        let c = stager.counters();
+        assert_eq!(
+            c.staged_bytes + c.registered_bytes,
+            (46 << 20) as u64,
+            "{c:?}"
+        );
+        assert!(
+            c.registered_bytes > 0 && c.staged_bytes > (6 << 20),
+            "{c:?}"
+        );
+        assert_eq!(c.direct_bytes, 0);
+        assert_eq!(c.register_error, None);
+
+        let register = lanes_stager(UploadMethod::Register);
+        let base = src.as_ptr() as usize;
+        let skip = base.next_multiple_of(4096) - base + 100;
+        register.upload(&src[skip..]).unwrap();
+        let c = register.counters();
+        // Only the partial pages at either end go through the arena.
+        assert!(c.staged_bytes < 2 * 4096, "{c:?}");
+        assert_eq!(
+            c.staged_bytes + c.registered_bytes,
+            (src.len() - skip) as u64
+        );
+
+        let stage = lanes_stager(UploadMethod::Stage);
+        assert_eq!(
+            stage.pinned_bytes(),
+            16 << 20,
+            "no lane: the arena has it all"
+        );
+        stage.upload(&src).unwrap();
+        assert_eq!(stage.counters().registered_bytes, 0);
+    }
+
+    #[test]
+    fn small_budgets_leave_the_register_lane_out() {
+        let stager = Stager::new(StagerOptions {
+            device: DeviceSpec::Cpu,
+            pinned_budget: 8 << 20,
+            method: UploadMethod::Register,
+            ..StagerOptions::default()
+        })
+        .unwrap();
+        assert_eq!(stager.pinned_bytes(), 8 << 20);
+        let src = pattern(20 << 20, 5);
+        let array = stager.upload(&src).unwrap();
+        assert_eq!(array.host_bytes().unwrap().unwrap(), &src[..]);
+        assert_eq!(stager.counters().registered_bytes, 0);
+    }
+
+    #[test]
+    fn upload_methods_parse_and_print() {
+        for m in [
+            UploadMethod::Both,
+            UploadMethod::Stage,
+            UploadMethod::Register,
+        ] {
+            assert_eq!(m.to_string().parse::<UploadMethod>().unwrap(), m);
+        }
+        let err = "fast".parse::<UploadMethod>().unwrap_err();
+        assert!(
+            err.to_string().contains("expected both, stage or register"),
+            "{err}"
         );
     }
 

@@ -104,6 +104,10 @@ pub struct Stats {
     /// Whether the pool is really page-locked (the host backend falls back to ordinary memory
     /// when the memory-lock limit is too low).
     pub pinned_locked: bool,
+    /// Which NUMA node the pool's pages were put on, and why: `node 1 (the GPU's)`,
+    /// `no NUMA (one node)`, or `not placed: <reason>` (`cuMemHostAlloc`, the host backend, a
+    /// failed `mbind`, an unknown GPU node).
+    pub pinned_numa: String,
     /// Page-locked allocations made by this process since the loader finished starting: zero.
     pub pinned_allocations_after_start: u64,
     /// Slots reused after their copy completed.

@@ -18,9 +18,11 @@
 //!
 //! [`open_path`] picks between the two file kinds by the file's magic bytes; [`open_with`] also
 //! opens directories, patterns and `.safetensors` files, and reads as [`ReadOptions`] ask:
-//! buffered `pread`, `O_DIRECT` into aligned buffers ([`Source::read_records_aligned`]), or
-//! io_uring with a queue depth, each falling back to `pread` where the system refuses it and
-//! saying so ([`Source::reader_description`]). [`npy::NpyWriter`] writes `.npy` files. Every failure is a [`SourceError`] naming the file,
+//! buffered `pread`; `pread` for ranges and `memcpy` out of a read-only mapping of the file for
+//! gathers ([`ReadMode::Mmap`]); `O_DIRECT` into aligned buffers
+//! ([`Source::read_records_aligned`]); or io_uring with a queue depth; each falling back to
+//! `pread` where the system refuses it and saying so ([`Source::reader_description`]).
+//! [`npy::NpyWriter`] writes `.npy` files. Every failure is a [`SourceError`] naming the file,
 //! and where it applies the offset, what was expected and what was found.
 //!
 //! ```
@@ -50,6 +52,7 @@ pub mod dtype;
 mod error;
 mod host;
 mod literal;
+mod mapped;
 pub mod npy;
 mod raw;
 mod read;
@@ -57,6 +60,7 @@ mod reader;
 mod records;
 pub mod safetensors;
 mod shards;
+mod sigbus;
 
 pub use dtype::DType;
 pub use error::SourceError;
@@ -198,9 +202,10 @@ pub trait Source: Send + Sync + std::fmt::Debug {
         }
     }
 
-    /// How this source reads, for statistics: `"pread"`, `"O_DIRECT"`, `"io_uring (depth
-    /// 32)"`, `"io_uring (depth 32, O_DIRECT)"`, or a fallback with its reason, such as
-    /// `"pread (io_uring refused: Operation not permitted (os error 1))"`.
+    /// How this source reads, for statistics: `"pread"`, `"mmap gather, pread ranges"`,
+    /// `"O_DIRECT"`, `"io_uring (depth 32)"`, `"io_uring (depth 32, O_DIRECT)"`, or a fallback
+    /// with its reason, such as `"pread (io_uring refused: Operation not permitted (os error
+    /// 1))"`.
     fn reader_description(&self) -> String {
         "pread".into()
     }
@@ -230,17 +235,71 @@ pub trait Source: Send + Sync + std::fmt::Debug {
         }
         Ok(())
     }
+
+    /// Gathers records to chosen places of `dst`: for each `(record, place)` of `records`, the
+    /// record goes to bytes `place * record_bytes .. (place + 1) * record_bytes`. `dst.len()`
+    /// must be whole records and the places strictly increasing and inside `dst`
+    /// ([`SourceError::Destination`] otherwise); places not named are left as they are.
+    /// [`ShardedSource`] hands each shard its records of a batch this way.
+    ///
+    /// Runs of consecutive records at consecutive places are read with one
+    /// [`read_records`](Source::read_records) call.
+    fn gather_at(&self, records: &[(u64, usize)], dst: &mut [u8]) -> Result<()> {
+        check_places(self, records, dst.len())?;
+        let record_bytes = self.layout().record_bytes();
+        let mut i = 0;
+        while i < records.len() {
+            let (first, place) = records[i];
+            let mut end = i + 1;
+            while end < records.len()
+                && records[end - 1].0.checked_add(1) == Some(records[end].0)
+                && records[end - 1].1 + 1 == records[end].1
+            {
+                end += 1;
+            }
+            let bytes = place * record_bytes..(place + end - i) * record_bytes;
+            self.read_records(first, &mut dst[bytes])?;
+            i = end;
+        }
+        Ok(())
+    }
 }
 
-/// Coalesces a gather's indices into runs of consecutive records, as `(file offset, bytes)`,
-/// after checking the destination's size and every index; for sources that read a file at
-/// `data_offset + index * record_bytes`.
+/// Checks a `gather_at` request: `dst_len` is whole records, and the places strictly increase
+/// and lie inside it.
+pub(crate) fn check_places(
+    source: &(impl Source + ?Sized),
+    records: &[(u64, usize)],
+    dst_len: usize,
+) -> Result<()> {
+    let record_bytes = source.layout().record_bytes();
+    let slots = dst_len / record_bytes;
+    let increasing = records.windows(2).all(|w| w[0].1 < w[1].1);
+    if dst_len % record_bytes != 0 || !increasing || records.last().is_some_and(|r| r.1 >= slots) {
+        return Err(SourceError::Destination {
+            name: source.name().to_owned(),
+            len: dst_len,
+            expected: format!(
+                "whole records of {record_bytes} bytes, and places strictly increasing below \
+                 {slots} (found {} records for places {:?} .. {:?})",
+                records.len(),
+                records.first().map(|r| r.1),
+                records.last().map(|r| r.1),
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// Coalesces a gather's indices into runs of consecutive records, after checking the
+/// destination's size and every index; for sources that read a file at `data_offset + index *
+/// record_bytes`. Record `k` goes to place `k`.
 pub(crate) fn gather_runs(
     source: &(impl Source + ?Sized),
     data_offset: u64,
     indices: &[u64],
     dst_len: usize,
-) -> Result<Vec<(u64, usize)>> {
+) -> Result<Vec<mapped::GatherRun>> {
     let record_bytes = source.layout().record_bytes();
     if indices.len().checked_mul(record_bytes) != Some(dst_len) {
         return Err(SourceError::Destination {
@@ -249,20 +308,56 @@ pub(crate) fn gather_runs(
             expected: format!("{} indices x {record_bytes} bytes", indices.len()),
         });
     }
-    let mut runs: Vec<(u64, usize)> = Vec::with_capacity(indices.len());
-    let mut i = 0;
-    while i < indices.len() {
-        let first = indices[i];
-        let mut end = i + 1;
-        while end < indices.len() && indices[end - 1].checked_add(1) == Some(indices[end]) {
-            end += 1;
-        }
-        check_request(source, first, (end - i) * record_bytes)?;
-        runs.push((
-            data_offset + first * record_bytes as u64,
-            (end - i) * record_bytes,
-        ));
-        i = end;
+    runs_of(source, data_offset, indices.iter().copied().zip(0..))
+}
+
+/// [`gather_runs`] for [`Source::gather_at`]: records to the places given.
+pub(crate) fn gather_runs_at(
+    source: &(impl Source + ?Sized),
+    data_offset: u64,
+    records: &[(u64, usize)],
+    dst_len: usize,
+) -> Result<Vec<mapped::GatherRun>> {
+    check_places(source, records, dst_len)?;
+    runs_of(source, data_offset, records.iter().copied())
+}
+
+/// Runs of records consecutive both in the file and in their places, each checked to lie in
+/// the dataset; in the order of their places, which the callers checked to increase.
+fn runs_of(
+    source: &(impl Source + ?Sized),
+    data_offset: u64,
+    records: impl Iterator<Item = (u64, usize)>,
+) -> Result<Vec<mapped::GatherRun>> {
+    let record_bytes = source.layout().record_bytes();
+    let mut runs: Vec<mapped::GatherRun> = Vec::with_capacity(records.size_hint().0);
+    // The run being built: first record, its place, and records in it.
+    let mut open: Option<(u64, usize, usize)> = None;
+    let mut close = |(first, place, count): (u64, usize, usize)| -> Result<()> {
+        check_request(source, first, count * record_bytes)?;
+        runs.push(mapped::GatherRun {
+            offset: data_offset + first * record_bytes as u64,
+            at: place * record_bytes,
+            len: count * record_bytes,
+        });
+        Ok(())
+    };
+    for (record, place) in records {
+        open = match open {
+            Some((first, at, count))
+                if first.checked_add(count as u64) == Some(record) && at + count == place =>
+            {
+                Some((first, at, count + 1))
+            }
+            Some(run) => {
+                close(run)?;
+                Some((record, place, 1))
+            }
+            None => Some((record, place, 1)),
+        };
+    }
+    if let Some(run) = open {
+        close(run)?;
     }
     Ok(runs)
 }

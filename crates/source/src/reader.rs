@@ -1,10 +1,14 @@
-//! How file-backed sources read: buffered `pread`, `O_DIRECT`, and io_uring.
+//! How file-backed sources read: buffered `pread`, a mapped gather, `O_DIRECT`, and io_uring.
 //!
 //! Every file source keeps its ordinary descriptor (for the header and for
 //! [`Source::read_records`](crate::Source::read_records)) and a [`Reader`] that says how record
 //! data is read:
 //!
 //! - [`ReadMode::Buffered`]: `pread` through the page cache.
+//! - [`ReadMode::Mmap`]: ranges of records by `pread`; gathers (shuffled batches) by `memcpy`
+//!   out of a read-only mapping of the file, made at the first gather and shared by every
+//!   thread ([`crate::mapped`]). Where the file cannot be mapped it gathers with `pread` and
+//!   says so.
 //! - [`ReadMode::Direct`]: the file opened a second time with `O_DIRECT`; aligned spans are read
 //!   straight into the caller's aligned buffer and the records are found inside at an offset
 //!   ([`Source::read_records_aligned`](crate::Source::read_records_aligned)). A file system that
@@ -28,9 +32,11 @@ use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
 use std::path::Path;
 use std::ptr::NonNull;
+use std::sync::OnceLock;
 
 use io_uring::{opcode, types, IoUring};
 
+use crate::mapped::{pread_runs, GatherRun, MappedFile};
 use crate::read::read_exact_at;
 use crate::{Result, SourceError};
 
@@ -64,6 +70,10 @@ pub enum ReadMode {
     /// `pread` through the page cache.
     #[default]
     Buffered,
+    /// `pread` for ranges of records; gathers copy records out of a read-only mapping of the
+    /// file with `memcpy`, one system call a batch instead of one a record. `pread` where the
+    /// file cannot be mapped.
+    Mmap,
     /// `O_DIRECT` reads of aligned spans, bypassing the page cache; `pread` where the file
     /// system refuses `O_DIRECT`.
     Direct,
@@ -76,14 +86,15 @@ pub enum ReadMode {
 impl std::str::FromStr for ReadMode {
     type Err = SourceError;
 
-    /// `pread` or `buffered`; `direct` or `o_direct`; `uring` or `io_uring`.
+    /// `pread` or `buffered`; `mmap`; `direct` or `o_direct`; `uring` or `io_uring`.
     fn from_str(s: &str) -> Result<ReadMode> {
         match s.to_ascii_lowercase().as_str() {
             "pread" | "buffered" => Ok(ReadMode::Buffered),
+            "mmap" => Ok(ReadMode::Mmap),
             "direct" | "o_direct" => Ok(ReadMode::Direct),
             "uring" | "io_uring" | "io-uring" => Ok(ReadMode::Uring),
             _ => Err(SourceError::Options {
-                reason: format!("unknown read mode {s:?}: expected pread, direct or uring"),
+                reason: format!("unknown read mode {s:?}: expected pread, mmap, direct or uring"),
             }),
         }
     }
@@ -93,6 +104,7 @@ impl fmt::Display for ReadMode {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
             ReadMode::Buffered => "pread",
+            ReadMode::Mmap => "mmap",
             ReadMode::Direct => "direct",
             ReadMode::Uring => "uring",
         })
@@ -237,6 +249,9 @@ pub(crate) struct Reader {
     refused: Option<String>,
     read_size: usize,
     queue_depth: u32,
+    /// `Mmap` mode: the file's record bytes, mapped at the first gather (or why they could
+    /// not be).
+    mapped: OnceLock<std::result::Result<MappedFile, String>>,
 }
 
 impl Reader {
@@ -250,6 +265,7 @@ impl Reader {
             refused: None,
             read_size: DEFAULT_READ_SIZE,
             queue_depth: DEFAULT_QUEUE_DEPTH,
+            mapped: OnceLock::new(),
         }
     }
 
@@ -263,7 +279,7 @@ impl Reader {
             queue_depth: options.queue_depth,
             ..Reader::buffered()
         };
-        if options.mode == ReadMode::Buffered {
+        if matches!(options.mode, ReadMode::Buffered | ReadMode::Mmap) {
             return Ok(reader);
         }
         match open_direct(file, path) {
@@ -291,16 +307,26 @@ impl Reader {
         self.align
     }
 
-    /// "pread", "O_DIRECT", "io_uring (depth 32)", "io_uring (depth 32, O_DIRECT)", or the
-    /// fallback with its reason: "pread (io_uring refused: ...)".
+    /// "pread", "mmap gather, pread ranges", "O_DIRECT", "io_uring (depth 32)", "io_uring
+    /// (depth 32, O_DIRECT)", or the fallback with its reason: "pread (io_uring refused: ...)",
+    /// "pread (mmap refused: ...)".
     pub(crate) fn description(&self) -> String {
+        if self.mode == ReadMode::Mmap {
+            return match self.mapped.get() {
+                Some(Err(why)) => format!("pread (mmap refused: {why})"),
+                Some(Ok(map)) if map.faulted() => {
+                    "pread (mmap gather stopped: the file shrank while mapped)".to_owned()
+                }
+                _ => "mmap gather, pread ranges".to_owned(),
+            };
+        }
         let base = match (self.mode, self.uring, self.direct.is_some()) {
             (ReadMode::Uring, true, direct) => format!(
                 "io_uring (depth {}{})",
                 self.queue_depth,
                 if direct { ", O_DIRECT" } else { "" }
             ),
-            (ReadMode::Buffered, _, _) | (_, _, false) => "pread".to_owned(),
+            (ReadMode::Buffered | ReadMode::Mmap, _, _) | (_, _, false) => "pread".to_owned(),
             (_, _, true) => "O_DIRECT".to_owned(),
         };
         match &self.refused {
@@ -339,38 +365,49 @@ impl Reader {
         unsafe { self.uring_read(pieces, file, path) }
     }
 
-    /// Reads runs of records into `dst`, each run `(file offset, bytes)` landing right after the
-    /// previous one, through io_uring with `queue_depth` reads in flight: one system call per
-    /// `queue_depth` records instead of one per record. Falls back to `pread` per run without
-    /// io_uring.
+    /// Reads runs of records into `dst`, each to its place: with `Mmap`, by `memcpy` out of the
+    /// mapping of `data` (the file's record bytes, mapped at the first gather); with io_uring,
+    /// `queue_depth` reads in flight, one system call per `queue_depth` records instead of one
+    /// per record; otherwise one `pread` per run.
+    ///
+    /// The runs' destinations lie inside `dst`, in increasing order, without overlapping
+    /// (checked: the kernel writes them with io_uring).
     pub(crate) fn gather(
         &self,
         file: &File,
         path: &Path,
-        runs: &[(u64, usize)],
+        data: std::ops::Range<u64>,
+        runs: &[GatherRun],
         dst: &mut [u8],
     ) -> Result<()> {
-        debug_assert_eq!(runs.iter().map(|r| r.1).sum::<usize>(), dst.len());
-        if !self.uring || runs.len() < 2 {
-            let mut at = 0;
-            for &(offset, len) in runs {
-                read_exact_at(file, path, offset, &mut dst[at..at + len])?;
-                at += len;
-            }
-            return Ok(());
+        if self.mode == ReadMode::Mmap {
+            let mapped = self
+                .mapped
+                .get_or_init(|| MappedFile::new(file, data).map_err(|e| e.to_string()));
+            return match mapped {
+                Ok(map) => map.gather(file, path, runs, dst),
+                Err(_) => pread_runs(file, path, runs, dst),
+            };
         }
+        if !self.uring || runs.len() < 2 {
+            return pread_runs(file, path, runs, dst);
+        }
+        // The kernel writes the pieces: they must not overlap. Runs come in the order of their
+        // places (`crate::gather_runs`), so this is one pass.
+        let disjoint = runs.windows(2).all(|w| w[0].at + w[0].len <= w[1].at)
+            && runs.last().is_none_or(|r| r.at + r.len <= dst.len());
+        assert!(disjoint, "gather runs overlap or leave the destination");
         let fd = file.as_raw_fd();
         let base = dst.as_mut_ptr();
-        let mut at = 0usize;
         let mut pieces = Vec::with_capacity(runs.len());
-        for &(offset, len) in runs {
+        for &GatherRun { offset, at, len } in runs {
             let mut done = 0;
             // Runs longer than `read_size` are cut as `read` cuts them.
             while done < len {
                 let piece = self.read_size.min(len - done);
                 pieces.push(Piece {
                     fd,
-                    // `at + done < dst.len()`: the runs add up to `dst.len()`.
+                    // `at + done < at + len <= dst.len()` (checked above).
                     buf: base.wrapping_add(at + done),
                     offset: offset + done as u64,
                     len: piece,
@@ -380,10 +417,9 @@ impl Reader {
                 });
                 done += piece;
             }
-            at += len;
         }
-        // SAFETY: the pieces cover disjoint parts of `dst`, exclusively borrowed for this call,
-        // and `uring_read` returns only once no read is in flight.
+        // SAFETY: the pieces cover disjoint parts of `dst` (checked above), exclusively
+        // borrowed for this call, and `uring_read` returns only once no read is in flight.
         unsafe { self.uring_read(pieces, file, path) }
     }
 
@@ -786,6 +822,7 @@ mod tests {
     fn modes_parse_and_print() {
         for (s, m) in [
             ("pread", ReadMode::Buffered),
+            ("mmap", ReadMode::Mmap),
             ("Direct", ReadMode::Direct),
             ("io_uring", ReadMode::Uring),
         ] {
@@ -793,8 +830,9 @@ mod tests {
             assert_eq!(parsed, m);
             assert_eq!(parsed.to_string().parse::<ReadMode>().unwrap(), m);
         }
-        let e = "mmap".parse::<ReadMode>().unwrap_err().to_string();
-        assert!(e.contains("pread, direct or uring"), "{e}");
+        assert_eq!("MMAP".parse::<ReadMode>().unwrap(), ReadMode::Mmap);
+        let e = "telepathy".parse::<ReadMode>().unwrap_err().to_string();
+        assert!(e.contains("pread, mmap, direct or uring"), "{e}");
     }
 
     #[test]

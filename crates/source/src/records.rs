@@ -51,6 +51,11 @@ impl FileRecords {
     fn offset(&self, first: u64) -> u64 {
         self.data_offset + first * self.layout.record_bytes() as u64
     }
+
+    /// The bytes of the file that hold records.
+    fn data(&self) -> std::ops::Range<u64> {
+        self.data_offset..self.offset(self.num_records)
+    }
 }
 
 impl Source for FileRecords {
@@ -84,7 +89,14 @@ impl Source for FileRecords {
 
     fn gather(&self, indices: &[u64], dst: &mut [u8]) -> Result<()> {
         let runs = crate::gather_runs(self, self.data_offset, indices, dst.len())?;
-        self.reader.gather(&self.file, &self.path, &runs, dst)
+        self.reader
+            .gather(&self.file, &self.path, self.data(), &runs, dst)
+    }
+
+    fn gather_at(&self, records: &[(u64, usize)], dst: &mut [u8]) -> Result<()> {
+        let runs = crate::gather_runs_at(self, self.data_offset, records, dst.len())?;
+        self.reader
+            .gather(&self.file, &self.path, self.data(), &runs, dst)
     }
 
     fn reader_description(&self) -> String {
@@ -132,6 +144,9 @@ macro_rules! delegate_source_to_records {
             }
             fn gather(&self, indices: &[u64], dst: &mut [u8]) -> $crate::Result<()> {
                 self.records.gather(indices, dst)
+            }
+            fn gather_at(&self, records: &[(u64, usize)], dst: &mut [u8]) -> $crate::Result<()> {
+                self.records.gather_at(records, dst)
             }
             fn reader_description(&self) -> String {
                 self.records.reader_description()

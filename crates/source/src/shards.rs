@@ -121,6 +121,41 @@ impl ShardedSource {
         (i.min(self.shards.len() - 1), record - self.starts[i])
     }
 
+    /// Hands each shard its records of a gather, with their places: one
+    /// [`gather_at`](Source::gather_at) per shard touched, so a shard that reads through a
+    /// mapping copies its records in one go. The places increase (checked by the callers).
+    fn gather_by_shard(
+        &self,
+        records: impl Iterator<Item = (u64, usize)>,
+        dst: &mut [u8],
+    ) -> Result<()> {
+        let num_records = self.num_records();
+        let mut parts: Vec<(usize, (u64, usize))> = Vec::with_capacity(records.size_hint().0);
+        for (record, place) in records {
+            if record >= num_records {
+                return Err(SourceError::OutOfRange {
+                    name: self.name.clone(),
+                    first: record,
+                    count: 1,
+                    num_records,
+                });
+            }
+            let (shard, local) = self.locate(record);
+            parts.push((shard, (local, place)));
+        }
+        // Stable: each shard's places stay increasing.
+        parts.sort_by_key(|p| p.0);
+        let locals: Vec<(u64, usize)> = parts.iter().map(|p| p.1).collect();
+        let mut start = 0;
+        while start < parts.len() {
+            let shard = parts[start].0;
+            let end = start + parts[start..].partition_point(|p| p.0 == shard);
+            self.shards[shard].gather_at(&locals[start..end], dst)?;
+            start = end;
+        }
+        Ok(())
+    }
+
     /// Calls `each(shard, first record in it, records, records before this part)` for the
     /// parts of `first .. first + count` in each shard, in order. The range is in range.
     fn split(
@@ -217,6 +252,29 @@ impl Source for ShardedSource {
             0 | 1 => bytes,
             a => bytes.saturating_add(5 * a).div_ceil(a).saturating_mul(a),
         }
+    }
+
+    fn gather(&self, indices: &[u64], dst: &mut [u8]) -> Result<()> {
+        if let [only] = self.shards.as_slice() {
+            return only.gather(indices, dst);
+        }
+        let rb = self.layout.record_bytes();
+        if indices.len().checked_mul(rb) != Some(dst.len()) {
+            return Err(SourceError::Destination {
+                name: self.name.clone(),
+                len: dst.len(),
+                expected: format!("{} indices x {rb} bytes", indices.len()),
+            });
+        }
+        self.gather_by_shard(indices.iter().copied().zip(0..), dst)
+    }
+
+    fn gather_at(&self, records: &[(u64, usize)], dst: &mut [u8]) -> Result<()> {
+        if let [only] = self.shards.as_slice() {
+            return only.gather_at(records, dst);
+        }
+        crate::check_places(self, records, dst.len())?;
+        self.gather_by_shard(records.iter().copied(), dst)
     }
 
     fn reader_description(&self) -> String {

@@ -1,13 +1,17 @@
 """Type stubs of the Rust extension module ``pinfeed._pinfeed`` (private: use ``pinfeed``)."""
 
 from os import PathLike
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, TypeVar, Union, overload
+
+import numpy as np
 
 __version__: str
 DEFAULT_PINNED_BUDGET: int
 
 _Size = Union[int, str, None]
 _DLDtype = Tuple[int, int, int]
+# A C-contiguous, writable array of native int64 or uint64 (epoch_order's out).
+_ArrayT = TypeVar("_ArrayT", bound=np.ndarray)
 
 class DeviceBuffer:
     """Device memory (a loader batch or an upload), exportable once through DLPack."""
@@ -136,12 +140,23 @@ class Stream(Iterator[DeviceBuffer]):
 class Stager:
     """Uploads through one fixed pinned arena."""
 
-    def __init__(self, device: str = "cuda", pinned_budget: _Size = None, num_threads: Optional[int] = None) -> None: ...
+    def __init__(
+        self,
+        device: str = "cuda",
+        pinned_budget: _Size = None,
+        num_threads: Optional[int] = None,
+        method: str = "stage",
+    ) -> None: ...
     def upload(self, array: Any, dtype: _DLDtype, shape: Sequence[int]) -> DeviceBuffer: ...
+    def counters(self) -> Dict[str, Any]: ...
     @property
     def device(self) -> str: ...
     @property
     def pinned_bytes(self) -> int: ...
+    @property
+    def pinned_budget(self) -> int: ...
+    @property
+    def method(self) -> str: ...
     @property
     def pinned_locked(self) -> bool: ...
 
@@ -170,6 +185,7 @@ def order_fingerprint(
     seed: int,
     world_size: int,
 ) -> int: ...
+@overload
 def epoch_order(
     num_records: int,
     batch_size: int,
@@ -182,4 +198,20 @@ def epoch_order(
     rank: int,
     world_size: int,
     epoch: int,
+    out: None = None,
 ) -> Tuple[bytes, int]: ...
+@overload
+def epoch_order(
+    num_records: int,
+    batch_size: int,
+    *,
+    drop_last: bool,
+    shuffle: str,
+    block_size: Optional[int] = None,
+    block_window: Optional[int] = None,
+    seed: int,
+    rank: int,
+    world_size: int,
+    epoch: int,
+    out: _ArrayT,
+) -> Tuple[_ArrayT, int]: ...

@@ -3,8 +3,9 @@
 import atexit
 import numbers
 import os
+import threading
 import weakref
-from typing import Any, Dict, Iterator, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Set, Tuple, Union
 
 import numpy as np
 
@@ -29,16 +30,24 @@ __all__ = ["Loader"]
 # Bytes in a batch of the GPU-resident upload: large copies, few batches.
 _UPLOAD_BATCH_BYTES = 8 << 20
 
+# Epochs whose GPU-resident order is computed ahead while the current epoch is gathered, and
+# worker threads computing them: two, so that a shuffle up to twice as slow as an epoch's
+# gathers still keeps up, and the orders held (8 bytes a record each) stay few. 0: none.
+_ORDERS_AHEAD = 2
+_U64_MAX = (1 << 64) - 1
+
 # Passes still running, closed at exit so that no reader thread is left inside the interpreter
 # while it shuts down.
 _live_streams: "weakref.WeakSet[_pinfeed.Stream]" = weakref.WeakSet()
+# Likewise the order workers of GPU-resident loaders still open: joined, not killed inside Rust.
+_live_orders: "weakref.WeakSet[_OrdersAhead]" = weakref.WeakSet()
 
 
 @atexit.register
 def _close_live_streams() -> None:
-    for stream in list(_live_streams):
+    for closable in [*_live_streams, *_live_orders]:
         try:
-            stream.close()
+            closable.close()
         except Exception:  # pragma: no cover - best effort at exit
             pass
 
@@ -113,11 +122,14 @@ class Loader:
 
     ``source`` may also be a directory or glob of ``.npy`` shards with one record layout, or
     ``.safetensors`` files (``tensor`` names the tensor whose first dimension counts records).
-    ``reader`` is how files are read: ``"pread"`` (buffered reads into the pinned slots),
-    ``"direct"`` (``O_DIRECT``, bypassing the page cache), ``"uring"`` (io_uring, several reads
-    in flight), ``"register"`` (DMA straight from a registered mapping of a page-cached file, no
-    CPU copy; in-order, one rank), or ``"auto"``: buffered for a file mostly in the page cache
-    or smaller than half the memory available, ``O_DIRECT`` for a larger cold one.
+    ``reader`` is how files are read: ``"pread"`` (buffered reads into the pinned slots; one
+    ``pread`` per record in shuffled order), ``"mmap"`` (as ``"pread"`` for runs of records, but
+    shuffled batches are copied out of a read-only mapping of the file: one system call a batch
+    instead of one a record), ``"direct"`` (``O_DIRECT``, bypassing the page cache), ``"uring"``
+    (io_uring, several reads in flight), ``"register"`` (DMA straight from a registered mapping
+    of a page-cached file, no CPU copy; in-order, one rank), or ``"auto"``: ``"mmap"`` for a
+    file mostly in the page cache or smaller than half the memory available, ``O_DIRECT`` for a
+    larger cold one.
 
     ``transform`` is run by the reader threads on each batch: ``transforms.ToFloat()``,
     ``transforms.Normalize(mean, std)`` (Rust, no GIL), or a Python callable ``f(raw, out)`` whose
@@ -141,7 +153,10 @@ class Loader:
       may take; default half of the device's free memory, ``torch.cuda.mem_get_info``), else
       :class:`pinfeed.PinfeedMemoryError` is raised with advice; there is no silent fallback. With
       ``device="cpu"`` the copy is a numpy array (budget default: half of the available host
-      memory) gathered with ``np.take``.
+      memory) gathered with ``np.take``. The orders of the next two epochs are computed ahead
+      on two background threads once the upload is done (8 bytes a record each, page-locked when
+      three of them fit ``pinned_budget``, else pageable), so that an epoch rarely waits for its
+      order; :meth:`close` stops them.
 
     The order is a pure function of ``(seed, epoch)`` (:func:`pinfeed.epoch_order` computes it).
     Each new iteration runs the epoch after the last one the previous pass started
@@ -290,7 +305,10 @@ class Loader:
         self._pass_id = 0
         self._stream: Optional[_pinfeed.Stream] = None
         self._resident_data: Any = None
-        self._resident_order: Optional[Tuple[int, Any]] = None
+        # (order key, the epoch's index on the resident copy's device, the stream it was
+        # copied on (CUDA) or None).
+        self._resident_order: Optional[Tuple[Any, Any, Any]] = None
+        self._orders: Optional[_OrdersAhead] = None
         # The first pass (in GPU-resident mode, the upload) starts now: configuration errors
         # surface here, and reading overlaps whatever the caller does before iterating.
         self._pending: Optional[_pinfeed.Stream] = self._start((0, 0))
@@ -308,12 +326,21 @@ class Loader:
             try:
                 self._check_resident_budget(device_budget, int(self._pending.record_bytes))
                 # Checks the rank and drop_last against the dataset now, as a stream would.
-                order = self._epoch_order(0)
+                data, batches = _pinfeed.epoch_order(
+                    self.num_records, self.batch_size, rank=self.rank, epoch=0, **self._order
+                )
             except BaseException:
                 self._pending.close()
                 raise
-            self._resident_order = (0, order)
-            self._batches_per_epoch = -(-len(order) // self.batch_size)
+            # Records of this rank in each epoch: what an order buffer holds.
+            self._order_len = len(data) // 8
+            self._batches_per_epoch = int(batches)
+            # Index buffers are page-locked (copied on asynchronously) only when the ones held
+            # at once fit the pinned budget; they are computed after the upload, whose ring has
+            # the budget until then. Otherwise they stay pageable.
+            budget = _bytes(pinned_budget, _pinfeed.DEFAULT_PINNED_BUDGET)
+            pin = (_ORDERS_AHEAD + 1) * 8 * self._order_len <= budget
+            self._orders = _OrdersAhead(_order_filler(self.device, pin), _ORDERS_AHEAD)
         else:
             self._batches_per_epoch = int(self._pending.batches_per_epoch)
         self._len = self._batches_per_epoch * self.epochs
@@ -385,6 +412,9 @@ class Loader:
         self._pass_id += 1
         if self.resident:
             self._ensure_resident()
+            # Once the upload's ring has given its pinned memory back (see _order_filler).
+            if _ORDERS_AHEAD:
+                self._orders_wanted(start[0], start[0] + 1 + _ORDERS_AHEAD)
             return _Pass(self, self._pass_id, self._resident_batches(start), None)
         stream, self._pending = self._pending, None
         if stream is not None and self._pending_start != start:
@@ -490,11 +520,22 @@ class Loader:
 
     # GPU-resident shuffling.
 
-    def _epoch_order(self, epoch: int) -> np.ndarray:
-        data, _ = _pinfeed.epoch_order(
-            self.num_records, self.batch_size, rank=self.rank, epoch=epoch, **self._order
+    def _order_key(self, epoch: int) -> Tuple[Any, ...]:
+        """Everything the order of ``epoch`` on this rank depends on, and its length: a
+        precomputed order is used only for the same key, never after set_epoch,
+        load_state_dict or a change of any of these made it stale."""
+        return (
+            self.num_records, self.batch_size, self.rank, epoch, self._order_len,
+            tuple(sorted(self._order.items())),
         )
-        return np.frombuffer(data, dtype=np.uint64)
+
+    def _orders_wanted(self, first: int, end: int) -> None:
+        """Has the orders of epochs ``first .. end`` computed in the background (but the one
+        already on the device)."""
+        if self._orders is not None:
+            have = None if self._resident_order is None else self._resident_order[0]
+            keys = [self._order_key(e) for e in range(first, min(end, _U64_MAX + 1))]
+            self._orders.want([k for k in keys if k != have])
 
     def _check_resident_budget(self, device_budget: Any, record_bytes: int) -> None:
         need = self.num_records * record_bytes
@@ -562,24 +603,47 @@ class Loader:
             raise PinfeedError(f"{self._source.name}: the upload delivered {filled} of {n} records")
         self._resident_data = out
 
-    def _resident_index(self, epoch: int) -> Any:
-        if self._resident_order is None or self._resident_order[0] != epoch:
-            self._resident_order = (epoch, self._epoch_order(epoch))
-        order = self._resident_order[1]
-        index = order.astype(np.int64)
-        if self.device.startswith("cuda"):
-            torch = torch_module()
-            return torch.from_numpy(index).to(self._resident_data.device, non_blocking=False)
-        return index
+    def _resident_index(self, epoch: int) -> Tuple[Any, Any]:
+        """The int64 index of ``epoch`` on the resident copy's device, and (CUDA) the stream
+        its copy was issued on. Usually computed ahead (see :class:`_OrdersAhead`); the orders
+        of the next epochs are started here, to be ready when those epochs begin."""
+        key = self._order_key(epoch)
+        if self._resident_order is None or self._resident_order[0] != key:
+            assert self._orders is not None
+            host = self._orders.get(key)
+            if self.device.startswith("cuda"):
+                torch = torch_module()
+                device = self._resident_data.device
+                stream = torch.cuda.current_stream(device)
+                if isinstance(host, np.ndarray):
+                    # Pageable (the orders would not fit the pinned budget): a synchronous copy.
+                    index = torch.from_numpy(host).to(device)
+                else:
+                    # Pinned: the copy is asynchronous, on the current stream. Dropping `host`
+                    # is safe once the copy is issued: torch's pinned-memory cache records an
+                    # event on the block and reuses it only after the copy has completed.
+                    index = host.to(device, non_blocking=True)
+                self._resident_order = (key, index, stream)
+            else:
+                self._resident_order = (key, host, None)
+            self._orders_wanted(epoch + 1, epoch + 1 + _ORDERS_AHEAD)
+        return self._resident_order[1], self._resident_order[2]
 
     def _resident_batches(self, start: Tuple[int, int]) -> Iterator[Tuple[int, int, Any]]:
         data, b = self._resident_data, self.batch_size
         cuda = self.device.startswith("cuda")
         for epoch in range(start[0], start[0] + self.epochs):
-            index = self._resident_index(epoch)
+            index, copied_on = self._resident_index(epoch)
             for i in range(start[1] if epoch == start[0] else 0, self._batches_per_epoch):
                 sel = index[i * b : (i + 1) * b]
                 if cuda:
+                    stream = torch_module().cuda.current_stream(data.device)
+                    if stream != copied_on:
+                        # Gathered on another stream than the index was copied on: wait for
+                        # the copy, and keep the index's memory from the allocator until
+                        # this stream is done with it.
+                        stream.wait_stream(copied_on)
+                        index.record_stream(stream)
                     yield epoch, i, data.index_select(0, sel)
                 else:
                     batch = np.take(data, sel, axis=0)
@@ -588,10 +652,13 @@ class Loader:
     def close(self) -> None:
         """Stops the current pass and frees its pinned memory (batches already out stay valid).
         In GPU-resident mode it also drops the resident copy; the next iteration uploads again."""
+        if self._orders is not None:
+            self._orders.close()
         for stream in (self._pending, self._stream):
             if stream is not None and os.getpid() == self._pid:
                 stream.close()
         self._resident_data = None
+        self._resident_order = None
 
     def stats(self) -> Dict[str, Any]:
         """Counters of the current (or last) pass: the Rust ``Stats`` fields (times in seconds,
@@ -623,6 +690,136 @@ class Loader:
                 self.close()
         except Exception:
             pass
+
+
+def _order_filler(device: str, pin: bool) -> Callable[[Tuple[Any, ...]], Any]:
+    """Computes the order of a key (:meth:`Loader._order_key`) into a new int64 buffer: with
+    ``pin``, a pinned torch tensor for a CUDA device (copied on without a synchronous pageable
+    copy); a numpy array otherwise. It holds no reference to the Loader, so threads running it
+    do not keep the Loader alive."""
+
+    def fill(key: Tuple[Any, ...]) -> Any:
+        num_records, batch_size, rank, epoch, length, order = key
+        if device.startswith("cuda") and pin:
+            torch = torch_module()
+            with torch.cuda.device(torch.device(device)):
+                host = torch.empty(length, dtype=torch.int64, pin_memory=True)
+            out = host.numpy()
+        else:
+            host = out = np.empty(length, dtype=np.int64)
+        _pinfeed.epoch_order(
+            num_records, batch_size, rank=rank, epoch=epoch, out=out, **dict(order)
+        )
+        return host
+
+    return fill
+
+
+class _OrdersAhead:
+    """Epoch orders of a GPU-resident Loader, computed ahead of need on a few worker threads
+    (the Rust work runs without the GIL, beside the gathers of the current epoch) and kept until
+    asked for or no longer wanted.
+
+    Orders are keyed by everything they depend on (:meth:`Loader._order_key`), so after
+    set_epoch or load_state_dict a precomputed order is never used in the wrong place, merely
+    dropped. The workers are started at the first :meth:`want` (starting a thread takes
+    milliseconds, waking one microseconds) and stopped and joined by :meth:`close`: the Loader
+    calls it from close() and when it is garbage-collected (the workers hold this object, not
+    the Loader), and the exit hook for any left. They are daemons so that a forgotten Loader
+    never holds up exit. A forked child inherits no thread: there nothing is joined and no lock
+    is taken (a parent thread may have held it at the fork).
+    """
+
+    def __init__(self, fill: Callable[[Tuple[Any, ...]], Any], workers: int) -> None:
+        self._fill = fill
+        self._workers = workers
+        self._pid = os.getpid()
+        self._cond = threading.Condition()
+        # All guarded by `_cond`. `_wanted`: in the order they will be needed; `_ready` holds
+        # only wanted keys, with None for an order that failed (not tried again but by get(),
+        # which raises the error); `_running` may hold a key no longer wanted (its result is
+        # then dropped).
+        self._wanted: List[Tuple[Any, ...]] = []
+        self._ready: Dict[Tuple[Any, ...], Any] = {}
+        self._running: Set[Tuple[Any, ...]] = set()
+        self._threads: List[threading.Thread] = []
+        self._stop = False
+        _live_orders.add(self)
+
+    def want(self, keys: Sequence[Tuple[Any, ...]]) -> None:
+        """Drops the orders kept for other keys and has those of ``keys`` not ready or running
+        computed, first to last."""
+        with self._cond:
+            self._wanted = list(keys)
+            for key in [k for k in self._ready if k not in self._wanted]:
+                del self._ready[key]
+            if self._next_job() is None:
+                return
+            self._stop = False
+            self._threads = [t for t in self._threads if t.is_alive()]
+            while len(self._threads) < self._workers:
+                thread = threading.Thread(
+                    target=self._work, name="pinfeed-order-ahead", daemon=True
+                )
+                self._threads.append(thread)
+                thread.start()
+            self._cond.notify_all()
+
+    def get(self, key: Tuple[Any, ...]) -> Any:
+        """The order of ``key``: the one computed ahead (waiting for it if it is being
+        computed), else computed now, in the caller's thread, where any error is raised."""
+        with self._cond:
+            while key in self._running:
+                self._cond.wait()
+            host = self._ready.pop(key, None)
+            if key in self._wanted:  # taken: not to be computed again
+                self._wanted.remove(key)
+        return self._fill(key) if host is None else host
+
+    def _next_job(self) -> Optional[Tuple[Any, ...]]:
+        for key in self._wanted:
+            if key not in self._ready and key not in self._running:
+                return key
+        return None
+
+    def _work(self) -> None:
+        while True:
+            with self._cond:
+                key = self._next_job()
+                while not self._stop and key is None:
+                    self._cond.wait()
+                    key = self._next_job()
+                if self._stop:
+                    return
+                self._running.add(key)
+            try:
+                host = self._fill(key)
+            except Exception:
+                host = None
+            with self._cond:
+                self._running.discard(key)
+                if key in self._wanted:
+                    self._ready[key] = host
+                self._cond.notify_all()
+
+    def close(self) -> None:
+        """Drops the orders kept, stops the workers and joins them (one busy finishes its
+        order first). A later :meth:`want` starts new ones."""
+        if os.getpid() != self._pid:
+            return
+        with self._cond:
+            self._stop = True
+            self._wanted = []
+            self._ready.clear()
+            self._cond.notify_all()
+            if threading.current_thread() in self._threads:
+                # Run by a garbage collection inside a worker, which may hold `_cond` further
+                # up its stack: joining the others could wait on it forever. They all end on
+                # their own, at their next look at `_stop`.
+                return
+            threads, self._threads = self._threads, []
+        for thread in threads:
+            thread.join()
 
 
 def _bytes(size: Any, default: int) -> int:

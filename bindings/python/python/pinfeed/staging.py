@@ -5,6 +5,7 @@ import os
 import contextlib
 import queue
 import threading
+import time
 import weakref
 from typing import Any, Dict, Iterable, Iterator, Optional, Tuple
 
@@ -12,6 +13,7 @@ import numpy as np
 
 from . import _pinfeed
 from ._arrays import export_for, host_array, is_torch_tensor, materialize
+from .errors import PinfeedError
 from .loader import device_name
 
 __all__ = ["prefetch", "to_device", "pinned", "Prefetcher", "free_staging_memory"]
@@ -77,39 +79,101 @@ def _materialize_staged(s: _Staged) -> Any:
     return materialize(s.buf, s.view, False)
 
 
+# How many fetched, not yet uploaded items may wait between the two threads. One is enough for
+# fetching to overlap uploading; more would only hold more host batches.
+_FETCH_AHEAD = 1
+# How often a thread waiting on a queue looks at the stop event.
+_POLL_S = 0.05
+
+
 class _State:
-    """What the worker thread and the consumer share (never the Prefetcher itself, so that
-    dropping the Prefetcher stops the worker)."""
+    """What the two threads and the consumer share (never the Prefetcher itself, so that dropping
+    the Prefetcher stops the threads).
+
+    ``fetched`` carries raw items from the fetch thread to the upload thread, ``staged`` uploaded
+    ones to the consumer. A message is ``("item", x)``, ``("error", exc)`` or ``("end", None)``;
+    an error or the end is the last message on its queue.
+    """
 
     def __init__(self, depth: int) -> None:
-        self.queue: "queue.Queue[Any]" = queue.Queue(maxsize=depth)
+        self.fetched: "queue.Queue[Any]" = queue.Queue(maxsize=_FETCH_AHEAD)
+        self.staged: "queue.Queue[Any]" = queue.Queue(maxsize=depth)
+        # Set by close(), or by the upload thread once the last message is handed over: a thread
+        # waiting on a queue that nobody will empty (or fill) then gives up.
         self.stop = threading.Event()
 
-    def put(self, item: Any) -> bool:
+    def put(self, q: "queue.Queue[Any]", message: Tuple[str, Any]) -> bool:
+        """Puts ``message`` on ``q`` once there is room; False, dropping it, once stopped."""
         while not self.stop.is_set():
             try:
-                self.queue.put(item, timeout=0.05)
+                q.put(message, timeout=_POLL_S)
                 return True
             except queue.Full:
                 continue
         return False
 
+    def get(self, q: "queue.Queue[Any]") -> Optional[Tuple[str, Any]]:
+        """The next message on ``q``; None once stopped."""
+        while not self.stop.is_set():
+            try:
+                return q.get(timeout=_POLL_S)
+            except queue.Empty:
+                continue
+        return None
 
-def _worker(it: Iterator[Any], stager: "_pinfeed.Stager", state: _State) -> None:
+    def drain(self) -> None:
+        """Drops what is queued (uploaded items give back their device memory)."""
+        for q in (self.fetched, self.staged):
+            while True:
+                try:
+                    q.get_nowait()
+                except queue.Empty:
+                    break
+
+
+def _fetch(it: Iterator[Any], state: _State) -> None:
+    """The fetch thread: runs the iterable, which may hold the GIL, or block, for a long time."""
     try:
-        for item in it:
-            if state.stop.is_set():
+        while not state.stop.is_set():
+            try:
+                item = next(it)
+            except StopIteration:
+                state.put(state.fetched, ("end", None))
                 return
-            staged = _map_tree(item, lambda x: _upload_leaf(x, stager.upload), _is_array_leaf)
-            if not state.put(("item", staged)):
+            if not state.put(state.fetched, ("item", item)):
                 return
-        state.put(("end", None))
-    except BaseException as e:  # re-raised in the consumer
-        state.put(("error", e))
+            del item  # not kept alive while the next one is fetched
+    except BaseException as e:  # re-raised in the consumer, after the items before it
+        state.put(state.fetched, ("error", e))
+
+
+def _upload(stager: "_pinfeed.Stager", state: _State) -> None:
+    """The upload thread: copies each fetched item's array leaves through the pinned arena
+    (``Stager.upload`` releases the GIL, so the fetch thread runs meanwhile)."""
+
+    def upload_leaf(x: Any) -> _Staged:
+        return _upload_leaf(x, stager.upload)
+
+    while True:
+        message = state.get(state.fetched)
+        if message is None:
+            return
+        if message[0] == "item":
+            try:
+                message = ("item", _map_tree(message[1], upload_leaf, _is_array_leaf))
+            except BaseException as e:  # re-raised in the consumer, after the items before it
+                message = ("error", e)
+        if not state.put(state.staged, message):
+            return
+        if message[0] != "item":
+            # Nothing after the end or an error is wanted: let the fetch thread go too.
+            state.stop.set()
+            return
+        del message  # not kept alive while the next one is awaited
 
 
 class Prefetcher(Iterator[Any]):
-    """Iterator returned by :func:`prefetch`; ``close()`` (or dropping it) stops its thread."""
+    """Iterator returned by :func:`prefetch`; ``close()`` (or dropping it) stops its threads."""
 
     def __init__(
         self,
@@ -125,13 +189,19 @@ class Prefetcher(Iterator[Any]):
         self.device: str = self._stager.device
         self._state = _State(depth)
         self._done = False
-        self._thread = threading.Thread(
-            target=_worker,
-            args=(iter(iterable), self._stager, self._state),
-            name="pinfeed-prefetch",
-            daemon=True,
+        self._pid = os.getpid()
+        # The upload thread first: close() joins in this order, and only the fetch thread can be
+        # stuck in user code.
+        self._threads = (
+            threading.Thread(
+                target=_upload, args=(self._stager, self._state), name="pinfeed-prefetch-upload", daemon=True
+            ),
+            threading.Thread(
+                target=_fetch, args=(iter(iterable), self._state), name="pinfeed-prefetch-fetch", daemon=True
+            ),
         )
-        self._thread.start()
+        for t in self._threads:
+            t.start()
         _live_prefetchers.add(self)
 
     def __iter__(self) -> "Prefetcher":
@@ -140,7 +210,14 @@ class Prefetcher(Iterator[Any]):
     def __next__(self) -> Any:
         if self._done:
             raise StopIteration
-        kind, payload = self._state.queue.get()
+        if os.getpid() != self._pid:
+            # Its threads did not survive the fork: waiting on them would hang.
+            raise PinfeedError(
+                f"this prefetch iterator was made in process {self._pid} and cannot be used in "
+                f"forked child {os.getpid()} (its threads and CUDA state do not survive fork); "
+                "call pinfeed.prefetch in the child"
+            )
+        kind, payload = self._state.staged.get()
         if kind == "item":
             return _map_tree(payload, _materialize_staged, lambda x: isinstance(x, _Staged))
         self._done = True
@@ -150,17 +227,22 @@ class Prefetcher(Iterator[Any]):
         raise StopIteration
 
     def close(self, timeout: float = 5.0) -> None:
-        """Stops the background thread (after the item it is on) and frees what it staged."""
+        """Stops both threads (each after the item it is on), waiting ``timeout`` seconds in all,
+        and frees what they staged. A fetch thread stuck inside the iterable is left behind (it
+        is a daemon thread) and ends as soon as the iterable returns."""
         self._done = True
+        if os.getpid() != self._pid:
+            return  # a forked child: the threads exist only in the parent
         state = self._state
         state.stop.set()
-        while True:
-            try:
-                state.queue.get_nowait()
-            except queue.Empty:
-                break
-        if self._thread.is_alive() and threading.current_thread() is not self._thread:
-            self._thread.join(timeout)
+        state.drain()
+        deadline = time.monotonic() + timeout
+        for t in self._threads:
+            # The last reference can be dropped (and close() run by __del__) on either thread.
+            if t.is_alive() and t is not threading.current_thread():
+                t.join(max(0.0, deadline - time.monotonic()))
+        # A put that was already under way when stop was set may have landed after the drain.
+        state.drain()
 
     def __enter__(self) -> "Prefetcher":
         return self
@@ -186,38 +268,63 @@ def prefetch(
     """Moves the batches of any iterable to ``device``, ``depth`` batches ahead.
 
     Each item may be a numpy array, a torch CPU tensor, or a (nested) tuple, list or dict of
-    them, of any sizes; other leaves pass through unchanged. Array leaves are copied through one
-    shared pinned arena of ``pinned_budget`` bytes (no page-locked allocation per batch) by a
-    background thread, and come out as torch tensors on CUDA (numpy arrays with ``device="cpu"``)
-    in the same structure. An exception raised by the iterable is raised by ``next()``; breaking
-    out of the loop (or ``close()``) stops the thread.
+    them, of any sizes; other leaves pass through unchanged. They come out as torch tensors on
+    CUDA (numpy arrays with ``device="cpu"``) in the same structure and order.
+
+    What runs where: two daemon threads form a pipeline, so that fetching one item overlaps
+    uploading the one before it (as DataLoader's pin-memory thread does for pinning).
+
+    - The fetch thread (``pinfeed-prefetch-fetch``) runs the iterable's ``__next__``, e.g. a
+      DataLoader's collation or its hand-over from worker processes, and passes each raw item
+      to the upload thread over a queue of one item.
+    - The upload thread (``pinfeed-prefetch-upload``) copies the item's array leaves through one
+      shared pinned arena of ``pinned_budget`` bytes (no page-locked allocation per batch; the
+      copy uses ``num_threads`` threads and releases the GIL), starts their transfer to
+      ``device``, and queues the result: ``depth`` items at most, and one more waiting for room.
+    - ``next()``, in the caller's thread, takes the next uploaded item and wraps its buffers.
+
+    So on the host at most three raw items are held (one being fetched, one queued, one being
+    uploaded) and the iterable runs at most ``depth + 3`` items ahead of the consumer.
+
+    An exception raised by the iterable, or while uploading, is raised by ``next()`` after the
+    items before it, and then ``StopIteration``. Breaking out of the loop, ``close()`` or
+    dropping the iterator stops both threads and frees what they uploaded; a fetch thread
+    blocked inside the iterable is left behind and ends when the iterable returns.
     """
     return Prefetcher(iterable, device, depth, pinned_budget, num_threads)
 
 
-def to_device(x: Any, device: Any = "cuda", pinned_budget: Any = None) -> Any:
+def to_device(x: Any, device: Any = "cuda", pinned_budget: Any = None, *, method: str = "stage") -> Any:
     """Copies one array (numpy, torch CPU tensor, or anything ``numpy.asarray`` takes) to
-    ``device`` through a pinned staging arena of at most ``pinned_budget`` bytes, without pinning
-    the array itself; returns a torch tensor on CUDA (a numpy array with ``device="cpu"``) of
-    the same shape and dtype, once it has arrived."""
+    ``device`` without pinning the array for good, with at most ``pinned_budget`` bytes
+    page-locked at once; returns a torch tensor on CUDA (a numpy array with ``device="cpu"``) of
+    the same shape and dtype. When it returns, the array may be changed: nothing reads it any
+    more.
 
-    stager = _shared_stager(device, pinned_budget)
+    ``method``: ``"stage"`` (default, the fastest on the H200 machine) copies the array through
+    a pinned arena with several CPU threads; ``"register"`` page-locks the array in place chunk
+    by chunk and lets the copy engine read it directly (little CPU time, bounded by the driver's
+    registration rate); ``"both"`` runs the two at once from opposite ends, each with half the
+    budget. An array that is page-locked already (``pin_memory()``, :func:`pinned`) is copied
+    straight from, whatever the method."""
+
+    stager = _shared_stager(device, pinned_budget, method)
     return _materialize_staged(_upload_leaf(x, stager.upload))
 
 
-# One staging arena per (device, budget), made on first use and kept: page-locking an arena
-# costs far more than a copy through it (see docs/BENCHMARKS.md), so to_device pays it once.
-# The arena is bounded by its budget; free_staging_memory() releases them all.
-_stagers: Dict[Tuple[str, str], Any] = {}
+# One staging arena per (device, budget, method), made on first use and kept: page-locking an
+# arena costs far more than a copy through it (see docs/BENCHMARKS.md), so to_device pays it
+# once. The arena is bounded by its budget; free_staging_memory() releases them all.
+_stagers: Dict[Tuple[str, str, str], Any] = {}
 _stagers_lock = threading.Lock()
 
 
-def _shared_stager(device: Any, pinned_budget: Any) -> Any:
-    key = (device_name(device), repr(pinned_budget))
+def _shared_stager(device: Any, pinned_budget: Any, method: str = "stage") -> Any:
+    key = (device_name(device), repr(pinned_budget), method)
     with _stagers_lock:
         stager = _stagers.get(key)
         if stager is None:
-            stager = _pinfeed.Stager(key[0], pinned_budget, None)
+            stager = _pinfeed.Stager(key[0], pinned_budget, None, method)
             _stagers[key] = stager
         return stager
 

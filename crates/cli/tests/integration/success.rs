@@ -53,6 +53,7 @@ fn gen_then_stream_verify_json() {
         assert!(r["pinned_bytes_peak"].as_u64().unwrap() > 0);
         assert!(r["pinned_bytes_peak"].as_u64().unwrap() <= 256 << 20);
         assert_eq!(r["pinned_allocations_after_start"], 0);
+        assert_eq!(r["pinned_numa"], "not placed: no GPU (host backend)");
         assert_eq!(r["crc32"], crc, "batch size {batch_size}");
     }
 }
@@ -106,6 +107,61 @@ fn epochs_and_drop_last_count_records() {
         (Some(27), Some(9))
     );
     assert_eq!(r["verified"], true);
+}
+
+/// Shuffled streams gather with the mapped gather or with pread as asked, and say which in the
+/// report's `reader`; both deliver the same bytes, verified against the file. `auto` takes the
+/// mapped gather for a file just written (so page-cached).
+#[test]
+fn shuffled_streams_say_which_gather_ran() {
+    let (_dir, path) = fixture("gen.npy");
+    assert_eq!(
+        pinfeed(["gen", &shown(&path), "--records", "1001", "--seed", "4"]).code,
+        Some(0)
+    );
+    for shuffle in ["random", "block:8:4"] {
+        let mut crcs = Vec::new();
+        for (reader, said) in [
+            ("pread", "pread"),
+            ("mmap", "mmap gather, pread ranges"),
+            ("auto", "mmap gather, pread ranges"),
+        ] {
+            // 91 divides 1001 records; 100 does not.
+            for batch_size in ["91", "100"] {
+                let run = pinfeed([
+                    "stream",
+                    &shown(&path),
+                    "--batch-size",
+                    batch_size,
+                    "--shuffle",
+                    shuffle,
+                    "--reader",
+                    reader,
+                    "--threads",
+                    "2",
+                    "--epochs",
+                    "2",
+                    "--verify",
+                    "--json",
+                    "--device",
+                    "cpu",
+                ]);
+                assert_eq!(run.code, Some(0), "{reader} {shuffle}: {}", run.stderr);
+                let r: serde_json::Value = serde_json::from_str(&run.stdout).unwrap();
+                assert_eq!(r["reader"], said, "{reader} {shuffle}");
+                assert_eq!(r["verified"], true, "{reader} {shuffle}");
+                assert_eq!(r["records"], 2002);
+                if reader == "auto" {
+                    assert!(r["reader_auto_reason"].as_str().is_some(), "{r}");
+                }
+                crcs.push((batch_size, r["crc32"].as_u64().unwrap()));
+            }
+        }
+        for (batch_size, crc) in &crcs {
+            let first = crcs.iter().find(|c| c.0 == *batch_size).unwrap().1;
+            assert_eq!(*crc, first, "{shuffle}, batches of {batch_size}: {crcs:?}");
+        }
+    }
 }
 
 #[test]

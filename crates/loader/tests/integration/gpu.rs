@@ -35,7 +35,17 @@ fn gpu_byte_exact_for_several_batch_sizes_and_pin_methods() {
             }
             let want = crc32fast::hash(&data.repeat(2));
             assert_eq!(crc.finalize(), want, "{method:?}, batch size {batch_size}");
-            assert_eq!(loader.stats().pinned_allocations_after_start, 0);
+            let stats = loader.stats();
+            assert_eq!(stats.pinned_allocations_after_start, 0);
+            // Placed on the GPU's node, or nothing to place; never a failed mbind.
+            let numa = &stats.pinned_numa;
+            match method {
+                PinMethod::Register => assert!(!numa.contains("mbind"), "{numa}"),
+                _ => assert!(
+                    numa == "no NUMA (one node)" || numa.starts_with("not placed"),
+                    "{numa}"
+                ),
+            }
         }
     }
 }
@@ -137,4 +147,65 @@ fn gpu_several_rings_in_one_process() {
         }
     }
     assert!(seen.iter().all(|&c| c == 1));
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gpu_uploads_are_byte_exact_by_every_method_and_from_pinned_sources() {
+    use pinfeed::{DeviceData, PinnedRegion, Stager, StagerOptions, UploadMethod};
+    let mut backing: Vec<u8> = (0..(200usize << 20) + 3 * 4096)
+        .map(|i| (i as u32).wrapping_mul(2_654_435_761).rotate_left(7) as u8)
+        .collect();
+    for method in [
+        UploadMethod::Both,
+        UploadMethod::Stage,
+        UploadMethod::Register,
+    ] {
+        let stager = Stager::new(StagerOptions {
+            device: DeviceSpec::Cuda(0),
+            pinned_budget: 64 << 20,
+            method,
+            ..StagerOptions::default()
+        })
+        .unwrap();
+        for (start, len) in [
+            (0, 200 << 20),
+            (1, (150 << 20) - 5),
+            (4095, 9 << 20),
+            (77, 4099),
+        ] {
+            let src = &backing[start..start + len];
+            let array = stager.upload(src).unwrap();
+            let mut back = vec![0u8; len];
+            array.read_back(&mut back).unwrap();
+            assert!(back == src, "{method} from offset {start}, {len} bytes");
+        }
+        let c = stager.counters();
+        assert_eq!(c.register_error, None, "{method}");
+        assert_eq!(
+            c.registered_bytes > 0,
+            method != UploadMethod::Stage,
+            "{method}: {c:?}"
+        );
+    }
+    // A source that is page-locked already is copied straight from, with no lane.
+    let stager = Stager::new(StagerOptions {
+        device: DeviceSpec::Cuda(0),
+        ..StagerOptions::default()
+    })
+    .unwrap();
+    let len = 100 << 20;
+    // SAFETY: `backing` outlives the region, and every copy from it is waited for by `upload`.
+    let region =
+        unsafe { PinnedRegion::new(DeviceSpec::Cuda(0), backing.as_mut_ptr(), len) }.unwrap();
+    let array = stager.upload(&backing[..len]).unwrap();
+    drop(region);
+    let mut back = vec![0u8; len];
+    array.read_back(&mut back).unwrap();
+    assert!(back == backing[..len]);
+    let c = stager.counters();
+    assert_eq!(
+        (c.direct_bytes, c.staged_bytes, c.registered_bytes),
+        (len as u64, 0, 0)
+    );
 }

@@ -25,6 +25,7 @@ fn pinned_memory_stays_within_the_budget() {
             stats.pinned_bytes_peak
         );
         assert!(stats.slots >= 2 && stats.slots <= pinfeed::MAX_SLOTS);
+        assert_eq!(stats.pinned_numa, "not placed: no GPU (host backend)");
         assert!(stats.slot_bytes >= batch_size * 100);
     }
 }

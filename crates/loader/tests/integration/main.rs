@@ -6,4 +6,5 @@ mod direct;
 mod faults;
 mod gpu;
 mod limits;
+mod mapped;
 mod shuffle;

@@ -84,6 +84,46 @@ fn a_pattern_reads_as_one_dataset_through_o_direct() {
     assert!(one.file().is_some());
 }
 
+/// The mapped gather across shards: each shard copies its records of a gather out of its own
+/// mapping, in one call, into the places the batch gives them; the same bytes as numpy's.
+#[test]
+fn a_directory_gathers_through_mappings() {
+    let dir = disk_dir();
+    let idx = write_indices(dir.path(), N);
+    let out = crcs(&python(dir.path(), SHARDS));
+    let options = ReadOptions {
+        mode: ReadMode::Mmap,
+        ..ReadOptions::default()
+    };
+    let src = open_with(dir.path(), None, &options).unwrap();
+    check_against_numpy(src.as_ref(), N, &idx, out);
+    // Made and used, not refused.
+    assert_eq!(src.reader_description(), "mmap gather, pread ranges");
+    let all = reference(dir.path());
+    let rb = 2883;
+    // gather_at: records to chosen places, the others left alone; places must increase.
+    let mut dst = vec![0xEEu8; 5 * rb];
+    src.gather_at(&[(12, 0), (4, 1), (5, 3), (0, 4)], &mut dst)
+        .unwrap();
+    for (place, record) in [(0, 12), (1, 4), (3, 5), (4, 0)] {
+        assert!(dst[place * rb..(place + 1) * rb] == all[record * rb..(record + 1) * rb]);
+    }
+    assert!(dst[2 * rb..3 * rb].iter().all(|&b| b == 0xEE));
+    for bad in [&[(1, 2), (2, 1)][..], &[(1, 1), (2, 1)], &[(0, 5)]] {
+        assert!(
+            matches!(
+                src.gather_at(bad, &mut dst),
+                Err(SourceError::Destination { .. })
+            ),
+            "{bad:?}"
+        );
+    }
+    assert!(matches!(
+        src.gather_at(&[(N, 0)], &mut dst),
+        Err(SourceError::OutOfRange { .. })
+    ));
+}
+
 #[test]
 fn a_shard_of_another_layout_is_named_with_both_layouts() {
     let dir = disk_dir();

@@ -2,7 +2,7 @@
 
 use std::fs::OpenOptions;
 
-use pinfeed_source::{DType, Layout, NpyFile, RawFile, Source, SourceError};
+use pinfeed_source::{DType, Layout, NpyFile, RawFile, ReadMode, ReadOptions, Source, SourceError};
 
 use crate::util::{names_path, python};
 
@@ -52,6 +52,52 @@ fn npy_shrinks_after_open() {
         src.gather(&[1, 99], &mut dst[..32]),
         Err(SourceError::Truncated { .. })
     ));
+}
+
+/// The mapped gather of a file cut after the mapping was made: records before the cut still
+/// read right, a record in the page the cut runs through (zeroes past the cut, no fault) and
+/// one in a page wholly past it (a fault) are `Truncated`, never a crash or zeroes.
+#[test]
+fn mapped_gather_of_a_shrunk_file_is_truncated() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("m.raw");
+    let bytes: Vec<u8> = (0..64 * 1000).map(|i| (i % 253) as u8).collect();
+    std::fs::write(&path, &bytes).unwrap();
+    let options = ReadOptions {
+        mode: ReadMode::Mmap,
+        ..ReadOptions::default()
+    };
+    let layout = Layout::new(DType::uint8(), vec![64]).unwrap();
+    let src = RawFile::open_with(&path, layout, &options).unwrap();
+    let mut dst = vec![0u8; 64 * 3];
+    src.gather(&[900, 3, 500], &mut dst).unwrap();
+    assert!(dst[64..128] == bytes[3 * 64..4 * 64]);
+    // Cut 10 bytes into record 200 (byte 12810, in the page of bytes 12288..16384).
+    OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .unwrap()
+        .set_len(200 * 64 + 10)
+        .unwrap();
+    src.gather(&[199, 0, 150], &mut dst).unwrap();
+    assert!(dst[..64] == bytes[199 * 64..200 * 64]);
+    for (indices, faults) in [([199, 201, 0], false), ([3, 900, 4], true)] {
+        match src.gather(&indices, &mut dst) {
+            Err(e @ SourceError::Truncated { .. }) => {
+                names_path(&e, &path);
+                assert!(e.to_string().contains("shrank"), "{e}");
+            }
+            other => panic!("{indices:?}: {other:?}"),
+        }
+        assert_eq!(
+            src.reader_description().contains("stopped"),
+            faults,
+            "{indices:?}: {}",
+            src.reader_description()
+        );
+    }
+    src.gather(&[5], &mut dst[..64]).unwrap();
+    assert!(dst[..64] == bytes[5 * 64..6 * 64]);
 }
 
 #[test]
