@@ -276,10 +276,8 @@ pub fn run(args: BenchArgs) -> Result<Outcome> {
                 .map(|&(name, method, (wall, cpu, _))| Measured {
                     name,
                     what: match method {
-                        UploadMethod::Both => {
-                            "whole tensor, staging arena and in-place registration at once"
-                        }
-                        UploadMethod::Stage => "whole tensor through the staging arena",
+                        UploadMethod::Both => "whole tensor, arena and registration at once",
+                        UploadMethod::Stage => "whole tensor through the staging arena (default)",
                         UploadMethod::Register => "whole tensor registered chunk by chunk in place",
                     },
                     wall,
@@ -337,13 +335,14 @@ pub fn run(args: BenchArgs) -> Result<Outcome> {
             row_bytes as f64 / 1e6,
             args.repeat
         );
+        let width = variants.iter().map(|v| v.what.len()).max().unwrap_or(0);
         println!(
-            "{:<48} {:>10} {:>10} {:>8}",
+            "{:<width$} {:>10} {:>10} {:>8}",
             "variant", "wall ms", "CPU ms", "GB/s"
         );
         for v in &variants {
             println!(
-                "{:<48} {:>10.1} {:>10.1} {:>8.2}",
+                "{:<width$} {:>10.1} {:>10.1} {:>8.2}",
                 v.what,
                 v.wall.as_secs_f64() * 1e3,
                 v.cpu.as_secs_f64() * 1e3,
