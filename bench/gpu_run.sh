@@ -100,8 +100,11 @@ if want bigcached; then
     df -h "$BIGDIR" | tail -1 | tee "$OUT/big_machine.txt"
     [ -f "$BIG" ] || $C/pinfeed gen "$BIG" --records 13875000 --shape 3,31,31 --dtype u8 --seed 2
     : > "$OUT/big_cached.jsonl"
-    for rep in 1 2; do $C/pinfeed stream "$BIG" --batch-size 4096 --reader pread --threads 8 --json >> "$OUT/big_cached.jsonl"; done
-    $C/pinfeed stream "$BIG" --batch-size 4096 --reader auto --json >> "$OUT/big_cached.jsonl"
+    # Batches of 1024 records (2.95 MB) and of 4096 (11.8 MB): slot size matters (BENCHMARKS.md).
+    for bs in 1024 4096; do
+        for rep in 1 2; do $C/pinfeed stream "$BIG" --batch-size $bs --reader pread --threads 8 --json >> "$OUT/big_cached.jsonl"; done
+    done
+    $C/pinfeed stream "$BIG" --batch-size 1024 --reader auto --json >> "$OUT/big_cached.jsonl"
     python3 -c "
 import json
 for l in open('$OUT/big_cached.jsonl'):

@@ -49,6 +49,15 @@ def seed(rows, cols):
         fn()
         wall, cpu = timed(fn)
         out.append(row(name, n, wall, cpu))
+    # Is torch's OpenMP pool (spinning after the variants above) what slows to_device from
+    # Python against `pinfeed bench`? The same call with torch held to one thread.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        wall, cpu = timed(variants["pinfeed.to_device(a)"])
+        out.append(row("pinfeed.to_device(a), torch.set_num_threads(1)", n, wall, cpu))
+    finally:
+        torch.set_num_threads(threads)
     with pinfeed.pinned(a):
         wall, cpu = timed(lambda: a.cuda(non_blocking=True))
         out.append(row("with pinfeed.pinned(a): a.cuda(non_blocking=True)", n, wall, cpu))
