@@ -130,12 +130,12 @@ def main():
         rows = []
         for r in raw["big_cached"] or []:
             how = f"auto`: {r['reader_auto_reason']}" if r.get("reader_auto_reason") else f"{r['reader_kind']}`"
-            rows.append([f"page-cached, `--reader {how} ({r['reader']}, {r['threads']} threads)", f"{r['gbps']:.2f}", f"{r['streaming_gbps']:.2f}", f"{r['cpu_seconds']:.1f}", f"{r['peak_rss_bytes']>>20}", f"{r['pinned_bytes_peak']>>20}"])
+            rows.append([f"page-cached, batches of {r['batch_size']}, `--reader {how} ({r['reader']}, {r['threads']} threads)", f"{r['gbps']:.2f}", f"{r['streaming_gbps']:.2f}", f"{r['cpu_seconds']:.1f}", f"{r['peak_rss_bytes']>>20}", f"{r['pinned_bytes_peak']>>20}"])
         c = raw["big_cold"]
         if c:
-            rows.append([f"cold (caches dropped), `--reader direct` ({c['reader']}, {c['threads']} threads)", f"{c['gbps']:.3f}", f"{c['streaming_gbps']:.3f}", f"{c['cpu_seconds']:.1f}", f"{c['peak_rss_bytes']>>20}", f"{c['pinned_bytes_peak']>>20}"])
+            rows.append([f"cold (caches dropped), batches of {c['batch_size']}, `--reader direct` ({c['reader']}, {c['threads']} threads)", f"{c['gbps']:.3f}", f"{c['streaming_gbps']:.3f}", f"{c['cpu_seconds']:.1f}", f"{c['peak_rss_bytes']>>20}", f"{c['pinned_bytes_peak']>>20}"])
         r0 = (raw["big_cached"] or [raw["big_cold"]])[0]
-        md.append(f"\n### A {r0['bytes']/1e9:.1f} GB `.npy` ({r0['records']} records of `3,31,31` uint8), batches of {r0['batch_size']}, to the GPU\n")
+        md.append(f"\n### A {r0['bytes']/1e9:.1f} GB `.npy` ({r0['records']} records of `3,31,31` uint8) to the GPU\n")
         md.append(table(["run", "GB/s", "GB/s after start-up", "CPU s", "peak RSS MiB", "pinned MiB"], rows))
         if raw["big_dd"]:
             md.append("\nThe disk's raw `O_DIRECT` rate in the same run (`dd bs=8M iflag=direct`):\n\n```\n" + raw["big_dd"].strip() + "\n```")
