@@ -1,6 +1,8 @@
 //! The `pinfeed` command: generate a dataset, stream it to the GPU, run the seed benchmark.
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(clippy::undocumented_unsafe_blocks)]
+// The `json!` report of `stream` has more keys than the default limit expands.
+#![recursion_limit = "256"]
 
 mod bench;
 mod doctor;

@@ -38,6 +38,10 @@ pub struct StreamArgs {
     /// Reader threads (default: one per core, at most 8).
     #[arg(long)]
     threads: Option<usize>,
+    /// Batches larger than this are read and copied in pieces of about this size, a slot
+    /// each, e.g. 4MiB; `whole` keeps each batch in one slot.
+    #[arg(long, default_value = "4MiB")]
+    piece_size: String,
     /// Drop the last batch of each epoch if it is partial.
     #[arg(long)]
     drop_last: bool,
@@ -196,6 +200,10 @@ pub fn run(args: StreamArgs) -> Result<Outcome> {
         epochs: args.epochs,
         pinned_budget: parse_size(&args.pinned_budget)?,
         num_threads: args.threads,
+        piece_bytes: match args.piece_size.as_str() {
+            "whole" => None,
+            size => Some(parse_size(size)?),
+        },
         device,
         pin_method: parse_pin_method(&args.pin_method)?,
         reader,
@@ -403,6 +411,7 @@ fn report_json(
         },
         "reader_kind": stats.reader.to_string(),
         "reader_auto_reason": auto_reason,
+        "piece_size": args.piece_size,
         "slots": stats.slots,
         "slot_bytes": stats.slot_bytes,
         "slots_recycled": stats.slots_recycled,

@@ -125,6 +125,11 @@ pub const DEFAULT_PINNED_BUDGET: usize = 256 << 20;
 /// flight, more slots only lock more memory.
 pub const MAX_SLOTS: usize = 64;
 
+/// The default largest slot: batches above it are read and copied in pieces. On the H200
+/// machine 4 MiB batches reached 89% of the plain pinned copy rate, 16 MiB and larger ones
+/// 45 to 52% (docs/BENCHMARKS.md, batch-size table), each filled whole by one reader.
+pub const DEFAULT_PIECE_BYTES: usize = 4 << 20;
+
 /// Preprocessing run by the reader threads between the read and the slot.
 ///
 /// With a transform, each reader reads raw records into a scratch buffer of its own and the
@@ -165,6 +170,12 @@ pub struct LoaderOptions {
     pub pin_method: PinMethod,
     /// Batches copied ahead of the consumer.
     pub prefetch: usize,
+    /// A batch larger than this is read in pieces of about this size (whole records), each in
+    /// its own slot, filled by whichever reader is free and copied into its place in the
+    /// batch's device memory as soon as it is filled; `None` keeps every batch in one slot.
+    /// Default [`DEFAULT_PIECE_BYTES`]. Not with a transform (it sees whole batches) or the
+    /// register reader (its windows are the file's).
+    pub piece_bytes: Option<usize>,
     /// Optional preprocessing on the reader threads.
     pub transform: Option<Arc<dyn Transform>>,
     /// How records reach the device: through pinned slots, or straight from a registered
@@ -195,6 +206,7 @@ impl Default for LoaderOptions {
             device: DeviceSpec::Auto,
             pin_method: PinMethod::Register,
             prefetch: 4,
+            piece_bytes: Some(DEFAULT_PIECE_BYTES),
             transform: None,
             reader: ReaderKind::Auto,
             shuffle: Shuffle::None,
@@ -218,6 +230,7 @@ impl std::fmt::Debug for LoaderOptions {
             .field("device", &self.device)
             .field("pin_method", &self.pin_method)
             .field("prefetch", &self.prefetch)
+            .field("piece_bytes", &self.piece_bytes)
             .field("transform", &self.transform.is_some())
             .field("reader", &self.reader)
             .field("shuffle", &self.shuffle)

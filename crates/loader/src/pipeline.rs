@@ -144,10 +144,50 @@ impl Plan {
     }
 }
 
-/// A filled slot's batch and the offset of its first byte in the slot.
+/// A filled slot: which piece of which batch, and the offset of its first byte in the slot.
 struct SlotContents {
-    spec: BatchSpec,
+    /// The batch's place in the plan, recorded with its first piece only (the copy thread
+    /// needs it once per batch).
+    spec: Option<BatchSpec>,
+    /// The piece's records, `lo .. hi` of the batch (empty for a piece past a short batch's
+    /// end).
+    records: std::ops::Range<usize>,
     offset: usize,
+}
+
+/// How batches are cut into pieces, a slot each: unit `u` of the ring is piece
+/// `u % per_batch` of batch `u / per_batch`, holding the batch's records
+/// `piece × records .. (piece + 1) × records` (fewer, or none, in a short last batch).
+#[derive(Clone, Copy, Debug)]
+struct Pieces {
+    per_batch: u64,
+    records: usize,
+}
+
+impl Pieces {
+    /// Pieces of at most `piece_bytes` (at least one record each) for batches of `batch_size`
+    /// records of `record_bytes`; one piece a batch when `piece_bytes` is `None`.
+    fn new(batch_size: usize, record_bytes: usize, piece_bytes: Option<usize>) -> Pieces {
+        let records = match piece_bytes {
+            Some(bytes) => (bytes / record_bytes.max(1)).clamp(1, batch_size),
+            None => batch_size,
+        };
+        Pieces {
+            per_batch: batch_size.div_ceil(records) as u64,
+            records,
+        }
+    }
+
+    /// The batch a unit belongs to, and which piece of it the unit is.
+    fn split(&self, unit: u64) -> (u64, u64) {
+        (unit / self.per_batch, unit % self.per_batch)
+    }
+
+    /// Records `lo .. hi` of a batch of `count` records that piece `piece` holds.
+    fn range(&self, piece: u64, count: usize) -> std::ops::Range<usize> {
+        let lo = (piece as usize * self.records).min(count);
+        lo..(lo + self.records).min(count)
+    }
 }
 
 /// What the loader's threads share.
@@ -168,6 +208,8 @@ struct Shared {
     /// `fill_done` and taken by the copy thread after `next_filled`, which the ring orders; so
     /// the plan is worked out once per batch.
     slot_contents: Vec<Mutex<Option<SlotContents>>>,
+    /// How batches are cut into slots (one piece a batch with a transform or register reader).
+    pieces: Pieces,
     started: Instant,
     /// Time `Loader::new` took before the threads started (mostly page-locking the pool).
     startup: Duration,
@@ -396,10 +438,18 @@ impl Loader {
         // Slots are page-aligned (and aligned as the source needs): what O_DIRECT reads need, and
         // what keeps copies aligned.
         let align = source.alignment().max(4096);
+        // Large batches go in pieces, each its own slot (see `LoaderOptions::piece_bytes`).
+        let pieces = if options.transform.is_some() || options.reader == ReaderKind::Register {
+            Pieces::new(options.batch_size, out_record_bytes, None)
+        } else {
+            Pieces::new(options.batch_size, out_record_bytes, options.piece_bytes)
+        };
         let read_span = if options.transform.is_some() {
             batch_bytes
         } else {
-            source.aligned_span(options.batch_size).max(batch_bytes)
+            source
+                .aligned_span(pieces.records)
+                .max(pieces.records * out_record_bytes)
         };
         let slot_bytes = read_span
             .checked_next_multiple_of(align)
@@ -416,6 +466,9 @@ impl Loader {
             });
         }
         let total = plan.total();
+        let units = total
+            .checked_mul(pieces.per_batch)
+            .ok_or_else(|| LoaderError::Config(format!("{} epochs is too many", options.epochs)))?;
         let threads = options
             .num_threads
             .unwrap_or_else(|| {
@@ -429,7 +482,7 @@ impl Loader {
         let slots = fits
             .min(MAX_SLOTS)
             .min(2 * threads + 6)
-            .min(usize::try_from(total).unwrap_or(usize::MAX).max(2));
+            .min(usize::try_from(units).unwrap_or(usize::MAX).max(2));
         if options.prefetch == 0 {
             return Err(LoaderError::Config("prefetch must be at least 1".into()));
         }
@@ -437,7 +490,7 @@ impl Loader {
         let backend = Arc::new(Backend::new(options.device, options.pin_method)?);
         let staging = choose_staging(&source, &options, &backend, batch_bytes, slot_bytes, slots)?;
         let (ring_slots, ring_total) = match &staging {
-            Staging::Slots(pool) => (pool.slots(), total),
+            Staging::Slots(pool) => (pool.slots(), units),
             Staging::Windows(windows) => {
                 (windows.slots(), windows.windows_per_epoch * options.epochs)
             }
@@ -456,6 +509,7 @@ impl Loader {
             counters: Counters::default(),
             budget: DeviceBudget::new(options.device_budget),
             slot_contents: (0..ring_slots).map(|_| Mutex::new(None)).collect(),
+            pieces,
             started: Instant::now(),
             startup: begun.elapsed(),
             threads,
@@ -678,13 +732,17 @@ impl Drop for Loader {
 
 fn read_loop(shared: &Shared) {
     let mut scratch: Option<AlignedBuffer> = None;
+    // The batch this reader read a piece of last: its next piece is usually of the same one.
+    let mut last: Option<(u64, Arc<BatchSpec>)> = None;
     loop {
         let claim = match shared.ring.acquire() {
             Ok(Some(claim)) => claim,
             Ok(None) => return,
             Err(e) => return shared.fail(e.into()),
         };
-        let outcome = catch_unwind(AssertUnwindSafe(|| fill(shared, &claim, &mut scratch)));
+        let outcome = catch_unwind(AssertUnwindSafe(|| {
+            fill(shared, &claim, &mut scratch, &mut last)
+        }));
         match outcome {
             Ok(Ok(())) => shared.ring.fill_done(claim),
             Ok(Err(e)) => {
@@ -706,11 +764,23 @@ fn read_loop(shared: &Shared) {
     }
 }
 
-/// Reads one batch into its claimed slot, through the transform if there is one.
-fn fill(shared: &Shared, claim: &Claim, scratch: &mut Option<AlignedBuffer>) -> Result<()> {
-    let spec = shared.plan.batch(claim.seq())?;
+/// Reads one piece of a batch (the whole batch, when it is one piece) into its claimed slot,
+/// through the transform if there is one.
+fn fill(
+    shared: &Shared,
+    claim: &Claim,
+    scratch: &mut Option<AlignedBuffer>,
+    last: &mut Option<(u64, Arc<BatchSpec>)>,
+) -> Result<()> {
+    let (batch, piece) = shared.pieces.split(claim.seq());
+    let spec = match last {
+        Some((seq, spec)) if *seq == batch => Arc::clone(spec),
+        _ => Arc::clone(&last.insert((batch, Arc::new(shared.plan.batch(batch)?))).1),
+    };
+    let records = shared.pieces.range(piece, spec.count);
+    let count = records.len();
     let source = shared.source.as_ref();
-    let raw_len = spec.count * source.layout().record_bytes();
+    let raw_len = count * source.layout().record_bytes();
     let Staging::Slots(pool) = &shared.staging else {
         unreachable!("readers run only with pinned slots");
     };
@@ -718,7 +788,8 @@ fn fill(shared: &Shared, claim: &Claim, scratch: &mut Option<AlignedBuffer>) -> 
     let slot = unsafe { pool.slot_mut(claim.slot(), pool.slot_bytes()) };
     let started = Instant::now();
     let offset = match &shared.transform {
-        None => read_batch(source, &spec.records, spec.count, slot)?,
+        None if count == 0 => 0,
+        None => read_batch(source, &spec.records, records.clone(), slot)?,
         Some(transform) => {
             let span = source
                 .aligned_span(shared.plan.spec.batch_size as usize)
@@ -727,14 +798,15 @@ fn fill(shared: &Shared, claim: &Claim, scratch: &mut Option<AlignedBuffer>) -> 
                 Some(buf) if buf.len() >= span => buf,
                 _ => scratch.insert(AlignedBuffer::new(span, source.alignment())),
             };
-            let at = read_batch(source, &spec.records, spec.count, buf)?;
+            // With a transform a batch is one piece: `records` is the whole batch.
+            let at = read_batch(source, &spec.records, records.clone(), buf)?;
             let read_done = Instant::now();
             add(&shared.counters.read_ns, read_done - started);
-            let out_len = spec.count * shared.out_record_bytes;
+            let out_len = count * shared.out_record_bytes;
             transform
-                .apply(&buf[at..at + raw_len], spec.count, &mut slot[..out_len])
+                .apply(&buf[at..at + raw_len], count, &mut slot[..out_len])
                 .map_err(|message| LoaderError::Transform {
-                    seq: claim.seq(),
+                    seq: batch,
                     message,
                 })?;
             add(&shared.counters.transform_ns, read_done.elapsed());
@@ -750,23 +822,33 @@ fn fill(shared: &Shared, claim: &Claim, scratch: &mut Option<AlignedBuffer>) -> 
         .fetch_add(raw_len as u64, std::sync::atomic::Ordering::Relaxed);
     *shared.slot_contents[claim.slot()]
         .lock()
-        .unwrap_or_else(|p| p.into_inner()) = Some(SlotContents { spec, offset });
+        .unwrap_or_else(|p| p.into_inner()) = Some(SlotContents {
+        spec: (piece == 0).then(|| BatchSpec::clone(&spec)),
+        records,
+        offset,
+    });
     Ok(())
 }
 
-/// Reads a batch's records into `buf` (aligned as the source needs, and at least its aligned
-/// span long) and returns where they start in it: one aligned read for a range, a gather for a
-/// shuffled batch.
+/// Reads records `part` of a batch into `buf` (aligned as the source needs, and at least
+/// their aligned span long) and returns where they start in it: one aligned read for a range,
+/// a gather for a shuffled batch.
 fn read_batch(
     source: &dyn Source,
     records: &BatchRecords,
-    count: usize,
+    part: std::ops::Range<usize>,
     buf: &mut [u8],
 ) -> Result<usize> {
+    let count = part.len();
     Ok(match records {
-        BatchRecords::Range { first, .. } => source.read_records_aligned(*first, count, buf)?,
+        BatchRecords::Range { first, .. } => {
+            source.read_records_aligned(first + part.start as u64, count, buf)?
+        }
         BatchRecords::Indices(indices) => {
-            source.gather(indices, &mut buf[..count * source.layout().record_bytes()])?;
+            source.gather(
+                &indices[part],
+                &mut buf[..count * source.layout().record_bytes()],
+            )?;
             0
         }
     })
@@ -814,40 +896,82 @@ fn deliver(
 }
 
 fn copy_slots(shared: &Arc<Shared>, pool: &PinnedPool, batches: &SyncSender<Result<Batch>>) {
-    for seq in 0..shared.plan.total() {
-        let Some(slot) = shared.ring.next_filled(seq) else {
+    let pieces = shared.pieces;
+    let rb = shared.out_record_bytes;
+    // The batch being assembled: its place, its device memory, the fence of its last copy.
+    let mut current: Option<(BatchSpec, crate::backend::DeviceMemory, Option<CopyFence>)> = None;
+    for unit in 0..shared.plan.total() * pieces.per_batch {
+        let Some(slot) = shared.ring.next_filled(unit) else {
             break;
         };
         let started = Instant::now();
-        let SlotContents { spec, offset } = shared.slot_contents[slot]
+        let SlotContents {
+            spec,
+            records,
+            offset,
+        } = shared.slot_contents[slot]
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .take()
             .expect("a filled slot has its contents recorded");
-        let len = spec.count * shared.out_record_bytes;
-        let issued = shared
-            .backend
-            .alloc(len, &shared.budget)
-            .and_then(|mut memory| {
-                let src = pool.slot_ptr(slot).wrapping_add(offset);
-                // SAFETY: the slot stays `Filled` (untouched by readers) until `copy_issued`, after
-                // which the ring keeps it out of the free list until this fence completes; the
-                // destination is owned by the batch, which is not read before the fence; the
-                // reader left the batch at `offset .. offset + len`, inside the slot.
-                let fence = unsafe { shared.backend.copy(src, &mut memory, 0, len) }?;
-                Ok((memory, fence))
-            });
-        let (memory, fence) = match issued {
-            Ok(issued) => issued,
+        let (seq, piece) = pieces.split(unit);
+        if let Some(spec) = spec {
+            // The batch's first piece: its device memory, whole.
+            match shared.backend.alloc(spec.count * rb, &shared.budget) {
+                Ok(memory) => current = Some((spec, memory, None)),
+                Err(e) => {
+                    shared.fail(e);
+                    break;
+                }
+            }
+        }
+        let (_, memory, last) = current
+            .as_mut()
+            .expect("the first piece of a batch comes before the others");
+        let issued = if records.is_empty() {
+            // Nothing to copy: the slot is free as soon as the copies before it are done.
+            shared.backend.completed_fence()
+        } else {
+            let src = pool.slot_ptr(slot).wrapping_add(offset);
+            // SAFETY: the slot stays `Filled` (untouched by readers) until `copy_issued`, after
+            // which the ring keeps it out of the free list until this fence completes; the
+            // destination lies inside the batch's memory (records `lo .. hi` of its `count`),
+            // disjoint from every other piece's, and the batch is not read before its last
+            // fence; the reader left the piece at `offset .. offset + len`, inside the slot.
+            unsafe {
+                shared
+                    .backend
+                    .copy(src, memory, records.start * rb, records.len() * rb)
+            }
+            .inspect(|fence| *last = Some(fence.clone()))
+        };
+        let fence = match issued {
+            Ok(fence) => fence,
             Err(e) => {
                 shared.fail(e);
                 break;
             }
         };
-        shared.ring.copy_issued(slot, fence.clone());
+        shared.ring.copy_issued(slot, fence);
         add(&shared.counters.copy_issue_ns, started.elapsed());
-        if !deliver(shared, batches, (seq, spec, len), memory, fence) {
-            return;
+        if piece + 1 == pieces.per_batch {
+            let (spec, memory, last) = current.take().expect("assembled above");
+            // Copies finish in the order they were issued (one stream; one host copy thread),
+            // so the batch is complete when its last copy is.
+            let ready = match last {
+                Some(fence) => fence,
+                None => match shared.backend.completed_fence() {
+                    Ok(fence) => fence,
+                    Err(e) => {
+                        shared.fail(e);
+                        break;
+                    }
+                },
+            };
+            let len = spec.count * rb;
+            if !deliver(shared, batches, (seq, spec, len), memory, ready) {
+                return;
+            }
         }
     }
 }

@@ -11,7 +11,7 @@ use rand::{RngCore, SeedableRng};
 
 use crate::common::{collect, host_options};
 
-fn npy_file(
+pub(crate) fn npy_file(
     dir: &tempfile::TempDir,
     records: u64,
     shape: Vec<u64>,

@@ -7,4 +7,5 @@ mod faults;
 mod gpu;
 mod limits;
 mod mapped;
+mod pieces;
 mod shuffle;
