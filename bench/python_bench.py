@@ -179,17 +179,20 @@ def batch_sizes(repeat=3):
         dst = torch.empty(mib << 20, dtype=torch.uint8, device="cuda")
         n = total // (mib << 20)
         wall_pinned, _ = timed(lambda: [dst.copy_(pinned, non_blocking=True) for _ in range(n)], repeat)
-        loader = pinfeed.Loader(src, rows, device="cuda", pinned_budget=max(256 << 20, 8 * (mib << 20)))
+        r = {"batch_mib": mib, "pinned_copy_gbps": total / wall_pinned / 1e9}
+        # The default (batches over 4 MiB in 4 MiB pieces) and whole-batch slots.
+        for key, piece_size in [("loader_gbps", "4MiB"), ("loader_whole_gbps", None)]:
+            loader = pinfeed.Loader(src, rows, device="cuda", pinned_budget=max(256 << 20, 8 * (mib << 20)), piece_size=piece_size)
 
-        def run():
-            for x in loader:
-                pass
+            def run():
+                for x in loader:
+                    pass
 
-        run()
-        wall, cpu = timed(run, repeat)
-        r = {"batch_mib": mib, "pinned_copy_gbps": total / wall_pinned / 1e9, "loader_gbps": total / wall / 1e9}
+            run()
+            wall, cpu = timed(run, repeat)
+            r[key] = total / wall / 1e9
         r["ratio"] = r["loader_gbps"] / r["pinned_copy_gbps"]
-        print(f"batch {mib:4d} MiB: pinned copy_ {r['pinned_copy_gbps']:6.2f} GB/s, Loader {r['loader_gbps']:6.2f} GB/s ({r['ratio']:.0%})")
+        print(f"batch {mib:4d} MiB: pinned copy_ {r['pinned_copy_gbps']:6.2f} GB/s, Loader {r['loader_gbps']:6.2f} GB/s ({r['ratio']:.0%}), whole-batch slots {r['loader_whole_gbps']:6.2f} GB/s")
         out.append(r)
     return out
 

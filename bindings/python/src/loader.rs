@@ -330,7 +330,7 @@ impl Stream {
     #[pyo3(signature = (
         source, batch_size, *, export_dtype, record_shape, drop_last=false, epochs=1,
         pinned_budget=None, device_budget=None, num_threads=None, device="cuda", prefetch=4,
-        transform=None, transform_out_bytes=None, reader="auto", shuffle="none",
+        piece_bytes=None, transform=None, transform_out_bytes=None, reader="auto", shuffle="none",
         block_size=None, block_window=None, seed=0, rank=0, world_size=1, start_epoch=0,
         start_batches_done=0
     ))]
@@ -348,6 +348,7 @@ impl Stream {
         num_threads: Option<usize>,
         device: &str,
         prefetch: usize,
+        piece_bytes: Option<usize>,
         transform: Option<Bound<'_, PyAny>>,
         transform_out_bytes: Option<usize>,
         reader: &str,
@@ -430,6 +431,12 @@ impl Stream {
             num_threads,
             device: device_arg(py, device)?,
             prefetch,
+            // None: the default piece size; 0: every batch in one slot.
+            piece_bytes: match piece_bytes {
+                None => Some(pinfeed::DEFAULT_PIECE_BYTES),
+                Some(0) => None,
+                Some(bytes) => Some(bytes),
+            },
             transform,
             reader: reader
                 .parse()

@@ -31,6 +31,29 @@ def test_npy_byte_for_byte(tmp_path, batch_size, drop_last):
         assert len(b) == batch_size or (not drop_last and i == len(batches) - 1)
 
 
+@pytest.mark.parametrize("piece_size", [None, 1, "100B", 3 * 15 * 4])
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_batches_in_pieces_equal_whole_batches(tmp_path, piece_size, shuffle):
+    data = np.random.default_rng(5).random((1000, 3, 5)).astype(np.float32)  # 60-byte records
+    path = tmp_path / "p.npy"
+    np.save(path, data)
+    whole = pinfeed.Loader(path, 128, device="cpu", shuffle=shuffle, seed=3, piece_size=None)
+    loader = pinfeed.Loader(path, 128, device="cpu", shuffle=shuffle, seed=3, piece_size=piece_size)
+    want, got = collect(whole), collect(loader)
+    assert len(got) == len(want) == 8
+    for w, g in zip(want, got):
+        np.testing.assert_array_equal(g, w)
+    if not shuffle:
+        np.testing.assert_array_equal(np.concatenate(got), data)
+    # A piece of 1 byte still holds one record: 60-byte slots, rounded up to a page.
+    assert loader.stats()["slot_bytes"] == (4096 if piece_size is not None else 128 * 60 + (4096 - 128 * 60 % 4096))
+
+
+def test_piece_size_must_be_positive():
+    with pytest.raises(pinfeed.PinfeedValueError, match="piece_size"):
+        pinfeed.Loader(np.zeros((10, 4), np.uint8), 2, device="cpu", piece_size=0)
+
+
 @pytest.mark.parametrize(
     "dtype",
     ["<f4", "<f8", "<i2", "<u8", "|b1", "<f2", "<c8", "<c16", "<M8[ns]", "|S5", "<U3"],

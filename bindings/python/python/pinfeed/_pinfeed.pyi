@@ -108,6 +108,7 @@ class Stream(Iterator[DeviceBuffer]):
         num_threads: Optional[int] = None,
         device: str = "cuda",
         prefetch: int = 4,
+        piece_bytes: Optional[int] = None,
         transform: Any = None,
         transform_out_bytes: Optional[int] = None,
         reader: str = "auto",

@@ -119,6 +119,10 @@ class Loader:
     again starts a new pass over ``epochs`` epochs. ``len(loader)`` is the number of batches a
     full pass gives this rank (``epochs`` × batches per epoch; a pass resumed mid-epoch gives
     fewer). At most ``pinned_budget`` bytes (int or ``"256MiB"``) are page-locked, once, per pass.
+    A batch larger than ``piece_size`` (default ``"4MiB"``) is read in pieces of about that
+    size, each its own pinned slot, filled by several reader threads at once and copied as each
+    is filled; ``piece_size=None`` keeps every batch in one slot. Not with a ``transform``
+    (which sees whole batches) or ``reader="register"``.
 
     ``source`` may also be a directory or glob of ``.npy`` shards with one record layout, or
     ``.safetensors`` files (``tensor`` names the tensor whose first dimension counts records).
@@ -211,6 +215,7 @@ class Loader:
         device_budget: Any = None,
         reader: str = "auto",
         tensor: Optional[str] = None,
+        piece_size: Any = "4MiB",
     ) -> None:
         self._pid = os.getpid()
         if not isinstance(batch_size, numbers.Integral) or isinstance(batch_size, bool):
@@ -222,6 +227,8 @@ class Loader:
         for what, value in (("batch_size", batch_size), ("epochs", epochs), ("prefetch", prefetch)):
             if value < 0:
                 raise PinfeedValueError(f"{name}: {what} must be at least 1, got {value}")
+        if piece_size is not None and _bytes(piece_size, 0) < 1:
+            raise PinfeedValueError(f"{name}: piece_size must be at least 1 byte (or None), got {piece_size!r}")
         if num_threads is not None and num_threads < 1:
             raise PinfeedValueError(f"{name}: num_threads must be at least 1, got {num_threads}")
         #: ``"none"``, ``"random"``, ``"block"`` or ``"gpu"``.
@@ -265,6 +272,7 @@ class Loader:
             num_threads=num_threads,
             device=device_name(device),
             prefetch=int(prefetch),
+            piece_bytes=0 if piece_size is None else _bytes(piece_size, 0),  # 0: whole batches
             transform=self._transform,
             transform_out_bytes=transform_out_bytes,
             # direct and uring are ways of reading into the pinned slots, chosen when the
