@@ -102,9 +102,11 @@ def main():
         md.append("\n### Python: the 4 GiB file\n")
         md.append(table(["loader", "wall ms", "CPU ms", "GB/s"], rows))
     if isinstance(pb.get("batch_sizes"), list):
-        rows = [[f"{r['batch_mib']} MiB", f"{r['pinned_copy_gbps']:.2f}", f"{r['loader_gbps']:.2f}", f"{r['ratio']:.0%}"] for r in pb["batch_sizes"]]
+        whole = any("loader_whole_gbps" in r for r in pb["batch_sizes"])
+        rows = [[f"{r['batch_mib']} MiB", f"{r['pinned_copy_gbps']:.2f}", f"{r['loader_gbps']:.2f}", f"{r['ratio']:.0%}"]
+                + ([f"{r['loader_whole_gbps']:.2f}"] if whole else []) for r in pb["batch_sizes"]]
         md.append("\n### Batch sizes: `pinfeed.Loader` over a 2 GiB host array against a plain pinned `copy_` of the same size\n")
-        md.append(table(["batch", "pinned copy_ GB/s", "Loader GB/s", "ratio"], rows))
+        md.append(table(["batch", "pinned copy_ GB/s", "Loader GB/s", "ratio"] + (["Loader, whole-batch slots, GB/s"] if whole else []), rows))
     if isinstance(pb.get("overlap"), dict) and "steps" in pb["overlap"]:
         o = pb["overlap"]
         md.append(f"\n### Overlap: {o['steps']} training steps of {o['gpu_step_ms']:.2f} ms GPU work on shuffled batches of {o['batch']} records\n")
