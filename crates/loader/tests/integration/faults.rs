@@ -45,13 +45,17 @@ impl Source for Faulty {
 }
 
 fn run_faulty(panic: bool) -> (usize, LoaderError) {
+    run_faulty_with(panic, host_options(10))
+}
+
+fn run_faulty_with(panic: bool, options: LoaderOptions) -> (usize, LoaderError) {
     let (inner, _) = random_source(1000, 16, 11);
     let source = Arc::new(Faulty {
         inner,
         bad_record: 555,
         panic,
     });
-    let loader = Loader::new(source, host_options(10)).unwrap();
+    let loader = Loader::new(source, options).unwrap();
     let mut good = 0;
     for batch in loader {
         match batch {
@@ -68,6 +72,25 @@ fn an_io_error_reaches_the_consumer_after_the_good_batches() {
     assert!(good <= 55, "{good} batches delivered past the fault");
     assert!(matches!(err, LoaderError::Source(_)), "{err:?}");
     assert!(err.to_string().contains("injected I/O error"), "{err}");
+}
+
+#[test]
+fn a_fault_in_one_piece_of_a_batch_fails_the_batch() {
+    // Batches of 100 records in pieces of 3: record 555 is in piece 18 of batch 5.
+    for panic in [false, true] {
+        let options = LoaderOptions {
+            piece_bytes: Some(3 * 16),
+            num_threads: Some(3),
+            ..host_options(100)
+        };
+        let (good, err) = run_faulty_with(panic, options);
+        assert!(good <= 5, "{good} batches delivered past the fault");
+        let text = err.to_string();
+        assert!(
+            text.contains("injected I/O error") || text.contains("injected panic at record 555"),
+            "{err:?}"
+        );
+    }
 }
 
 #[test]
