@@ -26,6 +26,7 @@ use pyo3::prelude::*;
 
 use crate::errors::{loader_error, ToPy};
 use crate::fork::{self, ForkSafe};
+use crate::{drop_detached, lock};
 
 const VERSIONED: &CStr = c"dltensor_versioned";
 const LEGACY: &CStr = c"dltensor";
@@ -98,7 +99,11 @@ pub struct DeviceBuffer {
     shape: Vec<i64>,
     dtype: DLDataType,
     device: DeviceSpec,
+    /// Bytes in the buffer.
+    #[pyo3(get)]
     nbytes: usize,
+    /// The device address (a host address on the host backend).
+    #[pyo3(get)]
     address: u64,
     info: Option<BatchInfo>,
 }
@@ -134,11 +139,11 @@ impl DeviceBuffer {
     }
 
     fn take(&self) -> Option<ForkSafe<Box<dyn DeviceData>>> {
-        self.data.lock().unwrap_or_else(|p| p.into_inner()).take()
+        lock(&self.data).take()
     }
 
     fn put_back(&self, data: ForkSafe<Box<dyn DeviceData>>) {
-        *self.data.lock().unwrap_or_else(|p| p.into_inner()) = Some(data);
+        *lock(&self.data) = Some(data);
     }
 
     fn forked_error(&self, py: Python<'_>, owner: u32) -> PyErr {
@@ -390,18 +395,6 @@ impl DeviceBuffer {
         (self.dtype.code.0, self.dtype.bits, self.dtype.lanes)
     }
 
-    /// Bytes in the buffer.
-    #[getter]
-    fn nbytes(&self) -> usize {
-        self.nbytes
-    }
-
-    /// The device address (a host address on the host backend).
-    #[getter]
-    fn address(&self) -> u64 {
-        self.address
-    }
-
     /// ``"cpu"`` or ``"cuda:N"``.
     #[getter]
     fn device(&self) -> String {
@@ -411,10 +404,7 @@ impl DeviceBuffer {
     /// Whether the buffer was exported or released (its memory now belongs to the consumer).
     #[getter]
     fn exported(&self) -> bool {
-        self.data
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .is_none()
+        lock(&self.data).is_none()
     }
 
     /// The epoch of a loader batch (``None`` for an upload).
@@ -437,7 +427,7 @@ impl DeviceBuffer {
 
     /// Blocks (without the GIL) until the copy filling the buffer has finished.
     fn wait(&self, py: Python<'_>) -> PyResult<()> {
-        let guard = self.data.lock().unwrap_or_else(|p| p.into_inner());
+        let guard = lock(&self.data);
         let Some(data) = guard.as_ref() else {
             return Err(PyBufferError::new_err("the buffer was already exported"));
         };
@@ -450,7 +440,7 @@ impl DeviceBuffer {
 
     /// Copies the buffer's bytes back to the host (after its copy finished) as ``bytes``.
     fn read_back<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, pyo3::types::PyBytes>> {
-        let guard = self.data.lock().unwrap_or_else(|p| p.into_inner());
+        let guard = lock(&self.data);
         let Some(data) = guard.as_ref() else {
             return Err(PyBufferError::new_err("the buffer was already exported"));
         };
@@ -489,7 +479,7 @@ impl Drop for DeviceBuffer {
     fn drop(&mut self) {
         // Dropping a host-backend batch may wait for its copy; not with the GIL held.
         if let Some(data) = self.take() {
-            Python::attach(|py| py.detach(move || drop(data)));
+            drop_detached(data);
         }
     }
 }

@@ -15,10 +15,25 @@ mod loader;
 mod stage;
 mod transform;
 
+use std::sync::{Mutex, MutexGuard};
+
 use pinfeed_source::DType;
 use pyo3::prelude::*;
 
 use crate::errors::ToPy;
+
+/// Locks `mutex`, poisoned or not: what these mutexes guard (an `Option` taken once, counters)
+/// is whole after any panic, and a poisoned lock must not turn `close()` or `Drop` into a panic.
+pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Drops `value` with the GIL released, from `Drop` or anywhere the GIL may be held: dropping a
+/// loader joins threads that may be waiting for the GIL inside a Python transform, and freeing
+/// pinned or host-backend memory waits for the copies still reading it.
+pub(crate) fn drop_detached<T: Send>(value: T) {
+    Python::attach(|py| py.detach(move || drop(value)));
+}
 
 /// The DLPack ``(code, bits, lanes)`` of a numpy descr literal, or ``None`` when DLPack has no
 /// code for it (structured dtypes, strings, dates).
@@ -71,6 +86,7 @@ fn _pinfeed(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(cuda_device_count, m)?)?;
     m.add_function(wrap_pyfunction!(pinned_allocations, m)?)?;
     m.add_function(wrap_pyfunction!(loader::epoch_order, m)?)?;
+    m.add_function(wrap_pyfunction!(loader::epoch_size, m)?)?;
     m.add_function(wrap_pyfunction!(loader::order_fingerprint, m)?)?;
     Ok(())
 }

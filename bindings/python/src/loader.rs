@@ -17,6 +17,7 @@ use crate::dlpack::{dl_dtype, dl_dtype_from_tuple, element_bytes, BatchInfo, Dev
 use crate::errors::{loader_error, source_error, value_error, Kind, Raised, ToPy};
 use crate::fork::{self, ForkSafe};
 use crate::transform::{Normalize, PyTransform, ToFloat};
+use crate::{drop_detached, lock};
 
 /// The address and length of a C-contiguous numpy array (anything with
 /// `__array_interface__` and `nbytes`), which must stay alive while the memory is used.
@@ -309,12 +310,22 @@ pub struct Stream {
     pid: u32,
     export_dtype: DLDataType,
     record_shape: Vec<i64>,
-    device: DeviceSpec,
+    /// ``"cpu"`` or ``"cuda:N"``.
+    #[pyo3(get)]
+    device: String,
+    /// Batches over all epochs.
+    #[pyo3(get)]
     num_batches: u64,
+    /// Batches per epoch.
+    #[pyo3(get)]
     batches_per_epoch: u64,
+    /// Bytes of one delivered record (after the transform).
+    #[pyo3(get)]
     record_bytes: usize,
     source_name: String,
-    /// `OrderSpec::fingerprint` of the pass's order.
+    /// The Rust ``OrderSpec::fingerprint()`` of the pass's order: a hash of everything but the
+    /// rank and the epoch that decides which records each batch holds.
+    #[pyo3(get)]
     fingerprint: u64,
     /// Counters at the end of the pass, with the device bytes then held.
     final_stats: Mutex<Option<(Stats, usize)>>,
@@ -471,7 +482,7 @@ impl Stream {
             pid: fork::pid(),
             export_dtype,
             record_shape,
-            device: loader.device(),
+            device: loader.device().to_string(),
             num_batches: loader.num_batches(),
             batches_per_epoch: loader.batches_per_epoch(),
             record_bytes: loader.record_bytes(),
@@ -504,34 +515,25 @@ impl Stream {
             .into_pyerr(py));
         }
         // Wait in short slices with the GIL released, checking for Ctrl-C between them, so that
-        // KeyboardInterrupt interrupts a wait for a slow source.
+        // KeyboardInterrupt interrupts a wait for a slow source. The end or an error finishes
+        // the pass under the same lock, so a batch costs one release of the GIL, not two.
         let step = loop {
             let waited = py.detach(|| {
-                let mut guard = self.loader.lock().unwrap_or_else(|p| p.into_inner());
-                match guard.as_mut() {
+                let mut guard = lock(&self.loader);
+                let next = match guard.as_mut() {
                     Some(l) => l.next_within(std::time::Duration::from_millis(50)),
                     None => pinfeed::Waited::Ready(None),
+                };
+                if let pinfeed::Waited::Ready(None | Some(Err(_))) = next {
+                    self.finish(&mut guard);
                 }
+                next
             });
             match waited {
                 pinfeed::Waited::TimedOut => py.check_signals()?,
-                pinfeed::Waited::Ready(next) => break next,
+                pinfeed::Waited::Ready(next) => break next.transpose(),
             }
         };
-        let step = py.detach(|| {
-            let mut guard = self.loader.lock().unwrap_or_else(|p| p.into_inner());
-            let next = step;
-            match next {
-                Some(Ok(batch)) => Ok(Some(batch)),
-                other => {
-                    self.finish(&mut guard);
-                    match other {
-                        Some(Err(e)) => Err(e),
-                        _ => Ok(None),
-                    }
-                }
-            }
-        });
         match step {
             Ok(Some(batch)) => {
                 let info = BatchInfo {
@@ -558,7 +560,7 @@ impl Stream {
             return;
         }
         py.detach(|| {
-            let mut guard = self.loader.lock().unwrap_or_else(|p| p.into_inner());
+            let mut guard = lock(&self.loader);
             self.finish(&mut guard);
         });
     }
@@ -566,58 +568,19 @@ impl Stream {
     /// Whether the pass has finished, failed or been closed.
     #[getter]
     fn closed(&self) -> bool {
-        self.loader
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .is_none()
-    }
-
-    /// Batches over all epochs.
-    #[getter]
-    fn num_batches(&self) -> u64 {
-        self.num_batches
-    }
-
-    /// Batches per epoch.
-    #[getter]
-    fn batches_per_epoch(&self) -> u64 {
-        self.batches_per_epoch
-    }
-
-    /// Bytes of one delivered record (after the transform).
-    #[getter]
-    fn record_bytes(&self) -> usize {
-        self.record_bytes
-    }
-
-    /// The Rust ``OrderSpec::fingerprint()`` of the pass's order: a hash of everything but the
-    /// rank and the epoch that decides which records each batch holds.
-    #[getter]
-    fn fingerprint(&self) -> u64 {
-        self.fingerprint
-    }
-
-    /// ``"cpu"`` or ``"cuda:N"``.
-    #[getter]
-    fn device(&self) -> String {
-        self.device.to_string()
+        lock(&self.loader).is_none()
     }
 
     /// The pass's counters as a dict (see ``pinfeed.Loader.stats``).
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let live = {
-            let guard = self.loader.lock().unwrap_or_else(|p| p.into_inner());
+            let guard = lock(&self.loader);
             guard
                 .as_ref()
                 .filter(|l| l.is_owner())
                 .map(|l| (l.stats(), l.device_bytes_held()))
         };
-        let snapshot = live.or_else(|| {
-            self.final_stats
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .clone()
-        });
+        let snapshot = live.or_else(|| lock(&self.final_stats).clone());
         match snapshot {
             Some((stats, held)) => stats_dict(py, &stats, held),
             None => Ok(PyDict::new(py)),
@@ -631,8 +594,7 @@ impl Stream {
     fn finish(&self, guard: &mut Option<ForkSafe<Loader>>) {
         if let Some(loader) = guard.take() {
             if loader.is_owner() {
-                *self.final_stats.lock().unwrap_or_else(|p| p.into_inner()) =
-                    Some((loader.stats(), loader.device_bytes_held()));
+                *lock(&self.final_stats) = Some((loader.stats(), loader.device_bytes_held()));
             }
             drop(loader);
         }
@@ -645,12 +607,7 @@ impl Stream {
         }
         let err = raised.into_pyerr(py);
         if let (LoaderError::Transform { .. }, Some(t)) = (&e, &self.transform) {
-            if let Some(cause) = t
-                .last_error
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .take()
-            {
+            if let Some(cause) = lock(&t.last_error).take() {
                 err.set_cause(py, Some(cause));
             }
         }
@@ -666,8 +623,7 @@ impl Drop for Stream {
             .unwrap_or_else(|p| p.into_inner())
             .take();
         if let Some(loader) = loader {
-            // Joining the threads may wait for a reader inside a Python transform.
-            Python::attach(|py| py.detach(move || drop(loader)));
+            drop_detached(loader);
         }
     }
 }
@@ -727,6 +683,33 @@ pub(crate) fn order_fingerprint(
         world_size,
     }
     .fingerprint())
+}
+
+/// ``(records, batches)`` of one rank's epoch, the sizes of ``epoch_order``'s result, with its
+/// checks of the rank, world size, batch size and ``drop_last``, but in constant time: the sizes
+/// do not depend on the epoch or the shuffle, so no order is drawn.
+#[pyfunction]
+#[pyo3(signature = (num_records, batch_size, *, drop_last, rank, world_size))]
+pub(crate) fn epoch_size(
+    py: Python<'_>,
+    num_records: u64,
+    batch_size: u64,
+    drop_last: bool,
+    rank: u64,
+    world_size: u64,
+) -> PyResult<(u64, u64)> {
+    let spec = OrderSpec {
+        num_records,
+        batch_size,
+        drop_last,
+        // The identity order is the one `EpochOrder::new` builds without a table.
+        shuffle: Shuffle::None,
+        seed: 0,
+        rank,
+        world_size,
+    };
+    let order = EpochOrder::new(&spec, 0).py_err(py)?;
+    Ok((order.num_records(), order.num_batches()))
 }
 
 /// One rank's records of one epoch, in batch order, as native-endian 8-byte integers, and the

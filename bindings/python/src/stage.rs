@@ -9,6 +9,7 @@ use crate::dlpack::{dl_dtype_from_tuple, DeviceBuffer};
 use crate::errors::{value_error, Kind, Raised, ToPy};
 use crate::fork::{self, ForkSafe};
 use crate::loader::{array_memory, device_arg, size_arg};
+use crate::{drop_detached, lock};
 
 fn forked(py: Python<'_>, what: &str, owner: u32) -> PyErr {
     Raised::new(
@@ -142,7 +143,7 @@ impl Drop for Stager {
     fn drop(&mut self) {
         // Freeing the arena waits for the copies still reading it.
         if let Some(inner) = self.inner.take() {
-            Python::attach(|py| py.detach(move || drop(inner)));
+            drop_detached(inner);
         }
     }
 }
@@ -183,7 +184,7 @@ impl PinnedRegion {
 
     /// Unlocks the memory (idempotent).
     fn close(&self, py: Python<'_>) {
-        let region = self.region.lock().unwrap_or_else(|p| p.into_inner()).take();
+        let region = lock(&self.region).take();
         if let Some(region) = region {
             py.detach(move || drop(region));
         }
@@ -192,10 +193,7 @@ impl PinnedRegion {
     /// Whether ``close()`` was called.
     #[getter]
     fn closed(&self) -> bool {
-        self.region
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .is_none()
+        lock(&self.region).is_none()
     }
 }
 
@@ -207,7 +205,7 @@ impl Drop for PinnedRegion {
             .unwrap_or_else(|p| p.into_inner())
             .take();
         if let Some(region) = region {
-            Python::attach(|py| py.detach(move || drop(region)));
+            drop_detached(region);
         }
     }
 }

@@ -230,7 +230,7 @@ impl Transform for PyTransform {
             };
             call().map_err(|e| {
                 let message = e.to_string();
-                *self.last_error.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
+                *crate::lock(&self.last_error) = Some(e);
                 message
             })
         });

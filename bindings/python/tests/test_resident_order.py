@@ -220,3 +220,20 @@ def test_epoch_order_into_an_int64_array():
     # The order is checked before the buffer: a bad rank says so.
     with pytest.raises(pinfeed.PinfeedValueError, match="rank 3"):
         _pinfeed.epoch_order(N, 8, out=out, **dict(kw, rank=3))
+
+
+def test_epoch_size_is_the_size_of_epoch_order_without_drawing_it():
+    for kw in (
+        dict(drop_last=False, rank=1, world_size=3),
+        dict(drop_last=True, rank=1, world_size=2),
+        dict(drop_last=False, rank=0, world_size=1),
+    ):
+        data, batches = _pinfeed.epoch_order(N, 8, shuffle="random", seed=3, epoch=5, **kw)
+        assert _pinfeed.epoch_size(N, 8, **kw) == (len(data) // 8, batches)
+    with pytest.raises(pinfeed.PinfeedValueError, match="rank 3"):
+        _pinfeed.epoch_size(N, 8, drop_last=False, rank=3, world_size=3)
+    with pytest.raises(pinfeed.PinfeedValueError, match="drop_last"):
+        _pinfeed.epoch_size(N, 200, drop_last=True, rank=0, world_size=2)
+    # The resident loader checks its arguments with it when it is made.
+    with pytest.raises(pinfeed.PinfeedValueError, match="rank 3"):
+        pinfeed.Loader(ids(), 8, shuffle="gpu", rank=3, world_size=3, **SMALL)

@@ -429,3 +429,14 @@ def test_batches_from_the_loader_are_device_buffers_until_exported():
     for b in bufs:
         b.release()
     assert stream.closed
+
+
+def test_to_device_keeps_one_arena_per_budget_however_it_is_written():
+    from pinfeed import staging
+
+    staging.free_staging_memory()
+    x = np.arange(10, dtype=np.float32)
+    for budget in ("64KiB", 64 << 10, "64kib"):
+        np.testing.assert_array_equal(pinfeed.to_device(x, device="cpu", pinned_budget=budget), x)
+    assert len(staging._stagers) == 1
+    staging.free_staging_memory()

@@ -555,6 +555,19 @@ fn ms_since(t: Instant) -> f64 {
     t.elapsed().as_secs_f64() * 1e3
 }
 
+/// The median milliseconds of `reps` runs of `f`.
+fn median_ms(reps: usize, mut f: impl FnMut()) -> f64 {
+    median(
+        (0..reps)
+            .map(|_| {
+                let t = Instant::now();
+                f();
+                ms_since(t)
+            })
+            .collect(),
+    )
+}
+
 /// The copy rates and the page-locking costs; about a second on a PCIe Gen5 GPU. Also reads the
 /// link state while copies run (into `facts`).
 fn measure_gpu(ctx: &Arc<Context>, facts: &mut GpuFacts) -> Result<GpuCopies> {
@@ -753,39 +766,17 @@ fn measure_host(available: Option<u64>) -> HostCopies {
     let src = vec![1u8; bytes];
     let mut dst = vec![2u8; bytes];
 
-    let one = median(
-        (0..3)
-            .map(|_| {
-                let t = Instant::now();
-                dst.copy_from_slice(&src);
-                ms_since(t)
-            })
-            .collect(),
-    );
+    let one = median_ms(3, || dst.copy_from_slice(&src));
     let chunk = bytes.div_ceil(threads);
-    let all = median(
-        (0..3)
-            .map(|_| {
-                let t = Instant::now();
-                std::thread::scope(|s| {
-                    for (d, c) in dst.chunks_mut(chunk).zip(src.chunks(chunk)) {
-                        s.spawn(move || d.copy_from_slice(c));
-                    }
-                });
-                ms_since(t)
-            })
-            .collect(),
-    );
+    let all = median_ms(3, || {
+        std::thread::scope(|s| {
+            for (d, c) in dst.chunks_mut(chunk).zip(src.chunks(chunk)) {
+                s.spawn(move || d.copy_from_slice(c));
+            }
+        })
+    });
     let batch = BATCH_BYTES.min(bytes);
-    let batch_memcpy_ms = median(
-        (0..21)
-            .map(|_| {
-                let t = Instant::now();
-                dst[..batch].copy_from_slice(&src[..batch]);
-                ms_since(t)
-            })
-            .collect(),
-    );
+    let batch_memcpy_ms = median_ms(21, || dst[..batch].copy_from_slice(&src[..batch]));
 
     let mut report = HostCopies {
         bytes,

@@ -5,6 +5,7 @@ use std::time::Instant;
 
 use anyhow::{Context, Result};
 use pinfeed::Stats;
+use plotters::coord::types::RangedCoordf64;
 use plotters::prelude::*;
 
 /// DejaVu Sans (its licence is beside it in `assets/`): plotters draws text with a font it is
@@ -98,25 +99,14 @@ impl Timeline {
                 .x_desc("seconds")
                 .y_desc("GB/s")
                 .draw()?;
-            rates
-                .draw_series(LineSeries::new(
-                    series.iter().map(|s| (s.end, s.delivered)),
-                    BLUE.stroke_width(2),
-                ))?
-                .label("delivered to the device")
-                .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLUE));
-            rates
-                .draw_series(LineSeries::new(
-                    series.iter().map(|s| (s.end, s.read)),
-                    GREEN.stroke_width(2),
-                ))?
-                .label("read from the source")
-                .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], GREEN));
-            rates
-                .configure_series_labels()
-                .background_style(WHITE.mix(0.8))
-                .border_style(BLACK)
-                .draw()?;
+            draw_lines(
+                &mut rates,
+                &series,
+                &[
+                    ("delivered to the device", BLUE, |s| s.delivered),
+                    ("read from the source", GREEN, |s| s.read),
+                ],
+            )?;
             let mut waits = ChartBuilder::on(&bottom)
                 .caption("share of each interval spent waiting", ("sans-serif", 16))
                 .margin(10)
@@ -128,34 +118,25 @@ impl Timeline {
                 .x_desc("seconds")
                 .y_desc("% of time")
                 .draw()?;
-            type Pick = fn(&Interval) -> f64;
-            let lines: [(&str, RGBColor, Pick); 3] = [
-                (
-                    "readers, for a free slot (copy or consumer behind)",
-                    RED,
-                    |s| s.readers_waiting,
-                ),
-                (
-                    "copy engine, for a filled slot (readers behind)",
-                    MAGENTA,
-                    |s| s.copy_waiting,
-                ),
-                ("consumer, for a batch", CYAN, |s| s.consumer_waiting),
-            ];
-            for (label, color, pick) in lines {
-                waits
-                    .draw_series(LineSeries::new(
-                        series.iter().map(|s| (s.end, (pick(s) * 100.0).min(100.0))),
-                        color.stroke_width(2),
-                    ))?
-                    .label(label)
-                    .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
-            }
-            waits
-                .configure_series_labels()
-                .background_style(WHITE.mix(0.8))
-                .border_style(BLACK)
-                .draw()?;
+            draw_lines(
+                &mut waits,
+                &series,
+                &[
+                    (
+                        "readers, for a free slot (copy or consumer behind)",
+                        RED,
+                        |s| percent(s.readers_waiting),
+                    ),
+                    (
+                        "copy engine, for a filled slot (readers behind)",
+                        MAGENTA,
+                        |s| percent(s.copy_waiting),
+                    ),
+                    ("consumer, for a batch", CYAN, |s| {
+                        percent(s.consumer_waiting)
+                    }),
+                ],
+            )?;
             root.present()?;
             Ok(())
         };
@@ -163,4 +144,34 @@ impl Timeline {
             .map_err(|e| anyhow::anyhow!("{e}"))
             .with_context(|| format!("{}: cannot draw the plot", path.display()))
     }
+}
+
+/// One line of a chart: its legend, its colour and its value in an interval.
+type Line = (&'static str, RGBColor, fn(&Interval) -> f64);
+
+/// Draws `lines` over the intervals of `series` on `chart`, then the legend.
+fn draw_lines<'a, DB: DrawingBackend + 'a>(
+    chart: &mut ChartContext<'a, DB, Cartesian2d<RangedCoordf64, RangedCoordf64>>,
+    series: &[Interval],
+    lines: &[Line],
+) -> Result<(), DrawingAreaErrorKind<DB::ErrorType>> {
+    for &(label, color, value) in lines {
+        chart
+            .draw_series(LineSeries::new(
+                series.iter().map(|s| (s.end, value(s))),
+                color.stroke_width(2),
+            ))?
+            .label(label)
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
+    }
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .draw()
+}
+
+/// A share of an interval as a percentage, clipped to the chart's 100.
+fn percent(share: f64) -> f64 {
+    (share * 100.0).min(100.0)
 }

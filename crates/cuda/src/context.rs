@@ -1,7 +1,7 @@
 //! The primary context of one device.
 
 use std::ffi::{c_char, c_int, CStr};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use cudarc::driver::sys::{self, CUcontext, CUdevice, CUdevice_attribute};
 
@@ -25,6 +25,10 @@ pub struct Context {
     ordinal: usize,
     /// The process that retained the context; any other process is a forked child.
     pid: i32,
+    /// The device's NUMA node, read from sysfs on first use: a device does not move, and every
+    /// [`PinnedMemory::alloc`](crate::PinnedMemory::alloc) asks, inside the time that `bench`
+    /// and `doctor` measure for it.
+    numa_node: OnceLock<Option<u32>>,
 }
 
 // SAFETY: a CUcontext is a process-wide driver handle, not tied to the thread that created it;
@@ -81,6 +85,7 @@ impl Context {
             dev,
             ordinal,
             pid: current_pid(),
+            numa_node: OnceLock::new(),
         }))
     }
 
@@ -164,10 +169,12 @@ impl Context {
     }
 
     /// The NUMA node the device hangs off, from sysfs; `None` when the bus id, the sysfs entry
-    /// or the node (`-1`) is missing.
+    /// or the node (`-1`) is missing. Read once per context.
     pub fn numa_node(&self) -> Option<u32> {
-        let dir = crate::numa::pci_device_dir(&self.pci_bus_id().ok()?)?;
-        crate::numa::device_numa_node(&dir)
+        *self.numa_node.get_or_init(|| {
+            let dir = crate::numa::pci_device_dir(&self.pci_bus_id().ok()?)?;
+            crate::numa::device_numa_node(&dir)
+        })
     }
 
     /// `(free, total)` device memory in bytes.

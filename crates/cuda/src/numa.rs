@@ -12,6 +12,7 @@
 use std::fmt;
 use std::io;
 use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 
 /// Where the node list of the host lives.
 const NODES_ONLINE: &str = "/sys/devices/system/node/online";
@@ -78,9 +79,11 @@ pub fn parse_numa_node(text: &str) -> Option<u32> {
     text.trim().parse().ok()
 }
 
-/// How many NUMA nodes the host has online; `None` without the sysfs file.
+/// How many NUMA nodes the host has online; `None` without the sysfs file. Read once per
+/// process, since every pinned allocation asks (a node brought online later is not seen).
 pub fn online_node_count() -> Option<usize> {
-    list_count(&std::fs::read_to_string(NODES_ONLINE).ok()?)
+    static COUNT: OnceLock<Option<usize>> = OnceLock::new();
+    *COUNT.get_or_init(|| list_count(&std::fs::read_to_string(NODES_ONLINE).ok()?))
 }
 
 /// The directory name sysfs gives a PCI device, from a CUDA bus id: lower case, a four-digit

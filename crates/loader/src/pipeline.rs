@@ -1089,8 +1089,8 @@ fn copy_windows(
     }
 }
 
-/// Pinned slots, or registered windows of the file where that is asked for (or, with `auto`,
-/// where it pays: CUDA, no transform, a file mostly in the page cache).
+/// Pinned slots, or registered windows of the file with the register reader (`auto` never picks
+/// it: measured slower than `pread` into slots, see `ReaderKind::Auto`).
 fn choose_staging(
     source: &Arc<dyn Source>,
     options: &LoaderOptions,
@@ -1099,45 +1099,33 @@ fn choose_staging(
     slot_bytes: usize,
     slots: usize,
 ) -> Result<Staging> {
-    let region = source.file();
-    let direct = match options.reader {
-        ReaderKind::Pread => false,
-        ReaderKind::Register => {
-            if options.shuffle != Shuffle::None || options.world_size != 1 {
-                return Err(LoaderError::Config(
-                    "the register reader streams a file in order on one rank; shuffling or sharding needs --reader pread".into(),
-                ));
-            }
-            if options.transform.is_some() {
-                return Err(LoaderError::Config(
-                    "the register reader copies files as they are; a transform needs --reader pread".into(),
-                ));
-            }
-            if region.is_none() {
-                return Err(LoaderError::Config(format!(
-                    "{}: the register reader needs a file source",
-                    source.name()
-                )));
-            }
-            true
-        }
-        // Measured slower than pread into slots (see `ReaderKind::Auto`).
-        ReaderKind::Auto => false,
-    };
-    if let (true, Some(region)) = (direct, region) {
-        let ctx = backend.context().cloned();
-        match MappedWindows::new(source.as_ref(), region, batch_bytes, options.pinned_budget, ctx)? {
-            Some(windows) => return Ok(Staging::Windows(windows)),
-            None if options.reader == ReaderKind::Register => {
-                return Err(LoaderError::Config(format!(
-                    "pinned budget of {} bytes cannot hold two windows of a batch ({batch_bytes} bytes) for the register reader",
-                    options.pinned_budget
-                )))
-            }
-            None => {}
-        }
+    if options.reader != ReaderKind::Register {
+        return Ok(Staging::Slots(backend.pinned_pool(slot_bytes, slots)?));
     }
-    Ok(Staging::Slots(backend.pinned_pool(slot_bytes, slots)?))
+    if options.shuffle != Shuffle::None || options.world_size != 1 {
+        return Err(LoaderError::Config(
+            "the register reader streams a file in order on one rank; shuffling or sharding needs --reader pread".into(),
+        ));
+    }
+    if options.transform.is_some() {
+        return Err(LoaderError::Config(
+            "the register reader copies files as they are; a transform needs --reader pread".into(),
+        ));
+    }
+    let Some(region) = source.file() else {
+        return Err(LoaderError::Config(format!(
+            "{}: the register reader needs a file source",
+            source.name()
+        )));
+    };
+    let ctx = backend.context().cloned();
+    match MappedWindows::new(source.as_ref(), region, batch_bytes, options.pinned_budget, ctx)? {
+        Some(windows) => Ok(Staging::Windows(windows)),
+        None => Err(LoaderError::Config(format!(
+            "pinned budget of {} bytes cannot hold two windows of a batch ({batch_bytes} bytes) for the register reader",
+            options.pinned_budget
+        ))),
+    }
 }
 
 #[cfg(test)]

@@ -406,7 +406,10 @@ impl Stager {
                 let plan = &plan;
                 scope.spawn(move || self.register_lane(src, dst, plan))
             });
-            let gang = CopyGang::start(scope, self.threads);
+            // Helpers only as many as the largest copy can use: a small upload (a prefetched
+            // batch) starts none.
+            let largest = src.len().min(self.piece);
+            let gang = CopyGang::start(scope, self.threads.min(largest / MIN_PER_THREAD).max(1));
             let mut stage = StageLane {
                 stager: self,
                 gang: &gang,
@@ -649,6 +652,9 @@ impl StageLane<'_, '_> {
     }
 }
 
+/// The least a gang thread copies: below this, handing a part over costs more than it saves.
+const MIN_PER_THREAD: usize = 1 << 20;
+
 /// One part of a `memcpy` handed to a gang thread.
 struct Part {
     dst: *mut u8,
@@ -698,7 +704,6 @@ impl<'scope> CopyGang<'scope> {
     /// Copies `src` into the start of `dst`, split between the gang (one thread for small
     /// copies).
     fn copy(&self, dst: &mut [u8], src: &[u8]) {
-        const MIN_PER_THREAD: usize = 1 << 20;
         let dst = &mut dst[..src.len()];
         let threads = (self.parts.len() + 1)
             .min(src.len() / MIN_PER_THREAD)

@@ -215,25 +215,14 @@ pub trait Source: Send + Sync + std::fmt::Debug {
     ///
     /// Runs of consecutive indices are read with one [`read_records`](Source::read_records) call.
     fn gather(&self, indices: &[u64], dst: &mut [u8]) -> Result<()> {
+        check_gather_len(self, indices.len(), dst.len())?;
         let record_bytes = self.layout().record_bytes();
-        if indices.len().checked_mul(record_bytes) != Some(dst.len()) {
-            return Err(SourceError::Destination {
-                name: self.name().to_owned(),
-                len: dst.len(),
-                expected: format!("{} indices x {record_bytes} bytes", indices.len()),
-            });
-        }
-        let mut i = 0;
-        while i < indices.len() {
-            let first = indices[i];
-            let mut end = i + 1;
-            while end < indices.len() && indices[end - 1].checked_add(1) == Some(indices[end]) {
-                end += 1;
-            }
-            self.read_records(first, &mut dst[i * record_bytes..end * record_bytes])?;
-            i = end;
-        }
-        Ok(())
+        for_each_run(indices.iter().copied().zip(0..), |first, place, count| {
+            self.read_records(
+                first,
+                &mut dst[place * record_bytes..(place + count) * record_bytes],
+            )
+        })
     }
 
     /// Gathers records to chosen places of `dst`: for each `(record, place)` of `records`, the
@@ -247,22 +236,58 @@ pub trait Source: Send + Sync + std::fmt::Debug {
     fn gather_at(&self, records: &[(u64, usize)], dst: &mut [u8]) -> Result<()> {
         check_places(self, records, dst.len())?;
         let record_bytes = self.layout().record_bytes();
-        let mut i = 0;
-        while i < records.len() {
-            let (first, place) = records[i];
-            let mut end = i + 1;
-            while end < records.len()
-                && records[end - 1].0.checked_add(1) == Some(records[end].0)
-                && records[end - 1].1 + 1 == records[end].1
-            {
-                end += 1;
-            }
-            let bytes = place * record_bytes..(place + end - i) * record_bytes;
-            self.read_records(first, &mut dst[bytes])?;
-            i = end;
-        }
-        Ok(())
+        for_each_run(records.iter().copied(), |first, place, count| {
+            self.read_records(
+                first,
+                &mut dst[place * record_bytes..(place + count) * record_bytes],
+            )
+        })
     }
+}
+
+/// Calls `each(first record, its place, records)` for every run of `records` consecutive both
+/// in the dataset and in their places, in order: the one coalescing rule of every gather.
+fn for_each_run(
+    records: impl IntoIterator<Item = (u64, usize)>,
+    mut each: impl FnMut(u64, usize, usize) -> Result<()>,
+) -> Result<()> {
+    // The run being built: first record, its place, and records in it.
+    let mut open: Option<(u64, usize, usize)> = None;
+    for (record, place) in records {
+        open = match open {
+            Some((first, at, count))
+                if first.checked_add(count as u64) == Some(record) && at + count == place =>
+            {
+                Some((first, at, count + 1))
+            }
+            Some((first, at, count)) => {
+                each(first, at, count)?;
+                Some((record, place, 1))
+            }
+            None => Some((record, place, 1)),
+        };
+    }
+    match open {
+        Some((first, at, count)) => each(first, at, count),
+        None => Ok(()),
+    }
+}
+
+/// Checks that a gather's destination holds exactly `indices` records.
+pub(crate) fn check_gather_len(
+    source: &(impl Source + ?Sized),
+    indices: usize,
+    dst_len: usize,
+) -> Result<()> {
+    let record_bytes = source.layout().record_bytes();
+    if indices.checked_mul(record_bytes) != Some(dst_len) {
+        return Err(SourceError::Destination {
+            name: source.name().to_owned(),
+            len: dst_len,
+            expected: format!("{indices} indices x {record_bytes} bytes"),
+        });
+    }
+    Ok(())
 }
 
 /// Checks a `gather_at` request: `dst_len` is whole records, and the places strictly increase
@@ -300,14 +325,7 @@ pub(crate) fn gather_runs(
     indices: &[u64],
     dst_len: usize,
 ) -> Result<Vec<mapped::GatherRun>> {
-    let record_bytes = source.layout().record_bytes();
-    if indices.len().checked_mul(record_bytes) != Some(dst_len) {
-        return Err(SourceError::Destination {
-            name: source.name().to_owned(),
-            len: dst_len,
-            expected: format!("{} indices x {record_bytes} bytes", indices.len()),
-        });
-    }
+    check_gather_len(source, indices.len(), dst_len)?;
     runs_of(source, data_offset, indices.iter().copied().zip(0..))
 }
 
@@ -331,9 +349,7 @@ fn runs_of(
 ) -> Result<Vec<mapped::GatherRun>> {
     let record_bytes = source.layout().record_bytes();
     let mut runs: Vec<mapped::GatherRun> = Vec::with_capacity(records.size_hint().0);
-    // The run being built: first record, its place, and records in it.
-    let mut open: Option<(u64, usize, usize)> = None;
-    let mut close = |(first, place, count): (u64, usize, usize)| -> Result<()> {
+    for_each_run(records, |first, place, count| {
         check_request(source, first, count * record_bytes)?;
         runs.push(mapped::GatherRun {
             offset: data_offset + first * record_bytes as u64,
@@ -341,24 +357,7 @@ fn runs_of(
             len: count * record_bytes,
         });
         Ok(())
-    };
-    for (record, place) in records {
-        open = match open {
-            Some((first, at, count))
-                if first.checked_add(count as u64) == Some(record) && at + count == place =>
-            {
-                Some((first, at, count + 1))
-            }
-            Some(run) => {
-                close(run)?;
-                Some((record, place, 1))
-            }
-            None => Some((record, place, 1)),
-        };
-    }
-    if let Some(run) = open {
-        close(run)?;
-    }
+    })?;
     Ok(runs)
 }
 
@@ -435,21 +434,13 @@ pub(crate) fn check_aligned_request(
 pub fn open_path(path: impl AsRef<Path>, raw_layout: Option<Layout>) -> Result<Box<dyn Source>> {
     let path = path.as_ref();
     let (file, size) = read::open_regular(path)?;
-    let mut magic = [0u8; 6];
-    let n = size.min(magic.len() as u64) as usize;
-    read::read_exact_at(&file, path, 0, &mut magic[..n])?;
-    let named_npy = path
-        .extension()
-        .is_some_and(|e| e.eq_ignore_ascii_case("npy"));
-    if npy::has_magic(&magic[..n]) || named_npy {
-        return Ok(Box::new(NpyFile::from_file(file, path, size)?));
-    }
-    match raw_layout {
-        Some(layout) => Ok(Box::new(RawFile::from_file(file, path, size, layout)?)),
-        None => Err(SourceError::NotNpy {
-            path: path.to_path_buf(),
-        }),
-    }
+    open_npy_or_raw(
+        file,
+        path,
+        size,
+        raw_layout.as_ref(),
+        &ReadOptions::default(),
+    )
 }
 
 /// Like [`open_path`], plus: a directory of `.npy` and `.safetensors` shards or a glob pattern
@@ -480,11 +471,7 @@ pub(crate) fn open_file(
     options: &ReadOptions,
 ) -> Result<Box<dyn Source>> {
     let (file, size) = read::open_regular(path)?;
-    let has_ext = |ext: &str| {
-        path.extension()
-            .is_some_and(|e| e.eq_ignore_ascii_case(ext))
-    };
-    if has_ext("safetensors") {
+    if has_extension(path, "safetensors") {
         return Ok(Box::new(SafetensorsFile::from_file(
             file, path, size, options,
         )?));
@@ -497,10 +484,22 @@ pub(crate) fn open_file(
             ),
         });
     }
+    open_npy_or_raw(file, path, size, raw_layout, options)
+}
+
+/// The `.npy` file `file` when it starts with the `.npy` magic or is named `*.npy`, otherwise a
+/// raw record file of `raw_layout`; read as `options` ask.
+fn open_npy_or_raw(
+    file: std::fs::File,
+    path: &Path,
+    size: u64,
+    raw_layout: Option<&Layout>,
+    options: &ReadOptions,
+) -> Result<Box<dyn Source>> {
     let mut magic = [0u8; 6];
     let n = size.min(magic.len() as u64) as usize;
     read::read_exact_at(&file, path, 0, &mut magic[..n])?;
-    if npy::has_magic(&magic[..n]) || has_ext("npy") {
+    if npy::has_magic(&magic[..n]) || has_extension(path, "npy") {
         let mut npy = NpyFile::from_file(file, path, size)?;
         npy.set_reader(options)?;
         return Ok(Box::new(npy));
@@ -515,6 +514,12 @@ pub(crate) fn open_file(
             path: path.to_path_buf(),
         }),
     }
+}
+
+/// Whether the file name ends in `.ext`, in any case.
+fn has_extension(path: &Path, ext: &str) -> bool {
+    path.extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case(ext))
 }
 
 #[cfg(test)]
@@ -638,5 +643,23 @@ mod tests {
         c.gather(&[3, 4, 5, 9, 2, 3, 3], &mut dst).unwrap();
         assert_eq!(*c.1.lock().unwrap(), vec![(3, 6), (9, 2), (2, 4), (3, 2)]);
         assert_eq!(dst, vec![6, 7, 8, 9, 10, 11, 18, 19, 4, 5, 6, 7, 6, 7]);
+    }
+
+    #[test]
+    fn gather_at_coalesces_runs_consecutive_in_records_and_places() {
+        let c = Counting(
+            HostBuffer::from_vec((0..20).collect(), u8_layout(vec![2])).unwrap(),
+            Default::default(),
+        );
+        let mut dst = vec![0xffu8; 12];
+        // Records 3, 4 at places 0, 1: one run; record 5 at place 3 (a gap): another.
+        c.gather_at(&[(3, 0), (4, 1), (5, 3), (6, 4), (0, 5)], &mut dst)
+            .unwrap();
+        assert_eq!(*c.1.lock().unwrap(), vec![(3, 4), (5, 4), (0, 2)]);
+        assert_eq!(dst, vec![6, 7, 8, 9, 0xff, 0xff, 10, 11, 12, 13, 0, 1]);
+        assert!(matches!(
+            c.gather_at(&[(0, 1), (1, 1)], &mut dst),
+            Err(SourceError::Destination { .. })
+        ));
     }
 }

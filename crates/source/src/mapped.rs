@@ -194,6 +194,9 @@ mod tests {
 
     #[test]
     fn runs_land_where_they_are_told() {
+        let _serial = crate::sigbus::TEST_GUARDS
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
         let (_dir, path, bytes) = fixture(4);
         let file = File::open(&path).unwrap();
         // A region that does not start on a page, as a .npy header leaves it.
@@ -229,6 +232,9 @@ mod tests {
 
     #[test]
     fn a_shrunk_file_is_an_error_not_a_crash() {
+        let _serial = crate::sigbus::TEST_GUARDS
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
         let (_dir, path, bytes) = fixture(8);
         let file = File::open(&path).unwrap();
         let map = MappedFile::new(&file, 0..bytes.len() as u64).unwrap();

@@ -41,13 +41,14 @@ impl ShardedSource {
         let path = path.as_ref();
         options.check()?;
         let dataset = path.display().to_string();
-        let files = if path.is_dir() {
+        let is_dir = path.is_dir();
+        let files = if is_dir {
             list_directory(path)?
         } else {
             list_pattern(path)?
         };
         if files.is_empty() {
-            let reason = if path.is_dir() {
+            let reason = if is_dir {
                 "the directory holds no .npy or .safetensors files".to_owned()
             } else {
                 "no file matches this pattern".to_owned()
@@ -258,14 +259,7 @@ impl Source for ShardedSource {
         if let [only] = self.shards.as_slice() {
             return only.gather(indices, dst);
         }
-        let rb = self.layout.record_bytes();
-        if indices.len().checked_mul(rb) != Some(dst.len()) {
-            return Err(SourceError::Destination {
-                name: self.name.clone(),
-                len: dst.len(),
-                expected: format!("{} indices x {rb} bytes", indices.len()),
-            });
-        }
+        crate::check_gather_len(self, indices.len(), dst.len())?;
         self.gather_by_shard(indices.iter().copied().zip(0..), dst)
     }
 

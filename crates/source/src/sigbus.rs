@@ -54,6 +54,11 @@ static INSTALLED: OnceLock<Result<(), String>> = OnceLock::new();
 /// The page size, read at installation (the handler may not call `sysconf`).
 static PAGE: AtomicUsize = AtomicUsize::new(4096);
 
+/// Held by the unit tests that register guards, so that one of them can tell which entry a
+/// registration takes.
+#[cfg(test)]
+pub(crate) static TEST_GUARDS: Mutex<()> = Mutex::new(());
+
 /// A registered mapping; released on drop, which must come before the mapping is unmapped.
 pub(crate) struct Guard {
     entry: &'static Entry,
@@ -262,6 +267,7 @@ mod tests {
 
     #[test]
     fn entries_are_reused_and_found_only_while_registered() {
+        let _serial = TEST_GUARDS.lock().unwrap_or_else(|p| p.into_inner());
         let a = guard(0x1000 as *const u8, 0x3000).unwrap();
         assert!(std::ptr::eq(find(0x2fff).unwrap(), a.entry));
         assert!(find(0x4000).is_none() && find(0xfff).is_none());
@@ -269,9 +275,9 @@ mod tests {
         drop(a);
         assert!(find(0x2000).is_none());
         let b = guard(0x9000 as *const u8, 0x1000).unwrap();
-        // Another test may have taken the free entry first; either way this one is found.
+        // No other guard is live (TEST_GUARDS), so `a`'s entry was the newest free one.
+        assert!(std::ptr::eq(b.entry, entry), "the freed entry is reused");
         assert!(std::ptr::eq(find(0x9000).unwrap(), b.entry));
-        let _ = entry;
         assert_eq!(b.faults(), 0);
     }
 }

@@ -186,6 +186,9 @@ def order_fingerprint(
     seed: int,
     world_size: int,
 ) -> int: ...
+def epoch_size(
+    num_records: int, batch_size: int, *, drop_last: bool, rank: int, world_size: int
+) -> Tuple[int, int]: ...
 @overload
 def epoch_order(
     num_records: int,

@@ -333,16 +333,19 @@ class Loader:
         if self.resident:
             try:
                 self._check_resident_budget(device_budget, int(self._pending.record_bytes))
-                # Checks the rank and drop_last against the dataset now, as a stream would.
-                data, batches = _pinfeed.epoch_order(
-                    self.num_records, self.batch_size, rank=self.rank, epoch=0, **self._order
+                # Checks the rank and drop_last against the dataset now, as a stream would,
+                # without drawing an order: epoch 0's is drawn when its pass starts.
+                # `_order_len`: records of this rank in each epoch, what an order buffer holds.
+                self._order_len, self._batches_per_epoch = _pinfeed.epoch_size(
+                    self.num_records,
+                    self.batch_size,
+                    drop_last=self.drop_last,
+                    rank=self.rank,
+                    world_size=self.world_size,
                 )
             except BaseException:
                 self._pending.close()
                 raise
-            # Records of this rank in each epoch: what an order buffer holds.
-            self._order_len = len(data) // 8
-            self._batches_per_epoch = int(batches)
             # Index buffers are page-locked (copied on asynchronously) only when the ones held
             # at once fit the pinned budget; they are computed after the upload, whose ring has
             # the budget until then. Otherwise they stay pageable.
@@ -640,22 +643,26 @@ class Loader:
     def _resident_batches(self, start: Tuple[int, int]) -> Iterator[Tuple[int, int, Any]]:
         data, b = self._resident_data, self.batch_size
         cuda = self.device.startswith("cuda")
+        torch = torch_module() if cuda or self.as_torch else None
         for epoch in range(start[0], start[0] + self.epochs):
             index, copied_on = self._resident_index(epoch)
+            # Streams this epoch's gathers ran on that are known to see the index.
+            synced = [copied_on]
             for i in range(start[1] if epoch == start[0] else 0, self._batches_per_epoch):
                 sel = index[i * b : (i + 1) * b]
                 if cuda:
-                    stream = torch_module().cuda.current_stream(data.device)
-                    if stream != copied_on:
+                    stream = torch.cuda.current_stream(data.device)
+                    if stream not in synced:
                         # Gathered on another stream than the index was copied on: wait for
-                        # the copy, and keep the index's memory from the allocator until
-                        # this stream is done with it.
+                        # the copy (once: the stream stays ordered after it), and keep the
+                        # index's memory from the allocator until this stream is done with it.
                         stream.wait_stream(copied_on)
                         index.record_stream(stream)
+                        synced.append(stream)
                     yield epoch, i, data.index_select(0, sel)
                 else:
                     batch = np.take(data, sel, axis=0)
-                    yield epoch, i, torch_module().from_numpy(batch) if self.as_torch else batch
+                    yield epoch, i, torch.from_numpy(batch) if self.as_torch else batch
 
     def close(self) -> None:
         """Stops the current pass and frees its pinned memory (batches already out stay valid).

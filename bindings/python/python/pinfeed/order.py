@@ -118,15 +118,6 @@ def distributed_defaults(rank: Optional[int], world_size: Optional[int]) -> Tupl
     return r, w
 
 
-def batches_in_epoch(num_records: int, batch_size: int, drop_last: bool, world_size: int) -> int:
-    """Batches each rank gets in an epoch (as ``EpochOrder::num_batches``); 0 when none."""
-    if drop_last:
-        per_rank = num_records // (world_size * batch_size) * batch_size
-    else:
-        per_rank = -(-num_records // world_size)
-    return -(-per_rank // batch_size)
-
-
 def epoch_order(
     num_records: int,
     batch_size: int,

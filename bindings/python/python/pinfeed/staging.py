@@ -320,7 +320,9 @@ _stagers_lock = threading.Lock()
 
 
 def _shared_stager(device: Any, pinned_budget: Any, method: str = "stage") -> Any:
-    key = (device_name(device), repr(pinned_budget), method)
+    # "64MiB" and 64 << 20 are one arena: the key holds the size in bytes.
+    size = _pinfeed.parse_size(pinned_budget) if isinstance(pinned_budget, str) else pinned_budget
+    key = (device_name(device), repr(size), method)
     with _stagers_lock:
         stager = _stagers.get(key)
         if stager is None:

@@ -128,14 +128,26 @@ pub fn small_npy() -> (tempfile::TempDir, PathBuf) {
 
 /// `pinfeed stream <path> --batch-size 2 --device cpu` followed by `extra`.
 pub fn stream(path: &Path, extra: &[&str]) -> Run {
+    stream_batches(path, "2", extra)
+}
+
+/// `pinfeed stream <path> --batch-size <batch_size> --device cpu` followed by `extra`.
+pub fn stream_batches(path: &Path, batch_size: &str, extra: &[&str]) -> Run {
     let mut args: Vec<String> = vec![
         "stream".into(),
         path.display().to_string(),
         "--batch-size".into(),
-        "2".into(),
+        batch_size.into(),
         "--device".into(),
         "cpu".into(),
     ];
     args.extend(extra.iter().map(|s| s.to_string()));
     pinfeed(args)
+}
+
+/// The JSON report of a run that must have succeeded.
+#[track_caller]
+pub fn json_report(run: &Run) -> serde_json::Value {
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    serde_json::from_str(&run.stdout).unwrap_or_else(|e| panic!("not JSON ({e}): {}", run.stdout))
 }

@@ -1,6 +1,7 @@
 //! Malformed and refused `.npy` files: each is one line naming the file and the problem.
 
 use std::fs;
+use std::path::Path;
 
 use crate::common::{fixture, npy_header, one_line_error, python, shown, small_npy, stream};
 
@@ -11,20 +12,22 @@ fn saved_error(expr: &str, name: &str, needles: &[&str]) -> String {
         dir.path(),
         &format!("np.save(os.path.join(d, {name:?}), {expr}, allow_pickle=True)"),
     );
-    let mut all = vec![shown(&path)];
-    all.extend(needles.iter().map(|s| s.to_string()));
-    let all: Vec<&str> = all.iter().map(String::as_str).collect();
-    one_line_error(&stream(&path, &[]), &all)
+    error_naming(&path, needles)
 }
 
 /// Writes `bytes` as `name` in a fresh folder and streams it; returns the error message.
 fn bytes_error(bytes: &[u8], name: &str, needles: &[&str]) -> String {
     let (_dir, path) = fixture(name);
     fs::write(&path, bytes).unwrap();
-    let mut all = vec![shown(&path)];
-    all.extend(needles.iter().map(|s| s.to_string()));
-    let all: Vec<&str> = all.iter().map(String::as_str).collect();
-    one_line_error(&stream(&path, &[]), &all)
+    error_naming(&path, needles)
+}
+
+/// Streams `path` and returns the error message, which must name the file and every needle.
+fn error_naming(path: &Path, needles: &[&str]) -> String {
+    let path_shown = shown(path);
+    let mut all = vec![path_shown.as_str()];
+    all.extend_from_slice(needles);
+    one_line_error(&stream(path, &[]), &all)
 }
 
 fn small_bytes() -> Vec<u8> {

@@ -1,50 +1,27 @@
 //! Options of `stream` that are wrong whatever the file: batch size, budget, device, reader.
 
-use crate::common::{fixture, one_line_error, pinfeed, python, shown, small_npy, stream};
+use crate::common::{
+    fixture, json_report, one_line_error, pinfeed, python, shown, small_npy, stream, stream_batches,
+};
 
 #[test]
 fn batch_size_zero() {
     let (_dir, path) = small_npy();
-    let run = pinfeed([
-        "stream",
-        &shown(&path),
-        "--batch-size",
-        "0",
-        "--device",
-        "cpu",
-    ]);
+    let run = stream_batches(&path, "0", &[]);
     one_line_error(&run, &["batch size", "at least 1"]);
 }
 
 #[test]
 fn batch_larger_than_the_dataset_with_drop_last() {
     let (_dir, path) = small_npy();
-    let run = pinfeed([
-        "stream",
-        &shown(&path),
-        "--batch-size",
-        "11",
-        "--drop-last",
-        "--device",
-        "cpu",
-    ]);
+    let run = stream_batches(&path, "11", &["--drop-last"]);
     one_line_error(&run, &[&shown(&path), "11", "10 records", "drop_last"]);
 }
 
 #[test]
 fn batch_larger_than_the_dataset_without_drop_last_is_one_batch() {
     let (_dir, path) = small_npy();
-    let run = pinfeed([
-        "stream",
-        &shown(&path),
-        "--batch-size",
-        "1000",
-        "--device",
-        "cpu",
-        "--json",
-    ]);
-    assert_eq!(run.code, Some(0), "{}", run.stderr);
-    let report: serde_json::Value = serde_json::from_str(&run.stdout).unwrap();
+    let report = json_report(&stream_batches(&path, "1000", &["--json"]));
     assert_eq!(
         (report["records"].as_u64(), report["batches"].as_u64()),
         (Some(10), Some(1))
@@ -96,16 +73,7 @@ fn pinned_budget_below_two_batches_names_the_bytes_needed() {
         dir.path(),
         "np.save(os.path.join(d, 'rows.npy'), np.zeros((1000, 1000), np.uint8))",
     );
-    let run = pinfeed([
-        "stream",
-        &shown(&path),
-        "--batch-size",
-        "64",
-        "--pinned-budget",
-        "100KiB",
-        "--device",
-        "cpu",
-    ]);
+    let run = stream_batches(&path, "64", &["--pinned-budget", "100KiB"]);
     let message = one_line_error(
         &run,
         &["102400 bytes", "64 records of 1000 bytes", "at least 2"],
@@ -113,19 +81,12 @@ fn pinned_budget_below_two_batches_names_the_bytes_needed() {
     let needed = needed_bytes(&message);
     assert!(needed >= 2 * 64 * 1000, "{message}");
     // And the advice is right: that budget works.
-    let run = pinfeed([
-        "stream",
-        &shown(&path),
-        "--batch-size",
+    let budget = needed.to_string();
+    let report = json_report(&stream_batches(
+        &path,
         "64",
-        "--pinned-budget",
-        &needed.to_string(),
-        "--device",
-        "cpu",
-        "--json",
-    ]);
-    assert_eq!(run.code, Some(0), "{}", run.stderr);
-    let report: serde_json::Value = serde_json::from_str(&run.stdout).unwrap();
+        &["--pinned-budget", &budget, "--json"],
+    ));
     assert!(report["pinned_bytes_peak"].as_u64().unwrap() <= needed as u64);
 }
 

@@ -4,6 +4,13 @@ use std::fs;
 
 use crate::common::{fixture, one_line_error, pinfeed, python, shown, small_npy, stream};
 
+/// 64 zero bytes in `records.bin`: a raw file any one-byte dtype reads.
+fn records_bin() -> (tempfile::TempDir, std::path::PathBuf) {
+    let (dir, path) = fixture("records.bin");
+    fs::write(&path, vec![0u8; 64]).unwrap();
+    (dir, path)
+}
+
 #[test]
 fn raw_size_not_a_multiple_of_the_record_size() {
     let (_dir, path) = fixture("odd.bin");
@@ -21,8 +28,7 @@ fn raw_size_not_a_multiple_of_the_record_size() {
 
 #[test]
 fn raw_file_without_dtype() {
-    let (_dir, path) = fixture("records.bin");
-    fs::write(&path, vec![0u8; 64]).unwrap();
+    let (_dir, path) = records_bin();
     one_line_error(&stream(&path, &[]), &[&shown(&path), "not a .npy file"]);
 }
 
@@ -38,8 +44,7 @@ fn empty_raw_file() {
 
 #[test]
 fn unknown_dtype() {
-    let (_dir, path) = fixture("records.bin");
-    fs::write(&path, vec![0u8; 64]).unwrap();
+    let (_dir, path) = records_bin();
     for dtype in ["quux", "f4", "3,,31B", "B,B", "", "[('x', '<f4'"] {
         let shown_dtype = format!("{dtype:?}");
         let needle = if dtype.starts_with('[') {
@@ -55,8 +60,7 @@ fn unknown_dtype() {
 /// the file is opened, without it (crates/cli/src/stream.rs, `open_source`).
 #[test]
 fn unknown_dtype_names_the_file() {
-    let (_dir, path) = fixture("records.bin");
-    fs::write(&path, vec![0u8; 64]).unwrap();
+    let (_dir, path) = records_bin();
     one_line_error(
         &stream(&path, &["--dtype", "quux"]),
         &[&shown(&path), "quux"],
@@ -69,8 +73,7 @@ fn unknown_dtype_names_the_file() {
 /// the input is in fuzz/regressions/.
 #[test]
 fn a_dtype_too_large_to_name_is_an_error_not_a_panic() {
-    let (dir, path) = fixture("records.bin");
-    fs::write(&path, vec![0u8; 64]).unwrap();
+    let (dir, path) = records_bin();
     let huge = "[('x', '|u2', (6148914691236517198,))]";
     one_line_error(&stream(&path, &["--dtype", huge]), &["overflows"]);
     let npy = dir.path().join("huge.npy");
@@ -92,8 +95,7 @@ fn a_dtype_too_large_to_name_is_an_error_not_a_panic() {
 
 #[test]
 fn refused_dtypes_say_why() {
-    let (_dir, path) = fixture("records.bin");
-    fs::write(&path, vec![0u8; 64]).unwrap();
+    let (_dir, path) = records_bin();
     one_line_error(&stream(&path, &["--dtype", ">f4"]), &["big-endian"]);
     one_line_error(&stream(&path, &["--dtype", "f4"]), &["byte order", "'<f4'"]);
     one_line_error(
@@ -112,8 +114,7 @@ fn refused_dtypes_say_why() {
 /// What holds today for a --shape clap cannot read: exit code 2, the bad value named, no panic.
 #[test]
 fn bad_shape_is_refused() {
-    let (_dir, path) = fixture("records.bin");
-    fs::write(&path, vec![0u8; 64]).unwrap();
+    let (_dir, path) = records_bin();
     for shape in ["3,x", "-1", "3;4", "99999999999999999999"] {
         let run = stream(&path, &["--dtype", "u8", "--shape", shape]);
         assert_eq!(run.code, Some(2), "{}", run.stderr);
@@ -127,8 +128,7 @@ fn bad_shape_is_refused() {
 /// docs/RELIABILITY.md.
 #[test]
 fn bad_shape_is_one_line() {
-    let (_dir, path) = fixture("records.bin");
-    fs::write(&path, vec![0u8; 64]).unwrap();
+    let (_dir, path) = records_bin();
     one_line_error(
         &stream(&path, &["--dtype", "u8", "--shape", "3,x"]),
         &["3,x"],
@@ -147,7 +147,7 @@ fn dtype_contradicting_the_npy_header() {
         &stream(&path, &["--shape", "3,5"]),
         &[&shown(&path), "(12 bytes)", "15 bytes"],
     );
-    // Same size, other shape: refused too (the wording only gives sizes; see RELIABILITY.md).
+    // Same size, other shape: refused too (the message gives both dtypes and shapes).
     one_line_error(
         &stream(&path, &["--dtype", "u8", "--shape", "12"]),
         &[&shown(&path), "--dtype/--shape"],

@@ -1,6 +1,6 @@
 //! What works: gen then stream with --verify --json, and bench.
 
-use crate::common::{fixture, pinfeed, python, shown};
+use crate::common::{fixture, json_report, pinfeed, python, shown, stream_batches};
 
 #[test]
 fn gen_then_stream_verify_json() {
@@ -30,21 +30,11 @@ fn gen_then_stream_verify_json() {
     .parse()
     .unwrap();
     for (batch_size, threads) in [("7", "1"), ("64", "3"), ("257", "2"), ("1000", "4")] {
-        let run = pinfeed([
-            "stream",
-            &shown(&path),
-            "--batch-size",
+        let r = json_report(&stream_batches(
+            &path,
             batch_size,
-            "--threads",
-            threads,
-            "--verify",
-            "--json",
-            "--device",
-            "cpu",
-        ]);
-        assert_eq!(run.code, Some(0), "{}", run.stderr);
-        let r: serde_json::Value = serde_json::from_str(&run.stdout)
-            .unwrap_or_else(|e| panic!("not JSON ({e}): {}", run.stdout));
+            &["--threads", threads, "--verify", "--json"],
+        ));
         assert_eq!(r["bytes"], 257 * 60);
         assert_eq!(r["records"], 257);
         assert!(r["seconds"].as_f64().unwrap() > 0.0);
@@ -65,17 +55,7 @@ fn crc_is_null_without_crc_or_verify() {
         pinfeed(["gen", &shown(&path), "--records", "10"]).code,
         Some(0)
     );
-    let run = pinfeed([
-        "stream",
-        &shown(&path),
-        "--batch-size",
-        "4",
-        "--json",
-        "--device",
-        "cpu",
-    ]);
-    assert_eq!(run.code, Some(0), "{}", run.stderr);
-    let r: serde_json::Value = serde_json::from_str(&run.stdout).unwrap();
+    let r = json_report(&stream_batches(&path, "4", &["--json"]));
     assert!(r["crc32"].is_null());
     assert_eq!(r["verified"], false);
 }
@@ -87,21 +67,11 @@ fn epochs_and_drop_last_count_records() {
         pinfeed(["gen", &shown(&path), "--records", "10", "--shape", "4"]).code,
         Some(0)
     );
-    let run = pinfeed([
-        "stream",
-        &shown(&path),
-        "--batch-size",
+    let r = json_report(&stream_batches(
+        &path,
         "3",
-        "--epochs",
-        "3",
-        "--drop-last",
-        "--json",
-        "--device",
-        "cpu",
-        "--verify",
-    ]);
-    assert_eq!(run.code, Some(0), "{}", run.stderr);
-    let r: serde_json::Value = serde_json::from_str(&run.stdout).unwrap();
+        &["--epochs", "3", "--drop-last", "--json", "--verify"],
+    ));
     assert_eq!(
         (r["records"].as_u64(), r["batches"].as_u64()),
         (Some(27), Some(9))
@@ -128,26 +98,24 @@ fn shuffled_streams_say_which_gather_ran() {
         ] {
             // 91 divides 1001 records; 100 does not.
             for batch_size in ["91", "100"] {
-                let run = pinfeed([
-                    "stream",
-                    &shown(&path),
-                    "--batch-size",
+                let run = stream_batches(
+                    &path,
                     batch_size,
-                    "--shuffle",
-                    shuffle,
-                    "--reader",
-                    reader,
-                    "--threads",
-                    "2",
-                    "--epochs",
-                    "2",
-                    "--verify",
-                    "--json",
-                    "--device",
-                    "cpu",
-                ]);
+                    &[
+                        "--shuffle",
+                        shuffle,
+                        "--reader",
+                        reader,
+                        "--threads",
+                        "2",
+                        "--epochs",
+                        "2",
+                        "--verify",
+                        "--json",
+                    ],
+                );
                 assert_eq!(run.code, Some(0), "{reader} {shuffle}: {}", run.stderr);
-                let r: serde_json::Value = serde_json::from_str(&run.stdout).unwrap();
+                let r = json_report(&run);
                 assert_eq!(r["reader"], said, "{reader} {shuffle}");
                 assert_eq!(r["verified"], true, "{reader} {shuffle}");
                 assert_eq!(r["records"], 2002);
@@ -169,9 +137,7 @@ fn bench_json_names_the_three_variants() {
     let run = pinfeed([
         "bench", "--device", "cpu", "--rows", "8", "--cols", "4096", "--repeat", "1", "--json",
     ]);
-    assert_eq!(run.code, Some(0), "{}", run.stderr);
-    let r: serde_json::Value = serde_json::from_str(&run.stdout)
-        .unwrap_or_else(|e| panic!("not JSON ({e}): {}", run.stdout));
+    let r = json_report(&run);
     let names: Vec<&str> = r["variants"]
         .as_array()
         .unwrap()
@@ -192,18 +158,7 @@ fn stream_plot_writes_a_png() {
     let run = pinfeed(["gen", &shown(&path), "--records", "20000", "--shape", "256"]);
     assert_eq!(run.code, Some(0), "{}", run.stderr);
     let png = dir.path().join("timeline.png");
-    let run = pinfeed([
-        "stream",
-        &shown(&path),
-        "--batch-size",
-        "100",
-        "--epochs",
-        "3",
-        "--device",
-        "cpu",
-        "--plot",
-        &shown(&png),
-    ]);
+    let run = stream_batches(&path, "100", &["--epochs", "3", "--plot", &shown(&png)]);
     assert_eq!(run.code, Some(0), "{}", run.stderr);
     let bytes = std::fs::read(&png).expect("the plot was written");
     assert!(bytes.starts_with(b"\x89PNG\r\n\x1a\n"), "not a PNG");
@@ -212,16 +167,11 @@ fn stream_plot_writes_a_png() {
         "a {}-byte PNG has no chart in it",
         bytes.len()
     );
-    let bad = pinfeed([
-        "stream",
-        &shown(&path),
-        "--batch-size",
+    let bad = stream_batches(
+        &path,
         "100",
-        "--device",
-        "cpu",
-        "--plot",
-        &shown(&dir.path().join("missing-dir/x.png")),
-    ]);
+        &["--plot", &shown(&dir.path().join("missing-dir/x.png"))],
+    );
     assert_eq!(bad.code, Some(2));
     assert!(
         bad.stderr.contains("cannot draw the plot"),

@@ -14,6 +14,18 @@ fn cuda_options(batch_size: usize) -> LoaderOptions {
     }
 }
 
+/// The CRC-32 of every byte the loader delivers, read back from the GPU in delivery order.
+fn delivered_crc(loader: &mut Loader) -> u32 {
+    let mut crc = crc32fast::Hasher::new();
+    for batch in loader.by_ref() {
+        let batch = batch.unwrap();
+        let mut back = vec![0u8; batch.len_bytes()];
+        batch.read_back(&mut back).unwrap();
+        crc.update(&back);
+    }
+    crc.finalize()
+}
+
 #[test]
 #[ignore = "needs a CUDA device"]
 fn gpu_byte_exact_for_several_batch_sizes_and_pin_methods() {
@@ -26,15 +38,12 @@ fn gpu_byte_exact_for_several_batch_sizes_and_pin_methods() {
                 ..cuda_options(batch_size)
             };
             let mut loader = Loader::new(Arc::clone(&source), options).unwrap();
-            let mut crc = crc32fast::Hasher::new();
-            for batch in loader.by_ref() {
-                let batch = batch.unwrap();
-                let mut back = vec![0u8; batch.len_bytes()];
-                batch.read_back(&mut back).unwrap();
-                crc.update(&back);
-            }
             let want = crc32fast::hash(&data.repeat(2));
-            assert_eq!(crc.finalize(), want, "{method:?}, batch size {batch_size}");
+            assert_eq!(
+                delivered_crc(&mut loader),
+                want,
+                "{method:?}, batch size {batch_size}"
+            );
             let stats = loader.stats();
             assert_eq!(stats.pinned_allocations_after_start, 0);
             // Placed on the GPU's node, or nothing to place; never a failed mbind.
@@ -78,21 +87,9 @@ fn gpu_held_batches_stay_intact_while_the_ring_cycles() {
 #[ignore = "needs a CUDA device"]
 fn gpu_register_reader_is_byte_exact() {
     use pinfeed::ReaderKind;
-    use pinfeed_source::dtype::parse_user_dtype;
-    use pinfeed_source::npy::NpyWriter;
-    use pinfeed_source::{open_path, Layout};
-    use rand::{RngCore, SeedableRng};
 
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("d.npy");
-    let (dtype, _) = parse_user_dtype("u8").unwrap();
-    let layout = Layout::new(dtype, vec![3, 31, 31]).unwrap();
-    let mut data = vec![0u8; 50_000 * 2883];
-    rand::rngs::StdRng::seed_from_u64(23).fill_bytes(&mut data);
-    let mut writer = NpyWriter::create(&path, layout, 50_000).unwrap();
-    writer.write(&data).unwrap();
-    writer.finish().unwrap();
-    let source: Arc<dyn pinfeed_source::Source> = Arc::from(open_path(&path, None).unwrap());
+    let (source, data) = crate::direct::npy_file(&dir, 50_000, vec![3, 31, 31], 23);
     for (batch_size, budget) in [(1024, 256 << 20), (777, 8 << 20), (50_000, 1 << 30)] {
         let options = LoaderOptions {
             reader: ReaderKind::Register,
@@ -102,15 +99,8 @@ fn gpu_register_reader_is_byte_exact() {
         };
         let mut loader = Loader::new(Arc::clone(&source), options).unwrap();
         assert_eq!(loader.stats().reader, ReaderKind::Register);
-        let mut crc = crc32fast::Hasher::new();
-        for batch in loader.by_ref() {
-            let batch = batch.unwrap();
-            let mut back = vec![0u8; batch.len_bytes()];
-            batch.read_back(&mut back).unwrap();
-            crc.update(&back);
-        }
         assert_eq!(
-            crc.finalize(),
+            delivered_crc(&mut loader),
             crc32fast::hash(&data.repeat(2)),
             "batch {batch_size}"
         );
