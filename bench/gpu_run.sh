@@ -71,11 +71,15 @@ fi
 if want python && ls $C/*.whl >/dev/null 2>&1; then
     echo "== Python package"
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site $C/*.whl && export PYTHONPATH=/tmp/site
-    timeout 320 python3 bench/python_bench.py --npy "$DATA" --pinfeed-bin $C/pinfeed --out "$OUT/python_bench.json" || echo "python_bench ended with $?"
-    echo "== torchrun: two processes, one GPU, disjoint and complete shards"
-    timeout 90 torchrun --nproc_per_node=2 bench/torchrun_shards.py "$OUT" 2>&1 | grep -v "^W\|OMP_NUM_THREADS\|^\*" | tail -4
-    echo "== Python GPU tests"
-    timeout 150 python3 -m pytest -q -p no:cacheprovider bindings/python/tests --gpu 2>&1 | tail -4 | tee "$OUT/python_gpu_tests.txt"
+    # PYBENCH_SECTIONS picks python_bench.py's parts; PYBENCH_ONLY=1 skips torchrun and the tests.
+    timeout 320 python3 bench/python_bench.py --npy "$DATA" --pinfeed-bin $C/pinfeed --out "$OUT/python_bench.json" \
+        ${PYBENCH_SECTIONS:+--sections $PYBENCH_SECTIONS} || echo "python_bench ended with $?"
+    if [ -z "${PYBENCH_ONLY:-}" ]; then
+        echo "== torchrun: two processes, one GPU, disjoint and complete shards"
+        timeout 90 torchrun --nproc_per_node=2 bench/torchrun_shards.py "$OUT" 2>&1 | grep -v "^W\|OMP_NUM_THREADS\|^\*" | tail -4
+        echo "== Python GPU tests"
+        timeout 150 python3 -m pytest -q -p no:cacheprovider bindings/python/tests --gpu 2>&1 | tail -4 | tee "$OUT/python_gpu_tests.txt"
+    fi
 fi
 
 # The 40 GB file lives on a real disk, not on a tmpfs: the first directory with room that is not
@@ -109,6 +113,22 @@ if want bigcached; then
 import json
 for l in open('$OUT/big_cached.jsonl'):
     r = json.loads(l); print('cached', r['reader'], r['reader_auto_reason'], 'threads', r['threads'], round(r['gbps'], 2), 'GB/s', round(r['streaming_gbps'], 2), 'after start-up; peak rss', r['peak_rss_bytes'], 'pinned', r['pinned_bytes_peak'])"
+fi
+
+if want bigsweep; then
+    echo "== 40 GB file, page-cached: reader threads (batches of 1024)"
+    [ -f "$BIG" ] || $C/pinfeed gen "$BIG" --records 13875000 --shape 3,31,31 --dtype u8 --seed 2
+    cat "$BIG" > /dev/null
+    : > "$OUT/big_sweep.jsonl"
+    for rep in 1 2; do
+        for t in 8 12 16; do
+            $C/pinfeed stream "$BIG" --batch-size 1024 --reader pread --threads $t --json >> "$OUT/big_sweep.jsonl"
+        done
+    done
+    python3 -c "
+import json
+for l in open('$OUT/big_sweep.jsonl'):
+    r = json.loads(l); print('budget', r['pinned_bytes_peak'] >> 20, 'MiB threads', r['threads'], 'slots', r['slots'], round(r['streaming_gbps'], 2), 'GB/s after start-up;', r['explanation'])"
 fi
 
 if want bigcold; then

@@ -42,7 +42,7 @@ def seed(rows, cols):
         "pinfeed.to_device(a)": lambda: pinfeed.to_device(a, device="cuda"),
         "pinfeed.to_device(a, method='both')": lambda: pinfeed.to_device(a, device="cuda", method="both"),
         "pinfeed.to_device(a, method='register')": lambda: pinfeed.to_device(a, device="cuda", method="register"),
-        "pinfeed.to_device(a, pinned_budget=64MiB)": lambda: pinfeed.to_device(a, device="cuda", pinned_budget="64MiB"),
+        "pinfeed.to_device(a, pinned_budget=256MiB)": lambda: pinfeed.to_device(a, device="cuda", pinned_budget="256MiB"),
         "pinfeed.to_device(a, pinned_budget=1GiB)": lambda: pinfeed.to_device(a, device="cuda", pinned_budget="1GiB"),
     }
     for name, fn in variants.items():
@@ -58,6 +58,11 @@ def seed(rows, cols):
         out.append(row("pinfeed.to_device(a), torch.set_num_threads(1)", n, wall, cpu))
     finally:
         torch.set_num_threads(threads)
+    # The arena's copy threads: one per core is the default; eight was the default before.
+    eight = pinfeed._pinfeed.Stager("cuda", None, 8, "stage")
+    wall, cpu = timed(lambda: pinfeed.staging._materialize_staged(pinfeed.staging._upload_leaf(a, eight.upload)))
+    out.append(row("pinfeed.to_device(a) with 8 copy threads", n, wall, cpu))
+    del eight
     with pinfeed.pinned(a):
         wall, cpu = timed(lambda: a.cuda(non_blocking=True))
         out.append(row("with pinfeed.pinned(a): a.cuda(non_blocking=True)", n, wall, cpu))
@@ -137,13 +142,37 @@ def loaders(npy, batch_size, pinfeed_bin):
     seq = lambda pin: DataLoader(WholeBatch(mm), sampler=BatchSampler(range(len(mm)), batch_size, False), batch_size=None, pin_memory=pin)
     wall, cpu = timed(lambda: consume(x.cuda(non_blocking=True) for x in seq(True)), repeat=1)
     out.append(row("DataLoader whole-batch sequential, pin_memory=True", n, wall, cpu))
-    wall, cpu = timed(lambda: consume(pinfeed.prefetch(seq(False), device="cuda")), repeat=1)
-    out.append(row("pinfeed.prefetch(DataLoader(pin_memory=False))", n, wall, cpu))
-    wall, cpu = timed(lambda: consume(pinfeed.prefetch(seq(False), device="cuda", depth=4)), repeat=1)
-    out.append(row("pinfeed.prefetch(DataLoader(pin_memory=False), depth=4)", n, wall, cpu))
+    for depth in [2, 4]:
+        p = None
+
+        def run():
+            nonlocal p
+            p = pinfeed.prefetch(seq(False), device="cuda", depth=depth)
+            return consume(p)
+
+        wall, cpu = timed(run, repeat=1)
+        name = "pinfeed.prefetch(DataLoader(pin_memory=False))" + (f", depth={depth}" if depth != 2 else "")
+        out.append(row(name, n, wall, cpu, stats=p.stats()))
+        print("   ", p.stats()["bottleneck"])
     # What the DataLoader itself delivers, with no copy at all: the ceiling for both above.
     wall, cpu = timed(lambda: sum(x.numel() for x in seq(False)), repeat=1)
     out.append(row("DataLoader whole-batch sequential, pin_memory=False, no copy", n, wall, cpu))
+    # With worker processes (and so DataLoader's own pin-memory thread).
+    workers = lambda pin: DataLoader(WholeBatch(mm), sampler=BatchSampler(range(len(mm)), batch_size, False), batch_size=None, pin_memory=pin, num_workers=4, prefetch_factor=4)
+    wall, cpu = timed(lambda: consume(x.cuda(non_blocking=True) for x in workers(True)), repeat=1)
+    out.append(row("DataLoader whole-batch, 4 workers, pin_memory=True", n, wall, cpu))
+    p = None
+
+    def run_workers():
+        nonlocal p
+        p = pinfeed.prefetch(workers(False), device="cuda")
+        return consume(p)
+
+    wall, cpu = timed(run_workers, repeat=1)
+    out.append(row("pinfeed.prefetch(DataLoader(4 workers, pin_memory=False))", n, wall, cpu, stats=p.stats()))
+    print("   ", p.stats()["bottleneck"])
+    wall, cpu = timed(lambda: sum(x.numel() for x in workers(False)), repeat=1)
+    out.append(row("DataLoader whole-batch, 4 workers, pin_memory=False, no copy", n, wall, cpu))
     got = list(pinfeed.prefetch(seq(False), device="cuda"))
     assert sum(int(x.shape[0]) for x in got) == len(mm) and torch.equal(got[-1].cpu(), torch.from_numpy(np.array(mm[-got[-1].shape[0]:])))
     del got
@@ -167,12 +196,19 @@ def loaders(npy, batch_size, pinfeed_bin):
     return out
 
 
-def batch_sizes(repeat=3):
-    """Loader batches of 1 MiB to 256 MiB from host memory against a plain pinned copy_ of the
-    same size, in the same run (issue 6: each at least 85% of the pinned rate)."""
+def batch_sizes(pinfeed_bin, repeat=3):
+    """Batches of 1 MiB to 256 MiB against a plain pinned copy_ of the same size, in the same
+    run (issue 6: each at least 85% of the pinned rate): pinfeed.Loader over a host array (with
+    4 MiB pieces, the default, and with whole-batch slots), and `pinfeed stream` over a
+    page-cached file of the same bytes (no Python per batch; rate after start-up)."""
     out = []
     total = 2 << 30
     src = np.random.default_rng(0).integers(0, 255, size=total, dtype=np.uint8).reshape(-1, 4096)
+    path = "/tmp/pinfeed-batches-2g.npy"
+    np.save(path, src)
+    with open(path, "rb") as f:  # page-cached from here on
+        while f.read(64 << 20):
+            pass
     for mib in [1, 4, 16, 64, 256]:
         rows = mib * 256  # records of 4096 bytes
         pinned = torch.empty(mib << 20, dtype=torch.uint8, pin_memory=True)
@@ -192,8 +228,59 @@ def batch_sizes(repeat=3):
             wall, cpu = timed(run, repeat)
             r[key] = total / wall / 1e9
         r["ratio"] = r["loader_gbps"] / r["pinned_copy_gbps"]
-        print(f"batch {mib:4d} MiB: pinned copy_ {r['pinned_copy_gbps']:6.2f} GB/s, Loader {r['loader_gbps']:6.2f} GB/s ({r['ratio']:.0%}), whole-batch slots {r['loader_whole_gbps']:6.2f} GB/s")
+        runs = []
+        for _ in range(repeat):
+            cmd = [pinfeed_bin, "stream", path, "--batch-size", str(rows), "--reader", "pread", "--json",
+                   "--pinned-budget", str(max(256 << 20, 8 * (mib << 20)))]
+            runs.append(json.loads(subprocess.check_output(cmd)))
+        runs.sort(key=lambda j: j["streaming_gbps"])
+        r["stream_gbps"] = runs[len(runs) // 2]["streaming_gbps"]
+        r["stream_ratio"] = r["stream_gbps"] / r["pinned_copy_gbps"]
+        print(f"batch {mib:4d} MiB: pinned copy_ {r['pinned_copy_gbps']:6.2f} GB/s, Loader {r['loader_gbps']:6.2f} GB/s ({r['ratio']:.0%}), "
+              f"whole-batch slots {r['loader_whole_gbps']:6.2f} GB/s, pinfeed stream {r['stream_gbps']:6.2f} GB/s ({r['stream_ratio']:.0%})")
         out.append(r)
+    return out
+
+
+def sweep(rows, cols, repeat=3):
+    """How the pinned working set and the thread counts set the rate (the defaults come from
+    this): to_device's arena size and copy threads for the seed tensor, two interleaved rounds;
+    the Loader's reader threads for 1 MiB and 4 MiB batches from a host array."""
+    a = torch.rand(rows, cols)
+    n = a.numel() * 4
+    out = {"to_device": [], "loader": []}
+    for round_ in range(2):
+        for arena_mib in [32, 64, 128, 256]:
+            for threads in [16, 12]:
+                st = pinfeed._pinfeed.Stager("cuda", arena_mib << 20, threads, "stage", None)
+                f = lambda: pinfeed.staging._materialize_staged(pinfeed.staging._upload_leaf(a, st.upload))
+                f()
+                wall, cpu = timed(f, repeat)
+                r = {"round": round_, "arena_mib": arena_mib, "threads": threads, "gbps": n / wall / 1e9, "cpu_s": cpu}
+                print(f"to_device arena {arena_mib:4d} MiB threads {threads:2d}: {r['gbps']:6.2f} GB/s, {cpu*1e3:6.0f} ms CPU")
+                out["to_device"].append(r)
+                del st
+    small = pinfeed._pinfeed.Stager("cuda", 16 << 20, None, "stage", "4MiB")
+    got = pinfeed.staging._materialize_staged(pinfeed.staging._upload_leaf(a, small.upload))
+    assert torch.equal(got.cpu(), a), "to_device through a 16 MiB arena delivered wrong values"
+    del got, small, a
+    total = 2 << 30
+    src = np.random.default_rng(0).integers(0, 255, size=total, dtype=np.uint8).reshape(-1, 4096)
+    for mib in [1, 4]:
+        for threads in [8, 12, 16]:
+            loader = pinfeed.Loader(src, mib * 256, device="cuda", num_threads=threads)
+
+            def run():
+                for x in loader:
+                    pass
+
+            run()
+            wall, cpu = timed(run, repeat)
+            st = loader.stats()
+            r = {"batch_mib": mib, "threads": threads, "gbps": total / wall / 1e9,
+                 "bottleneck": st.get("explanation"), "stats": {k: v for k, v in st.items() if isinstance(v, (int, float))}}
+            print(f"Loader batch {mib} MiB threads {threads:2d}: {r['gbps']:6.2f} GB/s  {r['bottleneck']}")
+            out["loader"].append(r)
     return out
 
 
@@ -283,16 +370,21 @@ def main():
     ap.add_argument("--cols", type=int, default=655360)
     ap.add_argument("--batch-size", type=int, default=1024)
     ap.add_argument("--out", required=True)
+    ap.add_argument("--sections", default="seed,loaders,batch_sizes,overlap,shuffled")  # also: sweep
     args = ap.parse_args()
+    sections = args.sections.split(",")
     torch.cuda.init()
     result = {}
     for name, fn in [
         ("seed", lambda: seed(args.rows, args.cols)),
         ("loaders", lambda: loaders(args.npy, args.batch_size, args.pinfeed_bin)),
-        ("batch_sizes", batch_sizes),
+        ("batch_sizes", lambda: batch_sizes(args.pinfeed_bin)),
+        ("sweep", lambda: sweep(args.rows, args.cols)),
         ("overlap", lambda: overlap(args.npy)),
         ("shuffled", lambda: shuffled(args.npy)),
     ]:
+        if name not in sections:
+            continue
         try:
             result[name] = fn()
         except Exception as e:  # keep the other measurements; the failure is reported

@@ -50,6 +50,8 @@ def main():
         "big_dd": load(f"{d}/big_dd.txt"),
         "big_cold": load(f"{d}/big_cold.json"),
         "soak_log": load(f"{d}/soak.log"),
+        "multi": load(f"{d}/multi.jsonl"),
+        "big_sweep": load(f"{d}/big_sweep.jsonl"),
     }
     base = f"bench/results/{args.date}-{args.tag}"
     with open(base + ".json", "w") as f:
@@ -98,15 +100,27 @@ def main():
         rows = [[v["name"], f"{v['wall_s']*1e3:.1f}", f"{v['cpu_s']*1e3:.0f}", f"{v['gbps']:.2f}"] for v in pb["seed"]["variants"]]
         md.append("\n### Python: the seed tensor\n")
         md.append(table(["variant", "wall ms", "CPU ms", "GB/s"], rows))
-        rows = [[v["name"], f"{v['wall_s']*1e3:.1f}", f"{v['cpu_s']*1e3:.0f}", f"{v['gbps']:.2f}"] for v in pb["loaders"]]
+        rows = [[v["name"], f"{v['wall_s']*1e3:.1f}", f"{v['cpu_s']*1e3:.0f}", f"{v['gbps']:.2f}",
+                 v["stats"]["bottleneck"] if "bottleneck" in v.get("stats", {}) and "fetch_s" in v["stats"] else ""] for v in pb["loaders"]]
         md.append("\n### Python: the 4 GiB file\n")
-        md.append(table(["loader", "wall ms", "CPU ms", "GB/s"], rows))
+        md.append(table(["loader", "wall ms", "CPU ms", "GB/s", "prefetch's own account (`stats()['bottleneck']`)"], rows))
     if isinstance(pb.get("batch_sizes"), list):
         whole = any("loader_whole_gbps" in r for r in pb["batch_sizes"])
+        stream = any("stream_gbps" in r for r in pb["batch_sizes"])
         rows = [[f"{r['batch_mib']} MiB", f"{r['pinned_copy_gbps']:.2f}", f"{r['loader_gbps']:.2f}", f"{r['ratio']:.0%}"]
-                + ([f"{r['loader_whole_gbps']:.2f}"] if whole else []) for r in pb["batch_sizes"]]
+                + ([f"{r['loader_whole_gbps']:.2f}"] if whole else [])
+                + ([f"{r['stream_gbps']:.2f} ({r['stream_ratio']:.0%})"] if stream else []) for r in pb["batch_sizes"]]
         md.append("\n### Batch sizes: `pinfeed.Loader` over a 2 GiB host array against a plain pinned `copy_` of the same size\n")
-        md.append(table(["batch", "pinned copy_ GB/s", "Loader GB/s", "ratio"] + (["Loader, whole-batch slots, GB/s"] if whole else []), rows))
+        md.append(table(["batch", "pinned copy_ GB/s", "Loader GB/s", "ratio"] + (["Loader, whole-batch slots, GB/s"] if whole else [])
+                        + (["`pinfeed stream` of the same bytes in a page-cached file, GB/s after start-up"] if stream else []), rows))
+    sw = pb.get("sweep")
+    if isinstance(sw, dict) and sw.get("to_device"):
+        rows = [[f"{r['arena_mib']} MiB", r["threads"], f"{r['gbps']:.2f}", f"{r['cpu_s']*1e3:.0f}"] for r in sw["to_device"]]
+        md.append("\n### The staging arena's size: the seed tensor through `Stager` (two interleaved rounds)\n")
+        md.append(table(["arena", "copy threads", "GB/s", "CPU ms"], rows))
+        rows = [[f"{r['batch_mib']} MiB", r["threads"], f"{r['gbps']:.2f}", r["bottleneck"]] for r in sw.get("loader", [])]
+        md.append("\n### Reader threads: `pinfeed.Loader` over a 2 GiB host array\n")
+        md.append(table(["batch", "threads", "GB/s", "the loader's own account"], rows))
     if isinstance(pb.get("overlap"), dict) and "steps" in pb["overlap"]:
         o = pb["overlap"]
         md.append(f"\n### Overlap: {o['steps']} training steps of {o['gpu_step_ms']:.2f} ms GPU work on shuffled batches of {o['batch']} records\n")
@@ -141,6 +155,18 @@ def main():
         md.append(table(["run", "GB/s", "GB/s after start-up", "CPU s", "peak RSS MiB", "pinned MiB"], rows))
         if raw["big_dd"]:
             md.append("\nThe disk's raw `O_DIRECT` rate in the same run (`dd bs=8M iflag=direct`):\n\n```\n" + raw["big_dd"].strip() + "\n```")
+    if raw["big_sweep"]:
+        rows = [[r["threads"], r["slots"], f"{r['pinned_bytes_peak']>>20}", f"{r['streaming_gbps']:.2f}", r["explanation"]] for r in raw["big_sweep"]]
+        md.append("\n### The 40 GB file, page-cached: reader threads (batches of 1024, `--reader pread`)\n")
+        md.append(table(["threads", "slots", "pinned MiB", "GB/s after start-up", "the loader's own account"], rows))
+    if raw["multi"]:
+        rows = []
+        for r in raw["multi"]:
+            per = ", ".join(f"{x['gbps']:.2f}" for x in r["devices"])
+            rows.append([r["mode"], len(r["devices"]), f"{r['gbps']:.2f}", f"{r['read_gbps']:.2f}", per,
+                         ", ".join(str(x.get("crc32")) for x in r["devices"]) if r.get("verified") else ""])
+        md.append("\n### Several rings from one process (`pinfeed stream --devices cuda:0,cuda:0`): two rings on the one GPU\n")
+        md.append(table(["mode", "devices", "aggregate GB/s", "read from the file GB/s", "per device GB/s", "CRC-32 per device (`--verify`)"], rows))
     if raw["soak_log"]:
         last = [l for l in raw["soak_log"].splitlines() if l.startswith("gpu soak:") or l.startswith("test result")]
         md.append("\n### GPU soak\n\n```\n" + "\n".join(last) + "\n```")

@@ -73,6 +73,7 @@ fn pinned_allocations() -> u64 {
 fn _pinfeed(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("DEFAULT_PINNED_BUDGET", pinfeed::DEFAULT_PINNED_BUDGET)?;
+    m.add("DEFAULT_STAGING_BUDGET", pinfeed::DEFAULT_STAGING_BUDGET)?;
     m.add_class::<loader::Source>()?;
     m.add_class::<loader::Stream>()?;
     m.add_class::<loader::ToFloatSpec>()?;

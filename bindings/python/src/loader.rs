@@ -1,12 +1,14 @@
 //! Sources and loader passes.
 
+use std::collections::VecDeque;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use dlpark::ffi::DLDataType;
 use pinfeed::{
-    BatchRecords, DeviceSpec, EpochOrder, Loader, LoaderError, LoaderOptions, OrderSpec, Position,
-    Shuffle, Stats, Transform,
+    Batch, BatchRecords, DeviceSpec, EpochOrder, Loader, LoaderError, LoaderOptions, MultiLoader,
+    OrderSpec, Position, Shuffle, Stats, Transform, Waited,
 };
 use pinfeed_source::{dtype::parse_user_dtype, DType, HostBuffer, Layout};
 use pyo3::exceptions::PyTypeError;
@@ -300,19 +302,86 @@ impl NormalizeSpec {
     }
 }
 
+/// What a pass runs: a loader of one device, or one reading each batch once for several
+/// devices (`MultiLoader::replicated`), whose steps are handed out one batch at a time, in
+/// device order.
+enum Feed {
+    One(Loader),
+    Replicated {
+        multi: MultiLoader,
+        /// The rest of the step received last.
+        step: VecDeque<Batch>,
+    },
+}
+
+impl Feed {
+    fn next_within(&mut self, timeout: Duration) -> Waited<Option<pinfeed::Result<Batch>>> {
+        match self {
+            Feed::One(loader) => loader.next_within(timeout),
+            Feed::Replicated { multi, step } => {
+                if let Some(batch) = step.pop_front() {
+                    return Waited::Ready(Some(Ok(batch)));
+                }
+                match multi.next_within(timeout) {
+                    Waited::TimedOut => Waited::TimedOut,
+                    Waited::Ready(Some(Ok(batches))) => {
+                        step.extend(batches);
+                        Waited::Ready(step.pop_front().map(Ok))
+                    }
+                    Waited::Ready(Some(Err(e))) => Waited::Ready(Some(Err(e))),
+                    Waited::Ready(None) => Waited::Ready(None),
+                }
+            }
+        }
+    }
+
+    fn stats(&self) -> Stats {
+        match self {
+            Feed::One(loader) => loader.stats(),
+            Feed::Replicated { multi, .. } => multi.stats(),
+        }
+    }
+
+    fn device_bytes_held(&self) -> usize {
+        match self {
+            Feed::One(loader) => loader.device_bytes_held(),
+            Feed::Replicated { multi, .. } => multi.device_bytes_held(),
+        }
+    }
+
+    /// The loader that reads: the one, or the one of a replicated pass.
+    fn reader(&self) -> &Loader {
+        match self {
+            Feed::One(loader) => loader,
+            Feed::Replicated { multi, .. } => &multi.loaders()[0],
+        }
+    }
+
+    fn devices(&self) -> Vec<DeviceSpec> {
+        match self {
+            Feed::One(loader) => vec![loader.device()],
+            Feed::Replicated { multi, .. } => multi.devices(),
+        }
+    }
+}
+
 /// One pass of a loader over its source: a Rust `Loader` whose batches come out as
 /// [`DeviceBuffer`]s. Made anew for each pass.
 #[pyclass(module = "pinfeed._pinfeed", frozen, weakref)]
 pub struct Stream {
     /// `None` once the pass finished, failed or was closed.
-    loader: Mutex<Option<ForkSafe<Loader>>>,
+    loader: Mutex<Option<ForkSafe<Feed>>>,
     /// The process that started the pass.
     pid: u32,
     export_dtype: DLDataType,
     record_shape: Vec<i64>,
-    /// ``"cpu"`` or ``"cuda:N"``.
+    /// ``"cpu"`` or ``"cuda:N"`` (the first device of a replicated pass).
     #[pyo3(get)]
     device: String,
+    /// Every device batches go to: ``[device]``, or those of a replicated pass, whose batches
+    /// come one per device per step, in this order.
+    #[pyo3(get)]
+    devices: Vec<String>,
     /// Batches over all epochs.
     #[pyo3(get)]
     num_batches: u64,
@@ -337,13 +406,17 @@ impl Stream {
     /// Starts a pass: makes the pinned ring and starts the reader and copy threads (without the
     /// GIL). Batches export as ``export_dtype`` (DLPack ``(code, bits, lanes)``) with shape
     /// ``(records, *record_shape)``, which must cover a record exactly.
+    ///
+    /// With ``devices`` (a list of device names; ``device`` is then not used) each batch is read
+    /// once and copied to every one of them (``MultiLoader::replicated``): the pass yields the
+    /// batches of each step one after the other, in the order of ``devices``.
     #[new]
     #[pyo3(signature = (
         source, batch_size, *, export_dtype, record_shape, drop_last=false, epochs=1,
         pinned_budget=None, device_budget=None, num_threads=None, device="cuda", prefetch=4,
         piece_bytes=None, transform=None, transform_out_bytes=None, reader="auto", shuffle="none",
         block_size=None, block_window=None, seed=0, rank=0, world_size=1, start_epoch=0,
-        start_batches_done=0
+        start_batches_done=0, devices=None
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -371,7 +444,16 @@ impl Stream {
         world_size: u64,
         start_epoch: u64,
         start_batches_done: u64,
+        devices: Option<Vec<String>>,
     ) -> PyResult<Stream> {
+        let replicate_to = devices
+            .map(|names| {
+                names
+                    .iter()
+                    .map(|name| device_arg(py, name))
+                    .collect::<PyResult<Vec<_>>>()
+            })
+            .transpose()?;
         let shuffle = shuffle_arg(py, shuffle, block_size, block_window)?;
         let src = Arc::clone(&source.inner);
         let source_name = src.name().to_owned();
@@ -472,20 +554,30 @@ impl Stream {
             world_size,
         }
         .fingerprint();
-        let started = py.detach(move || Loader::new(src, options));
+        let started = py.detach(move || match replicate_to {
+            None => Loader::new(src, options).map(Feed::One),
+            Some(devices) => {
+                MultiLoader::replicated(src, options, &devices).map(|multi| Feed::Replicated {
+                    multi,
+                    step: VecDeque::with_capacity(devices.len()),
+                })
+            }
+        });
         let loader = started.map_err(|e| {
             let mut raised = loader_error(&e);
             raised.message = named(raised.message);
             raised.into_pyerr(py)
         })?;
+        let reader = loader.reader();
         Ok(Stream {
             pid: fork::pid(),
             export_dtype,
             record_shape,
-            device: loader.device().to_string(),
-            num_batches: loader.num_batches(),
-            batches_per_epoch: loader.batches_per_epoch(),
-            record_bytes: loader.record_bytes(),
+            device: reader.device().to_string(),
+            devices: loader.devices().iter().map(|d| d.to_string()).collect(),
+            num_batches: reader.num_batches(),
+            batches_per_epoch: reader.batches_per_epoch(),
+            record_bytes: reader.record_bytes(),
             source_name,
             fingerprint,
             final_stats: Mutex::new(None),
@@ -591,7 +683,7 @@ impl Stream {
 impl Stream {
     /// Keeps the final counters and drops the loader (joining its threads). Called without the
     /// GIL: a Python transform on a reader thread may be waiting for it.
-    fn finish(&self, guard: &mut Option<ForkSafe<Loader>>) {
+    fn finish(&self, guard: &mut Option<ForkSafe<Feed>>) {
         if let Some(loader) = guard.take() {
             if loader.is_owner() {
                 *lock(&self.final_stats) = Some((loader.stats(), loader.device_bytes_held()));
@@ -842,6 +934,22 @@ fn write_order(order: &EpochOrder, out: &mut [u8]) {
 fn stats_dict<'py>(py: Python<'py>, s: &Stats, held: usize) -> PyResult<Bound<'py, PyDict>> {
     let d = PyDict::new(py);
     d.set_item("device", s.device.to_string())?;
+    // What each device received: one entry, or one per device of a replicated pass (whose
+    // `bytes` count every device and `read_bytes` the dataset once).
+    let devices = s
+        .devices
+        .iter()
+        .map(|dev| {
+            let e = PyDict::new(py);
+            e.set_item("device", dev.device.to_string())?;
+            e.set_item("batches", dev.batches)?;
+            e.set_item("records", dev.records)?;
+            e.set_item("bytes", dev.bytes)?;
+            e.set_item("device_bytes_peak", dev.device_bytes_peak)?;
+            Ok(e)
+        })
+        .collect::<PyResult<Vec<_>>>()?;
+    d.set_item("devices", devices)?;
     d.set_item("elapsed", s.elapsed.as_secs_f64())?;
     d.set_item("batches", s.batches)?;
     d.set_item("records", s.records)?;

@@ -44,20 +44,22 @@ pub struct Stager {
 #[pymethods]
 impl Stager {
     #[new]
-    #[pyo3(signature = (device="cuda", pinned_budget=None, num_threads=None, method="stage"))]
+    #[pyo3(signature = (device="cuda", pinned_budget=None, num_threads=None, method="stage", piece_size=None))]
     fn new(
         py: Python<'_>,
         device: &str,
         pinned_budget: Option<Bound<'_, PyAny>>,
         num_threads: Option<usize>,
         method: &str,
+        piece_size: Option<Bound<'_, PyAny>>,
     ) -> PyResult<Stager> {
         let options = StagerOptions {
             device: device_arg(py, device)?,
             pinned_budget: size_arg(py, pinned_budget.as_ref(), "pinned_budget")?
-                .unwrap_or(pinfeed::DEFAULT_PINNED_BUDGET),
+                .unwrap_or(pinfeed::DEFAULT_STAGING_BUDGET),
             num_threads,
             method: method.parse::<pinfeed::UploadMethod>().py_err(py)?,
+            piece_bytes: size_arg(py, piece_size.as_ref(), "piece_size")?,
             ..StagerOptions::default()
         };
         let stager = py

@@ -440,3 +440,40 @@ def test_to_device_keeps_one_arena_per_budget_however_it_is_written():
         np.testing.assert_array_equal(pinfeed.to_device(x, device="cpu", pinned_budget=budget), x)
     assert len(staging._stagers) == 1
     staging.free_staging_memory()
+
+
+def test_prefetch_stats_count_what_was_uploaded_and_name_a_slow_iterable():
+    items = [np.full((1000 + i, 8), i, dtype=np.float32) for i in range(20)]
+
+    def slow():
+        for x in items:
+            time.sleep(0.01)
+            yield {"x": x, "label": "text"}
+
+    p = pinfeed.prefetch(slow(), device="cpu", depth=2)
+    got = list(p)
+    s = p.stats()
+    assert len(got) == s["items"] == 20
+    assert s["bytes"] == sum(x.nbytes for x in items)
+    assert s["fetch_s"] >= 20 * 0.01 and s["fetch_s"] > s["upload_s"]
+    assert s["consumer_wait_s"] > 0.1 * s["elapsed_s"]
+    assert s["bottleneck"].startswith("the iterable")
+    assert 0 < s["gbps"] < s["bytes"] / 1e9 / (20 * 0.01)
+
+
+def test_prefetch_stats_name_a_slow_consumer():
+    p = pinfeed.prefetch((np.zeros(256, np.uint8) for _ in range(20)), device="cpu", depth=2)
+    for _ in p:
+        time.sleep(0.01)
+    s = p.stats()
+    assert s["items"] == 20 and s["bytes"] == 20 * 256
+    assert s["consumer_wait_s"] < 0.1 * s["elapsed_s"]
+    assert s["bottleneck"].startswith("the consumer")
+    # The threads waited for the consumer to make room.
+    assert s["upload_wait_s"] + s["fetch_wait_s"] > 0.1
+
+
+def test_prefetch_stats_before_any_item():
+    p = pinfeed.prefetch(iter([]), device="cpu")
+    assert p.stats()["bottleneck"] in ("nothing delivered yet",)
+    assert list(p) == [] and p.stats()["items"] == 0

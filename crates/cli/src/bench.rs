@@ -9,7 +9,7 @@ use anyhow::{bail, Context as _, Result};
 use clap::Args;
 use pinfeed::{
     parse_size, DeviceData, DeviceSpec, Loader, LoaderOptions, PinMethod, Stager, StagerOptions,
-    UploadMethod,
+    UploadMethod, DEFAULT_STAGING_BUDGET,
 };
 use pinfeed_cuda::{Context, DevicePool, PinnedMemory, Stream};
 use pinfeed_source::dtype::parse_user_dtype;
@@ -222,7 +222,8 @@ pub fn run(args: BenchArgs) -> Result<Outcome> {
     ] {
         let stager = Stager::new(StagerOptions {
             device,
-            pinned_budget: parse_size(&args.pinned_budget)?,
+            // The staging arena's own default (64 MiB, faster than larger ones), within the budget.
+            pinned_budget: DEFAULT_STAGING_BUDGET.min(parse_size(&args.pinned_budget)?),
             num_threads: options.num_threads,
             method,
             ..StagerOptions::default()

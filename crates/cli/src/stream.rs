@@ -9,7 +9,8 @@ use anyhow::{bail, Result};
 use clap::Args;
 use pinfeed::ReaderKind;
 use pinfeed::{
-    parse_size, BatchRecords, DeviceSpec, Loader, LoaderOptions, PinMethod, Shuffle, Stats,
+    parse_size, Batch, BatchRecords, DeviceSpec, Loader, LoaderOptions, MultiLoader, PinMethod,
+    Shuffle, Stats,
 };
 use pinfeed_source::dtype::parse_user_dtype;
 use pinfeed_source::{open_with, Layout, ReadMode, ReadOptions, Source};
@@ -29,6 +30,14 @@ pub struct StreamArgs {
     /// auto, cpu, cuda or cuda:N. auto picks the first GPU, or the host backend without one.
     #[arg(long, default_value = "auto")]
     device: String,
+    /// Several devices fed by one process, comma-separated (e.g. cuda:0,cuda:1; a device may
+    /// repeat): split, each device streams its shard of every epoch through its own ring and a
+    /// part of the pinned budget; with --replicate, every device gets every batch.
+    #[arg(long, conflicts_with = "device", value_delimiter = ',')]
+    devices: Option<Vec<String>>,
+    /// With --devices: read each batch once into one pinned pool and copy it to every device.
+    #[arg(long, requires = "devices")]
+    replicate: bool,
     /// Passes over the dataset.
     #[arg(long, default_value_t = 1)]
     epochs: u64,
@@ -194,6 +203,15 @@ pub fn run(args: StreamArgs) -> Result<Outcome> {
         &read,
     )?;
     let device: DeviceSpec = args.device.parse()?;
+    let devices = match &args.devices {
+        Some(names) => Some(
+            names
+                .iter()
+                .map(|name| name.trim().parse::<DeviceSpec>())
+                .collect::<pinfeed::Result<Vec<_>>>()?,
+        ),
+        None => None,
+    };
     let options = LoaderOptions {
         batch_size: args.batch_size,
         drop_last: args.drop_last,
@@ -211,6 +229,9 @@ pub fn run(args: StreamArgs) -> Result<Outcome> {
         seed: args.seed,
         ..LoaderOptions::default()
     };
+    if let Some(devices) = devices {
+        return run_multi(&args, source, options, &devices, why.as_deref());
+    }
     let check = args.verify || args.crc;
     // Start CUDA before the clock, as torch's baselines do: a process pays it once, whatever it
     // streams (about 0.2 s on the H200 machine).
@@ -248,31 +269,13 @@ pub fn run(args: StreamArgs) -> Result<Outcome> {
             batch.read_back(&mut device_bytes)?;
             crc.update(&device_bytes);
             if args.verify {
-                source_bytes.resize(batch.len_bytes(), 0);
-                match batch.records() {
-                    BatchRecords::Range { first, .. } => {
-                        source.read_records(*first, &mut source_bytes)?
-                    }
-                    BatchRecords::Indices(indices) => source.gather(indices, &mut source_bytes)?,
-                }
-                if source_bytes != device_bytes {
-                    let at = source_bytes
-                        .iter()
-                        .zip(&device_bytes)
-                        .position(|(a, b)| a != b)
-                        .unwrap_or(0);
-                    let record = match batch.records() {
-                        BatchRecords::Range { first, .. } => first + (at / record_bytes) as u64,
-                        BatchRecords::Indices(indices) => indices[at / record_bytes],
-                    };
-                    mismatches.push(format!(
-                        "batch {} (epoch {}, index {}): first difference at record {record} byte {}",
-                        batch.seq(),
-                        batch.epoch(),
-                        batch.index(),
-                        at % record_bytes
-                    ));
-                }
+                mismatches.extend(mismatch(
+                    source.as_ref(),
+                    &batch,
+                    record_bytes,
+                    &device_bytes,
+                    &mut source_bytes,
+                )?);
             }
         } else {
             // No host synchronisation per batch: dropping a batch frees its memory in stream
@@ -330,8 +333,23 @@ pub fn run(args: StreamArgs) -> Result<Outcome> {
             )
         );
     } else {
-        print_report(&args, &stats, seconds, cpu_seconds, crc_value);
+        print_report(
+            &args,
+            &stats,
+            &stats.device.to_string(),
+            seconds,
+            cpu_seconds,
+            crc_value,
+        );
     }
+    if report_mismatches(source.as_ref(), &mismatches, stats.batches) {
+        return Ok(Outcome::Failed);
+    }
+    Ok(Outcome::Ok)
+}
+
+/// Prints the first mismatches of a `--verify` run and the count; true when there were any.
+fn report_mismatches(source: &dyn Source, mismatches: &[String], batches: u64) -> bool {
     for m in mismatches.iter().take(10) {
         eprintln!("pinfeed: mismatch in {}: {m}", source.name());
     }
@@ -339,11 +357,211 @@ pub fn run(args: StreamArgs) -> Result<Outcome> {
         eprintln!(
             "pinfeed: verification failed: {} of {} batches differ from {}",
             mismatches.len(),
-            stats.batches,
+            batches,
             source.name()
         );
+    }
+    !mismatches.is_empty()
+}
+
+/// Where `batch`, read back into `device_bytes`, differs from the source (`source_bytes` is a
+/// buffer for the source's bytes); `None` when it does not.
+fn mismatch(
+    source: &dyn Source,
+    batch: &Batch,
+    record_bytes: usize,
+    device_bytes: &[u8],
+    source_bytes: &mut Vec<u8>,
+) -> Result<Option<String>> {
+    source_bytes.resize(batch.len_bytes(), 0);
+    match batch.records() {
+        BatchRecords::Range { first, .. } => source.read_records(*first, source_bytes)?,
+        BatchRecords::Indices(indices) => source.gather(indices, source_bytes)?,
+    }
+    if source_bytes[..] == device_bytes[..] {
+        return Ok(None);
+    }
+    let at = source_bytes
+        .iter()
+        .zip(device_bytes)
+        .position(|(a, b)| a != b)
+        .unwrap_or(0);
+    let record = match batch.records() {
+        BatchRecords::Range { first, .. } => first + (at / record_bytes) as u64,
+        BatchRecords::Indices(indices) => indices[at / record_bytes],
+    };
+    Ok(Some(format!(
+        "batch {} (epoch {}, index {}): first difference at record {record} byte {}",
+        batch.seq(),
+        batch.epoch(),
+        batch.index(),
+        at % record_bytes
+    )))
+}
+
+/// `--devices`: several devices fed by one process, each on its shard (split) or each with
+/// every batch (`--replicate`); the report gives each device's bytes and rate and the whole's,
+/// and what was read from the source.
+fn run_multi(
+    args: &StreamArgs,
+    source: Arc<dyn Source>,
+    options: LoaderOptions,
+    devices: &[DeviceSpec],
+    auto_reason: Option<&str>,
+) -> Result<Outcome> {
+    if devices.is_empty() {
+        bail!("--devices: no device given");
+    }
+    if args.plot.is_some() {
+        bail!("--plot draws the stages of one loader; it does not take --devices");
+    }
+    let check = args.verify || args.crc;
+    // As for one device: CUDA starts before the clock.
+    let cuda_started = Instant::now();
+    let mut contexts = Vec::new();
+    for device in devices {
+        if let DeviceSpec::Cuda(ordinal) = device.resolve() {
+            contexts.push(pinfeed_cuda::Context::new(ordinal)?);
+        }
+    }
+    let cuda_init_s = cuda_started.elapsed().as_secs_f64();
+    let cpu_before = cpu_time();
+    let started = Instant::now();
+    let mut multi = if args.replicate {
+        MultiLoader::replicated(Arc::clone(&source), options, devices)?
+    } else {
+        MultiLoader::new(Arc::clone(&source), options, devices)?
+    };
+    let record_bytes = multi.record_bytes();
+    let mut crcs = vec![crc32fast::Hasher::new(); devices.len()];
+    let mut device_bytes = Vec::new();
+    let mut source_bytes = Vec::new();
+    let mut mismatches: Vec<String> = Vec::new();
+    let progress = progress_bar(args, multi.num_batches());
+    let mut last = Vec::new();
+    for step in multi.by_ref() {
+        let step = step?;
+        progress.inc(1);
+        if check {
+            for (crc, batch) in crcs.iter_mut().zip(&step) {
+                device_bytes.resize(batch.len_bytes(), 0);
+                batch.read_back(&mut device_bytes)?;
+                crc.update(&device_bytes);
+                if args.verify {
+                    let found = mismatch(
+                        source.as_ref(),
+                        batch,
+                        record_bytes,
+                        &device_bytes,
+                        &mut source_bytes,
+                    )?;
+                    mismatches.extend(found.map(|m| format!("{}: {m}", batch.device())));
+                }
+            }
+        } else {
+            // Each device's copies finish in order on its stream: its last batch waits for all.
+            last = step;
+        }
+    }
+    for batch in &last {
+        batch.wait_ready()?;
+    }
+    progress.finish_and_clear();
+    let seconds = started.elapsed().as_secs_f64();
+    let cpu_seconds = (cpu_time() - cpu_before).as_secs_f64();
+    let stats = multi.stats();
+    if !args.drop_last {
+        // Replicated, each device gets every record; split, each its shard of every epoch,
+        // padded to the same length as ranks are.
+        let n = source.num_records();
+        let per_device = if args.replicate {
+            n
+        } else {
+            n.div_ceil(devices.len() as u64)
+        } * args.epochs;
+        for d in &stats.devices {
+            if d.records != per_device {
+                bail!(
+                    "{}: delivered {} records to {}, expected {per_device}",
+                    source.name(),
+                    d.records,
+                    d.device
+                );
+            }
+        }
+    }
+    let crcs: Vec<Option<u32>> = crcs
+        .into_iter()
+        .map(|crc| check.then(|| crc.finalize()))
+        .collect();
+    let verified = args.verify && mismatches.is_empty();
+    let mode = if args.replicate { "replicate" } else { "split" };
+    let names: Vec<String> = devices.iter().map(|d| d.resolve().to_string()).collect();
+    if args.json {
+        let mut report = report_json(
+            args,
+            &stats,
+            seconds,
+            cpu_seconds,
+            verified,
+            None,
+            cuda_init_s,
+            auto_reason,
+        );
+        let per_device: Vec<serde_json::Value> = stats
+            .devices
+            .iter()
+            .zip(&crcs)
+            .map(|(d, crc)| {
+                json!({
+                    "device": d.device.to_string(),
+                    "bytes": d.bytes,
+                    "records": d.records,
+                    "batches": d.batches,
+                    "gbps": d.bytes as f64 / seconds / 1e9,
+                    "device_bytes_peak": d.device_bytes_peak,
+                    "crc32": crc,
+                })
+            })
+            .collect();
+        let fields = report.as_object_mut().expect("the report is an object");
+        fields.insert("device".into(), json!(names.join(",")));
+        fields.insert("mode".into(), json!(mode));
+        fields.insert("devices".into(), json!(per_device));
+        fields.insert("read_bytes".into(), json!(stats.read_bytes));
+        fields.insert(
+            "read_gbps".into(),
+            json!(stats.read_bytes as f64 / seconds / 1e9),
+        );
+        println!("{report}");
+    } else {
+        let target = format!("{} ({mode})", names.join(", "));
+        print_report(args, &stats, &target, seconds, cpu_seconds, None);
+        for (d, crc) in stats.devices.iter().zip(&crcs) {
+            println!(
+                "  {}: {:.3} GB in {} batches, {:.2} GB/s{}",
+                d.device,
+                d.bytes as f64 / 1e9,
+                d.batches,
+                d.bytes as f64 / seconds / 1e9,
+                crc.map_or(String::new(), |c| format!(", crc32 {c:#010x}"))
+            );
+        }
+        println!(
+            "  read {:.3} GB from the source ({:.2} GB/s){}",
+            stats.read_bytes as f64 / 1e9,
+            stats.read_bytes as f64 / seconds / 1e9,
+            if args.replicate {
+                ", once for every device"
+            } else {
+                ", each device its shard"
+            }
+        );
+    }
+    if report_mismatches(source.as_ref(), &mismatches, stats.batches) {
         return Ok(Outcome::Failed);
     }
+    drop(contexts);
     Ok(Outcome::Ok)
 }
 
@@ -436,6 +654,7 @@ fn report_json(
 fn print_report(
     args: &StreamArgs,
     stats: &Stats,
+    target: &str,
     seconds: f64,
     cpu_seconds: f64,
     crc: Option<u32>,
@@ -446,7 +665,7 @@ fn print_report(
         args.path.display(),
         stats.records,
         stats.batches,
-        stats.device,
+        target,
         seconds
     );
     println!(

@@ -69,13 +69,30 @@ impl DeviceSpec {
     }
 }
 
-/// Completion of one copy out of a slot: a CUDA event or the host engine's flag.
+/// Completion of one copy out of a slot: a CUDA event or the host engine's flag; or of the
+/// copies of one slot to several devices.
 #[derive(Clone)]
 pub enum CopyFence {
     /// Set by the host copy thread after its `memcpy`.
     Host(Arc<HostFlag>),
     /// Recorded on the copy stream after the copy.
     Cuda(Arc<Event>),
+    /// Complete when every one of these is: the copies of one slot to each device of a
+    /// replicated loader, each on its own device's stream, in no set order among them. The
+    /// slot may be reused only when the last of them has finished reading it.
+    All(Vec<CopyFence>),
+}
+
+impl CopyFence {
+    /// The fence of all of `fences`: the one itself when there is one.
+    pub(crate) fn all(mut fences: Vec<CopyFence>) -> CopyFence {
+        debug_assert!(!fences.is_empty(), "a fence of no copy");
+        if fences.len() == 1 {
+            fences.pop().expect("one fence")
+        } else {
+            CopyFence::All(fences)
+        }
+    }
 }
 
 impl fmt::Debug for CopyFence {
@@ -83,6 +100,7 @@ impl fmt::Debug for CopyFence {
         match self {
             CopyFence::Host(flag) => write!(f, "HostFence(done={})", flag.is_set()),
             CopyFence::Cuda(_) => write!(f, "CudaEvent"),
+            CopyFence::All(fences) => f.debug_tuple("All").field(fences).finish(),
         }
     }
 }
@@ -93,6 +111,14 @@ impl pinfeed_ring::Fence for CopyFence {
         match self {
             CopyFence::Host(flag) => Ok(flag.is_set()),
             CopyFence::Cuda(event) => event.query(),
+            CopyFence::All(fences) => {
+                for fence in fences {
+                    if !fence.is_complete()? {
+                        return Ok(false);
+                    }
+                }
+                Ok(true)
+            }
         }
     }
     fn wait(&self) -> std::result::Result<(), CudaError> {
@@ -102,6 +128,17 @@ impl pinfeed_ring::Fence for CopyFence {
                 Ok(())
             }
             CopyFence::Cuda(event) => event.synchronize(),
+            CopyFence::All(fences) => {
+                // Every copy is waited for even if one fails: the slot must not be freed while
+                // any of them may still read it.
+                let mut first_error = None;
+                for fence in fences {
+                    if let Err(e) = fence.wait() {
+                        first_error.get_or_insert(e);
+                    }
+                }
+                first_error.map_or(Ok(()), Err)
+            }
         }
     }
 }
@@ -294,13 +331,49 @@ pub(crate) struct HostCopyEngine {
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
+/// Holds the host copy engine's copies back while closed: how tests make one device's copies
+/// slower than another's, deterministically.
+#[derive(Debug, Default)]
+pub(crate) struct CopyGate {
+    closed: Mutex<bool>,
+    cv: Condvar,
+}
+
+impl CopyGate {
+    /// A gate, closed.
+    #[cfg(test)]
+    pub(crate) fn closed() -> Arc<CopyGate> {
+        Arc::new(CopyGate {
+            closed: Mutex::new(true),
+            cv: Condvar::new(),
+        })
+    }
+
+    /// Lets every copy held back, and all later ones, through.
+    #[cfg(test)]
+    pub(crate) fn open(&self) {
+        *self.closed.lock().unwrap_or_else(|p| p.into_inner()) = false;
+        self.cv.notify_all();
+    }
+
+    fn pass(&self) {
+        let mut closed = self.closed.lock().unwrap_or_else(|p| p.into_inner());
+        while *closed {
+            closed = self.cv.wait(closed).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+}
+
 impl HostCopyEngine {
-    fn start() -> Result<HostCopyEngine> {
+    fn start(gate: Option<Arc<CopyGate>>) -> Result<HostCopyEngine> {
         let (tx, rx) = mpsc::channel::<HostJob>();
         let thread = std::thread::Builder::new()
             .name("pinfeed-hostcopy".into())
             .spawn(move || {
                 for job in rx {
+                    if let Some(gate) = &gate {
+                        gate.pass();
+                    }
                     // SAFETY: see `SendPtr`: both ranges are valid for `len` bytes and nobody
                     // else touches them until `done` is set.
                     unsafe { std::ptr::copy_nonoverlapping(job.src.0, job.dst.0, job.len) };
@@ -347,7 +420,7 @@ impl Backend {
     pub(crate) fn new(device: DeviceSpec, pin_method: PinMethod) -> Result<Backend> {
         match device.resolve() {
             DeviceSpec::Cpu | DeviceSpec::Auto => Ok(Backend::Host {
-                engine: HostCopyEngine::start()?,
+                engine: HostCopyEngine::start(None)?,
                 cache: Arc::default(),
             }),
             DeviceSpec::Cuda(ordinal) => {
@@ -364,6 +437,15 @@ impl Backend {
                 })
             }
         }
+    }
+
+    /// A host backend whose copies wait for `gate` to open.
+    #[cfg(test)]
+    pub(crate) fn host_gated(gate: Arc<CopyGate>) -> Result<Backend> {
+        Ok(Backend::Host {
+            engine: HostCopyEngine::start(Some(gate))?,
+            cache: Arc::default(),
+        })
     }
 
     pub(crate) fn device(&self) -> DeviceSpec {
@@ -525,9 +607,14 @@ impl Backend {
                 Backend::Cuda {
                     readback_stream, ..
                 },
-                CopyFence::Cuda(event),
+                fence,
             ) => {
-                readback_stream.wait_event(event)?;
+                match fence {
+                    CopyFence::Cuda(event) => readback_stream.wait_event(event)?,
+                    // Not one event of this device (a fence of several devices' copies): wait
+                    // on the host.
+                    other => pinfeed_ring::Fence::wait(other)?,
+                }
                 // SAFETY: `dst` is borrowed mutably for the whole call and we synchronise the
                 // stream before returning; `src` outlives the call.
                 unsafe {
@@ -540,9 +627,6 @@ impl Backend {
                 }
                 readback_stream.synchronize()?;
                 Ok(())
-            }
-            (Backend::Cuda { .. }, CopyFence::Host(_)) => {
-                unreachable!("a CUDA backend only makes CUDA fences")
             }
         }
     }
@@ -612,7 +696,7 @@ impl Drop for Landed {
     fn drop(&mut self) {
         // On the host backend the copy thread writes into this memory until the flag is set;
         // it must not go back to the cache before. CUDA memory is freed in stream order.
-        if let CopyFence::Host(_) = self.ready {
+        if !matches!(self.ready, CopyFence::Cuda(_)) {
             let _ = pinfeed_ring::Fence::wait(&self.ready);
         }
     }

@@ -57,8 +57,9 @@ pub use pipeline::{Batch, Loader, Waited};
 pub use pool::{pinned_allocations, release_idle_pinned_memory};
 pub use stager::{
     to_device, DeviceArray, PinnedRegion, Stager, StagerOptions, UploadCounters, UploadMethod,
+    DEFAULT_STAGING_BUDGET,
 };
-pub use stats::{Bottleneck, Stats};
+pub use stats::{Bottleneck, DeviceStats, Stats};
 
 /// Anything delivered into device memory: a loader's [`Batch`] or a [`Stager`]'s
 /// [`DeviceArray`]. What the Python bindings export through DLPack.
@@ -127,7 +128,8 @@ pub const MAX_SLOTS: usize = 64;
 
 /// The default largest slot: batches above it are read and copied in pieces. On the H200
 /// machine 4 MiB batches reached 89% of the plain pinned copy rate, 16 MiB and larger ones
-/// 45 to 52% (docs/BENCHMARKS.md, batch-size table), each filled whole by one reader.
+/// 51 to 70% each filled whole by one reader, and 85 to 90% in 4 MiB pieces
+/// (docs/BENCHMARKS.md, batch-size table).
 pub const DEFAULT_PIECE_BYTES: usize = 4 << 20;
 
 /// Preprocessing run by the reader threads between the read and the slot.

@@ -10,6 +10,10 @@
 //! sequence order, allocates the batch's device memory, issues the copy and hands the batch to
 //! the consumer through a bounded channel (`prefetch` deep). The consumer owns each [`Batch`]
 //! and its device memory until it drops it.
+//!
+//! A loader may copy to several devices (targets): each slot is then copied to every one, each
+//! copy on its own device's stream, and the slot's fence is [`CopyFence::All`] of those copies.
+//! The batches of one step go through the channel one after the other, in target order.
 
 use std::collections::VecDeque;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -21,12 +25,12 @@ use std::time::{Duration, Instant};
 use pinfeed_ring::{Claim, Ring};
 use pinfeed_source::{AlignedBuffer, Source};
 
-use crate::backend::{Backend, CopyFence, DeviceBudget, DeviceSpec, Landed};
+use crate::backend::{Backend, CopyFence, DeviceBudget, DeviceMemory, DeviceSpec, Landed};
 use crate::direct::{MappedWindows, ReaderKind};
 use crate::error::{LoaderError, Result};
 use crate::order::{BatchRecords, EpochOrder, OrderSpec, Shuffle};
 use crate::pool::{pinned_allocations, PinnedPool};
-use crate::stats::{add, get, Counters, Stats};
+use crate::stats::{add, get, Counters, Delivered, DeviceStats, Stats};
 use crate::{LoaderOptions, Position, Transform, MAX_SLOTS};
 
 /// Which records each batch holds: the epochs' orders, from the resume position on.
@@ -148,7 +152,7 @@ impl Plan {
 struct SlotContents {
     /// The batch's place in the plan, recorded with its first piece only (the copy thread
     /// needs it once per batch).
-    spec: Option<BatchSpec>,
+    spec: Option<Arc<BatchSpec>>,
     /// The piece's records, `lo .. hi` of the batch (empty for a piece past a short batch's
     /// end).
     records: std::ops::Range<usize>,
@@ -190,19 +194,40 @@ impl Pieces {
     }
 }
 
+/// A device the loader copies batches to.
+struct Target {
+    /// Its context, copy stream and memory pool (or the host backend's copy engine).
+    backend: Arc<Backend>,
+    /// Device bytes held by this device's batches.
+    budget: Arc<DeviceBudget>,
+    /// What the consumer has received for this device.
+    delivered: Delivered,
+}
+
+impl Target {
+    fn new(backend: Arc<Backend>, device_budget: Option<usize>) -> Target {
+        Target {
+            backend,
+            budget: DeviceBudget::new(device_budget),
+            delivered: Delivered::default(),
+        }
+    }
+}
+
 /// What the loader's threads share.
 struct Shared {
     // Field order is drop order: the ring is drained in `Drop` before the staging memory goes.
     ring: Ring<CopyFence>,
     staging: Staging,
-    backend: Arc<Backend>,
+    /// The devices every batch is copied to, at least one; the first one's context made the
+    /// pinned pool (page-locked for every context: `CU_MEMHOSTALLOC_PORTABLE`).
+    targets: Vec<Target>,
     source: Arc<dyn Source>,
     transform: Option<Arc<dyn Transform>>,
     plan: Plan,
     out_record_bytes: usize,
     error: Mutex<Option<LoaderError>>,
     counters: Counters,
-    budget: Arc<DeviceBudget>,
     /// What each filled slot holds: the batch's place in the plan and where its bytes start in
     /// the slot (aligned reads may put them past the start). Set by the slot's reader before
     /// `fill_done` and taken by the copy thread after `next_filled`, which the ring orders; so
@@ -228,6 +253,11 @@ impl Shared {
 
     fn take_error(&self) -> Option<LoaderError> {
         self.error.lock().unwrap_or_else(|p| p.into_inner()).take()
+    }
+
+    /// The first device's backend: the one that made the pinned pool.
+    fn backend(&self) -> &Arc<Backend> {
+        &self.targets[0].backend
     }
 }
 
@@ -286,8 +316,10 @@ impl Staging {
 /// on a stream made to wait with [`stream_wait`](Batch::stream_wait).
 pub struct Batch {
     seq: u64,
-    spec: BatchSpec,
+    spec: Arc<BatchSpec>,
     len: usize,
+    /// Which of the loader's devices it is on (0 for a loader of one device).
+    target: usize,
     landed: Landed,
 }
 
@@ -406,7 +438,7 @@ impl std::fmt::Debug for Loader {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Loader")
             .field("source", &self.shared.source.name())
-            .field("device", &self.shared.backend.device())
+            .field("devices", &self.devices())
             .field("batches", &self.shared.plan.total())
             .field("slots", &self.shared.ring.capacity())
             .finish()
@@ -417,6 +449,21 @@ impl Loader {
     /// Starts a loader: checks the options against the source, makes the one pinned
     /// allocation, and starts the reader and copy threads.
     pub fn new(source: Arc<dyn Source>, options: LoaderOptions) -> Result<Loader> {
+        let (device, pin_method) = (options.device, options.pin_method);
+        Loader::start(source, options, move || {
+            Ok(vec![Arc::new(Backend::new(device, pin_method)?)])
+        })
+    }
+
+    /// Starts a loader that copies every batch to each backend `make_backends` returns (one or
+    /// more; called once the options have been checked against the source, so that a bad option
+    /// is reported before any device is opened). With several, the loader's iterator yields the
+    /// batches of each step one after the other, in backend order (see `MultiLoader`).
+    pub(crate) fn start(
+        source: Arc<dyn Source>,
+        options: LoaderOptions,
+        make_backends: impl FnOnce() -> Result<Vec<Arc<Backend>>>,
+    ) -> Result<Loader> {
         let begun = Instant::now();
         let name = source.name().to_string();
         let plan = Plan::new(source.num_records(), &options, &name)?;
@@ -487,8 +534,27 @@ impl Loader {
             return Err(LoaderError::Config("prefetch must be at least 1".into()));
         }
 
-        let backend = Arc::new(Backend::new(options.device, options.pin_method)?);
-        let staging = choose_staging(&source, &options, &backend, batch_bytes, slot_bytes, slots)?;
+        let backends = make_backends()?;
+        if backends.is_empty() {
+            return Err(LoaderError::Config("no device given".into()));
+        }
+        debug_assert!(
+            backends.len() == 1 || options.reader != ReaderKind::Register,
+            "MultiLoader::replicated refuses the register reader"
+        );
+        // Prefetch counts steps: every device's batch of a step is in the channel at once.
+        let depth = options
+            .prefetch
+            .checked_mul(backends.len())
+            .ok_or_else(|| LoaderError::Config("prefetch × devices overflows".into()))?;
+        let staging = choose_staging(
+            &source,
+            &options,
+            &backends[0],
+            batch_bytes,
+            slot_bytes,
+            slots,
+        )?;
         let (ring_slots, ring_total) = match &staging {
             Staging::Slots(pool) => (pool.slots(), units),
             Staging::Windows(windows) => {
@@ -500,14 +566,16 @@ impl Loader {
         let shared = Arc::new(Shared {
             ring: Ring::new(ring_slots, ring_total),
             staging,
-            backend,
+            targets: backends
+                .into_iter()
+                .map(|backend| Target::new(backend, options.device_budget))
+                .collect(),
             source,
             transform: options.transform.clone(),
             plan,
             out_record_bytes,
             error: Mutex::new(None),
             counters: Counters::default(),
-            budget: DeviceBudget::new(options.device_budget),
             slot_contents: (0..ring_slots).map(|_| Mutex::new(None)).collect(),
             pieces,
             started: Instant::now(),
@@ -516,7 +584,7 @@ impl Loader {
             pinned_allocations_at_start: pinned_allocations(),
         });
 
-        let (tx, rx) = mpsc::sync_channel(options.prefetch);
+        let (tx, rx) = mpsc::sync_channel(depth);
         let mut loader = Loader {
             shared: Arc::clone(&shared),
             batches: Some(rx),
@@ -571,9 +639,18 @@ impl Loader {
         &self.shared.source
     }
 
-    /// The device batches go to.
+    /// The device batches go to (the first one, for a loader copying to several).
     pub fn device(&self) -> DeviceSpec {
-        self.shared.backend.device()
+        self.shared.backend().device()
+    }
+
+    /// Every device batches go to, in order.
+    pub(crate) fn devices(&self) -> Vec<DeviceSpec> {
+        self.shared
+            .targets
+            .iter()
+            .map(|t| t.backend.device())
+            .collect()
     }
 
     /// A snapshot of the loader's counters.
@@ -582,13 +659,30 @@ impl Loader {
         let c = &s.counters;
         let ring = s.ring.stats();
         let nanos = |counter| Duration::from_nanos(get(counter));
+        let devices: Vec<DeviceStats> = s
+            .targets
+            .iter()
+            .map(|t| DeviceStats {
+                device: t.backend.device(),
+                batches: get(&t.delivered.batches),
+                records: get(&t.delivered.records),
+                bytes: get(&t.delivered.bytes),
+                device_bytes_peak: t.budget.peak(),
+            })
+            .collect();
         Stats {
-            device: s.backend.device(),
+            device: s.backend().device(),
             elapsed: s.started.elapsed(),
             startup: s.startup,
-            batches: get(&c.delivered_batches),
-            records: get(&c.delivered_records),
-            bytes: get(&c.delivered_bytes),
+            batches: devices.iter().map(|d| d.batches).sum(),
+            records: devices.iter().map(|d| d.records).sum(),
+            bytes: devices.iter().map(|d| d.bytes).sum(),
+            device_bytes_peak: devices
+                .iter()
+                .map(|d| d.device_bytes_peak)
+                .max()
+                .unwrap_or(0),
+            devices,
             threads: s.threads,
             read_time: nanos(&c.read_ns),
             read_bytes: get(&c.read_bytes),
@@ -614,13 +708,12 @@ impl Loader {
             slots_recycled: ring.recycled,
             slot_waits: ring.claims_waited,
             slots_peak_in_use: ring.peak_in_use,
-            device_bytes_peak: s.budget.peak(),
         }
     }
 
-    /// Device bytes held now by batches not yet dropped.
+    /// Device bytes held now by batches not yet dropped (on all devices together).
     pub fn device_bytes_held(&self) -> usize {
-        self.shared.budget.held()
+        self.shared.targets.iter().map(|t| t.budget.held()).sum()
     }
 
     /// Stops the threads and waits for them. Batches already delivered stay valid.
@@ -671,15 +764,11 @@ impl Loader {
     ) -> Option<Result<Batch>> {
         match received {
             Ok(Ok(batch)) => {
-                let c = &self.shared.counters;
-                c.delivered_batches
-                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                c.delivered_bytes
-                    .fetch_add(batch.len as u64, std::sync::atomic::Ordering::Relaxed);
-                c.delivered_records.fetch_add(
-                    batch.spec.count as u64,
-                    std::sync::atomic::Ordering::Relaxed,
-                );
+                use std::sync::atomic::Ordering::Relaxed;
+                let d = &self.shared.targets[batch.target].delivered;
+                d.batches.fetch_add(1, Relaxed);
+                d.bytes.fetch_add(batch.len as u64, Relaxed);
+                d.records.fetch_add(batch.spec.count as u64, Relaxed);
                 Some(Ok(batch))
             }
             Ok(Err(e)) => {
@@ -714,7 +803,7 @@ impl Iterator for Loader {
     fn size_hint(&self) -> (usize, Option<usize>) {
         let left = self
             .num_batches()
-            .saturating_sub(get(&self.shared.counters.delivered_batches));
+            .saturating_sub(get(&self.shared.targets[0].delivered.batches));
         let left = usize::try_from(left).unwrap_or(usize::MAX);
         if self.finished {
             (0, Some(0))
@@ -823,7 +912,7 @@ fn fill(
     *shared.slot_contents[claim.slot()]
         .lock()
         .unwrap_or_else(|p| p.into_inner()) = Some(SlotContents {
-        spec: (piece == 0).then(|| BatchSpec::clone(&spec)),
+        spec: (piece == 0).then(|| Arc::clone(&spec)),
         records,
         offset,
     });
@@ -855,7 +944,9 @@ fn read_batch(
 }
 
 fn copy_loop(shared: &Arc<Shared>, batches: SyncSender<Result<Batch>>) {
-    if let Some(ctx) = shared.backend.context() {
+    // Every call into the driver makes its device's context current itself; binding the first
+    // saves the switch for the common case of one device.
+    if let Some(ctx) = shared.backend().context() {
         if let Err(e) = ctx.bind() {
             shared.fail(e.into());
         }
@@ -869,22 +960,25 @@ fn copy_loop(shared: &Arc<Shared>, batches: SyncSender<Result<Batch>>) {
     }
 }
 
-/// Hands a batch whose copy was issued to the consumer; false when the consumer went away.
+/// Hands a batch on device `target` whose copy was issued to the consumer; false when the
+/// consumer went away.
 fn deliver(
     shared: &Shared,
     batches: &SyncSender<Result<Batch>>,
-    (seq, spec, len): (u64, BatchSpec, usize),
-    memory: crate::backend::DeviceMemory,
+    target: usize,
+    (seq, spec, len): (u64, Arc<BatchSpec>, usize),
+    memory: DeviceMemory,
     ready: CopyFence,
 ) -> bool {
     let batch = Batch {
         seq,
         spec,
         len,
+        target,
         landed: Landed {
             ready,
             memory,
-            backend: Arc::clone(&shared.backend),
+            backend: Arc::clone(&shared.targets[target].backend),
         },
     };
     let handed = Instant::now();
@@ -895,11 +989,17 @@ fn deliver(
     true
 }
 
+/// A batch being assembled by the copy thread: its place, and on each device its memory and
+/// the fence of the last copy issued into it.
+struct Assembling {
+    spec: Arc<BatchSpec>,
+    on: Vec<(DeviceMemory, Option<CopyFence>)>,
+}
+
 fn copy_slots(shared: &Arc<Shared>, pool: &PinnedPool, batches: &SyncSender<Result<Batch>>) {
     let pieces = shared.pieces;
     let rb = shared.out_record_bytes;
-    // The batch being assembled: its place, its device memory, the fence of its last copy.
-    let mut current: Option<(BatchSpec, crate::backend::DeviceMemory, Option<CopyFence>)> = None;
+    let mut current: Option<Assembling> = None;
     for unit in 0..shared.plan.total() * pieces.per_batch {
         let Some(slot) = shared.ring.next_filled(unit) else {
             break;
@@ -916,64 +1016,113 @@ fn copy_slots(shared: &Arc<Shared>, pool: &PinnedPool, batches: &SyncSender<Resu
             .expect("a filled slot has its contents recorded");
         let (seq, piece) = pieces.split(unit);
         if let Some(spec) = spec {
-            // The batch's first piece: its device memory, whole.
-            match shared.backend.alloc(spec.count * rb, &shared.budget) {
-                Ok(memory) => current = Some((spec, memory, None)),
+            // The batch's first piece: its device memory, whole, on every device.
+            let on = shared
+                .targets
+                .iter()
+                .map(|t| Ok((t.backend.alloc(spec.count * rb, &t.budget)?, None)))
+                .collect::<Result<Vec<_>>>();
+            match on {
+                Ok(on) => current = Some(Assembling { spec, on }),
                 Err(e) => {
                     shared.fail(e);
                     break;
                 }
             }
         }
-        let (_, memory, last) = current
+        let batch = current
             .as_mut()
             .expect("the first piece of a batch comes before the others");
-        let issued = if records.is_empty() {
+        let (fence, failed) = if records.is_empty() {
             // Nothing to copy: the slot is free as soon as the copies before it are done.
-            shared.backend.completed_fence()
+            match shared.backend().completed_fence() {
+                Ok(fence) => (Some(fence), None),
+                Err(e) => (None, Some(e)),
+            }
         } else {
             let src = pool.slot_ptr(slot).wrapping_add(offset);
             // SAFETY: the slot stays `Filled` (untouched by readers) until `copy_issued`, after
-            // which the ring keeps it out of the free list until this fence completes; the
-            // destination lies inside the batch's memory (records `lo .. hi` of its `count`),
-            // disjoint from every other piece's, and the batch is not read before its last
-            // fence; the reader left the piece at `offset .. offset + len`, inside the slot.
+            // which the ring keeps it out of the free list until this fence, that of every copy
+            // issued out of it, completes; each destination lies inside the batch's memory on
+            // its device (records `lo .. hi` of its `count`), disjoint from every other piece's,
+            // and the batch is not read before its last fence there; the reader left the piece
+            // at `offset .. offset + len`, inside the slot.
             unsafe {
-                shared
-                    .backend
-                    .copy(src, memory, records.start * rb, records.len() * rb)
-            }
-            .inspect(|fence| *last = Some(fence.clone()))
-        };
-        let fence = match issued {
-            Ok(fence) => fence,
-            Err(e) => {
-                shared.fail(e);
-                break;
+                copy_to_every_device(
+                    shared,
+                    src,
+                    &mut batch.on,
+                    records.start * rb,
+                    records.len() * rb,
+                )
             }
         };
-        shared.ring.copy_issued(slot, fence);
+        // Copies already issued read the slot even when a later one failed: the ring must wait
+        // for them before the pool can go.
+        if let Some(fence) = fence {
+            shared.ring.copy_issued(slot, fence);
+        }
+        if let Some(e) = failed {
+            shared.fail(e);
+            break;
+        }
         add(&shared.counters.copy_issue_ns, started.elapsed());
         if piece + 1 == pieces.per_batch {
-            let (spec, memory, last) = current.take().expect("assembled above");
-            // Copies finish in the order they were issued (one stream; one host copy thread),
-            // so the batch is complete when its last copy is.
-            let ready = match last {
-                Some(fence) => fence,
-                None => match shared.backend.completed_fence() {
-                    Ok(fence) => fence,
-                    Err(e) => {
-                        shared.fail(e);
-                        break;
-                    }
-                },
-            };
+            let Assembling { spec, on } = current.take().expect("assembled above");
             let len = spec.count * rb;
-            if !deliver(shared, batches, (seq, spec, len), memory, ready) {
-                return;
+            for (target, (memory, last)) in on.into_iter().enumerate() {
+                // Copies to one device finish in the order they were issued (one stream; one
+                // host copy thread), so the batch is complete there when its last copy is.
+                let ready = match last {
+                    Some(fence) => fence,
+                    None => match shared.targets[target].backend.completed_fence() {
+                        Ok(fence) => fence,
+                        Err(e) => {
+                            shared.fail(e);
+                            return;
+                        }
+                    },
+                };
+                let place = (seq, Arc::clone(&spec), len);
+                if !deliver(shared, batches, target, place, memory, ready) {
+                    return;
+                }
             }
         }
     }
+}
+
+/// Issues the copy of `len` bytes at `src` to `offset` of the batch's memory on every device,
+/// each on its own device's stream, and returns the fence of all the copies issued, and the
+/// error that stopped the rest if one did.
+///
+/// # Safety
+/// As for [`Backend::copy`], for every device: `src` stays unwritten until the fence returned
+/// completes, and no device's memory is read before its copy's fence.
+unsafe fn copy_to_every_device(
+    shared: &Shared,
+    src: *const u8,
+    on: &mut [(DeviceMemory, Option<CopyFence>)],
+    offset: usize,
+    len: usize,
+) -> (Option<CopyFence>, Option<LoaderError>) {
+    let mut fences = Vec::with_capacity(on.len());
+    for (target, (memory, last)) in shared.targets.iter().zip(on) {
+        // SAFETY: forwarded from this function's contract.
+        match unsafe { target.backend.copy(src, memory, offset, len) } {
+            Ok(fence) => {
+                *last = Some(fence.clone());
+                fences.push(fence);
+            }
+            Err(e) => {
+                return (
+                    (!fences.is_empty()).then(|| CopyFence::all(fences)),
+                    Some(e),
+                )
+            }
+        }
+    }
+    (Some(CopyFence::all(fences)), None)
 }
 
 /// Locks windows of the mapped file in order, as the ring frees slots.
@@ -981,7 +1130,7 @@ fn register_loop(shared: &Shared) {
     let Staging::Windows(windows) = &shared.staging else {
         unreachable!("the registrar runs only with mapped windows");
     };
-    if let Some(ctx) = shared.backend.context() {
+    if let Some(ctx) = shared.backend().context() {
         if let Err(e) = ctx.bind() {
             return shared.fail(e.into());
         }
@@ -1011,12 +1160,16 @@ fn register_loop(shared: &Shared) {
     }
 }
 
-/// Copies each batch straight from the windows of the mapped file it lies in.
+/// Copies each batch straight from the windows of the mapped file it lies in, to the one device
+/// (`MultiLoader::replicated` refuses the register reader).
 fn copy_windows(
     shared: &Arc<Shared>,
     windows: &MappedWindows,
     batches: &SyncSender<Result<Batch>>,
 ) {
+    let Target {
+        backend, budget, ..
+    } = &shared.targets[0];
     let record_bytes = shared.source.layout().record_bytes() as u64;
     // Windows held by the copy thread, oldest first: (window seq, slot, fence of the last copy
     // that read it).
@@ -1025,7 +1178,7 @@ fn copy_windows(
     let release = |slot: usize, fence: Option<CopyFence>| -> Result<()> {
         let fence = match fence {
             Some(fence) => fence,
-            None => shared.backend.completed_fence()?,
+            None => backend.completed_fence()?,
         };
         shared.ring.copy_issued(slot, fence);
         Ok(())
@@ -1058,13 +1211,13 @@ fn copy_windows(
                 }
                 next_window += 1;
             }
-            let mut memory = shared.backend.alloc(len, &shared.budget)?;
+            let mut memory = backend.alloc(len, budget)?;
             let mut fence = None;
             for &(_, src, offset, piece_len) in &pieces {
                 // SAFETY: the window holding `src .. src + piece_len` is locked and stays so
                 // until the fence of this copy (or a later one) completes; the destination range
                 // is inside `memory`, which nobody reads before the fence.
-                fence = Some(unsafe { shared.backend.copy(src, &mut memory, offset, piece_len) }?);
+                fence = Some(unsafe { backend.copy(src, &mut memory, offset, piece_len) }?);
             }
             let fence = fence.expect("a batch has at least one piece");
             for h in held
@@ -1074,7 +1227,14 @@ fn copy_windows(
                 h.2 = Some(fence.clone());
             }
             add(&shared.counters.copy_issue_ns, started.elapsed());
-            if !deliver(shared, batches, (seq, spec, len), memory, fence) {
+            if !deliver(
+                shared,
+                batches,
+                0,
+                (seq, Arc::new(spec), len),
+                memory,
+                fence,
+            ) {
                 return Ok(false);
             }
         }

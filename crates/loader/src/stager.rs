@@ -20,15 +20,15 @@
 //! from by every method, with no lane.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{mpsc, Arc, Mutex};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc, Condvar, Mutex};
 
 use pinfeed_cuda::{Context, PinMethod, Registration};
 
 use crate::backend::{Backend, CopyFence, DeviceBudget, DeviceSpec, Landed};
 use crate::error::{LoaderError, Result};
 use crate::pool::{count_pinned_allocation, PinnedPool};
-use crate::{DeviceData, DEFAULT_PINNED_BUDGET};
+use crate::DeviceData;
 
 /// Pieces are aligned to this, so that every `memcpy` and DMA starts on a cache line.
 const ALIGN: usize = 4096;
@@ -108,7 +108,9 @@ pub struct StagerOptions {
     /// Bytes page-locked at most: the arena, plus the chunks of a source the register lane
     /// holds registered at once (half each, see [`Stager::new`]).
     pub pinned_budget: usize,
-    /// Threads that copy into the arena; `None` for one per core, at most 8.
+    /// Threads that copy into the arena; `None` for one per core (an upload starts only as
+    /// many as its largest copy can use, one per MiB: a prefetched batch of a few MB starts
+    /// two or three, the seed tensor all of them).
     pub num_threads: Option<usize>,
     /// How the arena is page-locked on CUDA.
     pub pin_method: PinMethod,
@@ -119,11 +121,18 @@ pub struct StagerOptions {
     pub method: UploadMethod,
 }
 
+/// The staging arena's size when the user sets no budget: 64 MiB. Smaller is faster up to a
+/// point: the arena is written by the CPU and read by the copy engine at once, and an arena
+/// that stays in the CPU's last-level cache spares memory bandwidth both need. On the H200
+/// machine (300 MiB L3) the seed tensor moved at 53 GB/s through 64 MiB, 50-53 through 128,
+/// 40-45 through 256 and 37-41 through 32 MiB (docs/BENCHMARKS.md, arena sweep).
+pub const DEFAULT_STAGING_BUDGET: usize = 64 << 20;
+
 impl Default for StagerOptions {
     fn default() -> Self {
         StagerOptions {
             device: DeviceSpec::Auto,
-            pinned_budget: DEFAULT_PINNED_BUDGET,
+            pinned_budget: DEFAULT_STAGING_BUDGET,
             num_threads: None,
             pin_method: PinMethod::Register,
             piece_bytes: None,
@@ -247,11 +256,7 @@ impl Stager {
             * ALIGN;
         let threads = options
             .num_threads
-            .unwrap_or_else(|| {
-                std::thread::available_parallelism()
-                    .map_or(4, |n| n.get())
-                    .min(8)
-            })
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(4, |n| n.get()))
             .max(1);
         let backend = Arc::new(Backend::new(options.device, options.pin_method)?);
         let pool = backend.pinned_pool(capacity, 1)?;
@@ -652,87 +657,127 @@ impl StageLane<'_, '_> {
     }
 }
 
-/// The least a gang thread copies: below this, handing a part over costs more than it saves.
+/// An upload starts a gang thread for each MiB of its largest copy (up to the stager's
+/// threads): fewer would leave a large copy to few threads, more would be woken for nothing.
 const MIN_PER_THREAD: usize = 1 << 20;
 
-/// One part of a `memcpy` handed to a gang thread.
-struct Part {
+/// What gang threads take one at a time: small enough that a thread the scheduler delays (16
+/// copy threads on 16 cores share them with the driver and the caller) holds the piece up by
+/// little, large enough that taking one costs nothing beside copying it.
+const CHUNK: usize = 256 << 10;
+
+/// One `memcpy` shared by the gang: its threads take chunks until none is left.
+struct Job {
     dst: *mut u8,
     src: *const u8,
     len: usize,
+    /// The next chunk to take.
+    next: AtomicUsize,
+    /// Chunks copied so far; `all_copied` is signalled when it reaches the count.
+    copied: Mutex<usize>,
+    all_copied: Condvar,
 }
 
-// SAFETY: a part is two disjoint ranges that the sender keeps valid, and touches in no other
-// way, until the thread reports it done (`CopyGang::copy` waits for that).
-unsafe impl Send for Part {}
+// SAFETY: the two ranges are disjoint, and the sender keeps them valid and touches them in no
+// other way until every chunk is copied (`CopyGang::copy` waits for that); a thread that takes
+// the job later finds no chunk left and dereferences neither pointer.
+unsafe impl Send for Job {}
+// SAFETY: as above; threads share only the atomic counter and the mutex, and each chunk index
+// is taken by one thread alone.
+unsafe impl Sync for Job {}
 
-/// Threads that split each `memcpy` of an upload between them, started once per upload rather
-/// than once per piece.
+impl Job {
+    fn chunks(&self) -> usize {
+        self.len.div_ceil(CHUNK)
+    }
+
+    /// Copies chunks until none is left to take.
+    fn work(&self) {
+        let chunks = self.chunks();
+        let mut mine = 0;
+        loop {
+            let i = self.next.fetch_add(1, Ordering::Relaxed);
+            if i >= chunks {
+                break;
+            }
+            let at = i * CHUNK;
+            let len = CHUNK.min(self.len - at);
+            // SAFETY: chunk `i` lies inside both ranges, which stay valid until all chunks are
+            // copied (see `Job`), and no other thread takes the same index.
+            unsafe { std::ptr::copy_nonoverlapping(self.src.add(at), self.dst.add(at), len) };
+            mine += 1;
+        }
+        if mine > 0 {
+            // The lock also publishes this thread's writes to the caller that waits on it.
+            let mut copied = self.copied.lock().unwrap_or_else(|p| p.into_inner());
+            *copied += mine;
+            if *copied == chunks {
+                self.all_copied.notify_one();
+            }
+        }
+    }
+}
+
+/// Threads that share each `memcpy` of an upload, chunk by chunk, started once per upload
+/// rather than once per piece.
 struct CopyGang<'scope> {
-    parts: Vec<mpsc::Sender<Part>>,
-    done: mpsc::Receiver<()>,
+    helpers: Vec<mpsc::Sender<Arc<Job>>>,
     _threads: std::marker::PhantomData<&'scope ()>,
 }
 
 impl<'scope> CopyGang<'scope> {
     /// Starts `threads - 1` helpers in `scope` (the caller is the last thread of the gang).
     fn start<'env>(scope: &'scope std::thread::Scope<'scope, 'env>, threads: usize) -> Self {
-        let (done_tx, done) = mpsc::channel();
-        let parts = (1..threads)
+        let helpers = (1..threads)
             .map(|_| {
-                let (tx, rx) = mpsc::channel::<Part>();
-                let done_tx = done_tx.clone();
+                let (tx, rx) = mpsc::channel::<Arc<Job>>();
                 scope.spawn(move || {
-                    for part in rx {
-                        // SAFETY: see `Part`: both ranges are valid and disjoint until we report.
-                        unsafe { std::ptr::copy_nonoverlapping(part.src, part.dst, part.len) };
-                        if done_tx.send(()).is_err() {
-                            return;
-                        }
+                    for job in rx {
+                        job.work();
                     }
                 });
                 tx
             })
             .collect();
         CopyGang {
-            parts,
-            done,
+            helpers,
             _threads: std::marker::PhantomData,
         }
     }
 
-    /// Copies `src` into the start of `dst`, split between the gang (one thread for small
-    /// copies).
+    /// Copies `src` into the start of `dst`, shared by the gang (one thread for small copies).
     fn copy(&self, dst: &mut [u8], src: &[u8]) {
         let dst = &mut dst[..src.len()];
-        let threads = (self.parts.len() + 1)
-            .min(src.len() / MIN_PER_THREAD)
-            .max(1);
-        if threads == 1 {
+        // No more helpers than chunks beyond the caller's first.
+        let helpers = self
+            .helpers
+            .len()
+            .min((src.len() / CHUNK).saturating_sub(1));
+        if helpers == 0 {
             dst.copy_from_slice(src);
             return;
         }
-        let part = src.len().div_ceil(threads).next_multiple_of(64);
-        let mut pieces = dst.chunks_mut(part).zip(src.chunks(part));
-        let (first_dst, first_src) = pieces.next().expect("a non-empty copy has a part");
-        let mut sent = 0;
-        for ((d, s), helper) in pieces.zip(&self.parts) {
-            let job = Part {
-                dst: d.as_mut_ptr(),
-                src: s.as_ptr(),
-                len: s.len(),
-            };
-            if helper.send(job).is_err() {
-                // A helper is gone (it cannot be: they only stop when the gang is dropped).
-                d.copy_from_slice(s);
-            } else {
-                sent += 1;
-            }
+        let job = Arc::new(Job {
+            dst: dst.as_mut_ptr(),
+            src: src.as_ptr(),
+            len: src.len(),
+            next: AtomicUsize::new(0),
+            copied: Mutex::new(0),
+            all_copied: Condvar::new(),
+        });
+        for helper in &self.helpers[..helpers] {
+            // A helper that is gone (it cannot be: they stop only when the gang is dropped)
+            // leaves its chunks to the others.
+            let _ = helper.send(Arc::clone(&job));
         }
-        first_dst.copy_from_slice(first_src);
-        for _ in 0..sent {
-            // Each helper holds a sender until it exits, and exits only when the gang drops.
-            self.done.recv().expect("copy helpers outlive the gang");
+        job.work();
+        let chunks = job.chunks();
+        let mut copied = job.copied.lock().unwrap_or_else(|p| p.into_inner());
+        while *copied < chunks {
+            copied = job
+                .all_copied
+                .wait(copied)
+                .unwrap_or_else(|p| p.into_inner());
         }
     }
 }

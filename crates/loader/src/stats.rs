@@ -17,9 +17,14 @@ pub(crate) struct Counters {
     pub(crate) wait_consumer_ns: AtomicU64,
     /// The consumer waiting in `next()` for a batch.
     pub(crate) consumer_wait_ns: AtomicU64,
-    pub(crate) delivered_batches: AtomicU64,
-    pub(crate) delivered_bytes: AtomicU64,
-    pub(crate) delivered_records: AtomicU64,
+}
+
+/// What the consumer has received on one device.
+#[derive(Debug, Default)]
+pub(crate) struct Delivered {
+    pub(crate) batches: AtomicU64,
+    pub(crate) bytes: AtomicU64,
+    pub(crate) records: AtomicU64,
 }
 
 pub(crate) fn add(counter: &AtomicU64, elapsed: Duration) {
@@ -54,20 +59,41 @@ impl fmt::Display for Bottleneck {
     }
 }
 
+/// What one device received.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeviceStats {
+    /// The device.
+    pub device: DeviceSpec,
+    /// Batches handed to the consumer for this device.
+    pub batches: u64,
+    /// Records in them.
+    pub records: u64,
+    /// Bytes in them.
+    pub bytes: u64,
+    /// The most device bytes held at once by this device's batches.
+    pub device_bytes_peak: usize,
+}
+
 /// A snapshot of a loader's counters. Times summed over threads can exceed the wall time.
+///
+/// A loader replicating to several devices (`MultiLoader::replicated`) reads each batch once
+/// and copies it to every device: `read_bytes` counts the dataset once, `bytes` once per device.
 #[derive(Clone, Debug)]
 pub struct Stats {
-    /// Where batches go.
+    /// Where batches go (the first device, when there are several: see `devices`).
     pub device: DeviceSpec,
+    /// What each device received, in the order the devices were given (one entry for a
+    /// loader of one device).
+    pub devices: Vec<DeviceStats>,
     /// Wall time since the loader started (after start-up).
     pub elapsed: Duration,
     /// Time start-up took: checking the source, page-locking the pool, starting threads.
     pub startup: Duration,
-    /// Batches handed to the consumer.
+    /// Batches handed to the consumer, over all devices.
     pub batches: u64,
-    /// Records handed to the consumer.
+    /// Records handed to the consumer, over all devices.
     pub records: u64,
-    /// Bytes handed to the consumer.
+    /// Bytes handed to the consumer, over all devices.
     pub bytes: u64,
     /// Reader threads (the one registrar thread for the register reader).
     pub threads: usize,
@@ -116,12 +142,53 @@ pub struct Stats {
     pub slot_waits: u64,
     /// The most slots out of the free list at once.
     pub slots_peak_in_use: usize,
-    /// The most device bytes held by batches at once.
+    /// The most device bytes held by batches at once on one device (the largest of
+    /// `devices`' peaks).
     pub device_bytes_peak: usize,
 }
 
 impl Stats {
-    /// Bytes per second delivered, in GB/s (10^9).
+    /// The counters of several loaders running side by side (one per device, each on its
+    /// shard: `MultiLoader::new`) as one: counts, bytes, times and pinned memory summed, the
+    /// longest wall time and start-up, every device's entry; `None` for no loader. The
+    /// bottleneck of the whole is judged from the summed waits, so it says which stage waited
+    /// most, not which loader.
+    pub fn combine(parts: &[Stats]) -> Option<Stats> {
+        let (first, rest) = parts.split_first()?;
+        let mut all = first.clone();
+        for s in rest {
+            all.devices.extend(s.devices.iter().cloned());
+            all.elapsed = all.elapsed.max(s.elapsed);
+            all.startup = all.startup.max(s.startup);
+            all.batches += s.batches;
+            all.records += s.records;
+            all.bytes += s.bytes;
+            all.threads += s.threads;
+            all.read_time += s.read_time;
+            all.read_bytes += s.read_bytes;
+            all.transform_time += s.transform_time;
+            all.wait_free_slot += s.wait_free_slot;
+            all.wait_filled += s.wait_filled;
+            all.copy_issue_time += s.copy_issue_time;
+            all.wait_consumer += s.wait_consumer;
+            all.consumer_wait += s.consumer_wait;
+            all.slots += s.slots;
+            all.slot_bytes = all.slot_bytes.max(s.slot_bytes);
+            all.pinned_bytes += s.pinned_bytes;
+            all.pinned_bytes_peak += s.pinned_bytes_peak;
+            all.pinned_locked &= s.pinned_locked;
+            all.pinned_allocations_after_start = all
+                .pinned_allocations_after_start
+                .max(s.pinned_allocations_after_start);
+            all.slots_recycled += s.slots_recycled;
+            all.slot_waits += s.slot_waits;
+            all.slots_peak_in_use += s.slots_peak_in_use;
+            all.device_bytes_peak = all.device_bytes_peak.max(s.device_bytes_peak);
+        }
+        Some(all)
+    }
+
+    /// Bytes per second delivered over all devices, in GB/s (10^9).
     pub fn gbps(&self) -> f64 {
         self.bytes as f64 / self.elapsed.as_secs_f64().max(1e-9) / 1e9
     }

@@ -229,6 +229,9 @@ impl<F: Fence> Ring<F> {
         let mut waited_since: Option<Instant> = None;
         loop {
             if state.shutdown || state.next_seq >= state.total {
+                // Others asleep here are done too: wake them to leave (once per thread).
+                drop(state);
+                self.slot_freed.notify_all();
                 return Ok(None);
             }
             if let Some(slot) = state.free.pop_front() {
@@ -243,11 +246,19 @@ impl<F: Fence> Ring<F> {
                     state.stats.claims_waited += 1;
                     state.stats.wait_free += since.elapsed();
                 }
+                // Wake the next waiter only while slots are left for it: waking every reader for
+                // each freed slot had a dozen threads query the driver per copy, slowing it.
+                // After the last batch every waiter must wake to leave.
+                let more = !state.free.is_empty() || state.next_seq >= state.total;
+                drop(state);
+                if more {
+                    self.slot_freed.notify_one();
+                }
                 return Ok(Some(Claim { slot, seq }));
             }
             waited_since.get_or_insert_with(Instant::now);
             if Self::reclaim_completed(&mut state)? > 0 {
-                self.slot_freed.notify_all();
+                // Taken above, and passed on from one waiter to the next.
                 continue;
             }
             match state.copying.front() {
@@ -261,9 +272,13 @@ impl<F: Fence> Ring<F> {
                     let waited = fence.wait();
                     state = self.lock();
                     state.fence_waiter = false;
-                    // Wake the others either way: the slot may be free now, or another thread
-                    // must take over waiting.
-                    self.slot_freed.notify_all();
+                    if waited.is_err() {
+                        self.slot_freed.notify_all();
+                    } else {
+                        // One other thread takes over waiting on the next copy (or takes a slot
+                        // freed meanwhile); it wakes the next in turn.
+                        self.slot_freed.notify_one();
+                    }
                     waited?;
                 }
                 _ => {
@@ -370,8 +385,13 @@ impl<F: Fence> Ring<F> {
             fence: Arc::new(fence),
         };
         state.copying.push_back(slot);
+        // A reader asleep because nothing was in flight must now wait on this copy; with a fence
+        // waiter already there, nobody needs waking.
+        let wake = !state.fence_waiter;
         drop(state);
-        self.slot_freed.notify_all();
+        if wake {
+            self.slot_freed.notify_one();
+        }
     }
 
     /// Stops the ring: blocked and future [`acquire`](Ring::acquire) and

@@ -8,7 +8,8 @@ ring of pinned memory.
 
 - :class:`Loader`: batches of a ``.npy``/raw file, numpy array or memmap, on the GPU; shuffled,
   sharded across ranks and resumable (``state_dict``).
-- :class:`MultiLoader`: one process feeding several devices, a ring per device.
+- :class:`MultiLoader`: one process feeding several devices: a ring per device, each on its
+  shard, or (``replicate=True``) the same batches to every device, read once.
 - :func:`epoch_order`: the records each batch of a shuffled, sharded epoch holds.
 - :func:`prefetch`: any iterable of (nested) arrays moved to the GPU, a few batches ahead.
 - :func:`to_device`: one array to the GPU without pinning it; :func:`pinned`: pin in place.

@@ -7,6 +7,7 @@ import numpy as np
 
 __version__: str
 DEFAULT_PINNED_BUDGET: int
+DEFAULT_STAGING_BUDGET: int
 
 _Size = Union[int, str, None]
 _DLDtype = Tuple[int, int, int]
@@ -92,7 +93,8 @@ class NormalizeSpec:
     def __init__(self, mean: Sequence[float], std: Sequence[float], *, scale: float = 1.0) -> None: ...
 
 class Stream(Iterator[DeviceBuffer]):
-    """One pass of a Rust loader."""
+    """One pass of a Rust loader; with ``devices``, one that copies each batch to every device
+    and yields each step's batches one after the other, in device order."""
 
     def __init__(
         self,
@@ -120,6 +122,7 @@ class Stream(Iterator[DeviceBuffer]):
         world_size: int = 1,
         start_epoch: int = 0,
         start_batches_done: int = 0,
+        devices: Optional[Sequence[str]] = None,
     ) -> None: ...
     def __iter__(self) -> "Stream": ...
     def __next__(self) -> DeviceBuffer: ...
@@ -136,6 +139,8 @@ class Stream(Iterator[DeviceBuffer]):
     @property
     def device(self) -> str: ...
     @property
+    def devices(self) -> List[str]: ...
+    @property
     def fingerprint(self) -> int: ...
 
 class Stager:
@@ -147,6 +152,7 @@ class Stager:
         pinned_budget: _Size = None,
         num_threads: Optional[int] = None,
         method: str = "stage",
+        piece_size: _Size = None,
     ) -> None: ...
     def upload(self, array: Any, dtype: _DLDtype, shape: Sequence[int]) -> DeviceBuffer: ...
     def counters(self) -> Dict[str, Any]: ...

@@ -384,13 +384,18 @@ class Loader:
         caller = make_caller(transform, src_dtype, src_shape, base, shape)
         return caller, out_bytes, base, shape
 
+    # Devices every batch is copied to, for a replicated MultiLoader; None for the one device.
+    _replicas: Optional[List[str]] = None
+
     def _start(self, at: Tuple[int, int]) -> "_pinfeed.Stream":
+        extra = {} if self._replicas is None else {"devices": self._replicas}
         stream = _pinfeed.Stream(
             self._source,
             self._stream_batch,
             start_epoch=at[0],
             start_batches_done=at[1],
             **self._options,
+            **extra,
         )
         _live_streams.add(stream)
         return stream

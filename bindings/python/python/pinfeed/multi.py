@@ -1,23 +1,39 @@
 """One process feeding several devices: a :class:`Loader` (a ring, a pinned pool, a copy stream)
-per device, stepped together."""
+per device, each on its shard, stepped together; or, with ``replicate=True``, one ring whose
+every batch is read once and copied to each device."""
 
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
-from .loader import Loader
-from .order import distributed_defaults
+from . import _pinfeed
+from .errors import PinfeedValueError
+from .loader import Loader, device_name
+from .order import distributed_defaults, shuffle_mode
 
 
 class MultiLoader:
-    """Batches for several devices at once: iterating yields a tuple with one batch per device.
+    """Batches for several devices at once: iterating yields a tuple with one batch per device,
+    in the order of ``devices``.
 
-    Device ``i`` of this process (rank ``r`` of ``world_size``) streams shard ``r * n + i`` of
-    ``world_size * n``, so devices and processes split each epoch by the same rules as ranks do
-    (every record once, apart from the documented padding; the same number of batches
-    everywhere). The pinned budget is divided evenly among the devices. Other keyword arguments
-    go to each :class:`Loader`.
+    By default (``replicate=False``) the devices split each epoch: device ``i`` of this process
+    (rank ``r`` of ``world_size``) streams shard ``r * n + i`` of ``world_size * n``, so devices
+    and processes split each epoch by the same rules as ranks do (every record once, apart from
+    the documented padding; the same number of batches everywhere). Each device has its own
+    :class:`Loader`, and the pinned budget is divided evenly among them.
+
+    With ``replicate=True`` every device gets the same batches (a tensor- or pipeline-parallel
+    group, evaluation on every GPU, an ensemble): each batch is read once, into one slot of one
+    pinned pool (the whole ``pinned_budget``), and copied from there to every device, each copy
+    on that device's own stream; the slot is reused only once every device's copy has finished.
+    The batches of a step hold the same records, in the same order, as a single-device
+    :class:`Loader` with the same options would deliver (this rank's, of ``world_size``). A
+    device may be named twice. ``shuffle="gpu"`` and ``reader="register"`` are refused.
+    ``device_budget`` and ``prefetch`` hold for each device.
+
+    Other keyword arguments go to each :class:`Loader`.
 
     >>> multi = pinfeed.MultiLoader("train.npy", 4096, devices=["cuda:0", "cuda:1"])  # doctest: +SKIP
     >>> for x0, x1 in multi: ...                                                      # doctest: +SKIP
+    >>> same = pinfeed.MultiLoader("eval.npy", 4096, devices=["cuda:0", "cuda:1"], replicate=True)  # doctest: +SKIP
     """
 
     def __init__(
@@ -26,6 +42,7 @@ class MultiLoader:
         batch_size: int,
         *,
         devices: Sequence[Any],
+        replicate: bool = False,
         rank: Optional[int] = None,
         world_size: Optional[int] = None,
         pinned_budget: Any = None,
@@ -36,14 +53,34 @@ class MultiLoader:
             raise ValueError("MultiLoader needs at least one device")
         rank, world_size = distributed_defaults(rank, world_size)
         n = len(devices)
+        self.devices = devices
+        #: Whether every device gets the same batches.
+        self.replicate = bool(replicate)
+        if self.replicate:
+            if shuffle_mode(options.get("shuffle", False)) == "gpu":
+                raise PinfeedValueError(
+                    "MultiLoader(replicate=True) streams every batch through one pinned ring; "
+                    "shuffle=\"gpu\" keeps a resident copy per device instead: use "
+                    "shuffle=True (or \"block\"), or a Loader(shuffle=\"gpu\") per device"
+                )
+            #: The loaders: one per device, or the one that feeds every device when replicating.
+            self.loaders: List[Loader] = [
+                _ReplicatedLoader(
+                    source,
+                    batch_size,
+                    devices=devices,
+                    rank=rank,
+                    world_size=world_size,
+                    pinned_budget=pinned_budget,
+                    **options,
+                )
+            ]
+            return
         budget = None
         if pinned_budget is not None:
-            from ._pinfeed import parse_size
-
-            total = pinned_budget if isinstance(pinned_budget, int) else parse_size(str(pinned_budget))
+            total = pinned_budget if isinstance(pinned_budget, int) else _pinfeed.parse_size(str(pinned_budget))
             budget = total // n
-        self.devices = devices
-        self.loaders: List[Loader] = [
+        self.loaders = [
             Loader(
                 source,
                 batch_size,
@@ -60,6 +97,10 @@ class MultiLoader:
         return len(self.loaders[0])
 
     def __iter__(self) -> Iterator[Tuple[Any, ...]]:
+        if self.replicate:
+            # The one pass yields each step's batches one after the other, in device order.
+            batches = iter(self.loaders[0])
+            return zip(*[batches] * len(self.devices))
         return zip(*(iter(loader) for loader in self.loaders))
 
     def set_epoch(self, epoch: int) -> None:
@@ -68,17 +109,60 @@ class MultiLoader:
             loader.set_epoch(epoch)
 
     def state_dict(self) -> List[Dict[str, Any]]:
-        """Every device's loader state, in device order."""
+        """Every loader's state, in device order (one state when replicating: every device is at
+        the same place)."""
         return [loader.state_dict() for loader in self.loaders]
 
     def load_state_dict(self, states: Sequence[Dict[str, Any]]) -> None:
         """Restores what :meth:`state_dict` returned."""
         if len(states) != len(self.loaders):
-            raise ValueError(f"{len(states)} states for {len(self.loaders)} devices")
+            what = "replicated loader" if self.replicate else f"{len(self.loaders)} devices"
+            raise ValueError(f"{len(states)} states for {what}")
         for loader, state in zip(self.loaders, states):
             loader.load_state_dict(state)
+
+    def stats(self) -> Dict[str, Any]:
+        """Counters of the current (or last) pass, over all devices: ``devices`` lists what each
+        device received (``device``, ``batches``, ``records``, ``bytes``,
+        ``device_bytes_peak``); ``bytes`` is their sum and ``read_bytes`` what was read from the
+        source, so a replicated pass reads each byte once (``bytes == len(devices) *
+        read_bytes``) where split devices read each their own share. ``gbps`` is the aggregate
+        rate. Replicated, the other keys are those of :meth:`Loader.stats`; split, only
+        ``replicated``, ``devices``, ``batches``, ``records``, ``bytes``, ``read_bytes``,
+        ``pinned_bytes``, ``elapsed`` (the longest) and ``gbps`` are given, with ``loaders``, each
+        device's :meth:`Loader.stats`."""
+        if self.replicate:
+            stats = dict(self.loaders[0].stats())
+            stats["replicated"] = True
+            return stats
+        parts = [loader.stats() for loader in self.loaders]
+        total = {
+            key: sum(int(p.get(key, 0)) for p in parts)
+            for key in ("batches", "records", "bytes", "read_bytes", "pinned_bytes")
+        }
+        elapsed = max((float(p.get("elapsed", 0.0)) for p in parts), default=0.0)
+        return {
+            "replicated": False,
+            "devices": [d for p in parts for d in p.get("devices", [])],
+            **total,
+            "elapsed": elapsed,
+            "gbps": total["bytes"] / max(elapsed, 1e-9) / 1e9,
+            "loaders": parts,
+        }
 
     def close(self) -> None:
         """Stops every device's pass."""
         for loader in self.loaders:
             loader.close()
+
+
+class _ReplicatedLoader(Loader):
+    """A :class:`Loader` whose passes read each batch once and copy it to every one of
+    ``devices``: iterating it yields each step's batches one after the other, in device order
+    (:class:`MultiLoader` groups them). Order, sharding, resume and transforms are the Loader's."""
+
+    def __init__(self, source: Any, batch_size: int, *, devices: Sequence[Any], **options: Any) -> None:
+        if "device" in options:
+            raise TypeError("MultiLoader takes devices=[...], not device=")
+        self._replicas = [device_name(d) for d in devices]
+        super().__init__(source, batch_size, device=self._replicas[0], **options)

@@ -86,6 +86,47 @@ _FETCH_AHEAD = 1
 _POLL_S = 0.05
 
 
+class _Times:
+    """Where a prefetch pipeline's time goes, in seconds per stage: what :meth:`Prefetcher.stats`
+    reports. Each field is written by one thread only; a float store is atomic under the GIL."""
+
+    FIELDS = ("fetch_s", "fetch_wait_s", "upload_s", "upload_wait_s", "consumer_wait_s")
+
+    def __init__(self) -> None:
+        self.started = time.perf_counter()
+        self.items = 0
+        self.bytes = 0
+        for f in self.FIELDS:
+            setattr(self, f, 0.0)
+
+    def add(self, field: str, seconds: float) -> None:
+        setattr(self, field, getattr(self, field) + seconds)
+
+    def report(self) -> Dict[str, Any]:
+        """The counters, the rate, and the stage that limits it, in words."""
+        elapsed = time.perf_counter() - self.started
+        r: Dict[str, Any] = {f: getattr(self, f) for f in self.FIELDS}
+        r.update(items=self.items, bytes=self.bytes, elapsed_s=elapsed)
+        r["gbps"] = self.bytes / elapsed / 1e9 if elapsed > 0 else 0.0
+        # The busiest thread sets the pace; a consumer that rarely waits is itself the limit.
+        busy = {"the iterable": self.fetch_s, "the upload": self.upload_s}
+        stage, seconds = max(busy.items(), key=lambda kv: kv[1])
+        if self.items == 0:
+            r["bottleneck"] = "nothing delivered yet"
+        elif self.consumer_wait_s < 0.1 * elapsed:
+            r["bottleneck"] = (
+                f"the consumer: it waited {self.consumer_wait_s:.3f} s of {elapsed:.3f} s for batches, "
+                "so the loop body, not the data, sets the pace"
+            )
+        else:
+            r["bottleneck"] = (
+                f"{stage}: busy {seconds:.3f} s of {elapsed:.3f} s "
+                f"(iterable {self.fetch_s:.3f} s, upload {self.upload_s:.3f} s; "
+                f"the consumer waited {self.consumer_wait_s:.3f} s)"
+            )
+        return r
+
+
 class _State:
     """What the two threads and the consumer share (never the Prefetcher itself, so that dropping
     the Prefetcher stops the threads).
@@ -101,25 +142,35 @@ class _State:
         # Set by close(), or by the upload thread once the last message is handed over: a thread
         # waiting on a queue that nobody will empty (or fill) then gives up.
         self.stop = threading.Event()
+        self.times = _Times()
 
-    def put(self, q: "queue.Queue[Any]", message: Tuple[str, Any]) -> bool:
-        """Puts ``message`` on ``q`` once there is room; False, dropping it, once stopped."""
-        while not self.stop.is_set():
-            try:
-                q.put(message, timeout=_POLL_S)
-                return True
-            except queue.Full:
-                continue
-        return False
+    def put(self, q: "queue.Queue[Any]", message: Tuple[str, Any], waited: str) -> bool:
+        """Puts ``message`` on ``q`` once there is room, adding the wait to ``times.<waited>``;
+        False, dropping it, once stopped."""
+        t0 = time.perf_counter()
+        try:
+            while not self.stop.is_set():
+                try:
+                    q.put(message, timeout=_POLL_S)
+                    return True
+                except queue.Full:
+                    continue
+            return False
+        finally:
+            self.times.add(waited, time.perf_counter() - t0)
 
-    def get(self, q: "queue.Queue[Any]") -> Optional[Tuple[str, Any]]:
-        """The next message on ``q``; None once stopped."""
-        while not self.stop.is_set():
-            try:
-                return q.get(timeout=_POLL_S)
-            except queue.Empty:
-                continue
-        return None
+    def get(self, q: "queue.Queue[Any]", waited: str) -> Optional[Tuple[str, Any]]:
+        """The next message on ``q``, adding the wait to ``times.<waited>``; None once stopped."""
+        t0 = time.perf_counter()
+        try:
+            while not self.stop.is_set():
+                try:
+                    return q.get(timeout=_POLL_S)
+                except queue.Empty:
+                    continue
+            return None
+        finally:
+            self.times.add(waited, time.perf_counter() - t0)
 
     def drain(self) -> None:
         """Drops what is queued (uploaded items give back their device memory)."""
@@ -135,35 +186,45 @@ def _fetch(it: Iterator[Any], state: _State) -> None:
     """The fetch thread: runs the iterable, which may hold the GIL, or block, for a long time."""
     try:
         while not state.stop.is_set():
+            t0 = time.perf_counter()
             try:
                 item = next(it)
             except StopIteration:
-                state.put(state.fetched, ("end", None))
+                state.put(state.fetched, ("end", None), "fetch_wait_s")
                 return
-            if not state.put(state.fetched, ("item", item)):
+            finally:
+                state.times.add("fetch_s", time.perf_counter() - t0)
+            if not state.put(state.fetched, ("item", item), "fetch_wait_s"):
                 return
             del item  # not kept alive while the next one is fetched
     except BaseException as e:  # re-raised in the consumer, after the items before it
-        state.put(state.fetched, ("error", e))
+        state.put(state.fetched, ("error", e), "fetch_wait_s")
 
 
 def _upload(stager: "_pinfeed.Stager", state: _State) -> None:
     """The upload thread: copies each fetched item's array leaves through the pinned arena
     (``Stager.upload`` releases the GIL, so the fetch thread runs meanwhile)."""
 
+    times = state.times
+
     def upload_leaf(x: Any) -> _Staged:
-        return _upload_leaf(x, stager.upload)
+        staged = _upload_leaf(x, stager.upload)
+        times.bytes += staged.buf.nbytes
+        return staged
 
     while True:
-        message = state.get(state.fetched)
+        message = state.get(state.fetched, "upload_wait_s")
         if message is None:
             return
         if message[0] == "item":
+            t0 = time.perf_counter()
             try:
                 message = ("item", _map_tree(message[1], upload_leaf, _is_array_leaf))
+                times.items += 1
             except BaseException as e:  # re-raised in the consumer, after the items before it
                 message = ("error", e)
-        if not state.put(state.staged, message):
+            times.add("upload_s", time.perf_counter() - t0)
+        if not state.put(state.staged, message, "upload_wait_s"):
             return
         if message[0] != "item":
             # Nothing after the end or an error is wanted: let the fetch thread go too.
@@ -217,7 +278,9 @@ class Prefetcher(Iterator[Any]):
                 f"forked child {os.getpid()} (its threads and CUDA state do not survive fork); "
                 "call pinfeed.prefetch in the child"
             )
+        t0 = time.perf_counter()
         kind, payload = self._state.staged.get()
+        self._state.times.add("consumer_wait_s", time.perf_counter() - t0)
         if kind == "item":
             return _map_tree(payload, _materialize_staged, lambda x: isinstance(x, _Staged))
         self._done = True
@@ -225,6 +288,15 @@ class Prefetcher(Iterator[Any]):
         if kind == "error":
             raise payload
         raise StopIteration
+
+    def stats(self) -> Dict[str, Any]:
+        """Where the time went so far, in seconds: ``fetch_s`` inside the iterable's
+        ``__next__``, ``upload_s`` copying into the arena and starting the transfers,
+        ``fetch_wait_s``/``upload_wait_s`` those threads waiting on each other (or on a full
+        queue), ``consumer_wait_s`` the caller's ``next()`` waiting for an uploaded item; with
+        ``items``, ``bytes`` (array bytes uploaded), ``elapsed_s``, ``gbps`` and ``bottleneck``,
+        the stage that sets the pace, in words."""
+        return self._state.times.report()
 
     def close(self, timeout: float = 5.0) -> None:
         """Stops both threads (each after the item it is on), waiting ``timeout`` seconds in all,
@@ -278,7 +350,7 @@ def prefetch(
       DataLoader's collation or its hand-over from worker processes, and passes each raw item
       to the upload thread over a queue of one item.
     - The upload thread (``pinfeed-prefetch-upload``) copies the item's array leaves through one
-      shared pinned arena of ``pinned_budget`` bytes (no page-locked allocation per batch; the
+      shared pinned arena of ``pinned_budget`` bytes (default 64 MiB; no page-locked allocation per batch; the
       copy uses ``num_threads`` threads and releases the GIL), starts their transfer to
       ``device``, and queues the result: ``depth`` items at most, and one more waiting for room.
     - ``next()``, in the caller's thread, takes the next uploaded item and wraps its buffers.
@@ -297,7 +369,8 @@ def prefetch(
 def to_device(x: Any, device: Any = "cuda", pinned_budget: Any = None, *, method: str = "stage") -> Any:
     """Copies one array (numpy, torch CPU tensor, or anything ``numpy.asarray`` takes) to
     ``device`` without pinning the array for good, with at most ``pinned_budget`` bytes
-    page-locked at once; returns a torch tensor on CUDA (a numpy array with ``device="cpu"``) of
+    page-locked at once (default 64 MiB: an arena that stays in the CPU's cache is faster than a
+    larger one, see docs/BENCHMARKS.md); returns a torch tensor on CUDA (a numpy array with ``device="cpu"``) of
     the same shape and dtype. When it returns, the array may be changed: nothing reads it any
     more.
 

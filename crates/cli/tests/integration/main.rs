@@ -10,6 +10,7 @@ mod common;
 mod corpus;
 mod gen;
 mod library;
+mod multi;
 mod npy_errors;
 mod options;
 mod raw;

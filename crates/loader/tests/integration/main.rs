@@ -8,4 +8,5 @@ mod gpu;
 mod limits;
 mod mapped;
 mod pieces;
+mod replicate;
 mod shuffle;
