@@ -57,6 +57,12 @@ for v in b['variants']: print(f\"{v['name']:<20} {v['wall_s']*1e3:8.1f} ms {v['c
     $C/pinfeed stream "$DATA" --batch-size 1000 --reader pread --verify --json >> "$OUT/pinfeed_stream.jsonl" || echo "VERIFY FAILED (pread)"
     $C/pinfeed stream "$DATA" --batch-size 1000 --shuffle random --verify --json >> "$OUT/pinfeed_stream.jsonl" || echo "VERIFY FAILED (random)"
     python3 -c "import zlib, numpy as np; print('numpy crc32 of the file', zlib.crc32(np.load('$DATA', mmap_mode='r')))" | tee -a "$OUT/machine.txt"
+    echo "== several rings from one process: two on the one GPU, split and replicated"
+    : > "$OUT/multi.jsonl"
+    for m in "--replicate" ""; do
+        $C/pinfeed stream "$DATA" --batch-size 1024 --devices cuda:0,cuda:0 $m --json >> "$OUT/multi.jsonl" || echo "stream failed: devices $m"
+    done
+    $C/pinfeed stream "$DATA" --batch-size 1000 --devices cuda:0,cuda:0 --replicate --verify --json >> "$OUT/multi.jsonl" || echo "VERIFY FAILED (replicated)"
     python3 -c "
 import json
 for l in open('$OUT/pinfeed_stream.jsonl'):
