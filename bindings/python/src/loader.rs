@@ -1,14 +1,12 @@
 //! Sources and loader passes.
 
-use std::collections::VecDeque;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use dlpark::ffi::DLDataType;
 use pinfeed::{
-    Batch, BatchRecords, DeviceSpec, EpochOrder, Loader, LoaderError, LoaderOptions, MultiLoader,
-    OrderSpec, Position, Shuffle, Stats, Transform, Waited,
+    BatchRecords, DeviceSpec, EpochOrder, Loader, LoaderError, LoaderOptions, OrderSpec, Position,
+    Shuffle, Stats, Transform,
 };
 use pinfeed_source::{dtype::parse_user_dtype, DType, HostBuffer, Layout};
 use pyo3::exceptions::PyTypeError;
@@ -302,75 +300,12 @@ impl NormalizeSpec {
     }
 }
 
-/// What a pass runs: a loader of one device, or one reading each batch once for several
-/// devices (`MultiLoader::replicated`), whose steps are handed out one batch at a time, in
-/// device order.
-enum Feed {
-    One(Loader),
-    Replicated {
-        multi: MultiLoader,
-        /// The rest of the step received last.
-        step: VecDeque<Batch>,
-    },
-}
-
-impl Feed {
-    fn next_within(&mut self, timeout: Duration) -> Waited<Option<pinfeed::Result<Batch>>> {
-        match self {
-            Feed::One(loader) => loader.next_within(timeout),
-            Feed::Replicated { multi, step } => {
-                if let Some(batch) = step.pop_front() {
-                    return Waited::Ready(Some(Ok(batch)));
-                }
-                match multi.next_within(timeout) {
-                    Waited::TimedOut => Waited::TimedOut,
-                    Waited::Ready(Some(Ok(batches))) => {
-                        step.extend(batches);
-                        Waited::Ready(step.pop_front().map(Ok))
-                    }
-                    Waited::Ready(Some(Err(e))) => Waited::Ready(Some(Err(e))),
-                    Waited::Ready(None) => Waited::Ready(None),
-                }
-            }
-        }
-    }
-
-    fn stats(&self) -> Stats {
-        match self {
-            Feed::One(loader) => loader.stats(),
-            Feed::Replicated { multi, .. } => multi.stats(),
-        }
-    }
-
-    fn device_bytes_held(&self) -> usize {
-        match self {
-            Feed::One(loader) => loader.device_bytes_held(),
-            Feed::Replicated { multi, .. } => multi.device_bytes_held(),
-        }
-    }
-
-    /// The loader that reads: the one, or the one of a replicated pass.
-    fn reader(&self) -> &Loader {
-        match self {
-            Feed::One(loader) => loader,
-            Feed::Replicated { multi, .. } => &multi.loaders()[0],
-        }
-    }
-
-    fn devices(&self) -> Vec<DeviceSpec> {
-        match self {
-            Feed::One(loader) => vec![loader.device()],
-            Feed::Replicated { multi, .. } => multi.devices(),
-        }
-    }
-}
-
 /// One pass of a loader over its source: a Rust `Loader` whose batches come out as
 /// [`DeviceBuffer`]s. Made anew for each pass.
 #[pyclass(module = "pinfeed._pinfeed", frozen, weakref)]
 pub struct Stream {
     /// `None` once the pass finished, failed or was closed.
-    loader: Mutex<Option<ForkSafe<Feed>>>,
+    loader: Mutex<Option<ForkSafe<Loader>>>,
     /// The process that started the pass.
     pid: u32,
     export_dtype: DLDataType,
@@ -555,29 +490,23 @@ impl Stream {
         }
         .fingerprint();
         let started = py.detach(move || match replicate_to {
-            None => Loader::new(src, options).map(Feed::One),
-            Some(devices) => {
-                MultiLoader::replicated(src, options, &devices).map(|multi| Feed::Replicated {
-                    multi,
-                    step: VecDeque::with_capacity(devices.len()),
-                })
-            }
+            None => Loader::new(src, options),
+            Some(devices) => Loader::replicated(src, options, &devices),
         });
         let loader = started.map_err(|e| {
             let mut raised = loader_error(&e);
             raised.message = named(raised.message);
             raised.into_pyerr(py)
         })?;
-        let reader = loader.reader();
         Ok(Stream {
             pid: fork::pid(),
             export_dtype,
             record_shape,
-            device: reader.device().to_string(),
+            device: loader.device().to_string(),
             devices: loader.devices().iter().map(|d| d.to_string()).collect(),
-            num_batches: reader.num_batches(),
-            batches_per_epoch: reader.batches_per_epoch(),
-            record_bytes: reader.record_bytes(),
+            num_batches: loader.num_batches(),
+            batches_per_epoch: loader.batches_per_epoch(),
+            record_bytes: loader.record_bytes(),
             source_name,
             fingerprint,
             final_stats: Mutex::new(None),
@@ -683,7 +612,7 @@ impl Stream {
 impl Stream {
     /// Keeps the final counters and drops the loader (joining its threads). Called without the
     /// GIL: a Python transform on a reader thread may be waiting for it.
-    fn finish(&self, guard: &mut Option<ForkSafe<Feed>>) {
+    fn finish(&self, guard: &mut Option<ForkSafe<Loader>>) {
         if let Some(loader) = guard.take() {
             if loader.is_owner() {
                 *lock(&self.final_stats) = Some((loader.stats(), loader.device_bytes_held()));

@@ -97,32 +97,22 @@ impl MultiLoader {
         options: LoaderOptions,
         devices: &[DeviceSpec],
     ) -> Result<MultiLoader> {
-        let devices = devices.to_vec();
-        let pin_method = options.pin_method;
-        MultiLoader::replicated_on(source, options, devices.len(), move || {
-            devices
-                .iter()
-                .map(|&device| Ok(Arc::new(Backend::new(device, pin_method)?)))
-                .collect()
-        })
+        let loader = Loader::replicated(source, options, devices)?;
+        Ok(MultiLoader::with_feed(
+            Feed::Replicated(loader),
+            devices.len(),
+        ))
     }
 
     /// [`replicated`](MultiLoader::replicated) to `devices` backends made by `make_backends`.
+    #[cfg(test)]
     fn replicated_on(
         source: Arc<dyn Source>,
         options: LoaderOptions,
         devices: usize,
         make_backends: impl FnOnce() -> Result<Vec<Arc<Backend>>>,
     ) -> Result<MultiLoader> {
-        if devices == 0 {
-            return Err(LoaderError::Config("no device given".into()));
-        }
-        if options.reader == ReaderKind::Register && devices > 1 {
-            return Err(LoaderError::Config(
-                "the register reader feeds one device; replicating to several needs --reader pread (or auto)".into(),
-            ));
-        }
-        let loader = Loader::start(source, options, make_backends)?;
+        let loader = replicated_loader(source, options, devices, make_backends)?;
         Ok(MultiLoader::with_feed(Feed::Replicated(loader), devices))
     }
 
@@ -231,6 +221,43 @@ impl MultiLoader {
         let step = std::mem::replace(&mut self.step, Vec::with_capacity(self.devices));
         Waited::Ready(Some(Ok(step)))
     }
+}
+
+impl Loader {
+    /// A loader that reads each batch once and copies it to every device in `devices`, yielding
+    /// the batches of each step one after the other, in device order ([`Batch::target`]);
+    /// [`MultiLoader::replicated`] groups them into steps. The options are as there.
+    pub fn replicated(
+        source: Arc<dyn Source>,
+        options: LoaderOptions,
+        devices: &[DeviceSpec],
+    ) -> Result<Loader> {
+        let pin_method = options.pin_method;
+        replicated_loader(source, options, devices.len(), || {
+            devices
+                .iter()
+                .map(|&device| Ok(Arc::new(Backend::new(device, pin_method)?)))
+                .collect()
+        })
+    }
+}
+
+/// The one loader of a replicated feed, to `devices` backends made by `make_backends`.
+fn replicated_loader(
+    source: Arc<dyn Source>,
+    options: LoaderOptions,
+    devices: usize,
+    make_backends: impl FnOnce() -> Result<Vec<Arc<Backend>>>,
+) -> Result<Loader> {
+    if devices == 0 {
+        return Err(LoaderError::Config("no device given".into()));
+    }
+    if options.reader == ReaderKind::Register && devices > 1 {
+        return Err(LoaderError::Config(
+            "the register reader feeds one device; replicating to several needs --reader pread (or auto)".into(),
+        ));
+    }
+    Loader::start(source, options, make_backends)
 }
 
 impl Iterator for MultiLoader {

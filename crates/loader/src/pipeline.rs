@@ -376,6 +376,11 @@ impl Batch {
     pub fn address(&self) -> u64 {
         self.landed.memory.address()
     }
+    /// Which of the loader's devices it is on: its place in [`Loader::devices`] (0 for a loader
+    /// of one device).
+    pub fn target(&self) -> usize {
+        self.target
+    }
     /// The device the batch is on.
     pub fn device(&self) -> DeviceSpec {
         self.landed.backend.device()
@@ -645,7 +650,7 @@ impl Loader {
     }
 
     /// Every device batches go to, in order.
-    pub(crate) fn devices(&self) -> Vec<DeviceSpec> {
+    pub fn devices(&self) -> Vec<DeviceSpec> {
         self.shared
             .targets
             .iter()

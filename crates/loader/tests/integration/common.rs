@@ -37,3 +37,38 @@ pub fn collect(loader: Loader) -> (Vec<u8>, Vec<(u64, u64, usize)>) {
     }
     (bytes, batches)
 }
+
+/// Wraps a source and fails (or panics) when asked for a given record.
+#[derive(Debug)]
+pub struct Faulty {
+    pub inner: Arc<dyn Source>,
+    pub bad_record: u64,
+    pub panic: bool,
+}
+
+impl Source for Faulty {
+    fn name(&self) -> &str {
+        "faulty source"
+    }
+    fn layout(&self) -> &Layout {
+        self.inner.layout()
+    }
+    fn num_records(&self) -> u64 {
+        self.inner.num_records()
+    }
+    fn read_records(&self, first: u64, dst: &mut [u8]) -> pinfeed_source::Result<()> {
+        let n = (dst.len() / self.layout().record_bytes()) as u64;
+        if (first..first + n).contains(&self.bad_record) {
+            if self.panic {
+                panic!("injected panic at record {}", self.bad_record);
+            }
+            return Err(pinfeed_source::SourceError::Read {
+                path: "faulty source".into(),
+                offset: self.bad_record,
+                len: dst.len(),
+                source: std::io::Error::other("injected I/O error"),
+            });
+        }
+        self.inner.read_records(first, dst)
+    }
+}

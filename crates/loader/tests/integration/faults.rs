@@ -5,44 +5,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use pinfeed::{Loader, LoaderError, LoaderOptions};
-use pinfeed_source::{Layout, Source, SourceError};
+use pinfeed_source::{Layout, Source};
 
-use crate::common::{host_options, random_source};
-
-/// Wraps a source and fails (or panics) when asked for a given record.
-#[derive(Debug)]
-struct Faulty {
-    inner: Arc<dyn Source>,
-    bad_record: u64,
-    panic: bool,
-}
-
-impl Source for Faulty {
-    fn name(&self) -> &str {
-        "faulty source"
-    }
-    fn layout(&self) -> &Layout {
-        self.inner.layout()
-    }
-    fn num_records(&self) -> u64 {
-        self.inner.num_records()
-    }
-    fn read_records(&self, first: u64, dst: &mut [u8]) -> pinfeed_source::Result<()> {
-        let n = (dst.len() / self.layout().record_bytes()) as u64;
-        if (first..first + n).contains(&self.bad_record) {
-            if self.panic {
-                panic!("injected panic at record {}", self.bad_record);
-            }
-            return Err(SourceError::Read {
-                path: "faulty source".into(),
-                offset: self.bad_record,
-                len: dst.len(),
-                source: std::io::Error::other("injected I/O error"),
-            });
-        }
-        self.inner.read_records(first, dst)
-    }
-}
+use crate::common::{host_options, random_source, Faulty};
 
 fn run_faulty(panic: bool) -> (usize, LoaderError) {
     run_faulty_with(panic, host_options(10))
