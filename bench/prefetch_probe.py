@@ -58,6 +58,40 @@ for x in loader:
 torch.cuda.synchronize()
 dt = time.perf_counter() - t0
 print(f"Loader 1 MiB: {src.nbytes / dt / 1e9:.2f} GB/s, {dt / k * 1e6:.1f} us a batch; {loader.stats()['explanation']}")
+
+
+def per_batch(name, take):
+    """One pass of the loader's own stream, each batch handed to `take`."""
+    st = loader._start((0, 0))
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    k = 0
+    for buf in st:
+        take(buf)
+        k += 1
+    torch.cuda.synchronize()
+    dt = time.perf_counter() - t0
+    print(f"  1 MiB, {name:<52} {src.nbytes / dt / 1e9:6.2f} GB/s {dt / k * 1e6:6.1f} us a batch; {st.stats()['explanation']}")
+    st.close()
+
+
+legacy = lambda: torch.cuda.current_stream().cuda_stream or 1
+per_batch("stream only (buffers dropped unexported)", lambda b: None)
+per_batch("torch.from_dlpack(buf)", lambda b: torch.from_dlpack(b))
+per_batch("torch._C._from_dlpack(buf.__dlpack__(stream))", lambda b: torch._C._from_dlpack(b.__dlpack__(stream=legacy())))
+per_batch("buf.__dlpack__(stream=-1) (no stream wait)", lambda b: torch._C._from_dlpack(b.__dlpack__(stream=-1)))
+held = []
+per_batch("torch.from_dlpack(buf), tensors kept", lambda b: held.append(torch.from_dlpack(b)))
+del held
+torch.cuda.synchronize()
+t0 = time.perf_counter()
+dst = torch.empty(1 << 20, dtype=torch.uint8, device="cuda")
+pin = torch.empty(1 << 20, dtype=torch.uint8, pin_memory=True)
+for _ in range(1024):
+    dst.copy_(pin, non_blocking=True)
+torch.cuda.synchronize()
+dt = time.perf_counter() - t0
+print(f"  1 MiB pinned copy_ into one buffer: {(1 << 30) / dt / 1e9:.2f} GB/s, {dt / 1024 * 1e6:.1f} us a copy")
 path = "/tmp/probe-1g.npy"
 np.save(path, src)
 for bs in [256, 1024]:

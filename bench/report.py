@@ -42,6 +42,8 @@ def main():
         "pinfeed_bench": load(f"{d}/pinfeed_bench.json"),
         "pinfeed_stream": load(f"{d}/pinfeed_stream.jsonl"),
         "torch": load(f"{d}/torch.json"),
+        # torch_baselines.py's printed table, kept when its JSON did not come back.
+        "torch_console": load(f"{d}/torch_console.txt"),
         "python_bench": load(f"{d}/python_bench.json"),
         "doctor": load(f"{d}/doctor.json"),
         "torchrun_shards": load(f"{d}/torchrun_shards.json"),
@@ -97,9 +99,12 @@ def main():
             md.append(f"\n`--verify --shuffle {r.get('shuffle', 'none')}` ({r.get('reader', 'pread')}): every batch read back from the GPU equals the file; CRC-32 of the delivered bytes {r['crc32']}.")
     pb = raw["python_bench"] or {}
     if pb.get("seed") and pb.get("loaders"):
-        rows = [[v["name"], f"{v['wall_s']*1e3:.1f}", f"{v['cpu_s']*1e3:.0f}", f"{v['gbps']:.2f}"] for v in pb["seed"]["variants"]]
+        torch_best = next((v for v in pb["seed"]["variants"] if v["name"] == "rows: i.pin_memory().cuda(non_blocking=True)"), None)
+        vs = lambda v, k: f"{v[k] / torch_best[k]:.2f}×" if torch_best and torch_best[k] else ""
+        rows = [[v["name"], f"{v['wall_s']*1e3:.1f}", f"{v['cpu_s']*1e3:.0f}", f"{v['gbps']:.2f}", vs(v, "gbps"), vs(v, "cpu_s")]
+                for v in pb["seed"]["variants"]]
         md.append("\n### Python: the seed tensor\n")
-        md.append(table(["variant", "wall ms", "CPU ms", "GB/s"], rows))
+        md.append(table(["variant", "wall ms", "CPU ms", "GB/s", "GB/s vs torch's best", "CPU vs torch's best"], rows))
         rows = [[v["name"], f"{v['wall_s']*1e3:.1f}", f"{v['cpu_s']*1e3:.0f}", f"{v['gbps']:.2f}",
                  v["stats"]["bottleneck"] if "bottleneck" in v.get("stats", {}) and "fetch_s" in v["stats"] else ""] for v in pb["loaders"]]
         md.append("\n### Python: the 4 GiB file\n")

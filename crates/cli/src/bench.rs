@@ -34,7 +34,8 @@ pub struct BenchArgs {
     /// Most page-locked memory pinfeed may use.
     #[arg(long, default_value = "256MiB")]
     pinned_budget: String,
-    /// pinfeed's reader threads (default: one per core).
+    /// pinfeed's reader threads (default: one per core) and the staging arena's copy threads
+    /// (default: one per core, at most 12).
     #[arg(long)]
     threads: Option<usize>,
     /// Repeat each variant this many times and report the median.
@@ -224,7 +225,7 @@ pub fn run(args: BenchArgs) -> Result<Outcome> {
             device,
             // The staging arena's own default (64 MiB, faster than larger ones), within the budget.
             pinned_budget: DEFAULT_STAGING_BUDGET.min(parse_size(&args.pinned_budget)?),
-            num_threads: options.num_threads,
+            num_threads: args.threads,
             method,
             ..StagerOptions::default()
         })?;

@@ -58,7 +58,7 @@ pub use memory::{
 };
 pub use numa::NumaPlacement;
 pub use pool::{DeviceBuffer, DevicePool};
-pub use stream::{Event, ForeignStream, Stream};
+pub use stream::{Event, EventPool, ForeignStream, Stream};
 
 /// Driver types that appear in this crate's API.
 pub use cudarc::driver::sys::{

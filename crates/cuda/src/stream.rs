@@ -1,6 +1,6 @@
 //! Streams (ours and borrowed ones) and events.
 
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use cudarc::driver::sys::{self, CUevent, CUevent_flags, CUstream, CUstream_flags};
 
@@ -158,8 +158,11 @@ impl ForeignStream {
 #[derive(Debug)]
 pub struct Event {
     ctx: Arc<Context>,
-    /// Invariant: created by `cuEventCreate` in `ctx`, destroyed only in `Drop`.
+    /// Invariant: created by `cuEventCreate` in `ctx`, destroyed only in `Drop` (or in the
+    /// pool's, when it came from one and went back).
     raw: CUevent,
+    /// Where `Drop` returns the handle instead of destroying it ([`EventPool::get`]).
+    pool: Option<Arc<EventPool>>,
 }
 
 // SAFETY: a CUevent is a driver handle usable from any thread; the driver API is thread-safe.
@@ -178,6 +181,7 @@ impl Event {
         Ok(Event {
             ctx: Arc::clone(ctx),
             raw,
+            pool: None,
         })
     }
 
@@ -287,8 +291,96 @@ impl Drop for Event {
         if !self.ctx.in_owner_process() {
             return;
         }
+        if let Some(pool) = self.pool.take() {
+            if pool.put(self.raw) {
+                return;
+            }
+        }
         // SAFETY: the event is live and owned (field invariant). Destroying an event whose work is
         // still pending is allowed: the driver releases it once that work completes.
         let _ = unsafe { sys::cuEventDestroy_v2(self.raw) };
+    }
+}
+
+/// Events of one context ([`Event::new`]'s kind) kept for reuse, so that work recording an
+/// event per batch costs one `cuEventRecord`, not a `cuEventCreate` and a `cuEventDestroy` too:
+/// every driver call of a batch is paid on its path (the driver serialises the calls of
+/// threads sharing a context).
+///
+/// An event goes back to the pool when the [`Event`] from [`EventPool::get`] is dropped; its
+/// handle has no other owner then, and re-recording it does not disturb the
+/// `cuStreamWaitEvent`s already made on it (a stream waits for the record current when it was
+/// told to wait).
+#[derive(Debug)]
+pub struct EventPool {
+    ctx: Arc<Context>,
+    /// Handles created by `cuEventCreate` in `ctx`, owned by the pool (no [`Event`] holds them).
+    free: Mutex<Vec<CUevent>>,
+}
+
+// SAFETY: the pool holds driver handles, usable from any thread, behind a mutex.
+unsafe impl Send for EventPool {}
+// SAFETY: as for Send.
+unsafe impl Sync for EventPool {}
+
+/// Events the pool keeps at most; more are destroyed as they come back.
+const EVENT_POOL_KEEP: usize = 1024;
+
+impl EventPool {
+    /// An empty pool of events of `ctx`.
+    pub fn new(ctx: &Arc<Context>) -> Arc<EventPool> {
+        Arc::new(EventPool {
+            ctx: Arc::clone(ctx),
+            free: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// An event as [`Event::new`] makes, from the pool when it has one; dropping it gives it
+    /// back.
+    pub fn get(self: &Arc<Self>) -> Result<Event> {
+        self.ctx.check_fork()?;
+        let reused = self.free.lock().unwrap_or_else(|p| p.into_inner()).pop();
+        let mut event = match reused {
+            Some(raw) => Event {
+                ctx: Arc::clone(&self.ctx),
+                raw,
+                pool: None,
+            },
+            None => Event::new(&self.ctx)?,
+        };
+        event.pool = Some(Arc::clone(self));
+        Ok(event)
+    }
+
+    /// Events waiting in the pool.
+    pub fn idle(&self) -> usize {
+        self.free.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+
+    /// Takes `raw` back; false when the pool is full (the caller destroys it).
+    fn put(&self, raw: CUevent) -> bool {
+        let mut free = self.free.lock().unwrap_or_else(|p| p.into_inner());
+        if free.len() >= EVENT_POOL_KEEP {
+            return false;
+        }
+        free.push(raw);
+        true
+    }
+}
+
+impl Drop for EventPool {
+    fn drop(&mut self) {
+        if !self.ctx.in_owner_process() {
+            return;
+        }
+        for raw in self
+            .free
+            .get_mut()
+            .unwrap_or_else(|p| p.into_inner())
+            .drain(..)
+        {
+            // SAFETY: the pool owns the handle (field invariant); nothing else can use it.
+            let _ = unsafe { sys::cuEventDestroy_v2(raw) };
+        }
     }
 }

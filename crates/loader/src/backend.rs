@@ -10,7 +10,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Condvar, Mutex};
 
-use pinfeed_cuda::{Context, CudaError, DeviceBuffer, DevicePool, Event, PinMethod, Stream};
+use pinfeed_cuda::{
+    Context, CudaError, DeviceBuffer, DevicePool, Event, EventPool, PinMethod, Stream,
+};
 
 use crate::error::{LoaderError, Result};
 
@@ -235,11 +237,110 @@ impl HostBufferCache {
     }
 }
 
-/// Device memory holding one batch. Returned to its pool when dropped.
+/// Recycles batch memory on a CUDA device. A batch's memory comes back here when the batch
+/// is let go, with the event its consumer recorded on its stream after the last use, and the
+/// copy thread takes it for a later batch of the same size once that event has completed (a
+/// host-side query, as torch's caching allocator does for `record_stream`). Steady state then
+/// costs the driver no allocation, no free, and no wait of the copy stream on the consumer's
+/// stream: every driver call of a batch is paid on its path (the driver serialises calls on
+/// a context), and a cross-stream wait in the copy stream puts a gap between copies.
+///
+/// Holds at most [`DEVICE_CACHE_BYTES`] and [`DEVICE_CACHE_ENTRIES`]; what does not fit is
+/// freed in stream order on the copy stream after its event (the behaviour without a cache).
+#[derive(Debug, Default)]
+pub(crate) struct DeviceBufferCache {
+    idle: Mutex<IdleBuffers>,
+}
+
+#[derive(Debug, Default)]
+struct IdleBuffers {
+    /// Oldest first.
+    entries: std::collections::VecDeque<IdleBuffer>,
+    bytes: usize,
+}
+
+/// Memory let go: no one may use it once `used` (when there is one) has completed. Without an
+/// event only the copy stream used it, and work queued there later is ordered after that.
+#[derive(Debug)]
+struct IdleBuffer {
+    buffer: DeviceBuffer,
+    used: Option<Event>,
+}
+
+/// Bytes of idle batch memory a device keeps for reuse, at most.
+pub(crate) const DEVICE_CACHE_BYTES: usize = 256 << 20;
+/// Idle buffers a device keeps for reuse, at most.
+pub(crate) const DEVICE_CACHE_ENTRIES: usize = 32;
+
+impl DeviceBufferCache {
+    /// An idle buffer of exactly `len` bytes that nothing uses any more, or `None`.
+    fn take(&self, len: usize) -> Option<DeviceBuffer> {
+        let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
+        let i = idle.entries.iter().position(|e| e.buffer.len() == len)?;
+        // Events recorded later on the same stream complete later: querying the oldest match
+        // is enough. A query that fails (or says not yet) leaves the buffer where it is.
+        if let Some(used) = &idle.entries[i].used {
+            if !matches!(used.query(), Ok(true)) {
+                return None;
+            }
+        }
+        let entry = idle.entries.remove(i)?;
+        idle.bytes -= len;
+        Some(entry.buffer)
+    }
+
+    /// Keeps `buffer` for reuse once `used` (if any) has completed; frees the oldest buffers
+    /// beyond the cache's bounds (this one, when it alone is larger).
+    fn put(&self, buffer: DeviceBuffer, used: Option<Event>) {
+        let mut evicted = Vec::new();
+        {
+            let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
+            idle.bytes += buffer.len();
+            idle.entries.push_back(IdleBuffer { buffer, used });
+            while idle.bytes > DEVICE_CACHE_BYTES || idle.entries.len() > DEVICE_CACHE_ENTRIES {
+                let Some(old) = idle.entries.pop_front() else {
+                    break;
+                };
+                idle.bytes -= old.buffer.len();
+                evicted.push(old);
+            }
+        }
+        evicted.into_iter().for_each(IdleBuffer::free);
+    }
+}
+
+impl IdleBuffer {
+    /// Frees the memory in stream order on the copy stream (where it was allocated), after the
+    /// consumer's event: the copy stream waits for it first.
+    fn free(self) {
+        let IdleBuffer { buffer, used } = self;
+        if let Some(used) = used {
+            if buffer.stream().wait_event(&used).is_err() {
+                // The copy stream cannot be ordered after the consumer (a failing context):
+                // leave the memory allocated rather than let it be handed out under a reader.
+                std::mem::forget(buffer);
+                return;
+            }
+        }
+        drop(buffer);
+    }
+}
+
+impl Drop for DeviceBufferCache {
+    fn drop(&mut self) {
+        let idle = std::mem::take(self.idle.get_mut().unwrap_or_else(|p| p.into_inner()));
+        idle.entries.into_iter().for_each(IdleBuffer::free);
+    }
+}
+
+/// Device memory holding one batch. Returned to its backend's cache (or pool) when dropped.
 pub struct DeviceMemory {
     inner: Option<DeviceInner>,
     len: usize,
     budget: Arc<DeviceBudget>,
+    /// Recorded on the consumer's stream after its last use (see
+    /// [`Landed::order_free_after`]); `None` while only the copy stream used the memory.
+    used: Option<Event>,
 }
 
 enum DeviceInner {
@@ -247,7 +348,10 @@ enum DeviceInner {
         buf: Vec<u8>,
         cache: Arc<HostBufferCache>,
     },
-    Cuda(DeviceBuffer),
+    Cuda {
+        buffer: DeviceBuffer,
+        cache: Arc<DeviceBufferCache>,
+    },
 }
 
 impl fmt::Debug for DeviceMemory {
@@ -274,7 +378,7 @@ impl DeviceMemory {
     pub fn address(&self) -> u64 {
         match &self.inner {
             Some(DeviceInner::Host { buf, .. }) => buf.as_ptr() as u64,
-            Some(DeviceInner::Cuda(b)) => b.ptr(),
+            Some(DeviceInner::Cuda { buffer, .. }) => buffer.ptr(),
             None => 0,
         }
     }
@@ -287,12 +391,20 @@ impl DeviceMemory {
         }
     }
 
+    /// Gives up the memory without returning it anywhere: for CUDA memory whose last use
+    /// cannot be ordered before a reuse.
+    fn leak(&mut self) {
+        if let Some(DeviceInner::Cuda { buffer, .. }) = self.inner.take() {
+            std::mem::forget(buffer);
+        }
+    }
+
     /// The address to copy into: [`address`](DeviceMemory::address), but taken through
     /// `&mut` so that on the host backend writes through it are allowed.
     pub(crate) fn write_address(&mut self) -> u64 {
         match &mut self.inner {
             Some(DeviceInner::Host { buf, .. }) => buf.as_mut_ptr() as u64,
-            Some(DeviceInner::Cuda(b)) => b.ptr(),
+            Some(DeviceInner::Cuda { buffer, .. }) => buffer.ptr(),
             None => 0,
         }
     }
@@ -302,9 +414,9 @@ impl Drop for DeviceMemory {
     fn drop(&mut self) {
         match self.inner.take() {
             Some(DeviceInner::Host { buf, cache }) => cache.put(buf),
-            // Dropping the buffer frees it in stream order on the copy stream; whoever used it
-            // on another stream made the copy stream wait first (see `Batch::release_after`).
-            Some(DeviceInner::Cuda(buffer)) => drop(buffer),
+            // Reused once the consumer's event (if any) has completed, or freed in stream
+            // order after it (see `Batch::release_after`).
+            Some(DeviceInner::Cuda { buffer, cache }) => cache.put(buffer, self.used.take()),
             None => {}
         }
         self.budget.give(self.len);
@@ -412,6 +524,10 @@ pub(crate) enum Backend {
         /// Used by readbacks (verification), so they never queue behind the copy stream.
         readback_stream: Stream,
         pool: Arc<DevicePool>,
+        /// Batch memory let go, for reuse.
+        cache: Arc<DeviceBufferCache>,
+        /// The events recorded per copy and per release, reused.
+        events: Arc<EventPool>,
         pin_method: PinMethod,
     },
 }
@@ -428,11 +544,14 @@ impl Backend {
                 let copy_stream = Arc::new(Stream::new(&ctx)?);
                 let readback_stream = Stream::new(&ctx)?;
                 let pool = DevicePool::new(&ctx)?;
+                let events = EventPool::new(&ctx);
                 Ok(Backend::Cuda {
                     ctx,
                     copy_stream,
                     readback_stream,
                     pool,
+                    cache: Arc::default(),
+                    events,
                     pin_method,
                 })
             }
@@ -462,13 +581,6 @@ impl Backend {
         }
     }
 
-    pub(crate) fn copy_stream(&self) -> Option<&Arc<Stream>> {
-        match self {
-            Backend::Cuda { copy_stream, .. } => Some(copy_stream),
-            Backend::Host { .. } => None,
-        }
-    }
-
     pub(crate) fn pinned_pool(
         &self,
         slot_bytes: usize,
@@ -491,19 +603,32 @@ impl Backend {
                 cache: Arc::clone(cache),
             },
             Backend::Cuda {
-                copy_stream, pool, ..
-            } => match pool.alloc_async(len, copy_stream) {
-                Ok(buffer) => DeviceInner::Cuda(buffer),
-                Err(e) => {
-                    budget.give(len);
-                    return Err(e.into());
+                copy_stream,
+                pool,
+                cache,
+                ..
+            } => {
+                let buffer = match cache.take(len) {
+                    Some(buffer) => buffer,
+                    None => match pool.alloc_async(len, copy_stream) {
+                        Ok(buffer) => buffer,
+                        Err(e) => {
+                            budget.give(len);
+                            return Err(e.into());
+                        }
+                    },
+                };
+                DeviceInner::Cuda {
+                    buffer,
+                    cache: Arc::clone(cache),
                 }
-            },
+            }
         };
         Ok(DeviceMemory {
             inner: Some(inner),
             len,
             budget: Arc::clone(budget),
+            used: None,
         })
     }
 
@@ -557,11 +682,13 @@ impl Backend {
                 Ok(CopyFence::Host(done))
             }
             Backend::Cuda {
-                ctx, copy_stream, ..
+                copy_stream,
+                events,
+                ..
             } => {
                 // SAFETY: forwarded from this function's contract.
                 unsafe { pinfeed_cuda::memcpy_htod_async(dst, src, len, copy_stream)? };
-                let event = Event::new(ctx)?;
+                let event = events.get()?;
                 event.record(copy_stream)?;
                 Ok(CopyFence::Cuda(Arc::new(event)))
             }
@@ -578,9 +705,11 @@ impl Backend {
                 Ok(CopyFence::Host(flag))
             }
             Backend::Cuda {
-                ctx, copy_stream, ..
+                copy_stream,
+                events,
+                ..
             } => {
-                let event = Event::new(ctx)?;
+                let event = events.get()?;
                 event.record(copy_stream)?;
                 Ok(CopyFence::Cuda(Arc::new(event)))
             }
@@ -665,6 +794,11 @@ impl Landed {
     /// or any value on the host backend.
     pub(crate) unsafe fn stream_wait(&self, stream: u64) -> Result<()> {
         match (&self.ready, self.backend.context()) {
+            // A copy that has finished needs no wait: work queued on `stream` from now on
+            // sees its bytes. A consumer slower than the copy engine (the case that counts:
+            // small batches) mostly gets batches whose copy is done, and a query costs the
+            // driver less than a wait, which also puts a semaphore acquire in the stream.
+            (CopyFence::Cuda(event), Some(_)) if event.query()? => Ok(()),
             (CopyFence::Cuda(event), Some(ctx)) => {
                 // SAFETY: forwarded from this function's contract.
                 let foreign = unsafe { pinfeed_cuda::ForeignStream::from_raw(stream) };
@@ -675,20 +809,32 @@ impl Landed {
         }
     }
 
-    /// Makes the copy stream (where the memory is freed, in stream order) wait for the work
-    /// queued on `stream` so far.
+    /// Records that the work queued on `stream` so far uses the memory: once the data is
+    /// dropped, the memory is reused for another batch (or freed) only after that work has
+    /// completed (see [`DeviceBufferCache`]). If the event cannot be recorded the memory is
+    /// never handed out again (leaked), since nothing would then order its reuse.
     ///
     /// # Safety
     /// As for [`stream_wait`](Landed::stream_wait).
-    pub(crate) unsafe fn order_free_after(&self, stream: u64) -> Result<()> {
-        if let (Some(ctx), Some(copy_stream)) = (self.backend.context(), self.backend.copy_stream())
-        {
-            let used = Event::new(ctx)?;
+    pub(crate) unsafe fn order_free_after(&mut self, stream: u64) -> Result<()> {
+        let Backend::Cuda { events, .. } = &*self.backend else {
+            return Ok(());
+        };
+        let recorded = events.get().and_then(|used| {
             // SAFETY: forwarded from this function's contract.
             unsafe { used.record_raw(stream as pinfeed_cuda::CUstream) }?;
-            copy_stream.wait_event(&used)?;
+            Ok(used)
+        });
+        match recorded {
+            Ok(used) => {
+                self.memory.used = Some(used);
+                Ok(())
+            }
+            Err(e) => {
+                self.memory.leak();
+                Err(e.into())
+            }
         }
-        Ok(())
     }
 }
 

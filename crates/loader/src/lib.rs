@@ -57,7 +57,7 @@ pub use pipeline::{Batch, Loader, Waited};
 pub use pool::{pinned_allocations, release_idle_pinned_memory};
 pub use stager::{
     to_device, DeviceArray, PinnedRegion, Stager, StagerOptions, UploadCounters, UploadMethod,
-    DEFAULT_STAGING_BUDGET,
+    DEFAULT_MAX_COPY_THREADS, DEFAULT_STAGING_BUDGET,
 };
 pub use stats::{Bottleneck, DeviceStats, Stats};
 

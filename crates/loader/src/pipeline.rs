@@ -417,13 +417,14 @@ impl Batch {
         unsafe { self.landed.stream_wait(stream) }
     }
 
-    /// Releases the batch once the work already queued on `stream` is done with it: the
-    /// memory is freed in stream order on the copy stream after an event recorded on `stream`,
-    /// so a later batch never overwrites memory a queued kernel may still read.
+    /// Releases the batch once the work already queued on `stream` is done with it: an event
+    /// is recorded on `stream`, and the memory goes to a later batch (or is freed) only after
+    /// it has completed, so a later batch never overwrites memory a queued kernel may still
+    /// read.
     ///
     /// # Safety
     /// As for [`stream_wait`](Batch::stream_wait).
-    pub unsafe fn release_after(self, stream: u64) -> Result<()> {
+    pub unsafe fn release_after(mut self, stream: u64) -> Result<()> {
         // SAFETY: forwarded from this function's contract.
         unsafe { self.landed.order_free_after(stream) }
     }

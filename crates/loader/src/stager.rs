@@ -108,9 +108,9 @@ pub struct StagerOptions {
     /// Bytes page-locked at most: the arena, plus the chunks of a source the register lane
     /// holds registered at once (half each, see [`Stager::new`]).
     pub pinned_budget: usize,
-    /// Threads that copy into the arena; `None` for one per core (an upload starts only as
-    /// many as its largest copy can use, one per MiB: a prefetched batch of a few MB starts
-    /// two or three, the seed tensor all of them).
+    /// Threads that copy into the arena; `None` for one per core, at most
+    /// [`DEFAULT_MAX_COPY_THREADS`]. They start with the stager and wait between copies; a
+    /// copy wakes one per 256 KiB chunk it has, up to all of them.
     pub num_threads: Option<usize>,
     /// How the arena is page-locked on CUDA.
     pub pin_method: PinMethod,
@@ -206,6 +206,8 @@ pub struct Stager {
     /// Serialises uploads: pieces must be issued in arena order.
     upload: Mutex<()>,
     threads: usize,
+    /// The copy threads besides the caller's, parked between copies.
+    gang: CopyGang,
     piece: usize,
     method: UploadMethod,
     /// Bytes of the source the register lane may hold registered at once; 0 turns it off.
@@ -256,10 +258,15 @@ impl Stager {
             * ALIGN;
         let threads = options
             .num_threads
-            .unwrap_or_else(|| std::thread::available_parallelism().map_or(4, |n| n.get()))
+            .unwrap_or_else(|| {
+                std::thread::available_parallelism()
+                    .map_or(4, |n| n.get())
+                    .min(DEFAULT_MAX_COPY_THREADS)
+            })
             .max(1);
         let backend = Arc::new(Backend::new(options.device, options.pin_method)?);
         let pool = backend.pinned_pool(capacity, 1)?;
+        let gang = CopyGang::start(threads - 1)?;
         Ok(Stager {
             shared: Arc::new(StagerShared {
                 arena: Mutex::new(Arena::default()),
@@ -270,6 +277,7 @@ impl Stager {
             }),
             upload: Mutex::new(()),
             threads,
+            gang,
             piece,
             method: options.method,
             register_budget,
@@ -411,13 +419,9 @@ impl Stager {
                 let plan = &plan;
                 scope.spawn(move || self.register_lane(src, dst, plan))
             });
-            // Helpers only as many as the largest copy can use: a small upload (a prefetched
-            // batch) starts none.
-            let largest = src.len().min(self.piece);
-            let gang = CopyGang::start(scope, self.threads.min(largest / MIN_PER_THREAD).max(1));
             let mut stage = StageLane {
                 stager: self,
-                gang: &gang,
+                gang: &self.gang,
                 src,
                 dst,
                 last: None,
@@ -611,16 +615,16 @@ fn lock_in_place(backend: &Backend, ptr: *const u8, len: usize) -> Result<Option
 }
 
 /// The arena lane of one upload.
-struct StageLane<'a, 'g> {
+struct StageLane<'a> {
     stager: &'a Stager,
-    gang: &'a CopyGang<'g>,
+    gang: &'a CopyGang,
     src: &'a [u8],
     dst: u64,
     /// The fence of the last copy this lane issued.
     last: Option<CopyFence>,
 }
 
-impl StageLane<'_, '_> {
+impl StageLane<'_> {
     /// Copies `src[start..end]` through the arena to the same offsets of the destination.
     fn range(&mut self, start: usize, end: usize) -> Result<()> {
         let shared = &self.stager.shared;
@@ -657,9 +661,10 @@ impl StageLane<'_, '_> {
     }
 }
 
-/// An upload starts a gang thread for each MiB of its largest copy (up to the stager's
-/// threads): fewer would leave a large copy to few threads, more would be woken for nothing.
-const MIN_PER_THREAD: usize = 1 << 20;
+/// Copy threads a stager starts at most unless told otherwise. On the 16-core H200 machine 12
+/// moved the seed tensor as fast as 16 (53 GB/s, the bus) with 4-16% less CPU time, and fewer
+/// were slower (10: 51-53, 8: 45, 6: 37-39 GB/s; docs/BENCHMARKS.md).
+pub const DEFAULT_MAX_COPY_THREADS: usize = 12;
 
 /// What gang threads take one at a time: small enough that a thread the scheduler delays (16
 /// copy threads on 16 cores share them with the driver and the caller) holds the piece up by
@@ -718,31 +723,38 @@ impl Job {
     }
 }
 
-/// Threads that share each `memcpy` of an upload, chunk by chunk, started once per upload
-/// rather than once per piece.
-struct CopyGang<'scope> {
+/// Threads that share each `memcpy` of an upload, chunk by chunk. Started with the stager and
+/// parked on a channel between copies, so that an upload of a few MB (a prefetched batch) is
+/// copied by as many threads as it has chunks without paying to start them.
+struct CopyGang {
     helpers: Vec<mpsc::Sender<Arc<Job>>>,
-    _threads: std::marker::PhantomData<&'scope ()>,
+    threads: Vec<std::thread::JoinHandle<()>>,
 }
 
-impl<'scope> CopyGang<'scope> {
-    /// Starts `threads - 1` helpers in `scope` (the caller is the last thread of the gang).
-    fn start<'env>(scope: &'scope std::thread::Scope<'scope, 'env>, threads: usize) -> Self {
-        let helpers = (1..threads)
-            .map(|_| {
-                let (tx, rx) = mpsc::channel::<Arc<Job>>();
-                scope.spawn(move || {
+impl CopyGang {
+    /// Starts `helpers` threads (the caller of [`copy`](CopyGang::copy) is one more).
+    fn start(helpers: usize) -> Result<CopyGang> {
+        let mut gang = CopyGang {
+            helpers: Vec::with_capacity(helpers),
+            threads: Vec::with_capacity(helpers),
+        };
+        for _ in 0..helpers {
+            let (tx, rx) = mpsc::channel::<Arc<Job>>();
+            let thread = std::thread::Builder::new()
+                .name("pinfeed-copy".into())
+                .spawn(move || {
                     for job in rx {
                         job.work();
                     }
-                });
-                tx
-            })
-            .collect();
-        CopyGang {
-            helpers,
-            _threads: std::marker::PhantomData,
+                })
+                .map_err(|source| LoaderError::Thread {
+                    what: "arena copy",
+                    source,
+                })?;
+            gang.helpers.push(tx);
+            gang.threads.push(thread);
         }
+        Ok(gang)
     }
 
     /// Copies `src` into the start of `dst`, shared by the gang (one thread for small copies).
@@ -782,6 +794,16 @@ impl<'scope> CopyGang<'scope> {
     }
 }
 
+impl Drop for CopyGang {
+    fn drop(&mut self) {
+        // Closing the channels ends the helpers' loops.
+        self.helpers.clear();
+        for thread in self.threads.drain(..) {
+            let _ = thread.join();
+        }
+    }
+}
+
 /// Host bytes copied to new device memory by a [`Stager`]. It keeps the backend alive, not
 /// the arena: a stager waits for its copies before freeing its arena.
 pub struct DeviceArray {
@@ -815,7 +837,7 @@ impl DeviceData for DeviceArray {
         // SAFETY: forwarded from the trait's contract.
         unsafe { self.landed.stream_wait(stream) }
     }
-    unsafe fn release_after(self: Box<Self>, stream: u64) -> Result<()> {
+    unsafe fn release_after(mut self: Box<Self>, stream: u64) -> Result<()> {
         // SAFETY: forwarded from the trait's contract.
         unsafe { self.landed.order_free_after(stream) }
     }

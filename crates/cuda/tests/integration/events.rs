@@ -54,3 +54,46 @@ fn events_usable_from_other_threads() {
         .unwrap();
     assert!(ev.query().unwrap());
 }
+
+/// A pooled event comes back on drop and is handed out again; a stream told to wait on its
+/// earlier record keeps waiting for that record, not a later one.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn pooled_events_are_reused_and_waits_keep_their_record() {
+    use pinfeed_cuda::{memcpy_dtoh_async, EventPool};
+    let ctx = ctx();
+    let events = EventPool::new(&ctx);
+    let copies = Stream::new(&ctx).unwrap();
+    let waiter = Stream::new(&ctx).unwrap();
+    let pool = DevicePool::new(&ctx).unwrap();
+    let len = 256 << 20;
+    let host = PinnedMemory::alloc(&ctx, len, PinMethod::HostAlloc).unwrap();
+    // SAFETY: the allocation holds `len` bytes, written before any copy reads it.
+    unsafe { std::ptr::write_bytes(host.as_ptr(), 9, len) };
+    let dev = pool.alloc_async(len, &copies).unwrap();
+    copies.synchronize().unwrap();
+
+    let first = events.get().unwrap();
+    let raw = first.raw();
+    // SAFETY: both ranges are `len` bytes and outlive the copy (synchronised below).
+    unsafe { memcpy_htod_async(dev.ptr(), host.as_ptr(), len, &copies).unwrap() };
+    first.record(&copies).unwrap();
+    waiter.wait_event(&first).unwrap();
+    drop(first);
+    assert_eq!(events.idle(), 1, "the dropped event went back to the pool");
+    let again = events.get().unwrap();
+    assert_eq!(again.raw(), raw, "the pool hands the same event out again");
+    assert_eq!(events.idle(), 0);
+    // Recorded anew on an idle stream: complete at once, yet `waiter` still waits for the copy.
+    let idle = Stream::new(&ctx).unwrap();
+    again.record(&idle).unwrap();
+    let mut back = vec![0u8; len];
+    // SAFETY: `back` holds `len` bytes and lives through the synchronisation; `dev` is read
+    // after the copy into it, which `waiter` waits for.
+    unsafe { memcpy_dtoh_async(back.as_mut_ptr(), dev.ptr(), len, &waiter).unwrap() };
+    waiter.synchronize().unwrap();
+    assert!(
+        back.iter().all(|&b| b == 9),
+        "read before the copy it waited for"
+    );
+}

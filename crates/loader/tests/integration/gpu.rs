@@ -199,3 +199,52 @@ fn gpu_uploads_are_byte_exact_by_every_method_and_from_pinned_sources() {
         (len as u64, 0, 0)
     );
 }
+
+/// Memory a consumer let go with `release_after` goes to a later batch only after the work its
+/// stream had queued by then: the consumer's stream is kept busy ahead of each read, so a
+/// reuse that did not wait would overwrite a batch before the stream copied it out.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gpu_released_memory_is_reused_only_after_the_consumers_stream() {
+    use pinfeed_cuda::{memcpy_dtod_async, memcpy_dtoh_async, Context, DevicePool, Stream};
+    let (record, n, epochs) = (4096, 4096, 4);
+    let (source, data) = random_source(n, record, 25);
+    let ctx = Context::new(0).unwrap();
+    let stream = Stream::new(&ctx).unwrap();
+    let pool = DevicePool::new(&ctx).unwrap();
+    let busy_len = 64 << 20;
+    let busy = [
+        pool.alloc_async(busy_len, &stream).unwrap(),
+        pool.alloc_async(busy_len, &stream).unwrap(),
+    ];
+    let captured = pool.alloc_async(n * record * epochs, &stream).unwrap();
+    let options = LoaderOptions {
+        epochs: epochs as u64,
+        ..cuda_options(64)
+    };
+    let mut offset = 0;
+    for batch in Loader::new(source, options).unwrap() {
+        let batch = batch.unwrap();
+        // SAFETY: every range lies inside its allocation, all of which outlive the final
+        // synchronisation; the batch is read on `stream` after `stream_wait` and released after.
+        unsafe {
+            batch.stream_wait(stream.raw_u64()).unwrap();
+            for _ in 0..4 {
+                memcpy_dtod_async(busy[1].ptr(), busy[0].ptr(), busy_len, &stream).unwrap();
+            }
+            let at = captured.ptr() + offset as u64;
+            memcpy_dtod_async(at, batch.address(), batch.len_bytes(), &stream).unwrap();
+            offset += batch.len_bytes();
+            batch.release_after(stream.raw_u64()).unwrap();
+        }
+    }
+    assert_eq!(offset, n * record * epochs);
+    let mut back = vec![0u8; offset];
+    // SAFETY: `back` holds `offset` bytes and lives through the synchronisation.
+    unsafe { memcpy_dtoh_async(back.as_mut_ptr(), captured.ptr(), offset, &stream).unwrap() };
+    stream.synchronize().unwrap();
+    assert!(
+        back == data.repeat(epochs),
+        "a batch was overwritten before its consumer read it"
+    );
+}

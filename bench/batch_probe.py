@@ -1,0 +1,87 @@
+"""Batch sizes and the per-batch cost of 1 MiB batches, with whichever pinfeed is importable: run
+it once per build (interleaved) to compare two builds on one machine. A probe, not part of the
+tables.
+
+PYTHONPATH=SITE python3 bench/batch_probe.py LABEL
+"""
+
+import sys
+import time
+
+import numpy as np
+import torch
+
+import pinfeed
+from pinfeed._arrays import materialize
+
+label = sys.argv[1] if len(sys.argv) > 1 else "pinfeed"
+total = 1 << 30
+src = np.random.default_rng(0).integers(0, 255, size=total, dtype=np.uint8).reshape(-1, 4096)
+
+
+def best(fn, repeat=3):
+    runs = []
+    for _ in range(repeat):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        runs.append(time.perf_counter() - t0)
+    return min(runs)
+
+
+def drain(loader):
+    for x in loader:
+        pass
+
+
+for mib in [1, 4, 16, 64, 256]:
+    n = mib << 20
+    pin = torch.empty(n, dtype=torch.uint8, pin_memory=True)
+    dst = torch.empty(n, dtype=torch.uint8, device="cuda")
+
+    def copies():
+        for _ in range(total // n):
+            dst.copy_(pin, non_blocking=True)
+
+    copies()
+    copy = total / best(copies) / 1e9
+    loader = pinfeed.Loader(src, mib * 256, device="cuda")
+    drain(loader)
+    got = total / best(lambda: drain(loader)) / 1e9
+    print(f"{label}: {mib:3d} MiB pinned copy_ {copy:6.2f} GB/s, Loader {got:6.2f} GB/s ({got / copy:.0%}); {loader.stats()['explanation']}")
+    del loader, pin, dst
+
+# Where a 1 MiB batch's time goes on the consumer's thread.
+loader = pinfeed.Loader(src, 256, device="cuda")
+drain(loader)
+for stream in [None, torch.cuda.Stream()]:
+    ctx = torch.cuda.stream(stream) if stream is not None else torch.cuda.stream(torch.cuda.current_stream())
+    with ctx:
+        st = loader._start((0, 0))
+        it = iter(st)
+        t_next = t_export = t_release = 0
+        k = 0
+        torch.cuda.synchronize()
+        t0 = time.perf_counter_ns()
+        while True:
+            a = time.perf_counter_ns()
+            buf = next(it, None)
+            b = time.perf_counter_ns()
+            if buf is None:
+                break
+            x = materialize(buf, None, False)
+            c = time.perf_counter_ns()
+            del x, buf
+            d = time.perf_counter_ns()
+            t_next += b - a
+            t_export += c - b
+            t_release += d - c
+            k += 1
+        torch.cuda.synchronize()
+        dt = (time.perf_counter_ns() - t0) / 1e9
+        where = "the current stream" if stream is None else "a side stream"
+        print(f"{label}: 1 MiB on {where}: {total / dt / 1e9:6.2f} GB/s, {dt / k * 1e6:5.1f} us a batch: "
+              f"next {t_next / k / 1e3:5.1f} us, to a tensor {t_export / k / 1e3:5.1f} us, "
+              f"release {t_release / k / 1e3:5.1f} us; {st.stats()['explanation']}")
+        st.close()

@@ -1,0 +1,25 @@
+"""to_device's copy threads against CPU time: the seed tensor through a 64 MiB arena with T copy
+threads, two interleaved rounds, beside torch's best per-row variant in the same process. A
+probe, not part of the tables.
+
+PYTHONPATH=SITE:bench python3 bench/threads_probe.py
+"""
+
+import pinfeed
+import torch
+from torch_baselines import timed
+
+a = torch.rand(1024, 655360)
+n = a.numel() * 4
+rows = lambda: [i.pin_memory().cuda(non_blocking=True) for i in a]
+rows()
+wall, torch_cpu = timed(rows)
+print(f"torch rows: i.pin_memory().cuda(non_blocking=True): {n / wall / 1e9:6.2f} GB/s, {torch_cpu * 1e3:6.0f} ms CPU")
+for round_ in range(2):
+    for threads in [6, 8, 10, 12, 16]:
+        st = pinfeed._pinfeed.Stager("cuda", None, threads, "stage")
+        f = lambda: pinfeed.staging._materialize_staged(pinfeed.staging._upload_leaf(a, st.upload))
+        f()
+        wall, cpu = timed(f)
+        print(f"round {round_} to_device, {threads:2d} copy threads: {n / wall / 1e9:6.2f} GB/s, {cpu * 1e3:6.0f} ms CPU ({cpu / torch_cpu:.2f}x torch)")
+        del st, f
