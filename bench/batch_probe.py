@@ -2,10 +2,9 @@
 it once per build (interleaved) to compare two builds on one machine. A probe, not part of the
 tables.
 
-PYTHONPATH=SITE python3 bench/batch_probe.py LABEL
+PYTHONPATH=SITE python3 bench/batch_probe.py LABEL [--threads 8,12,16] [--sizes 1,4,16,64,256]
 """
 
-import sys
 import time
 
 import numpy as np
@@ -14,7 +13,16 @@ import torch
 import pinfeed
 from pinfeed._arrays import materialize
 
-label = sys.argv[1] if len(sys.argv) > 1 else "pinfeed"
+import argparse
+
+ap = argparse.ArgumentParser()
+ap.add_argument("label", nargs="?", default="pinfeed")
+ap.add_argument("--threads", default="", help="reader threads to try, comma-separated (default: the Loader's)")
+ap.add_argument("--sizes", default="1,4,16,64,256", help="batch sizes in MiB")
+args = ap.parse_args()
+label = args.label
+thread_counts = [int(t) for t in args.threads.split(",") if t] or [None]
+sizes = [int(m) for m in args.sizes.split(",")]
 total = 1 << 30
 src = np.random.default_rng(0).integers(0, 255, size=total, dtype=np.uint8).reshape(-1, 4096)
 
@@ -35,7 +43,7 @@ def drain(loader):
         pass
 
 
-for mib in [1, 4, 16, 64, 256]:
+for mib, threads in [(m, t) for m in sizes for t in thread_counts]:
     n = mib << 20
     pin = torch.empty(n, dtype=torch.uint8, pin_memory=True)
     dst = torch.empty(n, dtype=torch.uint8, device="cuda")
@@ -46,10 +54,12 @@ for mib in [1, 4, 16, 64, 256]:
 
     copies()
     copy = total / best(copies) / 1e9
-    loader = pinfeed.Loader(src, mib * 256, device="cuda")
+    loader = pinfeed.Loader(src, mib * 256, device="cuda", num_threads=threads)
     drain(loader)
     got = total / best(lambda: drain(loader)) / 1e9
-    print(f"{label}: {mib:3d} MiB pinned copy_ {copy:6.2f} GB/s, Loader {got:6.2f} GB/s ({got / copy:.0%}); {loader.stats()['explanation']}")
+    st = loader.stats()
+    print(f"{label}: {mib:3d} MiB, {st['threads']} readers, {st['slots']} slots: pinned copy_ {copy:6.2f} GB/s, "
+          f"Loader {got:6.2f} GB/s ({got / copy:.0%}); {st['explanation']}")
     del loader, pin, dst
 
 # Where a 1 MiB batch's time goes on the consumer's thread.

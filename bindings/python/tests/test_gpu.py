@@ -149,3 +149,24 @@ def test_transform_on_cuda(torch, records):
     out = torch.cat(list(loader))
     assert out.dtype == torch.float32
     np.testing.assert_array_equal(out.cpu().numpy(), data.astype(np.float32) * np.float32(1 / 255))
+
+
+def test_batches_before_torch_touched_cuda():
+    # A fresh interpreter where the first CUDA work torch sees is a pinfeed batch: the hand-over
+    # must run torch's lazy CUDA initialisation, and the tensor must hold the source's values.
+    import subprocess
+    import sys
+
+    code = (
+        "import numpy as np, pinfeed\n"
+        "data = np.arange(4096, dtype=np.int32).reshape(64, 64)\n"
+        "x = next(iter(pinfeed.Loader(data, 16, device='cuda')))\n"
+        "import torch\n"
+        "assert torch.cuda.is_initialized() and x.is_cuda\n"
+        "assert torch.equal(x.cpu(), torch.from_numpy(data[:16]))\n"
+        "y = next(iter(pinfeed.Loader(data, 16, device='cuda')))\n"
+        "assert torch.equal(y.cpu(), torch.from_numpy(data[:16]))\n"
+        "print('ok')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr

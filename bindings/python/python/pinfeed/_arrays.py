@@ -77,7 +77,10 @@ def torch_stream(torch: Any, index: int) -> int:
     """The raw handle of torch's current stream on CUDA device ``index``, as DLPack names it
     (1 for the legacy default stream, which torch calls 0)."""
     raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-    handle = raw(index) if raw is not None else torch.cuda.current_stream(index).cuda_stream
+    if raw is None or not torch.cuda.is_initialized():
+        # The public call, which also runs torch's lazy CUDA initialisation the first time.
+        return torch.cuda.current_stream(index).cuda_stream or 1
+    handle = raw(index)
     return handle or 1
 
 
