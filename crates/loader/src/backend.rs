@@ -256,6 +256,7 @@ pub(crate) struct DeviceBufferCache {
 struct IdleBuffers {
     /// Oldest first.
     entries: std::collections::VecDeque<IdleBuffer>,
+    /// Invariant: the sum of `entries`' lengths.
     bytes: usize,
 }
 
@@ -304,6 +305,10 @@ impl DeviceBufferCache {
                 idle.bytes -= old.buffer.len();
                 evicted.push(old);
             }
+            debug_assert_eq!(
+                idle.bytes,
+                idle.entries.iter().map(|e| e.buffer.len()).sum::<usize>()
+            );
         }
         evicted.into_iter().for_each(IdleBuffer::free);
     }
