@@ -30,6 +30,11 @@ def row(name, nbytes, wall, cpu, **extra):
     return r
 
 
+def upload_through(stager, x):
+    """`x` to the GPU through `stager` (`to_device` with an arena and copy threads of one's own)."""
+    return pinfeed.staging._materialize_staged(pinfeed.staging._upload_leaf(x, stager.upload))
+
+
 def seed(rows, cols):
     a = torch.rand(rows, cols)
     n = a.numel() * 4
@@ -62,11 +67,10 @@ def seed(rows, cols):
     # for CPU time (the CPU-time target is a quarter of torch's best per-row variant).
     for threads in [4, 5, 6, 8]:
         st = pinfeed._pinfeed.Stager("cuda", None, threads, "stage")
-        f = lambda: pinfeed.staging._materialize_staged(pinfeed.staging._upload_leaf(a, st.upload))
-        f()
-        wall, cpu = timed(f)
+        upload_through(st, a)
+        wall, cpu = timed(lambda: upload_through(st, a))
         out.append(row(f"pinfeed.to_device(a) with {threads} copy threads", n, wall, cpu))
-        del st, f
+        del st
     with pinfeed.pinned(a):
         wall, cpu = timed(lambda: a.cuda(non_blocking=True))
         out.append(row("with pinfeed.pinned(a): a.cuda(non_blocking=True)", n, wall, cpu))
@@ -146,18 +150,23 @@ def loaders(npy, batch_size, pinfeed_bin):
     seq = lambda pin: DataLoader(WholeBatch(mm), sampler=BatchSampler(range(len(mm)), batch_size, False), batch_size=None, pin_memory=pin)
     wall, cpu = timed(lambda: consume(x.cuda(non_blocking=True) for x in seq(True)), repeat=1)
     out.append(row("DataLoader whole-batch sequential, pin_memory=True", n, wall, cpu))
-    for depth in [2, 4]:
+    def prefetched(make, **kw):
+        """Times prefetch over a fresh iterable from `make`; with its own account (stats())."""
         p = None
 
         def run():
             nonlocal p
-            p = pinfeed.prefetch(seq(False), device="cuda", depth=depth)
+            p = pinfeed.prefetch(make(), device="cuda", **kw)
             return consume(p)
 
         wall, cpu = timed(run, repeat=1)
-        name = "pinfeed.prefetch(DataLoader(pin_memory=False))" + (f", depth={depth}" if depth != 2 else "")
-        out.append(row(name, n, wall, cpu, stats=p.stats()))
         print("   ", p.stats()["bottleneck"])
+        return wall, cpu, p.stats()
+
+    for depth in [2, 4]:
+        wall, cpu, stats = prefetched(lambda: seq(False), depth=depth)
+        name = "pinfeed.prefetch(DataLoader(pin_memory=False))" + (f", depth={depth}" if depth != 2 else "")
+        out.append(row(name, n, wall, cpu, stats=stats))
     # What the DataLoader itself delivers, with no copy at all: the ceiling for both above.
     wall, cpu = timed(lambda: sum(x.numel() for x in seq(False)), repeat=1)
     out.append(row("DataLoader whole-batch sequential, pin_memory=False, no copy", n, wall, cpu))
@@ -165,16 +174,8 @@ def loaders(npy, batch_size, pinfeed_bin):
     workers = lambda pin: DataLoader(WholeBatch(mm), sampler=BatchSampler(range(len(mm)), batch_size, False), batch_size=None, pin_memory=pin, num_workers=4, prefetch_factor=4)
     wall, cpu = timed(lambda: consume(x.cuda(non_blocking=True) for x in workers(True)), repeat=1)
     out.append(row("DataLoader whole-batch, 4 workers, pin_memory=True", n, wall, cpu))
-    p = None
-
-    def run_workers():
-        nonlocal p
-        p = pinfeed.prefetch(workers(False), device="cuda")
-        return consume(p)
-
-    wall, cpu = timed(run_workers, repeat=1)
-    out.append(row("pinfeed.prefetch(DataLoader(4 workers, pin_memory=False))", n, wall, cpu, stats=p.stats()))
-    print("   ", p.stats()["bottleneck"])
+    wall, cpu, stats = prefetched(lambda: workers(False))
+    out.append(row("pinfeed.prefetch(DataLoader(4 workers, pin_memory=False))", n, wall, cpu, stats=stats))
     wall, cpu = timed(lambda: sum(x.numel() for x in workers(False)), repeat=1)
     out.append(row("DataLoader whole-batch, 4 workers, pin_memory=False, no copy", n, wall, cpu))
     got = list(pinfeed.prefetch(seq(False), device="cuda"))
@@ -257,15 +258,14 @@ def sweep(rows, cols, repeat=3):
         for arena_mib in [32, 64, 128, 256]:
             for threads in [16, 12]:
                 st = pinfeed._pinfeed.Stager("cuda", arena_mib << 20, threads, "stage", None)
-                f = lambda: pinfeed.staging._materialize_staged(pinfeed.staging._upload_leaf(a, st.upload))
-                f()
-                wall, cpu = timed(f, repeat)
+                upload_through(st, a)
+                wall, cpu = timed(lambda: upload_through(st, a), repeat)
                 r = {"round": round_, "arena_mib": arena_mib, "threads": threads, "gbps": n / wall / 1e9, "cpu_s": cpu}
                 print(f"to_device arena {arena_mib:4d} MiB threads {threads:2d}: {r['gbps']:6.2f} GB/s, {cpu*1e3:6.0f} ms CPU")
                 out["to_device"].append(r)
                 del st
     small = pinfeed._pinfeed.Stager("cuda", 16 << 20, None, "stage", "4MiB")
-    got = pinfeed.staging._materialize_staged(pinfeed.staging._upload_leaf(a, small.upload))
+    got = upload_through(small, a)
     assert torch.equal(got.cpu(), a), "to_device through a 16 MiB arena delivered wrong values"
     del got, small, a
     total = 2 << 30

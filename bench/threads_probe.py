@@ -7,6 +7,7 @@ PYTHONPATH=SITE:bench python3 bench/threads_probe.py
 
 import pinfeed
 import torch
+from python_bench import upload_through
 from torch_baselines import timed
 
 a = torch.rand(1024, 655360)
@@ -18,8 +19,7 @@ print(f"torch rows: i.pin_memory().cuda(non_blocking=True): {n / wall / 1e9:6.2f
 for round_ in range(2):
     for threads in [6, 8, 10, 12, 16]:
         st = pinfeed._pinfeed.Stager("cuda", None, threads, "stage")
-        f = lambda: pinfeed.staging._materialize_staged(pinfeed.staging._upload_leaf(a, st.upload))
-        f()
-        wall, cpu = timed(f)
+        upload_through(st, a)
+        wall, cpu = timed(lambda: upload_through(st, a))
         print(f"round {round_} to_device, {threads:2d} copy threads: {n / wall / 1e9:6.2f} GB/s, {cpu * 1e3:6.0f} ms CPU ({cpu / torch_cpu:.2f}x torch)")
-        del st, f
+        del st

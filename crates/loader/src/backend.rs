@@ -4,6 +4,7 @@
 //! doing `memcpy` as the copy engine (in order, like one CUDA stream) and a completion flag as
 //! the event, so everything but the copy engine itself is exercised on machines without a GPU.
 
+use std::collections::VecDeque;
 use std::fmt;
 use std::str::FromStr;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -249,15 +250,8 @@ impl HostBufferCache {
 /// freed in stream order on the copy stream after its event (the behaviour without a cache).
 #[derive(Debug, Default)]
 pub(crate) struct DeviceBufferCache {
-    idle: Mutex<IdleBuffers>,
-}
-
-#[derive(Debug, Default)]
-struct IdleBuffers {
     /// Oldest first.
-    entries: std::collections::VecDeque<IdleBuffer>,
-    /// Invariant: the sum of `entries`' lengths.
-    bytes: usize,
+    idle: Mutex<VecDeque<IdleBuffer>>,
 }
 
 /// Memory let go: no one may use it once `used` (when there is one) has completed. Without an
@@ -269,25 +263,23 @@ struct IdleBuffer {
 }
 
 /// Bytes of idle batch memory a device keeps for reuse, at most.
-pub(crate) const DEVICE_CACHE_BYTES: usize = 256 << 20;
+const DEVICE_CACHE_BYTES: usize = 256 << 20;
 /// Idle buffers a device keeps for reuse, at most.
-pub(crate) const DEVICE_CACHE_ENTRIES: usize = 32;
+const DEVICE_CACHE_ENTRIES: usize = 32;
 
 impl DeviceBufferCache {
     /// An idle buffer of exactly `len` bytes that nothing uses any more, or `None`.
     fn take(&self, len: usize) -> Option<DeviceBuffer> {
         let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
-        let i = idle.entries.iter().position(|e| e.buffer.len() == len)?;
+        let i = idle.iter().position(|e| e.buffer.len() == len)?;
         // Events recorded later on the same stream complete later: querying the oldest match
         // is enough. A query that fails (or says not yet) leaves the buffer where it is.
-        if let Some(used) = &idle.entries[i].used {
+        if let Some(used) = &idle[i].used {
             if !matches!(used.query(), Ok(true)) {
                 return None;
             }
         }
-        let entry = idle.entries.remove(i)?;
-        idle.bytes -= len;
-        Some(entry.buffer)
+        idle.remove(i).map(|e| e.buffer)
     }
 
     /// Keeps `buffer` for reuse once `used` (if any) has completed; frees the oldest buffers
@@ -296,19 +288,13 @@ impl DeviceBufferCache {
         let mut evicted = Vec::new();
         {
             let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
-            idle.bytes += buffer.len();
-            idle.entries.push_back(IdleBuffer { buffer, used });
-            while idle.bytes > DEVICE_CACHE_BYTES || idle.entries.len() > DEVICE_CACHE_ENTRIES {
-                let Some(old) = idle.entries.pop_front() else {
-                    break;
-                };
-                idle.bytes -= old.buffer.len();
-                evicted.push(old);
+            idle.push_back(IdleBuffer { buffer, used });
+            // A few dozen entries at most: summing them is simpler than keeping a count in step.
+            let bytes =
+                |idle: &VecDeque<IdleBuffer>| idle.iter().map(|e| e.buffer.len()).sum::<usize>();
+            while idle.len() > DEVICE_CACHE_ENTRIES || bytes(&idle) > DEVICE_CACHE_BYTES {
+                evicted.extend(idle.pop_front());
             }
-            debug_assert_eq!(
-                idle.bytes,
-                idle.entries.iter().map(|e| e.buffer.len()).sum::<usize>()
-            );
         }
         evicted.into_iter().for_each(IdleBuffer::free);
     }
@@ -334,7 +320,7 @@ impl IdleBuffer {
 impl Drop for DeviceBufferCache {
     fn drop(&mut self) {
         let idle = std::mem::take(self.idle.get_mut().unwrap_or_else(|p| p.into_inner()));
-        idle.entries.into_iter().for_each(IdleBuffer::free);
+        idle.into_iter().for_each(IdleBuffer::free);
     }
 }
 
@@ -846,7 +832,8 @@ impl Landed {
 impl Drop for Landed {
     fn drop(&mut self) {
         // On the host backend the copy thread writes into this memory until the flag is set;
-        // it must not go back to the cache before. CUDA memory is freed in stream order.
+        // it must not go back to the cache before. CUDA memory goes back to its device's cache,
+        // where it is reused in stream order (`DeviceBufferCache`).
         if !matches!(self.ready, CopyFence::Cuda(_)) {
             let _ = pinfeed_ring::Fence::wait(&self.ready);
         }

@@ -249,9 +249,6 @@ fn replicated_loader(
     devices: usize,
     make_backends: impl FnOnce() -> Result<Vec<Arc<Backend>>>,
 ) -> Result<Loader> {
-    if devices == 0 {
-        return Err(LoaderError::Config("no device given".into()));
-    }
     if options.reader == ReaderKind::Register && devices > 1 {
         return Err(LoaderError::Config(
             "the register reader feeds one device; replicating to several needs --reader pread (or auto)".into(),

@@ -630,7 +630,7 @@ impl Loader {
         self.shared.plan.batches_per_epoch
     }
 
-    /// Batches over all epochs.
+    /// Batches over all epochs (for each device, for a loader copying to several).
     pub fn num_batches(&self) -> u64 {
         self.shared.plan.total()
     }
@@ -807,9 +807,13 @@ impl Iterator for Loader {
     }
 
     fn size_hint(&self) -> (usize, Option<usize>) {
+        // A loader copying to several devices yields every device's batch of each step.
+        let targets = &self.shared.targets;
+        let delivered: u64 = targets.iter().map(|t| get(&t.delivered.batches)).sum();
         let left = self
             .num_batches()
-            .saturating_sub(get(&self.shared.targets[0].delivered.batches));
+            .saturating_mul(targets.len() as u64)
+            .saturating_sub(delivered);
         let left = usize::try_from(left).unwrap_or(usize::MAX);
         if self.finished {
             (0, Some(0))

@@ -205,7 +205,6 @@ pub struct Stager {
     shared: Arc<StagerShared>,
     /// Serialises uploads: pieces must be issued in arena order.
     upload: Mutex<()>,
-    threads: usize,
     /// The copy threads besides the caller's, parked between copies.
     gang: CopyGang,
     piece: usize,
@@ -221,7 +220,7 @@ impl std::fmt::Debug for Stager {
         f.debug_struct("Stager")
             .field("device", &self.device())
             .field("pinned_bytes", &self.pinned_bytes())
-            .field("threads", &self.threads)
+            .field("threads", &(self.gang.helpers.len() + 1))
             .field("piece", &self.piece)
             .field("method", &self.method)
             .field("register_budget", &self.register_budget)
@@ -276,7 +275,6 @@ impl Stager {
                 counters: Counters::default(),
             }),
             upload: Mutex::new(()),
-            threads,
             gang,
             piece,
             method: options.method,

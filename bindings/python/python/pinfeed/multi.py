@@ -4,9 +4,8 @@ every batch is read once and copied to each device."""
 
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
-from . import _pinfeed
 from .errors import PinfeedValueError
-from .loader import Loader, device_name
+from .loader import Loader, _bytes, device_name
 from .order import distributed_defaults, shuffle_mode
 
 
@@ -76,10 +75,8 @@ class MultiLoader:
                 )
             ]
             return
-        budget = None
-        if pinned_budget is not None:
-            total = pinned_budget if isinstance(pinned_budget, int) else _pinfeed.parse_size(str(pinned_budget))
-            budget = total // n
+        # An equal part of the budget each (Loader's own default when none is given).
+        budget = None if pinned_budget is None else _bytes(pinned_budget, 0) // n
         self.loaders = [
             Loader(
                 source,

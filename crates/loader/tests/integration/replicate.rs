@@ -202,6 +202,33 @@ fn replicated_stats_say_the_data_was_read_once() {
     }
 }
 
+/// The loader under a replicated `MultiLoader` yields every device's batch of each step: its
+/// size hint must count them all, part way through a step too.
+#[test]
+fn a_replicated_loaders_size_hint_counts_every_devices_batches() {
+    let (source, _) = random_source(100, 8, 41);
+    let devices = [DeviceSpec::Cpu; 3];
+    let mut loader = Loader::replicated(source, host_options(10), &devices).unwrap();
+    let mut left = 3 * loader.num_batches() as usize;
+    assert_eq!(left, 30);
+    loop {
+        let (_, most) = loader.size_hint();
+        assert!(
+            most.is_some_and(|most| most >= left),
+            "{most:?} < {left} left"
+        );
+        match loader.next() {
+            Some(batch) => {
+                batch.unwrap();
+                left -= 1;
+            }
+            None => break,
+        }
+    }
+    assert_eq!(left, 0);
+    assert_eq!(loader.size_hint(), (0, Some(0)));
+}
+
 #[test]
 fn held_batches_stay_valid_after_the_loader_is_dropped() {
     let (source, data) = random_source(2000, 50, 35);
