@@ -24,6 +24,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Condvar, Mutex};
 
 use pinfeed_cuda::{Context, PinMethod, Registration};
+use pinfeed_source::streaming;
 
 use crate::backend::{Backend, CopyFence, DeviceBudget, DeviceSpec, Landed};
 use crate::error::{LoaderError, Result};
@@ -706,8 +707,15 @@ impl Job {
             let at = i * CHUNK;
             let len = CHUNK.min(self.len - at);
             // SAFETY: chunk `i` lies inside both ranges, which stay valid until all chunks are
-            // copied (see `Job`), and no other thread takes the same index.
-            unsafe { std::ptr::copy_nonoverlapping(self.src.add(at), self.dst.add(at), len) };
+            // copied (see `Job`), and no other thread takes the same index, so this thread's
+            // view of the chunk is exclusive (dst) and unchanging (src) while it copies.
+            let (dst, src) = unsafe {
+                (
+                    std::slice::from_raw_parts_mut(self.dst.add(at), len),
+                    std::slice::from_raw_parts(self.src.add(at), len),
+                )
+            };
+            streaming::copy(dst, src);
             mine += 1;
         }
         if mine > 0 {
@@ -764,7 +772,7 @@ impl CopyGang {
             .len()
             .min((src.len() / CHUNK).saturating_sub(1));
         if helpers == 0 {
-            dst.copy_from_slice(src);
+            streaming::copy(dst, src);
             return;
         }
         let job = Arc::new(Job {
