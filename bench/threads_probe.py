@@ -2,13 +2,20 @@
 threads, two interleaved rounds, beside torch's best per-row variant in the same process. A
 probe, not part of the tables.
 
-PYTHONPATH=SITE:bench python3 bench/threads_probe.py
+PYTHONPATH=SITE:bench python3 bench/threads_probe.py [--threads 6,8,10,12,16] [--rounds 2]
 """
+
+import argparse
 
 import pinfeed
 import torch
 from python_bench import upload_through
 from torch_baselines import timed
+
+ap = argparse.ArgumentParser()
+ap.add_argument("--threads", default="6,8,10,12,16", help="copy thread counts, comma-separated")
+ap.add_argument("--rounds", type=int, default=2)
+args = ap.parse_args()
 
 a = torch.rand(1024, 655360)
 n = a.numel() * 4
@@ -16,8 +23,8 @@ rows = lambda: [i.pin_memory().cuda(non_blocking=True) for i in a]
 rows()
 wall, torch_cpu = timed(rows)
 print(f"torch rows: i.pin_memory().cuda(non_blocking=True): {n / wall / 1e9:6.2f} GB/s, {torch_cpu * 1e3:6.0f} ms CPU")
-for round_ in range(2):
-    for threads in [6, 8, 10, 12, 16]:
+for round_ in range(args.rounds):
+    for threads in [int(t) for t in args.threads.split(",")]:
         st = pinfeed._pinfeed.Stager("cuda", None, threads, "stage")
         upload_through(st, a)
         wall, cpu = timed(lambda: upload_through(st, a))

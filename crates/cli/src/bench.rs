@@ -35,7 +35,7 @@ pub struct BenchArgs {
     #[arg(long, default_value = "256MiB")]
     pinned_budget: String,
     /// pinfeed's reader threads (default: one per core) and the staging arena's copy threads
-    /// (default: one per core, at most 12).
+    /// (default: one per core, at most 8).
     #[arg(long)]
     threads: Option<usize>,
     /// Repeat each variant this many times and report the median.

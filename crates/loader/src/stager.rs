@@ -24,7 +24,6 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Condvar, Mutex};
 
 use pinfeed_cuda::{Context, PinMethod, Registration};
-use pinfeed_source::streaming;
 
 use crate::backend::{Backend, CopyFence, DeviceBudget, DeviceSpec, Landed};
 use crate::error::{LoaderError, Result};
@@ -660,10 +659,12 @@ impl StageLane<'_> {
     }
 }
 
-/// Copy threads a stager starts at most unless told otherwise. On the 16-core H200 machine 12
-/// moved the seed tensor as fast as 16 (53 GB/s, the bus) with 4-16% less CPU time, and fewer
-/// were slower (10: 51-53, 8: 45, 6: 37-39 GB/s; docs/BENCHMARKS.md).
-pub const DEFAULT_MAX_COPY_THREADS: usize = 12;
+/// Copy threads a stager starts at most unless told otherwise: the fewest that keep up with the
+/// bus, because each thread more makes every thread's copy dearer. On the 16-core H200 machine
+/// (docs/BENCHMARKS.md) the CPU copied 8.3 GB/s per CPU-second at 4 threads while the copy
+/// engine read, 7.0-7.7 at 8 to 12 and 6.2 at 16; 8 threads moved the seed tensor at 47-52 GB/s
+/// (the bus: 54) for 354-380 ms of CPU, 12 at 54 GB/s for 417-460 ms.
+pub const DEFAULT_MAX_COPY_THREADS: usize = 8;
 
 /// What gang threads take one at a time: small enough that a thread the scheduler delays (16
 /// copy threads on 16 cores share them with the driver and the caller) holds the piece up by
@@ -707,15 +708,8 @@ impl Job {
             let at = i * CHUNK;
             let len = CHUNK.min(self.len - at);
             // SAFETY: chunk `i` lies inside both ranges, which stay valid until all chunks are
-            // copied (see `Job`), and no other thread takes the same index, so this thread's
-            // view of the chunk is exclusive (dst) and unchanging (src) while it copies.
-            let (dst, src) = unsafe {
-                (
-                    std::slice::from_raw_parts_mut(self.dst.add(at), len),
-                    std::slice::from_raw_parts(self.src.add(at), len),
-                )
-            };
-            streaming::copy(dst, src);
+            // copied (see `Job`), and no other thread takes the same index.
+            unsafe { std::ptr::copy_nonoverlapping(self.src.add(at), self.dst.add(at), len) };
             mine += 1;
         }
         if mine > 0 {
@@ -772,7 +766,7 @@ impl CopyGang {
             .len()
             .min((src.len() / CHUNK).saturating_sub(1));
         if helpers == 0 {
-            streaming::copy(dst, src);
+            dst.copy_from_slice(src);
             return;
         }
         let job = Arc::new(Job {

@@ -120,8 +120,7 @@ impl Source for HostBuffer {
         check_request(self, first, dst.len())?;
         // In range, so start..start + dst.len() lies inside the buffer.
         let start = first as usize * self.layout.record_bytes();
-        // The slot's next reader is the copy engine (or a transform, which reads it once).
-        crate::streaming::copy(dst, &self.as_slice()[start..start + dst.len()]);
+        dst.copy_from_slice(&self.as_slice()[start..start + dst.len()]);
         Ok(())
     }
 

@@ -61,7 +61,6 @@ mod records;
 pub mod safetensors;
 mod shards;
 mod sigbus;
-pub mod streaming;
 
 pub use dtype::DType;
 pub use error::SourceError;

@@ -13,7 +13,6 @@ use std::ptr::NonNull;
 
 use crate::read::read_exact_at;
 use crate::sigbus::{self, Guard};
-use crate::streaming;
 use crate::Result;
 
 /// One run of a gather: `len` bytes from byte `offset` of the file to `dst[at .. at + len]`.
@@ -145,12 +144,11 @@ impl MappedFile {
             // process may change the file's bytes meanwhile: we then copy whatever is there, as
             // `pread` would, and never form a reference to the mapped bytes. A page past a
             // shrunk file's end faults and reads as zeroes (see `crate::sigbus`), which the
-            // checks below catch. The batch goes to the copy engine, not back to this CPU:
-            // streaming stores.
+            // checks below catch.
             unsafe {
-                streaming::copy_raw(
-                    dst.as_mut_ptr().add(run.at),
+                std::ptr::copy_nonoverlapping(
                     self.ptr.as_ptr().add(from),
+                    dst.as_mut_ptr().add(run.at),
                     run.len,
                 );
             }

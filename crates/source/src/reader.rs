@@ -335,28 +335,6 @@ impl Reader {
         }
     }
 
-    /// Fills `dst` with the record bytes from byte `offset` of `file`: with `Mmap`, by a
-    /// streaming copy out of the mapping of `data` (the file's record bytes, mapped at the
-    /// first read or gather); otherwise as [`read`](Reader::read).
-    pub(crate) fn read_records(
-        &self,
-        file: &File,
-        path: &Path,
-        data: std::ops::Range<u64>,
-        offset: u64,
-        dst: &mut [u8],
-    ) -> Result<()> {
-        if self.mode == ReadMode::Mmap {
-            let run = GatherRun {
-                offset,
-                at: 0,
-                len: dst.len(),
-            };
-            return self.gather(file, path, data, &[run], dst);
-        }
-        self.read(file, path, offset, dst)
-    }
-
     /// Fills `dst` from byte `offset` of `file` through the ordinary descriptor: one `pread`, or
     /// `read_size` pieces on io_uring.
     pub(crate) fn read(&self, file: &File, path: &Path, offset: u64, dst: &mut [u8]) -> Result<()> {

@@ -74,7 +74,7 @@ impl Source for FileRecords {
     fn read_records(&self, first: u64, dst: &mut [u8]) -> Result<()> {
         check_request(self, first, dst.len())?;
         self.reader
-            .read_records(&self.file, &self.path, self.data(), self.offset(first), dst)
+            .read(&self.file, &self.path, self.offset(first), dst)
     }
 
     fn alignment(&self) -> usize {

@@ -1,0 +1,160 @@
+//! The CPU-time floor of a staging copy: how fast the CPU copies pageable memory into a pinned
+//! arena, per wall-clock second and per CPU-second, at several thread counts, with the bus idle
+//! and while the copy engine reads pinned memory at full speed. `to_device` cannot spend less
+//! CPU time than its bytes divided by the best rate per CPU-second found here.
+//!
+//! `cargo run --release --example copy_rates [THREADS ...]` on a GPU machine (default 1 2 4 6 8
+//! 10 12 16). A probe: prints a table, asserts nothing about speed, checks the copied bytes.
+//!
+//! Copy threads take 256 KiB chunks of a 2 GiB pageable source in turn (the copy gang's chunk)
+//! and write them round their share of a 64 MiB page-locked arena (the stager's default). CPU
+//! time is each copy thread's own (`RUSAGE_THREAD`), summed. Each line is the best of three
+//! rounds, the bus-idle and bus-busy runs interleaved.
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::Instant;
+
+use pinfeed_cuda::{Context, DevicePool, PinMethod, PinnedMemory, Stream};
+
+const SOURCE: usize = 2 << 30;
+const ARENA: usize = 64 << 20;
+const CHUNK: usize = 256 << 10;
+/// The seed tensor's bytes (1024 x 655360 float32), to put the rates in `to_device`'s terms.
+const SEED_BYTES: f64 = 2_684_354_560.0;
+/// What the copy engine reads meanwhile: this much pinned memory, copied again and again.
+const DMA_BYTES: usize = 256 << 20;
+
+fn thread_cpu_seconds() -> f64 {
+    // SAFETY: `usage` is a valid, writable rusage for getrusage to fill.
+    let usage = unsafe {
+        let mut usage: libc::rusage = std::mem::zeroed();
+        libc::getrusage(libc::RUSAGE_THREAD, &mut usage);
+        usage
+    };
+    let t = |v: libc::timeval| v.tv_sec as f64 + v.tv_usec as f64 * 1e-6;
+    t(usage.ru_utime) + t(usage.ru_stime)
+}
+
+/// Copies the source through the arena with `threads` threads, each round its own share;
+/// returns (GB/s, GB/s per CPU-second).
+fn copy_through(threads: usize, src: &[u8], arena: &mut [u8]) -> (f64, f64) {
+    let next = AtomicUsize::new(0);
+    let share = (ARENA / threads / CHUNK).max(1) * CHUNK;
+    let t0 = Instant::now();
+    let done: Vec<(f64, Option<(usize, usize)>)> = std::thread::scope(|s| {
+        let handles: Vec<_> = arena
+            .chunks_mut(share)
+            .take(threads)
+            .map(|mine| {
+                let next = &next;
+                s.spawn(move || {
+                    let c0 = thread_cpu_seconds();
+                    // (source chunk, place in `mine`) of the last copy, to check.
+                    let (mut last, mut at) = (None, 0);
+                    loop {
+                        let i = next.fetch_add(1, Ordering::Relaxed);
+                        if i >= SOURCE / CHUNK {
+                            break;
+                        }
+                        mine[at..at + CHUNK].copy_from_slice(&src[i * CHUNK..(i + 1) * CHUNK]);
+                        last = Some((i, at));
+                        at = (at + CHUNK) % (mine.len() / CHUNK * CHUNK);
+                    }
+                    (thread_cpu_seconds() - c0, last)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let wall = t0.elapsed().as_secs_f64();
+    let cpu: f64 = done.iter().map(|(cpu, _)| cpu).sum();
+    for (mine, (_, last)) in arena.chunks(share).zip(&done) {
+        if let Some((i, at)) = *last {
+            assert!(
+                mine[at..at + CHUNK] == src[i * CHUNK..(i + 1) * CHUNK],
+                "chunk {i} differs"
+            );
+        }
+    }
+    (SOURCE as f64 / wall / 1e9, SOURCE as f64 / cpu / 1e9)
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let threads: Vec<usize> = match std::env::args().skip(1).collect::<Vec<_>>() {
+        args if args.is_empty() => vec![1, 2, 4, 6, 8, 10, 12, 16],
+        args => args.iter().map(|a| a.parse()).collect::<Result<_, _>>()?,
+    };
+    let ctx = Context::new(0)?;
+    ctx.bind()?;
+    let src: Vec<u8> = (0..SOURCE)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+        .collect();
+    let arena_mem = PinnedMemory::alloc(&ctx, ARENA, PinMethod::HostAlloc)?;
+    // SAFETY: the allocation is ARENA bytes, page-locked, used by nothing else; the slice is
+    // dropped before it.
+    let arena = unsafe { std::slice::from_raw_parts_mut(arena_mem.as_ptr(), ARENA) };
+    let dma_src = PinnedMemory::alloc(&ctx, DMA_BYTES, PinMethod::HostAlloc)?;
+    // SAFETY: as above.
+    unsafe { std::ptr::write_bytes(dma_src.as_ptr(), 3, DMA_BYTES) };
+    let stream = Stream::new(&ctx)?;
+    let pool = DevicePool::new(&ctx)?;
+    let dma_dst = pool.alloc_async(DMA_BYTES, &stream)?;
+    stream.synchronize()?;
+
+    println!("CPU copies into a 64 MiB pinned arena; seed ms = CPU time the seed tensor's 2.68 GB would take");
+    println!("threads |  bus idle: GB/s  per CPU-s  seed ms | copy engine reading: GB/s  per CPU-s  seed ms  DMA GB/s");
+    for &t in &threads {
+        let (mut idle, mut busy, mut dma_rate) = ((0f64, 0f64), (0f64, 0f64), 0f64);
+        for _ in 0..3 {
+            let r = copy_through(t, &src, arena);
+            idle = (idle.0.max(r.0), idle.1.max(r.1));
+            // The copy engine reads `dma_src` over and over while the CPU copies.
+            let stop = AtomicBool::new(false);
+            let (r, moved, secs) = std::thread::scope(|s| -> Result<_, String> {
+                let dma = s.spawn(|| -> Result<(usize, f64), String> {
+                    ctx.bind().map_err(|e| e.to_string())?;
+                    let (t0, mut moved) = (Instant::now(), 0);
+                    while !stop.load(Ordering::Relaxed) {
+                        for _ in 0..4 {
+                            // SAFETY: both buffers hold DMA_BYTES and outlive the synchronise
+                            // below; nothing writes `dma_src` meanwhile.
+                            unsafe {
+                                pinfeed_cuda::memcpy_htod_async(
+                                    dma_dst.ptr(),
+                                    dma_src.as_ptr(),
+                                    DMA_BYTES,
+                                    &stream,
+                                )
+                            }
+                            .map_err(|e| e.to_string())?;
+                        }
+                        stream.synchronize().map_err(|e| e.to_string())?;
+                        moved += 4 * DMA_BYTES;
+                    }
+                    Ok((moved, t0.elapsed().as_secs_f64()))
+                });
+                // Let the copy engine get going first.
+                std::thread::sleep(std::time::Duration::from_millis(20));
+                let r = copy_through(t, &src, arena);
+                stop.store(true, Ordering::Relaxed);
+                let (moved, secs) = dma.join().unwrap()?;
+                Ok((r, moved, secs))
+            })?;
+            busy = (busy.0.max(r.0), busy.1.max(r.1));
+            dma_rate = dma_rate.max(moved as f64 / secs / 1e9);
+        }
+        println!(
+            "{t:7} | {:15.2}  {:9.2}  {:7.0} | {:25.2}  {:9.2}  {:7.0}  {:8.2}",
+            idle.0,
+            idle.1,
+            SEED_BYTES / idle.1 / 1e6,
+            busy.0,
+            busy.1,
+            SEED_BYTES / busy.1 / 1e6,
+            dma_rate
+        );
+    }
+    drop(dma_dst);
+    stream.synchronize()?;
+    Ok(())
+}
