@@ -41,6 +41,10 @@ if want rust; then
     $C/pinfeed bench --json > "$OUT/pinfeed_bench.json" && python3 -c "
 import json; b = json.load(open('$OUT/pinfeed_bench.json'))
 for v in b['variants']: print(f\"{v['name']:<20} {v['wall_s']*1e3:8.1f} ms {v['cpu_s']*1e3:8.1f} ms CPU {v['gbps']:6.2f} GB/s\")"
+    if [ -x $C/copy_rates ]; then
+        echo "== the CPU's copy rate into pinned memory: the CPU-time floor of a staging copy"
+        $C/copy_rates 4 8 12 16 | tee "$OUT/copy_rates.txt"
+    fi
     echo "== pinfeed stream (page-cached 4 GiB .npy, batches of 1024)"
     : > "$OUT/pinfeed_stream.jsonl"
     for rep in 1 2 3; do
@@ -115,6 +119,10 @@ if want bigcached; then
         for rep in 1 2; do $C/pinfeed stream "$BIG" --batch-size $bs --reader pread --threads 8 --json >> "$OUT/big_cached.jsonl"; done
     done
     $C/pinfeed stream "$BIG" --batch-size 1024 --reader auto --json >> "$OUT/big_cached.jsonl"
+    if ls $C/*.whl >/dev/null 2>&1; then
+        python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site $C/*.whl
+        PYTHONPATH=/tmp/site timeout 300 python3 bench/big_loader.py "$BIG" "$OUT/big_loader.json" || echo "big_loader ended with $?"
+    fi
     python3 -c "
 import json
 for l in open('$OUT/big_cached.jsonl'):

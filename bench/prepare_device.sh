@@ -8,6 +8,10 @@ rm -rf "$C" && mkdir -p "$C/tests"
 cargo build --release --locked -p pinfeed-cli
 cp target/release/pinfeed "$C/"
 strip "$C/pinfeed"
+# The CPU's copy rate into pinned memory (the CPU-time floor of to_device).
+cargo build --release --locked -p pinfeed --example copy_rates
+cp target/release/examples/copy_rates "$C/"
+strip "$C/copy_rates"
 # Test binaries that hold GPU tests (marked #[ignore = "needs a CUDA device"]).
 for pkg in pinfeed-cuda pinfeed; do
     cargo test --release --locked -p "$pkg" --no-run --message-format=json 2>/dev/null \

@@ -54,6 +54,8 @@ def main():
         "soak_log": load(f"{d}/soak.log"),
         "multi": load(f"{d}/multi.jsonl"),
         "big_sweep": load(f"{d}/big_sweep.jsonl"),
+        "copy_rates": load(f"{d}/copy_rates.txt"),
+        "big_loader": load(f"{d}/big_loader.json"),
     }
     base = f"bench/results/{args.date}-{args.tag}"
     with open(base + ".json", "w") as f:
@@ -76,6 +78,9 @@ def main():
         md.append(f"\nPage-lock cost per row in (b): {b['page_lock_alloc_ms']:.3f} ms to allocate, {b['page_lock_free_ms']:.3f} ms to free; one row through the ring: {b['row_copy_ms']:.3f} ms.")
         for m in b.get("pin_methods", []):
             md.append(f"- page-locking {m['bytes']>>20} MiB with {m['method']}: {m['alloc_ms']:.1f} ms, freeing {m['free_ms']:.1f} ms")
+    if raw["copy_rates"]:
+        md.append("\nThe CPU's copy rate into pinned memory in the same run (`copy_rates`, best of three; the"
+                  " CPU-time floor of any staging copy):\n\n```\n" + raw["copy_rates"].strip() + "\n```")
     if raw["pinfeed_stream"]:
         groups = {}
         for r in raw["pinfeed_stream"]:
@@ -160,6 +165,10 @@ def main():
         md.append(table(["run", "GB/s", "GB/s after start-up", "CPU s", "peak RSS MiB", "pinned MiB"], rows))
         if raw["big_dd"]:
             md.append("\nThe disk's raw `O_DIRECT` rate in the same run (`dd bs=8M iflag=direct`):\n\n```\n" + raw["big_dd"].strip() + "\n```")
+    if raw["big_loader"]:
+        rows = [[r["reader"], r["described"], r["threads"], r["pass"], f"{r['gbps']:.2f}", f"{r['cpu_s']:.1f}", r["explanation"]] for r in raw["big_loader"]]
+        md.append("\nThe same file through the Python `pinfeed.Loader` (batches of 1024), three passes with one Loader (the first checked against the file):\n")
+        md.append(table(["reader", "as described", "threads", "pass", "GB/s", "CPU s", "the Loader's account"], rows))
     if raw["big_sweep"]:
         rows = [[r["threads"], r["slots"], f"{r['pinned_bytes_peak']>>20}", f"{r['streaming_gbps']:.2f}", r["explanation"]] for r in raw["big_sweep"]]
         md.append("\n### The 40 GB file, page-cached: reader threads (batches of 1024, `--reader pread`)\n")
