@@ -82,6 +82,34 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             t.elapsed().as_secs_f64(),
         );
 
+        // Events alone, without the allocations: one per copy, then one every 8 copies (a
+        // later event on the stream covers the copies before it).
+        for every in [1, 8] {
+            let events: Vec<Event> = (0..SLOTS)
+                .map(|_| Event::new(&ctx))
+                .collect::<Result<_, _>>()?;
+            let t = Instant::now();
+            for i in 0..batches {
+                // SAFETY: as above.
+                unsafe {
+                    pinfeed_cuda::memcpy_htod_async(
+                        dst.ptr() + ((i % SLOTS) * batch) as u64,
+                        slot(i),
+                        batch,
+                        &stream,
+                    )?
+                };
+                if i % every == 0 {
+                    events[(i / every) % SLOTS].record(&stream)?;
+                }
+            }
+            stream.synchronize()?;
+            rate(
+                &format!("+ an event every {every} copies (no allocations)"),
+                t.elapsed().as_secs_f64(),
+            );
+        }
+
         let t = Instant::now();
         let mut held = VecDeque::new();
         for i in 0..batches {
