@@ -642,7 +642,6 @@ fn report_json(
             "wait_free_slot_s": stats.wait_free_slot.as_secs_f64(),
             "copy_wait_filled_s": stats.wait_filled.as_secs_f64(),
             "copy_issue_s": stats.copy_issue_time.as_secs_f64(),
-            "copy_fences": stats.copy_fences,
             "copy_wait_consumer_s": stats.wait_consumer.as_secs_f64(),
             "consumer_wait_s": stats.consumer_wait.as_secs_f64(),
         },

@@ -60,14 +60,6 @@ pub enum CudaError {
         detail: String,
     },
 
-    /// Work was queued on a stream but the event that was to mark its completion never was
-    /// recorded: the thread that queued it stopped first (an earlier error says why).
-    #[error("copies queued without a completion event: {detail}")]
-    Unfenced {
-        /// Why the event was never recorded.
-        detail: String,
-    },
-
     /// The device or driver lacks a feature this crate needs.
     #[error("unsupported on this device or driver: {detail}")]
     Unsupported {

@@ -84,20 +84,9 @@ pub enum CopyFence {
     /// replicated loader, each on its own device's stream, in no set order among them. The
     /// slot may be reused only when the last of them has finished reading it.
     All(Vec<CopyFence>),
-    /// A fence the copy thread records after a few more copies (see [`LaterFence`]).
-    Later(Arc<LaterFence>),
 }
 
 impl CopyFence {
-    /// The fence itself, or the one a [`CopyFence::Later`] turned out to be, waiting (without
-    /// spinning) until the copy thread has recorded it.
-    pub(crate) fn settled(&self) -> std::result::Result<CopyFence, CudaError> {
-        match self {
-            CopyFence::Later(later) => later.settled(),
-            other => Ok(other.clone()),
-        }
-    }
-
     /// The fence of all of `fences`: the one itself when there is one.
     pub(crate) fn all(mut fences: Vec<CopyFence>) -> CopyFence {
         debug_assert!(!fences.is_empty(), "a fence of no copy");
@@ -115,73 +104,6 @@ impl fmt::Debug for CopyFence {
             CopyFence::Host(flag) => write!(f, "HostFence(done={})", flag.is_set()),
             CopyFence::Cuda(_) => write!(f, "CudaEvent"),
             CopyFence::All(fences) => f.debug_tuple("All").field(fences).finish(),
-            CopyFence::Later(later) => match &*later.lock() {
-                None => write!(f, "Later(not yet recorded)"),
-                Some(Ok(fence)) => f.debug_tuple("Later").field(fence).finish(),
-                Some(Err(e)) => write!(f, "Later(never recorded: {e})"),
-            },
-        }
-    }
-}
-
-/// The fence of copies queued without one of their own, recorded by the copy thread after
-/// later copies.
-///
-/// An event recorded between two copies costs the copy engine a gap: 1 MiB copies with an
-/// event after each ran at 45.0 GB/s on an H200, against 48.1 without and 47.7 with one
-/// every eight copies (`copy_path`, sixth session). Copies on one stream (or the host copy
-/// thread) finish in the order they were queued, so an event recorded after several copies
-/// completes only once all of them have: it is a correct, if later, fence for each. The
-/// copy thread gives each copy a `LaterFence` and fills in the event before it could block
-/// (on a slot not yet filled, or a consumer not keeping up) and after a few copies, so
-/// whoever waits on one is never waiting for a thread that waits for it.
-#[derive(Debug, Default)]
-pub struct LaterFence {
-    /// `None` until recorded; then the fence, or why it never will be.
-    state: Mutex<Option<std::result::Result<CopyFence, String>>>,
-    recorded: Condvar,
-}
-
-impl LaterFence {
-    fn lock(&self) -> std::sync::MutexGuard<'_, Option<std::result::Result<CopyFence, String>>> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// Fills in the fence (the first call counts) and wakes whoever waits for it.
-    pub(crate) fn record(&self, fence: std::result::Result<CopyFence, String>) {
-        {
-            let mut state = self.lock();
-            if state.is_none() {
-                *state = Some(fence);
-            }
-        }
-        self.recorded.notify_all();
-    }
-
-    /// The fence once recorded; `None` before.
-    fn get(&self) -> Option<std::result::Result<CopyFence, CudaError>> {
-        self.lock().as_ref().map(Self::owned)
-    }
-
-    /// The fence, waiting until it is recorded.
-    fn settled(&self) -> std::result::Result<CopyFence, CudaError> {
-        let mut state = self.lock();
-        loop {
-            if let Some(recorded) = state.as_ref() {
-                return Self::owned(recorded);
-            }
-            state = self.recorded.wait(state).unwrap_or_else(|p| p.into_inner());
-        }
-    }
-
-    fn owned(
-        recorded: &std::result::Result<CopyFence, String>,
-    ) -> std::result::Result<CopyFence, CudaError> {
-        match recorded {
-            Ok(fence) => Ok(fence.clone()),
-            Err(detail) => Err(CudaError::Unfenced {
-                detail: detail.clone(),
-            }),
         }
     }
 }
@@ -200,11 +122,6 @@ impl pinfeed_ring::Fence for CopyFence {
                 }
                 Ok(true)
             }
-            // Not recorded yet: the copies it covers may not even have started.
-            CopyFence::Later(later) => match later.get() {
-                None => Ok(false),
-                Some(fence) => fence?.is_complete(),
-            },
         }
     }
     fn wait(&self) -> std::result::Result<(), CudaError> {
@@ -225,7 +142,6 @@ impl pinfeed_ring::Fence for CopyFence {
                 }
                 first_error.map_or(Ok(()), Err)
             }
-            CopyFence::Later(later) => later.settled()?.wait(),
         }
     }
 }
@@ -509,8 +425,7 @@ struct HostJob {
     src: SendPtr<u8>,
     dst: SendPtr<u8>,
     len: usize,
-    /// Set once this job and every job before it are done (`None`: nobody waits for this one).
-    done: Option<Arc<HostFlag>>,
+    done: Arc<HostFlag>,
 }
 
 /// The host backend's copy engine: one thread copying in submission order, like a stream.
@@ -562,14 +477,10 @@ impl HostCopyEngine {
                     if let Some(gate) = &gate {
                         gate.pass();
                     }
-                    if job.len > 0 {
-                        // SAFETY: see `SendPtr`: both ranges are valid for `len` bytes and
-                        // nobody else touches them until `done` (or a later job's) is set.
-                        unsafe { std::ptr::copy_nonoverlapping(job.src.0, job.dst.0, job.len) };
-                    }
-                    if let Some(done) = job.done {
-                        done.set();
-                    }
+                    // SAFETY: see `SendPtr`: both ranges are valid for `len` bytes and nobody
+                    // else touches them until `done` is set.
+                    unsafe { std::ptr::copy_nonoverlapping(job.src.0, job.dst.0, job.len) };
+                    job.done.set();
                 }
             })
             .map_err(|source| LoaderError::Thread {
@@ -580,28 +491,6 @@ impl HostCopyEngine {
             jobs: Some(tx),
             thread: Some(thread),
         })
-    }
-}
-
-impl HostCopyEngine {
-    /// Queues a copy of `len` bytes (none: a marker that only sets `done`).
-    fn submit(
-        &self,
-        src: *const u8,
-        dst: u64,
-        len: usize,
-        done: Option<Arc<HostFlag>>,
-    ) -> Result<()> {
-        let job = HostJob {
-            src: SendPtr(src.cast_mut()),
-            dst: SendPtr(dst as *mut u8),
-            len,
-            done,
-        };
-        self.jobs
-            .as_ref()
-            .and_then(|jobs| jobs.send(job).ok())
-            .ok_or_else(|| LoaderError::Config("the host copy engine has stopped".into()))
     }
 }
 
@@ -768,52 +657,19 @@ impl Backend {
         match self {
             Backend::Host { engine, .. } => {
                 let done = Arc::new(HostFlag::default());
-                engine.submit(src, dst, len, Some(Arc::clone(&done)))?;
-                Ok(CopyFence::Host(done))
-            }
-            Backend::Cuda { copy_stream, .. } => {
-                // SAFETY: forwarded from this function's contract.
-                unsafe { pinfeed_cuda::memcpy_htod_async(dst, src, len, copy_stream)? };
-                self.fence_queued()
-            }
-        }
-    }
-
-    /// [`copy`](Backend::copy) without a fence of its own: the copy is complete once a fence
-    /// from a later [`fence_queued`](Backend::fence_queued) is.
-    ///
-    /// # Safety
-    /// As for `copy`, until that later fence completes.
-    pub(crate) unsafe fn copy_unfenced(
-        &self,
-        src: *const u8,
-        dst: &mut DeviceMemory,
-        dst_offset: usize,
-        len: usize,
-    ) -> Result<()> {
-        assert!(
-            dst_offset + len <= dst.len(),
-            "copy past the end of device memory"
-        );
-        let at = dst.write_address() + dst_offset as u64;
-        match self {
-            Backend::Host { engine, .. } => engine.submit(src, at, len, None),
-            Backend::Cuda { copy_stream, .. } => {
-                // SAFETY: `at .. at + len` lies inside `dst` (asserted); the rest is forwarded
-                // from this function's contract.
-                unsafe { pinfeed_cuda::memcpy_htod_async(at, src, len, copy_stream)? };
-                Ok(())
-            }
-        }
-    }
-
-    /// A fence that completes once every copy queued so far has: an event recorded on the copy
-    /// stream, or a flag the host copy thread sets after the jobs before it.
-    pub(crate) fn fence_queued(&self) -> Result<CopyFence> {
-        match self {
-            Backend::Host { engine, .. } => {
-                let done = Arc::new(HostFlag::default());
-                engine.submit(std::ptr::null(), 0, 0, Some(Arc::clone(&done)))?;
+                let job = HostJob {
+                    src: SendPtr(src.cast_mut()),
+                    dst: SendPtr(dst as *mut u8),
+                    len,
+                    done: Arc::clone(&done),
+                };
+                engine
+                    .jobs
+                    .as_ref()
+                    .and_then(|jobs| jobs.send(job).ok())
+                    .ok_or_else(|| {
+                        LoaderError::Config("the host copy engine has stopped".into())
+                    })?;
                 Ok(CopyFence::Host(done))
             }
             Backend::Cuda {
@@ -821,6 +677,8 @@ impl Backend {
                 events,
                 ..
             } => {
+                // SAFETY: forwarded from this function's contract.
+                unsafe { pinfeed_cuda::memcpy_htod_async(dst, src, len, copy_stream)? };
                 let event = events.get()?;
                 event.record(copy_stream)?;
                 Ok(CopyFence::Cuda(Arc::new(event)))
@@ -871,7 +729,7 @@ impl Backend {
                 },
                 fence,
             ) => {
-                match &fence.settled()? {
+                match fence {
                     CopyFence::Cuda(event) => readback_stream.wait_event(event)?,
                     // Not one event of this device (a fence of several devices' copies): wait
                     // on the host.
@@ -926,7 +784,7 @@ impl Landed {
     /// `stream` is a live CUDA stream of the data's context (0 for the legacy default stream),
     /// or any value on the host backend.
     pub(crate) unsafe fn stream_wait(&self, stream: u64) -> Result<()> {
-        match (&self.ready.settled()?, self.backend.context()) {
+        match (&self.ready, self.backend.context()) {
             // A copy that has finished needs no wait: work queued on `stream` from now on
             // sees its bytes. A consumer slower than the copy engine (the case that counts:
             // small batches) mostly gets batches whose copy is done, and a query costs the
@@ -976,7 +834,7 @@ impl Drop for Landed {
         // On the host backend the copy thread writes into this memory until the flag is set;
         // it must not go back to the cache before. CUDA memory goes back to its device's cache,
         // where it is reused in stream order (`DeviceBufferCache`).
-        if matches!(*self.backend, Backend::Host { .. }) {
+        if !matches!(self.ready, CopyFence::Cuda(_)) {
             let _ = pinfeed_ring::Fence::wait(&self.ready);
         }
     }

@@ -25,9 +25,7 @@ use std::time::{Duration, Instant};
 use pinfeed_ring::{Claim, Ring};
 use pinfeed_source::{AlignedBuffer, Source};
 
-use crate::backend::{
-    Backend, CopyFence, DeviceBudget, DeviceMemory, DeviceSpec, Landed, LaterFence,
-};
+use crate::backend::{Backend, CopyFence, DeviceBudget, DeviceMemory, DeviceSpec, Landed};
 use crate::direct::{MappedWindows, ReaderKind};
 use crate::error::{LoaderError, Result};
 use crate::order::{BatchRecords, EpochOrder, OrderSpec, Shuffle};
@@ -698,7 +696,6 @@ impl Loader {
             wait_free_slot: ring.wait_free,
             wait_filled: ring.wait_filled,
             copy_issue_time: nanos(&c.copy_issue_ns),
-            copy_fences: get(&c.copy_fences),
             wait_consumer: nanos(&c.wait_consumer_ns),
             consumer_wait: nanos(&c.consumer_wait_ns),
             reader: s.staging.reader(),
@@ -974,11 +971,7 @@ fn copy_loop(shared: &Arc<Shared>, batches: SyncSender<Result<Batch>>) {
 }
 
 /// Hands a batch on device `target` whose copy was issued to the consumer; false when the
-/// consumer went away. Before waiting for room in the queue it records the fence of the
-/// copies issued without one, which the consumer may be waiting for.
-///
-/// The copy thread must never drop a batch (or wait) while copies it issued lack their fence:
-/// dropping a host-backend batch waits for its copy's fence, which only this thread records.
+/// consumer went away.
 fn deliver(
     shared: &Shared,
     batches: &SyncSender<Result<Batch>>,
@@ -986,7 +979,6 @@ fn deliver(
     (seq, spec, len): (u64, Arc<BatchSpec>, usize),
     memory: DeviceMemory,
     ready: CopyFence,
-    unfenced: Option<&mut Unfenced<'_>>,
 ) -> bool {
     let batch = Batch {
         seq,
@@ -1000,81 +992,11 @@ fn deliver(
         },
     };
     let handed = Instant::now();
-    let batch = match batches.try_send(Ok(batch)) {
-        Ok(()) => return true,
-        Err(mpsc::TrySendError::Full(batch) | mpsc::TrySendError::Disconnected(batch)) => batch,
-    };
-    // About to wait for the consumer, or to drop the batch, which on the host backend waits
-    // for its copy: either way the copies issued without a fence get theirs first.
-    if let Some(unfenced) = unfenced {
-        unfenced.record();
-    }
-    if batches.send(batch).is_err() {
+    if batches.send(Ok(batch)).is_err() {
         return false;
     }
     add(&shared.counters.wait_consumer_ns, handed.elapsed());
     true
-}
-
-/// Copies a single device's copy thread issued since its last fence: each got a
-/// [`LaterFence`], filled in by the next event, recorded after [`FENCE_EVERY`] copies or
-/// before the copy thread could block (see `LaterFence` for why and why it is safe).
-/// Dropping it records the fence, so no exit leaves a waiter waiting.
-struct Unfenced<'a> {
-    backend: &'a Backend,
-    counters: &'a Counters,
-    pending: Option<(Arc<LaterFence>, usize)>,
-}
-
-/// Copies at most between two fences of the copy thread.
-const FENCE_EVERY: usize = 8;
-
-impl<'a> Unfenced<'a> {
-    fn new(backend: &'a Backend, counters: &'a Counters) -> Self {
-        Unfenced {
-            backend,
-            counters,
-            pending: None,
-        }
-    }
-
-    /// Issues a copy without a fence of its own and returns the fence that will cover it.
-    ///
-    /// # Safety
-    /// As for [`Backend::copy_unfenced`].
-    unsafe fn copy(
-        &mut self,
-        src: *const u8,
-        dst: &mut DeviceMemory,
-        offset: usize,
-        len: usize,
-    ) -> Result<CopyFence> {
-        // SAFETY: forwarded from this function's contract.
-        unsafe { self.backend.copy_unfenced(src, dst, offset, len) }?;
-        let (later, copies) = self.pending.get_or_insert_with(Default::default);
-        *copies += 1;
-        let fence = CopyFence::Later(Arc::clone(later));
-        if *copies >= FENCE_EVERY {
-            self.record();
-        }
-        Ok(fence)
-    }
-
-    /// Records the fence of the copies issued since the last one (if any). A failure is
-    /// recorded in their place: whoever waits on them gets the error rather than waiting.
-    fn record(&mut self) {
-        if let Some((later, _)) = self.pending.take() {
-            use std::sync::atomic::Ordering::Relaxed;
-            self.counters.copy_fences.fetch_add(1, Relaxed);
-            later.record(self.backend.fence_queued().map_err(|e| e.to_string()));
-        }
-    }
-}
-
-impl Drop for Unfenced<'_> {
-    fn drop(&mut self) {
-        self.record();
-    }
 }
 
 /// A batch being assembled by the copy thread: its place, and on each device its memory and
@@ -1088,17 +1010,7 @@ fn copy_slots(shared: &Arc<Shared>, pool: &PinnedPool, batches: &SyncSender<Resu
     let pieces = shared.pieces;
     let rb = shared.out_record_bytes;
     let mut current: Option<Assembling> = None;
-    // One device: copies share fences (several devices: each copy is fenced on its own).
-    let mut unfenced =
-        (shared.targets.len() == 1).then(|| Unfenced::new(shared.backend(), &shared.counters));
     for unit in 0..shared.plan.total() * pieces.per_batch {
-        if !shared.ring.is_ready(unit) {
-            // The copy thread is about to wait for a reader, which may be waiting for a slot
-            // that only this fence frees.
-            if let Some(unfenced) = unfenced.as_mut() {
-                unfenced.record();
-            }
-        }
         let Some(slot) = shared.ring.next_filled(unit) else {
             break;
         };
@@ -1146,25 +1058,13 @@ fn copy_slots(shared: &Arc<Shared>, pool: &PinnedPool, batches: &SyncSender<Resu
             // and the batch is not read before its last fence there; the reader left the piece
             // at `offset .. offset + len`, inside the slot.
             unsafe {
-                match unfenced.as_mut() {
-                    Some(unfenced) => {
-                        let (memory, last) = &mut batch.on[0];
-                        match unfenced.copy(src, memory, records.start * rb, records.len() * rb) {
-                            Ok(fence) => {
-                                *last = Some(fence.clone());
-                                (Some(fence), None)
-                            }
-                            Err(e) => (None, Some(e)),
-                        }
-                    }
-                    None => copy_to_every_device(
-                        shared,
-                        src,
-                        &mut batch.on,
-                        records.start * rb,
-                        records.len() * rb,
-                    ),
-                }
+                copy_to_every_device(
+                    shared,
+                    src,
+                    &mut batch.on,
+                    records.start * rb,
+                    records.len() * rb,
+                )
             }
         };
         // Copies already issued read the slot even when a later one failed: the ring must wait
@@ -1194,15 +1094,7 @@ fn copy_slots(shared: &Arc<Shared>, pool: &PinnedPool, batches: &SyncSender<Resu
                     },
                 };
                 let place = (seq, Arc::clone(&spec), len);
-                if !deliver(
-                    shared,
-                    batches,
-                    target,
-                    place,
-                    memory,
-                    ready,
-                    unfenced.as_mut(),
-                ) {
+                if !deliver(shared, batches, target, place, memory, ready) {
                     return;
                 }
             }
@@ -1352,7 +1244,6 @@ fn copy_windows(
                 (seq, Arc::new(spec), len),
                 memory,
                 fence,
-                None,
             ) {
                 return Ok(false);
             }
@@ -1452,88 +1343,6 @@ mod tests {
         let b = plan.batch(0).unwrap();
         assert_eq!((b.epoch, b.index, b.first()), (0, 2, 8));
         assert_eq!(plan.batch(1).unwrap().epoch, 1);
-    }
-
-    /// With its copies held back, the copy thread runs ahead of the copy engine: the copies it
-    /// issued share fences, it records the pending fence before it waits for readers that wait
-    /// on those very copies (else the loader would never finish), and every byte arrives.
-    #[test]
-    fn copies_share_fences_and_the_copy_thread_never_waits_on_its_own() {
-        use crate::backend::CopyGate;
-        use pinfeed_source::dtype::parse_user_dtype;
-        use pinfeed_source::{HostBuffer, Layout};
-
-        let (records, record_bytes) = (400, 64);
-        let data: Vec<u8> = (0..records * record_bytes)
-            .map(|i| (i * 7 + i / 251) as u8)
-            .collect();
-        let (dtype, _) = parse_user_dtype("u8").unwrap();
-        let layout = Layout::new(dtype, vec![record_bytes as u64]).unwrap();
-        let source = Arc::new(HostBuffer::from_vec(data.clone(), layout).unwrap());
-        let gate = CopyGate::closed();
-        let held = Arc::clone(&gate);
-        let options = LoaderOptions {
-            batch_size: 10,
-            // Fewer slots than copies between two fences: only the fence recorded before the
-            // copy thread waits can free one.
-            pinned_budget: 5 * 4096,
-            num_threads: Some(2),
-            prefetch: 64,
-            device: DeviceSpec::Cpu,
-            ..LoaderOptions::default()
-        };
-        let loader = Loader::start(source, options, move || {
-            Ok(vec![Arc::new(Backend::host_gated(held)?)])
-        })
-        .unwrap();
-        // Opened before `loader` drops when an assertion fails, so that its drop, which waits
-        // for the copies, does not wait forever.
-        struct OpenOnDrop(Arc<CopyGate>);
-        impl Drop for OpenOnDrop {
-            fn drop(&mut self) {
-                self.0.open();
-            }
-        }
-        let _opened = OpenOnDrop(Arc::clone(&gate));
-        let slots = loader.stats().slots;
-        assert!(
-            (2..FENCE_EVERY).contains(&slots),
-            "the test needs 2 or more slots, fewer than FENCE_EVERY; got {slots}"
-        );
-        std::thread::sleep(Duration::from_millis(300));
-        let early = loader.stats();
-        assert_eq!(
-            early.slots_recycled, 0,
-            "a slot was freed before its copy ran"
-        );
-        assert!(
-            early.copy_fences >= 1,
-            "the copy thread waits for readers without having recorded its copies' fence"
-        );
-        assert!(
-            early.copy_fences < slots as u64,
-            "{} fences for the copies of {slots} slots issued at once: none was shared",
-            early.copy_fences
-        );
-        gate.open();
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            let mut got = Vec::new();
-            let mut loader = loader;
-            for batch in loader.by_ref() {
-                got.extend_from_slice(batch.unwrap().host_bytes().unwrap().unwrap());
-            }
-            let _ = tx.send((got, loader.stats()));
-        });
-        let (got, stats) = rx
-            .recv_timeout(Duration::from_secs(60))
-            .expect("the loader did not finish within a minute of its copies being let through");
-        assert!(got == data, "the delivered bytes differ from the source");
-        assert_eq!(stats.batches, 40);
-        assert!(
-            stats.copy_fences < stats.batches,
-            "no fence was shared: {stats:?}"
-        );
     }
 
     #[test]

@@ -13,8 +13,6 @@ pub(crate) struct Counters {
     pub(crate) read_bytes: AtomicU64,
     pub(crate) transform_ns: AtomicU64,
     pub(crate) copy_issue_ns: AtomicU64,
-    /// Fences the copy thread recorded for copies issued without their own (one device).
-    pub(crate) copy_fences: AtomicU64,
     /// The copy thread waiting for the consumer to take a batch (the queue was full).
     pub(crate) wait_consumer_ns: AtomicU64,
     /// The consumer waiting in `next()` for a batch.
@@ -116,10 +114,6 @@ pub struct Stats {
     pub wait_filled: Duration,
     /// Time the copy thread spent issuing copies.
     pub copy_issue_time: Duration,
-    /// Events the copy thread recorded on the copy stream for a loader of one device, each
-    /// the fence of the copies issued since the one before (at most eight): fewer than the
-    /// copies when the copy thread runs ahead of the copy engine.
-    pub copy_fences: u64,
     /// Time the copy thread waited for the consumer to take a batch.
     pub wait_consumer: Duration,
     /// Time the consumer waited for a batch.
@@ -176,7 +170,6 @@ impl Stats {
             all.wait_free_slot += s.wait_free_slot;
             all.wait_filled += s.wait_filled;
             all.copy_issue_time += s.copy_issue_time;
-            all.copy_fences += s.copy_fences;
             all.wait_consumer += s.wait_consumer;
             all.consumer_wait += s.consumer_wait;
             all.slots += s.slots;

@@ -338,18 +338,6 @@ impl<F: Fence> Ring<F> {
         self.notify_everyone();
     }
 
-    /// Whether [`next_filled`](Ring::next_filled) for `seq` would return without waiting: the
-    /// batch is filled, or there is none to wait for.
-    pub fn is_ready(&self, seq: u64) -> bool {
-        let state = self.lock();
-        seq >= state.total
-            || state.shutdown
-            || state
-                .slots
-                .iter()
-                .any(|s| matches!(s, SlotState::Filled { seq: s } if *s == seq))
-    }
-
     /// Blocks until the batch with sequence number `seq` is filled and returns its slot, which
     /// stays `Filled` until [`Ring::copy_issued`]. Returns `None` if the ring shut down first or
     /// `seq` is past the last batch.

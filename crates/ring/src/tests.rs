@@ -159,29 +159,3 @@ fn issuing_a_copy_of_an_unfilled_slot_is_a_bug() {
     let ring = Ring::<SharedFlag>::new(1, 1);
     ring.copy_issued(0, SharedFlag::default());
 }
-
-#[test]
-fn is_ready_says_whether_next_filled_would_wait() {
-    let ring = Ring::<SharedFlag>::new(2, 3);
-    let a = ring.acquire().unwrap().unwrap();
-    let b = ring.acquire().unwrap().unwrap();
-    assert!(!ring.is_ready(0), "batch 0 is claimed, not filled");
-    ring.fill_done(b);
-    assert!(!ring.is_ready(0), "batch 1 is filled, batch 0 is not");
-    assert!(ring.is_ready(1));
-    ring.fill_done(a);
-    assert!(ring.is_ready(0));
-    assert!(
-        ring.is_ready(3),
-        "past the last batch there is nothing to wait for"
-    );
-    let slot = ring.next_filled(0).unwrap();
-    ring.copy_issued(slot, SharedFlag::default());
-    assert!(
-        !ring.is_ready(0),
-        "batch 0's slot is being copied, no longer filled"
-    );
-    assert!(!ring.is_ready(2), "batch 2 was never claimed");
-    ring.shutdown();
-    assert!(ring.is_ready(2), "a ring shut down makes nobody wait");
-}
