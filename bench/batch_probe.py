@@ -3,6 +3,7 @@ it once per build (interleaved) to compare two builds on one machine. A probe, n
 tables.
 
 PYTHONPATH=SITE python3 bench/batch_probe.py LABEL [--threads 8,12,16] [--sizes 1,4,16,64,256]
+    [--prefetch 4,16,64] [--rounds 3]
 """
 
 import time
@@ -19,10 +20,13 @@ ap = argparse.ArgumentParser()
 ap.add_argument("label", nargs="?", default="pinfeed")
 ap.add_argument("--threads", default="", help="reader threads to try, comma-separated (default: the Loader's)")
 ap.add_argument("--sizes", default="1,4,16,64,256", help="batch sizes in MiB")
+ap.add_argument("--prefetch", default="", help="Loader prefetch depths to try, comma-separated (default: the Loader's)")
+ap.add_argument("--rounds", type=int, default=1, help="rounds of every combination, interleaved")
 args = ap.parse_args()
 label = args.label
 thread_counts = [int(t) for t in args.threads.split(",") if t] or [None]
 sizes = [int(m) for m in args.sizes.split(",")]
+depths = [int(d) for d in args.prefetch.split(",") if d] or [None]
 total = 1 << 30
 src = np.random.default_rng(0).integers(0, 255, size=total, dtype=np.uint8).reshape(-1, 4096)
 
@@ -43,55 +47,67 @@ def drain(loader):
         pass
 
 
-for mib, threads in [(m, t) for m in sizes for t in thread_counts]:
-    n = mib << 20
-    pin = torch.empty(n, dtype=torch.uint8, pin_memory=True)
-    dst = torch.empty(n, dtype=torch.uint8, device="cuda")
+def options(threads, depth):
+    opts = {} if threads is None else {"num_threads": threads}
+    if depth is not None:
+        opts["prefetch"] = depth
+    return opts
 
-    def copies():
-        for _ in range(total // n):
-            dst.copy_(pin, non_blocking=True)
 
-    copies()
-    copy = total / best(copies) / 1e9
-    loader = pinfeed.Loader(src, mib * 256, device="cuda", num_threads=threads)
-    drain(loader)
-    got = total / best(lambda: drain(loader)) / 1e9
-    st = loader.stats()
-    print(f"{label}: {mib:3d} MiB, {st['threads']} readers, {st['slots']} slots: pinned copy_ {copy:6.2f} GB/s, "
-          f"Loader {got:6.2f} GB/s ({got / copy:.0%}); {st['explanation']}")
-    del loader, pin, dst
+for round_ in range(args.rounds):
+    for mib in sizes:
+        n = mib << 20
+        pin = torch.empty(n, dtype=torch.uint8, pin_memory=True)
+        dst = torch.empty(n, dtype=torch.uint8, device="cuda")
+
+        def copies():
+            for _ in range(total // n):
+                dst.copy_(pin, non_blocking=True)
+
+        copies()
+        copy = total / best(copies) / 1e9
+        for threads, depth in [(t, d) for t in thread_counts for d in depths]:
+            loader = pinfeed.Loader(src, mib * 256, device="cuda", **options(threads, depth))
+            drain(loader)
+            got = total / best(lambda: drain(loader)) / 1e9
+            st = loader.stats()
+            print(f"{label} round {round_ + 1}: {mib:3d} MiB, {st['threads']} readers, {st['slots']} slots, "
+                  f"prefetch {depth or 'default'}: pinned copy_ {copy:6.2f} GB/s, "
+                  f"Loader {got:6.2f} GB/s ({got / copy:.0%}); {st['explanation']}", flush=True)
+            del loader
+        del pin, dst
 
 # Where a 1 MiB batch's time goes on the consumer's thread.
-loader = pinfeed.Loader(src, 256, device="cuda")
-drain(loader)
-for stream in [None, torch.cuda.Stream()]:
-    ctx = torch.cuda.stream(stream) if stream is not None else torch.cuda.stream(torch.cuda.current_stream())
-    with ctx:
-        st = loader._start((0, 0))
-        it = iter(st)
-        t_next = t_export = t_release = 0
-        k = 0
-        torch.cuda.synchronize()
-        t0 = time.perf_counter_ns()
-        while True:
-            a = time.perf_counter_ns()
-            buf = next(it, None)
-            b = time.perf_counter_ns()
-            if buf is None:
-                break
-            x = materialize(buf, None, False)
-            c = time.perf_counter_ns()
-            del x, buf
-            d = time.perf_counter_ns()
-            t_next += b - a
-            t_export += c - b
-            t_release += d - c
-            k += 1
-        torch.cuda.synchronize()
-        dt = (time.perf_counter_ns() - t0) / 1e9
-        where = "the current stream" if stream is None else "a side stream"
-        print(f"{label}: 1 MiB on {where}: {total / dt / 1e9:6.2f} GB/s, {dt / k * 1e6:5.1f} us a batch: "
-              f"next {t_next / k / 1e3:5.1f} us, to a tensor {t_export / k / 1e3:5.1f} us, "
-              f"release {t_release / k / 1e3:5.1f} us; {st.stats()['explanation']}")
-        st.close()
+for depth in dict.fromkeys([depths[0], depths[-1]]):
+    loader = pinfeed.Loader(src, 256, device="cuda", **options(None, depth))
+    drain(loader)
+    for stream in [None, torch.cuda.Stream()]:
+        ctx = torch.cuda.stream(stream) if stream is not None else torch.cuda.stream(torch.cuda.current_stream())
+        with ctx:
+            st = loader._start((0, 0))
+            it = iter(st)
+            t_next = t_export = t_release = 0
+            k = 0
+            torch.cuda.synchronize()
+            t0 = time.perf_counter_ns()
+            while True:
+                a = time.perf_counter_ns()
+                buf = next(it, None)
+                b = time.perf_counter_ns()
+                if buf is None:
+                    break
+                x = materialize(buf, None, False)
+                c = time.perf_counter_ns()
+                del x, buf
+                d = time.perf_counter_ns()
+                t_next += b - a
+                t_export += c - b
+                t_release += d - c
+                k += 1
+            torch.cuda.synchronize()
+            dt = (time.perf_counter_ns() - t0) / 1e9
+            where = "the current stream" if stream is None else "a side stream"
+            print(f"{label}: prefetch {depth or 'default'}, 1 MiB on {where}: {total / dt / 1e9:6.2f} GB/s, {dt / k * 1e6:5.1f} us a batch: "
+                  f"next {t_next / k / 1e3:5.1f} us, to a tensor {t_export / k / 1e3:5.1f} us, "
+                  f"release {t_release / k / 1e3:5.1f} us; {st.stats()['explanation']}")
+            st.close()

@@ -23,6 +23,15 @@ for line in sys.stdin:
         print(m['executable'])" \
       | while read -r exe; do cp "$exe" "$C/tests/$pkg-integration"; strip "$C/tests/$pkg-integration"; done
 done
+# The loader's unit tests, which hold GPU tests of its device cache.
+cargo test --release --locked -p pinfeed --lib --no-run --message-format=json 2>/dev/null \
+  | python3 -c "
+import json, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get('reason') == 'compiler-artifact' and m.get('executable') and m['target']['kind'] == ['lib']:
+        print(m['executable'])" \
+  | while read -r exe; do cp "$exe" "$C/tests/pinfeed-lib"; strip "$C/tests/pinfeed-lib"; done
 # The soak test binary (its GPU soak runs for minutes, so not with the tests above).
 cargo test --release --locked -p pinfeed --test soak --no-run --message-format=json 2>/dev/null \
   | python3 -c "

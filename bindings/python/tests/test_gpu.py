@@ -55,6 +55,22 @@ def test_consumer_on_a_side_stream_reads_finished_copies(torch):
     np.testing.assert_array_equal(np.array([x.item() for x in sums]), want)
 
 
+def test_memory_let_go_on_the_default_stream_waits_for_its_work(torch):
+    # Batches let go on the legacy default stream (torch's current stream here) get no event of
+    # their own; the copy thread records one later for several. A batch's memory must still not
+    # be refilled before the work queued on it: each batch is read only after a GPU sleep, so a
+    # refill that did not wait for the default stream would change what is read.
+    assert torch.cuda.current_stream().cuda_stream == 0
+    data = np.random.default_rng(3).integers(0, 256, size=(4096, 1024), dtype=np.uint8)
+    epochs = 3
+    copies = []
+    for x in pinfeed.Loader(data, 64, device="cuda", epochs=epochs):
+        torch.cuda._sleep(200_000)  # about 0.1 ms of GPU time on the default stream
+        copies.append(x.clone())
+        del x
+    np.testing.assert_array_equal(torch.cat(copies).cpu().numpy(), np.concatenate([data] * epochs))
+
+
 def test_kept_tensors_stay_intact(torch):
     data = np.arange(200 * 1024, dtype=np.int32).reshape(200, 1024)
     loader = pinfeed.Loader(data, 2, device="cuda", pinned_budget="1MiB")

@@ -7,7 +7,7 @@
 use std::collections::VecDeque;
 use std::fmt;
 use std::str::FromStr;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Condvar, Mutex};
 
@@ -79,11 +79,59 @@ pub enum CopyFence {
     /// Set by the host copy thread after its `memcpy`.
     Host(Arc<HostFlag>),
     /// Recorded on the copy stream after the copy.
-    Cuda(Arc<Event>),
+    Cuda(Arc<CudaFence>),
     /// Complete when every one of these is: the copies of one slot to each device of a
     /// replicated loader, each on its own device's stream, in no set order among them. The
     /// slot may be reused only when the last of them has finished reading it.
     All(Vec<CopyFence>),
+}
+
+/// An event recorded once on a copy stream, and whether it has been seen complete: the ring's
+/// readers, the consumer's hand-over and a read-back all ask about one copy, and every thread
+/// calling the driver slows the others (it serialises the calls of threads sharing a context),
+/// so a completion seen once is not asked about again. Sound because the event is recorded
+/// once, when the fence is made, and never again while the fence lives.
+pub struct CudaFence {
+    event: Event,
+    done: AtomicBool,
+}
+
+impl CudaFence {
+    /// Records `event` on `stream` after the work queued there so far.
+    fn record(event: Event, stream: &Stream) -> std::result::Result<CudaFence, CudaError> {
+        event.record(stream)?;
+        Ok(CudaFence {
+            event,
+            done: AtomicBool::new(false),
+        })
+    }
+
+    /// The event, to make a stream wait for it.
+    pub fn event(&self) -> &Event {
+        &self.event
+    }
+
+    /// Whether the copy has finished; asks the driver only until it has once said yes.
+    pub fn query(&self) -> std::result::Result<bool, CudaError> {
+        if self.done.load(Ordering::Acquire) {
+            return Ok(true);
+        }
+        let done = self.event.query()?;
+        if done {
+            self.done.store(true, Ordering::Release);
+        }
+        Ok(done)
+    }
+
+    /// Blocks until the copy has finished.
+    pub fn synchronize(&self) -> std::result::Result<(), CudaError> {
+        if self.done.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        self.event.synchronize()?;
+        self.done.store(true, Ordering::Release);
+        Ok(())
+    }
 }
 
 impl CopyFence {
@@ -239,88 +287,229 @@ impl HostBufferCache {
 }
 
 /// Recycles batch memory on a CUDA device. A batch's memory comes back here when the batch
-/// is let go, with the event its consumer recorded on its stream after the last use, and the
-/// copy thread takes it for a later batch of the same size once that event has completed (a
-/// host-side query, as torch's caching allocator does for `record_stream`). Steady state then
-/// costs the driver no allocation, no free, and no wait of the copy stream on the consumer's
-/// stream: every driver call of a batch is paid on its path (the driver serialises calls on
-/// a context), and a cross-stream wait in the copy stream puts a gap between copies.
+/// is let go, with what its consumer's last use must wait for (see [`LastUse`]), and the copy
+/// thread takes it for a later batch of the same size once that has completed (a host-side
+/// query, as torch's caching allocator does for `record_stream`). Steady state then costs the
+/// driver no allocation, no free, and no wait of the copy stream on the consumer's stream:
+/// every driver call of a batch is paid on its path (the driver serialises calls on a
+/// context), and a cross-stream wait in the copy stream puts a gap between copies.
+///
+/// Memory let go on the legacy default stream (torch's current stream unless the user set
+/// another) gets no event of its own: an event recorded on that stream cost the consumer's
+/// thread 4-6 µs while other threads called the driver (1-2 µs on a stream of its own), which
+/// a 1 MiB batch, copied in 22 µs, cannot spare (`docs/BENCHMARKS.md`). The copy thread instead records one event on the legacy stream for up to [`SEAL_AFTER`] such
+/// buffers at a time (`seal`): any thread may queue work on the legacy stream, and an event
+/// recorded after a buffer was let go completes after every use the consumer queued before.
 ///
 /// Holds at most [`DEVICE_CACHE_BYTES`] and [`DEVICE_CACHE_ENTRIES`]; what does not fit is
-/// freed in stream order on the copy stream after its event (the behaviour without a cache).
-#[derive(Debug, Default)]
+/// freed in stream order on the copy stream after its last use (the behaviour without a cache).
+#[derive(Debug)]
 pub(crate) struct DeviceBufferCache {
-    /// Oldest first.
-    idle: Mutex<VecDeque<IdleBuffer>>,
+    idle: Mutex<Idle>,
+    /// Events for the legacy stream's seals.
+    events: Arc<EventPool>,
 }
 
-/// Memory let go: no one may use it once `used` (when there is one) has completed. Without an
-/// event only the copy stream used it, and work queued there later is ordered after that.
+#[derive(Debug, Default)]
+struct Idle {
+    /// Oldest first.
+    buffers: VecDeque<IdleBuffer>,
+    /// Entries let go on the legacy stream and not yet sealed.
+    unsealed: usize,
+}
+
+/// Memory let go: no one may use it before `used` has completed.
 #[derive(Debug)]
 struct IdleBuffer {
     buffer: DeviceBuffer,
-    used: Option<Event>,
+    used: LastUse,
+    /// The order in which memory came back (see [`DeviceBufferCache::seal`]).
+    returned: u64,
+}
+
+/// What the last use of batch memory must have finished before the memory is used again.
+#[derive(Debug, Default)]
+pub(crate) enum LastUse {
+    /// Only the copy stream used it, and work queued there later is ordered after it.
+    #[default]
+    CopyStream,
+    /// The consumer's work queued before this event (shared by the buffers of one seal).
+    Event(Arc<Event>),
+    /// The consumer's work queued on the legacy default stream before the memory came back:
+    /// waits for an event recorded on that stream later.
+    Legacy,
 }
 
 /// Bytes of idle batch memory a device keeps for reuse, at most.
 const DEVICE_CACHE_BYTES: usize = 256 << 20;
 /// Idle buffers a device keeps for reuse, at most.
 const DEVICE_CACHE_ENTRIES: usize = 32;
+/// Buffers let go on the legacy stream that share one event, at most.
+const SEAL_AFTER: usize = 4;
 
-impl DeviceBufferCache {
-    /// An idle buffer of exactly `len` bytes that nothing uses any more, or `None`.
-    fn take(&self, len: usize) -> Option<DeviceBuffer> {
-        let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
-        let i = idle.iter().position(|e| e.buffer.len() == len)?;
-        // Events recorded later on the same stream complete later: querying the oldest match
-        // is enough. A query that fails (or says not yet) leaves the buffer where it is.
-        if let Some(used) = &idle[i].used {
-            if !matches!(used.query(), Ok(true)) {
-                return None;
-            }
-        }
-        idle.remove(i).map(|e| e.buffer)
-    }
+/// `CU_STREAM_LEGACY`.
+const LEGACY_STREAM: pinfeed_cuda::CUstream = 1 as pinfeed_cuda::CUstream;
 
-    /// Keeps `buffer` for reuse once `used` (if any) has completed; frees the oldest buffers
-    /// beyond the cache's bounds (this one, when it alone is larger).
-    fn put(&self, buffer: DeviceBuffer, used: Option<Event>) {
-        let mut evicted = Vec::new();
-        {
-            let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
-            idle.push_back(IdleBuffer { buffer, used });
-            // A few dozen entries at most: summing them is simpler than keeping a count in step.
-            let bytes =
-                |idle: &VecDeque<IdleBuffer>| idle.iter().map(|e| e.buffer.len()).sum::<usize>();
-            while idle.len() > DEVICE_CACHE_ENTRIES || bytes(&idle) > DEVICE_CACHE_BYTES {
-                evicted.extend(idle.pop_front());
-            }
-        }
-        evicted.into_iter().for_each(IdleBuffer::free);
-    }
+/// Whether a raw stream handle is the legacy default stream (the driver reads 0 as it too).
+pub(crate) fn is_legacy_stream(stream: u64) -> bool {
+    stream == 0 || stream == 1
 }
 
-impl IdleBuffer {
-    /// Frees the memory in stream order on the copy stream (where it was allocated), after the
-    /// consumer's event: the copy stream waits for it first.
-    fn free(self) {
-        let IdleBuffer { buffer, used } = self;
-        if let Some(used) = used {
-            if buffer.stream().wait_event(&used).is_err() {
-                // The copy stream cannot be ordered after the consumer (a failing context):
-                // leave the memory allocated rather than let it be handed out under a reader.
-                std::mem::forget(buffer);
-                return;
+/// The counter behind [`IdleBuffer::returned`], shared by every cache (only the order within
+/// one matters).
+static RETURNED: AtomicU64 = AtomicU64::new(0);
+
+impl DeviceBufferCache {
+    pub(crate) fn new(events: Arc<EventPool>) -> DeviceBufferCache {
+        DeviceBufferCache {
+            idle: Mutex::default(),
+            events,
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Idle> {
+        self.idle.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// An idle buffer of exactly `len` bytes that nothing uses any more, or `None`. Seals the
+    /// legacy stream's buffers once [`SEAL_AFTER`] have come back, or when the oldest match is
+    /// one of them.
+    fn take(&self, len: usize) -> Option<DeviceBuffer> {
+        let mut idle = self.lock();
+        let i = idle.buffers.iter().position(|e| e.buffer.len() == len);
+        let oldest_unsealed = i.is_some_and(|i| matches!(idle.buffers[i].used, LastUse::Legacy));
+        if idle.unsealed >= SEAL_AFTER || oldest_unsealed {
+            drop(idle);
+            // A seal that fails leaves the buffers unsealed: never handed out, and freed (or
+            // leaked) with the cache.
+            let _ = self.seal();
+            idle = self.lock();
+        }
+        let i = idle.buffers.iter().position(|e| e.buffer.len() == len)?;
+        // Events recorded later on the same stream complete later: querying the oldest match
+        // is enough. A query that fails (or says not yet) leaves the buffer where it is.
+        match &idle.buffers[i].used {
+            LastUse::CopyStream => {}
+            LastUse::Legacy => return None,
+            LastUse::Event(used) => {
+                if !matches!(used.query(), Ok(true)) {
+                    return None;
+                }
+                // Every buffer of the same seal is free too: no need to ask again.
+                let used = Arc::clone(used);
+                for e in idle.buffers.iter_mut() {
+                    if matches!(&e.used, LastUse::Event(u) if Arc::ptr_eq(u, &used)) {
+                        e.used = LastUse::CopyStream;
+                    }
+                }
             }
         }
-        drop(buffer);
+        idle.buffers.remove(i).map(|e| e.buffer)
+    }
+
+    /// Records one event on the legacy default stream for every buffer let go there before
+    /// now. The driver call is made without the lock, so the consumer's thread letting a batch
+    /// go never waits for it; buffers that come back meanwhile wait for the next seal.
+    fn seal(&self) -> std::result::Result<(), CudaError> {
+        let before = RETURNED.load(Ordering::SeqCst);
+        let event = self.legacy_event()?;
+        let mut idle = self.lock();
+        for e in idle.buffers.iter_mut() {
+            if e.returned < before && matches!(e.used, LastUse::Legacy) {
+                e.used = LastUse::Event(Arc::clone(&event));
+            }
+        }
+        idle.unsealed = idle
+            .buffers
+            .iter()
+            .filter(|e| matches!(e.used, LastUse::Legacy))
+            .count();
+        Ok(())
+    }
+
+    /// Keeps `buffer` for reuse once `used` has completed; frees the oldest buffers beyond the
+    /// cache's bounds (this one, when it alone is larger).
+    fn put(&self, buffer: DeviceBuffer, used: LastUse) {
+        let mut evicted = Vec::new();
+        {
+            let mut idle = self.lock();
+            if matches!(used, LastUse::Legacy) {
+                idle.unsealed += 1;
+            }
+            // Numbered under the lock: an entry with a number below a seal's was in the list
+            // before the seal's event was recorded.
+            let returned = RETURNED.fetch_add(1, Ordering::SeqCst);
+            idle.buffers.push_back(IdleBuffer {
+                buffer,
+                used,
+                returned,
+            });
+            // A few dozen entries at most: summing them is simpler than keeping a count in step.
+            let bytes = |idle: &Idle| idle.buffers.iter().map(|e| e.buffer.len()).sum::<usize>();
+            while idle.buffers.len() > DEVICE_CACHE_ENTRIES || bytes(&idle) > DEVICE_CACHE_BYTES {
+                let Some(e) = idle.buffers.pop_front() else {
+                    break;
+                };
+                if matches!(e.used, LastUse::Legacy) {
+                    idle.unsealed -= 1;
+                }
+                evicted.push(e);
+            }
+        }
+        self.free(evicted);
+    }
+
+    /// Frees `buffers` in stream order on the copy stream (where they were allocated), after
+    /// their last use: the copy stream waits for the consumer's event first; the legacy
+    /// stream's buffers get one event recorded now.
+    fn free(&self, buffers: Vec<IdleBuffer>) {
+        // One event for all the legacy stream's buffers; `None` inside when it failed.
+        let mut legacy: Option<Option<Arc<Event>>> = None;
+        for IdleBuffer { buffer, used, .. } in buffers {
+            let used = match used {
+                LastUse::CopyStream => Ok(None),
+                LastUse::Event(event) => Ok(Some(event)),
+                LastUse::Legacy => legacy
+                    .get_or_insert_with(|| self.legacy_event().ok())
+                    .clone()
+                    .map(Some)
+                    .ok_or(()),
+            };
+            let ordered = match used {
+                Ok(None) => true,
+                Ok(Some(event)) => buffer.stream().wait_event(&event).is_ok(),
+                Err(()) => false,
+            };
+            if ordered {
+                drop(buffer);
+            } else {
+                // The copy stream cannot be ordered after the consumer (a failing context, or
+                // a forked child): leave the memory allocated rather than let it be handed out
+                // under a reader.
+                std::mem::forget(buffer);
+            }
+        }
+    }
+
+    /// An event recorded on the legacy default stream now.
+    fn legacy_event(&self) -> std::result::Result<Arc<Event>, CudaError> {
+        let event = self.events.get()?;
+        // SAFETY: the legacy default stream of the event's context is always valid.
+        unsafe { event.record_raw(LEGACY_STREAM) }?;
+        Ok(Arc::new(event))
     }
 }
 
 impl Drop for DeviceBufferCache {
     fn drop(&mut self) {
-        let idle = std::mem::take(self.idle.get_mut().unwrap_or_else(|p| p.into_inner()));
-        idle.into_iter().for_each(IdleBuffer::free);
+        let idle = std::mem::take(
+            &mut self
+                .idle
+                .get_mut()
+                .unwrap_or_else(|p| p.into_inner())
+                .buffers,
+        );
+        self.free(idle.into_iter().collect());
     }
 }
 
@@ -329,9 +518,9 @@ pub struct DeviceMemory {
     inner: Option<DeviceInner>,
     len: usize,
     budget: Arc<DeviceBudget>,
-    /// Recorded on the consumer's stream after its last use (see
-    /// [`Landed::order_free_after`]); `None` while only the copy stream used the memory.
-    used: Option<Event>,
+    /// What the consumer's last use must have finished before the memory is used again (see
+    /// [`Landed::order_free_after`]).
+    used: LastUse,
 }
 
 enum DeviceInner {
@@ -405,9 +594,11 @@ impl Drop for DeviceMemory {
     fn drop(&mut self) {
         match self.inner.take() {
             Some(DeviceInner::Host { buf, cache }) => cache.put(buf),
-            // Reused once the consumer's event (if any) has completed, or freed in stream
-            // order after it (see `Batch::release_after`).
-            Some(DeviceInner::Cuda { buffer, cache }) => cache.put(buffer, self.used.take()),
+            // Reused once the consumer's last use has completed, or freed in stream order after
+            // it (see `Batch::release_after`).
+            Some(DeviceInner::Cuda { buffer, cache }) => {
+                cache.put(buffer, std::mem::take(&mut self.used))
+            }
             None => {}
         }
         self.budget.give(self.len);
@@ -541,7 +732,7 @@ impl Backend {
                     copy_stream,
                     readback_stream,
                     pool,
-                    cache: Arc::default(),
+                    cache: Arc::new(DeviceBufferCache::new(Arc::clone(&events))),
                     events,
                     pin_method,
                 })
@@ -619,7 +810,7 @@ impl Backend {
             inner: Some(inner),
             len,
             budget: Arc::clone(budget),
-            used: None,
+            used: LastUse::CopyStream,
         })
     }
 
@@ -679,9 +870,8 @@ impl Backend {
             } => {
                 // SAFETY: forwarded from this function's contract.
                 unsafe { pinfeed_cuda::memcpy_htod_async(dst, src, len, copy_stream)? };
-                let event = events.get()?;
-                event.record(copy_stream)?;
-                Ok(CopyFence::Cuda(Arc::new(event)))
+                let fence = CudaFence::record(events.get()?, copy_stream)?;
+                Ok(CopyFence::Cuda(Arc::new(fence)))
             }
         }
     }
@@ -700,9 +890,8 @@ impl Backend {
                 events,
                 ..
             } => {
-                let event = events.get()?;
-                event.record(copy_stream)?;
-                Ok(CopyFence::Cuda(Arc::new(event)))
+                let fence = CudaFence::record(events.get()?, copy_stream)?;
+                Ok(CopyFence::Cuda(Arc::new(fence)))
             }
         }
     }
@@ -730,7 +919,7 @@ impl Backend {
                 fence,
             ) => {
                 match fence {
-                    CopyFence::Cuda(event) => readback_stream.wait_event(event)?,
+                    CopyFence::Cuda(fence) => readback_stream.wait_event(fence.event())?,
                     // Not one event of this device (a fence of several devices' copies): wait
                     // on the host.
                     other => pinfeed_ring::Fence::wait(other)?,
@@ -789,11 +978,11 @@ impl Landed {
             // sees its bytes. A consumer slower than the copy engine (the case that counts:
             // small batches) mostly gets batches whose copy is done, and a query costs the
             // driver less than a wait, which also puts a semaphore acquire in the stream.
-            (CopyFence::Cuda(event), Some(_)) if event.query()? => Ok(()),
-            (CopyFence::Cuda(event), Some(ctx)) => {
+            (CopyFence::Cuda(fence), Some(_)) if fence.query()? => Ok(()),
+            (CopyFence::Cuda(fence), Some(ctx)) => {
                 // SAFETY: forwarded from this function's contract.
                 let foreign = unsafe { pinfeed_cuda::ForeignStream::from_raw(stream) };
-                foreign.wait_event(event, ctx)?;
+                foreign.wait_event(fence.event(), ctx)?;
                 Ok(())
             }
             _ => self.wait_ready(),
@@ -802,8 +991,10 @@ impl Landed {
 
     /// Records that the work queued on `stream` so far uses the memory: once the data is
     /// dropped, the memory is reused for another batch (or freed) only after that work has
-    /// completed (see [`DeviceBufferCache`]). If the event cannot be recorded the memory is
-    /// never handed out again (leaked), since nothing would then order its reuse.
+    /// completed (see [`DeviceBufferCache`]). On the legacy default stream that is left to one
+    /// event the copy thread records later for several batches; on any other stream an event
+    /// is recorded now. If the event cannot be recorded the memory is never handed out again
+    /// (leaked), since nothing would then order its reuse.
     ///
     /// # Safety
     /// As for [`stream_wait`](Landed::stream_wait).
@@ -811,6 +1002,10 @@ impl Landed {
         let Backend::Cuda { events, .. } = &*self.backend else {
             return Ok(());
         };
+        if is_legacy_stream(stream) {
+            self.memory.used = LastUse::Legacy;
+            return Ok(());
+        }
         let recorded = events.get().and_then(|used| {
             // SAFETY: forwarded from this function's contract.
             unsafe { used.record_raw(stream as pinfeed_cuda::CUstream) }?;
@@ -818,7 +1013,7 @@ impl Landed {
         });
         match recorded {
             Ok(used) => {
-                self.memory.used = Some(used);
+                self.memory.used = LastUse::Event(Arc::new(used));
                 Ok(())
             }
             Err(e) => {
@@ -837,5 +1032,70 @@ impl Drop for Landed {
         if !matches!(self.ready, CopyFence::Cuda(_)) {
             let _ = pinfeed_ring::Fence::wait(&self.ready);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pinfeed_cuda::{memcpy_dtod_async, ForeignStream};
+
+    /// Memory let go on the legacy default stream goes to a later batch only once an event
+    /// recorded on that stream afterwards has completed: while the legacy stream is held back
+    /// (it waits for copies on another stream), `take` refuses the memory; once the copies are
+    /// done, the same memory comes back.
+    #[test]
+    #[ignore = "needs a CUDA device"]
+    fn gpu_memory_let_go_on_the_legacy_stream_waits_for_that_stream() {
+        let ctx = Context::new(0).unwrap();
+        let copy_stream = Stream::new(&ctx).unwrap();
+        let side = Stream::new(&ctx).unwrap();
+        let pool = DevicePool::new(&ctx).unwrap();
+        let events = EventPool::new(&ctx);
+        let cache = DeviceBufferCache::new(Arc::clone(&events));
+
+        // Milliseconds of copies on `side`, and the legacy stream made to wait for them.
+        let big = 256 << 20;
+        let from = pool.alloc_async(big, &side).unwrap();
+        let to = pool.alloc_async(big, &side).unwrap();
+        for _ in 0..32 {
+            // SAFETY: both buffers hold `big` bytes, do not overlap, and outlive the final
+            // synchronisation of `side`.
+            unsafe { memcpy_dtod_async(to.ptr(), from.ptr(), big, &side).unwrap() };
+        }
+        let held = events.get().unwrap();
+        held.record(&side).unwrap();
+        // SAFETY: 1 is the legacy default stream, always valid.
+        unsafe { ForeignStream::from_raw(1) }
+            .wait_event(&held, &ctx)
+            .unwrap();
+
+        let len = 1 << 20;
+        let buffer = pool.alloc_async(len, &copy_stream).unwrap();
+        let address = buffer.ptr();
+        copy_stream.synchronize().unwrap();
+        cache.put(buffer, LastUse::Legacy);
+        assert!(
+            cache.take(len).is_none(),
+            "memory let go on the legacy stream was handed out while that stream was held back"
+        );
+        assert!(
+            !held.query().unwrap(),
+            "the copies holding the legacy stream back were done before the check: it proved nothing"
+        );
+
+        side.synchronize().unwrap();
+        let again = (0..2000).find_map(|_| {
+            let taken = cache.take(len);
+            if taken.is_none() {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            taken
+        });
+        assert_eq!(
+            again.map(|b| b.ptr()),
+            Some(address),
+            "the memory never came back once the legacy stream had caught up"
+        );
     }
 }

@@ -47,7 +47,7 @@ mod stats;
 
 use std::sync::Arc;
 
-pub use backend::{CopyFence, DeviceMemory, DeviceSpec};
+pub use backend::{CopyFence, CudaFence, DeviceMemory, DeviceSpec};
 pub use direct::{auto_read_mode, ReaderKind};
 pub use error::{LoaderError, Result};
 pub use multi::MultiLoader;
