@@ -418,9 +418,10 @@ impl Batch {
     }
 
     /// Releases the batch once the work already queued on `stream` is done with it: an event
-    /// is recorded on `stream`, and the memory goes to a later batch (or is freed) only after
-    /// it has completed, so a later batch never overwrites memory a queued kernel may still
-    /// read.
+    /// is recorded on `stream` (on the legacy default stream, 0 or 1, the copy thread records
+    /// one later for several batches), and the memory goes to a later batch (or is freed) only
+    /// after it has completed, so a later batch never overwrites memory a queued kernel may
+    /// still read.
     ///
     /// # Safety
     /// As for [`stream_wait`](Batch::stream_wait).
