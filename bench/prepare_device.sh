@@ -12,35 +12,26 @@ strip "$C/pinfeed"
 cargo build --release --locked -p pinfeed --example copy_rates
 cp target/release/examples/copy_rates "$C/"
 strip "$C/copy_rates"
-# Test binaries that hold GPU tests (marked #[ignore = "needs a CUDA device"]).
-for pkg in pinfeed-cuda pinfeed; do
-    cargo test --release --locked -p "$pkg" --no-run --message-format=json 2>/dev/null \
+# A test binary, built by `cargo test --no-run ARGS...` (which must pick one test target), into DEST.
+test_binary() {
+    local dest=$1; shift
+    cargo test --release --locked --no-run --message-format=json "$@" 2>/dev/null \
       | python3 -c "
 import json, sys
 for line in sys.stdin:
     m = json.loads(line)
-    if m.get('reason') == 'compiler-artifact' and m.get('executable') and m['target']['kind'] == ['test'] and m['target']['name'] == 'integration':
+    if m.get('reason') == 'compiler-artifact' and m.get('executable') and m['profile']['test']:
         print(m['executable'])" \
-      | while read -r exe; do cp "$exe" "$C/tests/$pkg-integration"; strip "$C/tests/$pkg-integration"; done
-done
-# The loader's unit tests, which hold GPU tests of its device cache.
-cargo test --release --locked -p pinfeed --lib --no-run --message-format=json 2>/dev/null \
-  | python3 -c "
-import json, sys
-for line in sys.stdin:
-    m = json.loads(line)
-    if m.get('reason') == 'compiler-artifact' and m.get('executable') and m['target']['kind'] == ['lib']:
-        print(m['executable'])" \
-  | while read -r exe; do cp "$exe" "$C/tests/pinfeed-lib"; strip "$C/tests/pinfeed-lib"; done
+      | while read -r exe; do cp "$exe" "$dest"; strip "$dest"; done
+    [ -x "$dest" ] || { echo "prepare_device: no test binary for $*" >&2; exit 1; }
+}
+# Test binaries that hold GPU tests (marked #[ignore = "needs a CUDA device"]): the integration
+# tests of both crates, and the loader's unit tests (its device cache).
+test_binary "$C/tests/pinfeed-cuda-integration" -p pinfeed-cuda --test integration
+test_binary "$C/tests/pinfeed-integration" -p pinfeed --test integration
+test_binary "$C/tests/pinfeed-lib" -p pinfeed --lib
 # The soak test binary (its GPU soak runs for minutes, so not with the tests above).
-cargo test --release --locked -p pinfeed --test soak --no-run --message-format=json 2>/dev/null \
-  | python3 -c "
-import json, sys
-for line in sys.stdin:
-    m = json.loads(line)
-    if m.get('reason') == 'compiler-artifact' and m.get('executable') and m['target']['name'] == 'soak':
-        print(m['executable'])" \
-  | while read -r exe; do cp "$exe" "$C/soak"; strip "$C/soak"; done
+test_binary "$C/soak" -p pinfeed --test soak
 if [ -f bindings/python/pyproject.toml ]; then
     python3 -m maturin build --release -m bindings/python/Cargo.toml -o "$C" --quiet
 fi

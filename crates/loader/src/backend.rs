@@ -7,12 +7,12 @@
 use std::collections::VecDeque;
 use std::fmt;
 use std::str::FromStr;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Condvar, Mutex};
 
 use pinfeed_cuda::{
-    Context, CudaError, DeviceBuffer, DevicePool, Event, EventPool, PinMethod, Stream,
+    CUstream, Context, CudaError, DeviceBuffer, DevicePool, Event, EventPool, PinMethod, Stream,
 };
 
 use crate::error::{LoaderError, Result};
@@ -315,8 +315,18 @@ pub(crate) struct DeviceBufferCache {
 struct Idle {
     /// Oldest first.
     buffers: VecDeque<IdleBuffer>,
-    /// Entries let go on the legacy stream and not yet sealed.
-    unsealed: usize,
+    /// The number the next buffer to come back gets (see [`IdleBuffer::returned`]).
+    next_returned: u64,
+}
+
+impl Idle {
+    /// Buffers let go on the legacy stream that no seal covers yet.
+    fn unsealed(&self) -> usize {
+        self.buffers
+            .iter()
+            .filter(|e| matches!(e.used, LastUse::Legacy))
+            .count()
+    }
 }
 
 /// Memory let go: no one may use it before `used` has completed.
@@ -324,7 +334,7 @@ struct Idle {
 struct IdleBuffer {
     buffer: DeviceBuffer,
     used: LastUse,
-    /// The order in which memory came back (see [`DeviceBufferCache::seal`]).
+    /// The order in which memory came back to this cache (see [`DeviceBufferCache::seal`]).
     returned: u64,
 }
 
@@ -349,16 +359,27 @@ const DEVICE_CACHE_ENTRIES: usize = 32;
 const SEAL_AFTER: usize = 4;
 
 /// `CU_STREAM_LEGACY`.
-const LEGACY_STREAM: pinfeed_cuda::CUstream = 1 as pinfeed_cuda::CUstream;
+const LEGACY_STREAM: CUstream = 1 as CUstream;
 
 /// Whether a raw stream handle is the legacy default stream (the driver reads 0 as it too).
-pub(crate) fn is_legacy_stream(stream: u64) -> bool {
+fn is_legacy_stream(stream: u64) -> bool {
     stream == 0 || stream == 1
 }
 
-/// The counter behind [`IdleBuffer::returned`], shared by every cache (only the order within
-/// one matters).
-static RETURNED: AtomicU64 = AtomicU64::new(0);
+/// An event from `events` recorded on `stream` now: it completes after the work queued there
+/// so far.
+///
+/// # Safety
+/// `stream` is a live stream of the events' context, or one of the special handles 0, 1, 2.
+unsafe fn record_now(
+    events: &Arc<EventPool>,
+    stream: CUstream,
+) -> std::result::Result<Event, CudaError> {
+    let event = events.get()?;
+    // SAFETY: forwarded from this function's contract.
+    unsafe { event.record_raw(stream) }?;
+    Ok(event)
+}
 
 impl DeviceBufferCache {
     pub(crate) fn new(events: Arc<EventPool>) -> DeviceBufferCache {
@@ -379,7 +400,7 @@ impl DeviceBufferCache {
         let mut idle = self.lock();
         let i = idle.buffers.iter().position(|e| e.buffer.len() == len);
         let oldest_unsealed = i.is_some_and(|i| matches!(idle.buffers[i].used, LastUse::Legacy));
-        if idle.unsealed >= SEAL_AFTER || oldest_unsealed {
+        if oldest_unsealed || idle.unsealed() >= SEAL_AFTER {
             drop(idle);
             // A seal that fails leaves the buffers unsealed: never handed out, and freed (or
             // leaked) with the cache.
@@ -412,19 +433,14 @@ impl DeviceBufferCache {
     /// now. The driver call is made without the lock, so the consumer's thread letting a batch
     /// go never waits for it; buffers that come back meanwhile wait for the next seal.
     fn seal(&self) -> std::result::Result<(), CudaError> {
-        let before = RETURNED.load(Ordering::SeqCst);
+        // Every buffer numbered below `before` was in the list before the event is recorded.
+        let before = self.lock().next_returned;
         let event = self.legacy_event()?;
-        let mut idle = self.lock();
-        for e in idle.buffers.iter_mut() {
+        for e in self.lock().buffers.iter_mut() {
             if e.returned < before && matches!(e.used, LastUse::Legacy) {
                 e.used = LastUse::Event(Arc::clone(&event));
             }
         }
-        idle.unsealed = idle
-            .buffers
-            .iter()
-            .filter(|e| matches!(e.used, LastUse::Legacy))
-            .count();
         Ok(())
     }
 
@@ -434,12 +450,8 @@ impl DeviceBufferCache {
         let mut evicted = Vec::new();
         {
             let mut idle = self.lock();
-            if matches!(used, LastUse::Legacy) {
-                idle.unsealed += 1;
-            }
-            // Numbered under the lock: an entry with a number below a seal's was in the list
-            // before the seal's event was recorded.
-            let returned = RETURNED.fetch_add(1, Ordering::SeqCst);
+            let returned = idle.next_returned;
+            idle.next_returned += 1;
             idle.buffers.push_back(IdleBuffer {
                 buffer,
                 used,
@@ -448,13 +460,7 @@ impl DeviceBufferCache {
             // A few dozen entries at most: summing them is simpler than keeping a count in step.
             let bytes = |idle: &Idle| idle.buffers.iter().map(|e| e.buffer.len()).sum::<usize>();
             while idle.buffers.len() > DEVICE_CACHE_ENTRIES || bytes(&idle) > DEVICE_CACHE_BYTES {
-                let Some(e) = idle.buffers.pop_front() else {
-                    break;
-                };
-                if matches!(e.used, LastUse::Legacy) {
-                    idle.unsealed -= 1;
-                }
-                evicted.push(e);
+                evicted.extend(idle.buffers.pop_front());
             }
         }
         self.free(evicted);
@@ -463,41 +469,35 @@ impl DeviceBufferCache {
     /// Frees `buffers` in stream order on the copy stream (where they were allocated), after
     /// their last use: the copy stream waits for the consumer's event first; the legacy
     /// stream's buffers get one event recorded now.
-    fn free(&self, buffers: Vec<IdleBuffer>) {
-        // One event for all the legacy stream's buffers; `None` inside when it failed.
+    fn free(&self, buffers: impl IntoIterator<Item = IdleBuffer>) {
+        // One event for all the legacy stream's buffers, recorded at the first; `None` inside
+        // when that failed.
         let mut legacy: Option<Option<Arc<Event>>> = None;
         for IdleBuffer { buffer, used, .. } in buffers {
-            let used = match used {
-                LastUse::CopyStream => Ok(None),
-                LastUse::Event(event) => Ok(Some(event)),
+            let after = match used {
+                LastUse::CopyStream => {
+                    drop(buffer);
+                    continue;
+                }
+                LastUse::Event(event) => Some(event),
                 LastUse::Legacy => legacy
                     .get_or_insert_with(|| self.legacy_event().ok())
-                    .clone()
-                    .map(Some)
-                    .ok_or(()),
+                    .clone(),
             };
-            let ordered = match used {
-                Ok(None) => true,
-                Ok(Some(event)) => buffer.stream().wait_event(&event).is_ok(),
-                Err(()) => false,
-            };
-            if ordered {
-                drop(buffer);
-            } else {
+            match after {
+                Some(event) if buffer.stream().wait_event(&event).is_ok() => drop(buffer),
                 // The copy stream cannot be ordered after the consumer (a failing context, or
                 // a forked child): leave the memory allocated rather than let it be handed out
                 // under a reader.
-                std::mem::forget(buffer);
+                _ => std::mem::forget(buffer),
             }
         }
     }
 
     /// An event recorded on the legacy default stream now.
     fn legacy_event(&self) -> std::result::Result<Arc<Event>, CudaError> {
-        let event = self.events.get()?;
-        // SAFETY: the legacy default stream of the event's context is always valid.
-        unsafe { event.record_raw(LEGACY_STREAM) }?;
-        Ok(Arc::new(event))
+        // SAFETY: the legacy default stream of the events' context is always valid.
+        unsafe { record_now(&self.events, LEGACY_STREAM) }.map(Arc::new)
     }
 }
 
@@ -510,7 +510,7 @@ impl Drop for DeviceBufferCache {
                 .unwrap_or_else(|p| p.into_inner())
                 .buffers,
         );
-        self.free(idle.into_iter().collect());
+        self.free(idle);
     }
 }
 
@@ -1007,12 +1007,8 @@ impl Landed {
             self.memory.used = LastUse::Legacy;
             return Ok(());
         }
-        let recorded = events.get().and_then(|used| {
-            // SAFETY: forwarded from this function's contract.
-            unsafe { used.record_raw(stream as pinfeed_cuda::CUstream) }?;
-            Ok(used)
-        });
-        match recorded {
+        // SAFETY: forwarded from this function's contract.
+        match unsafe { record_now(events, stream as CUstream) } {
             Ok(used) => {
                 self.memory.used = LastUse::Event(Arc::new(used));
                 Ok(())
