@@ -6,6 +6,7 @@ PYTHONPATH=SITE python3 bench/batch_probe.py LABEL [--threads 8,12,16] [--sizes 
     [--prefetch 4,16,64] [--rounds 3]
 """
 
+import argparse
 import time
 
 import numpy as np
@@ -14,13 +15,17 @@ import torch
 import pinfeed
 from pinfeed._arrays import materialize
 
-import argparse
-
 ap = argparse.ArgumentParser()
 ap.add_argument("label", nargs="?", default="pinfeed")
-ap.add_argument("--threads", default="", help="reader threads to try, comma-separated (default: the Loader's)")
+ap.add_argument(
+    "--threads", default="", help="reader threads to try, comma-separated (default: the Loader's)"
+)
 ap.add_argument("--sizes", default="1,4,16,64,256", help="batch sizes in MiB")
-ap.add_argument("--prefetch", default="", help="Loader prefetch depths to try, comma-separated (default: the Loader's)")
+ap.add_argument(
+    "--prefetch",
+    default="",
+    help="Loader prefetch depths to try, comma-separated (default: the Loader's)",
+)
 ap.add_argument("--rounds", type=int, default=1, help="rounds of every combination, interleaved")
 args = ap.parse_args()
 label = args.label
@@ -43,7 +48,7 @@ def best(fn, repeat=3):
 
 
 def drain(loader):
-    for x in loader:
+    for _x in loader:
         pass
 
 
@@ -71,9 +76,12 @@ for round_ in range(args.rounds):
             drain(loader)
             got = total / best(lambda: drain(loader)) / 1e9
             st = loader.stats()
-            print(f"{label} round {round_ + 1}: {mib:3d} MiB, {st['threads']} readers, {st['slots']} slots, "
-                  f"prefetch {depth or 'default'}: pinned copy_ {copy:6.2f} GB/s, "
-                  f"Loader {got:6.2f} GB/s ({got / copy:.0%}); {st['explanation']}", flush=True)
+            print(
+                f"{label} round {round_ + 1}: {mib:3d} MiB, {st['threads']} readers, {st['slots']} slots, "
+                f"prefetch {depth or 'default'}: pinned copy_ {copy:6.2f} GB/s, "
+                f"Loader {got:6.2f} GB/s ({got / copy:.0%}); {st['explanation']}",
+                flush=True,
+            )
             del loader
         del pin, dst
 
@@ -82,7 +90,11 @@ for depth in dict.fromkeys([depths[0], depths[-1]]):
     loader = pinfeed.Loader(src, 256, device="cuda", **options(None, depth))
     drain(loader)
     for stream in [None, torch.cuda.Stream()]:
-        ctx = torch.cuda.stream(stream) if stream is not None else torch.cuda.stream(torch.cuda.current_stream())
+        ctx = (
+            torch.cuda.stream(stream)
+            if stream is not None
+            else torch.cuda.stream(torch.cuda.current_stream())
+        )
         with ctx:
             st = loader._start((0, 0))
             it = iter(st)
@@ -107,7 +119,9 @@ for depth in dict.fromkeys([depths[0], depths[-1]]):
             torch.cuda.synchronize()
             dt = (time.perf_counter_ns() - t0) / 1e9
             where = "the current stream" if stream is None else "a side stream"
-            print(f"{label}: prefetch {depth or 'default'}, 1 MiB on {where}: {total / dt / 1e9:6.2f} GB/s, {dt / k * 1e6:5.1f} us a batch: "
-                  f"next {t_next / k / 1e3:5.1f} us, to a tensor {t_export / k / 1e3:5.1f} us, "
-                  f"release {t_release / k / 1e3:5.1f} us; {st.stats()['explanation']}")
+            print(
+                f"{label}: prefetch {depth or 'default'}, 1 MiB on {where}: {total / dt / 1e9:6.2f} GB/s, {dt / k * 1e6:5.1f} us a batch: "
+                f"next {t_next / k / 1e3:5.1f} us, to a tensor {t_export / k / 1e3:5.1f} us, "
+                f"release {t_release / k / 1e3:5.1f} us; {st.stats()['explanation']}"
+            )
             st.close()

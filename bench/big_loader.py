@@ -36,10 +36,20 @@ for reader in ["pread", "auto"]:
         wall, cpu = time.perf_counter() - t0, time.process_time() - c0
         assert at == len(mm), f"{reader}: {at} records of {len(mm)}"
         st = loader.stats()
-        r = {"reader": reader, "pass": p, "gbps": n / wall / 1e9, "wall_s": wall, "cpu_s": cpu,
-             "described": st.get("reader"), "threads": st.get("threads"), "explanation": st["explanation"]}
+        r = {
+            "reader": reader,
+            "pass": p,
+            "gbps": n / wall / 1e9,
+            "wall_s": wall,
+            "cpu_s": cpu,
+            "described": st.get("reader"),
+            "threads": st.get("threads"),
+            "explanation": st["explanation"],
+        }
         rows.append(r)
-        print(f"Loader(40 GB, {batch}) reader={reader} [{r['described']}, {r['threads']} threads] pass {p}"
-              f"{' (checked)' if p == 0 else ''}: {r['gbps']:6.2f} GB/s, {cpu:5.1f} s CPU; {r['explanation']}")
+        print(
+            f"Loader(40 GB, {batch}) reader={reader} [{r['described']}, {r['threads']} threads] pass {p}"
+            f"{' (checked)' if p == 0 else ''}: {r['gbps']:6.2f} GB/s, {cpu:5.1f} s CPU; {r['explanation']}"
+        )
     del loader
 json.dump(rows, open(out, "w"), indent=1)

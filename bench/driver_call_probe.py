@@ -29,7 +29,12 @@ def stream(flags):
     return s
 
 
-streams = {"legacy(1)": ctypes.c_void_p(1), "null(0)": ctypes.c_void_p(0), "blocking": stream(0), "non-blocking": stream(1)}
+streams = {
+    "legacy(1)": ctypes.c_void_p(1),
+    "null(0)": ctypes.c_void_p(0),
+    "blocking": stream(0),
+    "non-blocking": stream(1),
+}
 busy = stream(1)
 pin = torch.empty(256 << 20, dtype=torch.uint8, pin_memory=True)
 dev = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
@@ -62,12 +67,21 @@ for gpu_busy in [False, True]:
     for name, s in streams.items():
         if gpu_busy:
             for _ in range(40):  # about 200 ms of copies on another non-blocking stream
-                code = cu.cuMemcpyHtoDAsync_v2(ctypes.c_uint64(dev.data_ptr()), ctypes.c_void_p(pin.data_ptr()), ctypes.c_size_t(256 << 20), busy)
+                code = cu.cuMemcpyHtoDAsync_v2(
+                    ctypes.c_uint64(dev.data_ptr()),
+                    ctypes.c_void_p(pin.data_ptr()),
+                    ctypes.c_size_t(256 << 20),
+                    busy,
+                )
                 assert code == 0, f"the copies that keep the GPU busy failed with CUresult {code}"
         record = per_call_us(lambda i: cu.cuEventRecord(events[i & 63], s))
         wait = per_call_us(lambda i: cu.cuStreamWaitEvent(s, done, 0))
-        query = per_call_us(lambda i: cu.cuEventQuery(events[i & 63]), (CUDA_SUCCESS, CUDA_ERROR_NOT_READY))
-        print(f"{'GPU busy' if gpu_busy else 'GPU idle'} {name:13s}: cuEventRecord {record:5.2f} us, "
-              f"cuStreamWaitEvent(done) {wait:5.2f} us, cuEventQuery {query:5.2f} us (a completed event's query: {cheapest:4.2f} us)")
+        query = per_call_us(
+            lambda i: cu.cuEventQuery(events[i & 63]), (CUDA_SUCCESS, CUDA_ERROR_NOT_READY)
+        )
+        print(
+            f"{'GPU busy' if gpu_busy else 'GPU idle'} {name:13s}: cuEventRecord {record:5.2f} us, "
+            f"cuStreamWaitEvent(done) {wait:5.2f} us, cuEventQuery {query:5.2f} us (a completed event's query: {cheapest:4.2f} us)"
+        )
         torch.cuda.synchronize()
         assert cu.cuCtxSynchronize() == 0

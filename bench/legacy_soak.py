@@ -60,21 +60,30 @@ while time.monotonic() - start < seconds:
         del x
     assert at == 0, f"loader {loaders} delivered {at} records past its last whole epoch"
     wrong = int(bad.item())
-    assert wrong == 0, f"loader {loaders} (batches of {batch_size}): {wrong} batches differ from the source"
+    assert wrong == 0, (
+        f"loader {loaders} (batches of {batch_size}): {wrong} batches differ from the source"
+    )
     held = loader.stats()["device_bytes_held"]
-    assert held == 0, f"loader {loaders}: {held} device bytes still held after every batch was let go"
+    assert held == 0, (
+        f"loader {loaders}: {held} device bytes still held after every batch was let go"
+    )
     del loader
     loaders += 1
     now = time.monotonic()
     if now >= next_mark:
         marks.append((now - start, device_used_mib(), rss_mib()))
-        print(f"{now - start:6.1f} s: {loaders} loaders, {batches} batches, {bytes_checked / 1e9:.1f} GB checked; "
-              f"device memory in use {marks[-1][1]:.0f} MiB, peak resident {marks[-1][2]:.0f} MiB", flush=True)
+        print(
+            f"{now - start:6.1f} s: {loaders} loaders, {batches} batches, {bytes_checked / 1e9:.1f} GB checked; "
+            f"device memory in use {marks[-1][1]:.0f} MiB, peak resident {marks[-1][2]:.0f} MiB",
+            flush=True,
+        )
         next_mark = now + 60
 torch.cuda.synchronize()
 marks.append((time.monotonic() - start, device_used_mib(), rss_mib()))
-print(f"done: {loaders} loaders, {batches} batches, {bytes_checked / 1e9:.1f} GB checked, every byte equal; "
-      f"device memory in use {marks[0][1]:.0f} -> {marks[-1][1]:.0f} MiB, peak resident {marks[0][2]:.0f} -> {marks[-1][2]:.0f} MiB")
+print(
+    f"done: {loaders} loaders, {batches} batches, {bytes_checked / 1e9:.1f} GB checked, every byte equal; "
+    f"device memory in use {marks[0][1]:.0f} -> {marks[-1][1]:.0f} MiB, peak resident {marks[0][2]:.0f} -> {marks[-1][2]:.0f} MiB"
+)
 # Growth after the first minute (warm caches) would be a leak.
 if len(marks) > 2:
     assert marks[-1][1] <= marks[1][1] + 64, "device memory in use kept growing"

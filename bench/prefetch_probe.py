@@ -12,18 +12,23 @@ import time
 import numpy as np
 import torch
 from torch.utils.data import BatchSampler, DataLoader
+from torch_baselines import WholeBatch, timed
 
 import pinfeed
-from torch_baselines import WholeBatch, timed
 
 npy, pinfeed_bin = sys.argv[1], sys.argv[2]
 mm = np.load(npy, mmap_mode="r")
 n = mm.size
-seq = lambda: DataLoader(WholeBatch(mm), sampler=BatchSampler(range(len(mm)), 1024, False), batch_size=None)
+
+
+def seq():
+    return DataLoader(
+        WholeBatch(mm), sampler=BatchSampler(range(len(mm)), 1024, False), batch_size=None
+    )
 
 
 def consume(it):
-    for x in it:
+    for _x in it:
         pass
     torch.cuda.synchronize()
 
@@ -39,25 +44,33 @@ items = list(seq())[:400]
 nb = sum(x.numel() for x in items)
 t0 = time.perf_counter()
 consume(pinfeed.prefetch(items, device="cuda"))
-print(f"{'prefetch(list of 400 ready tensors): upload ceiling':<60} {nb / (time.perf_counter() - t0) / 1e9:6.2f} GB/s")
+print(
+    f"{'prefetch(list of 400 ready tensors): upload ceiling':<60} {nb / (time.perf_counter() - t0) / 1e9:6.2f} GB/s"
+)
 for interval in [None, 0.0005]:
     if interval:
         sys.setswitchinterval(interval)
     p = pinfeed.prefetch(seq(), device="cuda")
     t0 = time.perf_counter()
     consume(p)
-    report(f"prefetch(DataLoader), switch interval {sys.getswitchinterval()}", time.perf_counter() - t0, p)
+    report(
+        f"prefetch(DataLoader), switch interval {sys.getswitchinterval()}",
+        time.perf_counter() - t0,
+        p,
+    )
 sys.setswitchinterval(0.005)
 src = np.random.default_rng(0).integers(0, 255, size=1 << 30, dtype=np.uint8).reshape(-1, 4096)
 loader = pinfeed.Loader(src, 256, device="cuda")
 consume(loader)
 t0 = time.perf_counter()
 k = 0
-for x in loader:
+for _x in loader:
     k += 1
 torch.cuda.synchronize()
 dt = time.perf_counter() - t0
-print(f"Loader 1 MiB: {src.nbytes / dt / 1e9:.2f} GB/s, {dt / k * 1e6:.1f} us a batch; {loader.stats()['explanation']}")
+print(
+    f"Loader 1 MiB: {src.nbytes / dt / 1e9:.2f} GB/s, {dt / k * 1e6:.1f} us a batch; {loader.stats()['explanation']}"
+)
 
 
 def per_batch(name, take):
@@ -71,15 +84,26 @@ def per_batch(name, take):
         k += 1
     torch.cuda.synchronize()
     dt = time.perf_counter() - t0
-    print(f"  1 MiB, {name:<52} {src.nbytes / dt / 1e9:6.2f} GB/s {dt / k * 1e6:6.1f} us a batch; {st.stats()['explanation']}")
+    print(
+        f"  1 MiB, {name:<52} {src.nbytes / dt / 1e9:6.2f} GB/s {dt / k * 1e6:6.1f} us a batch; {st.stats()['explanation']}"
+    )
     st.close()
 
 
-legacy = lambda: torch.cuda.current_stream().cuda_stream or 1
+def legacy():
+    return torch.cuda.current_stream().cuda_stream or 1
+
+
 per_batch("stream only (buffers dropped unexported)", lambda b: None)
 per_batch("torch.from_dlpack(buf)", lambda b: torch.from_dlpack(b))
-per_batch("torch._C._from_dlpack(buf.__dlpack__(stream))", lambda b: torch._C._from_dlpack(b.__dlpack__(stream=legacy())))
-per_batch("buf.__dlpack__(stream=-1) (no stream wait)", lambda b: torch._C._from_dlpack(b.__dlpack__(stream=-1)))
+per_batch(
+    "torch._C._from_dlpack(buf.__dlpack__(stream))",
+    lambda b: torch._C._from_dlpack(b.__dlpack__(stream=legacy())),
+)
+per_batch(
+    "buf.__dlpack__(stream=-1) (no stream wait)",
+    lambda b: torch._C._from_dlpack(b.__dlpack__(stream=-1)),
+)
 held = []
 per_batch("torch.from_dlpack(buf), tensors kept", lambda b: held.append(torch.from_dlpack(b)))
 del held
@@ -91,9 +115,17 @@ for _ in range(1024):
     dst.copy_(pin, non_blocking=True)
 torch.cuda.synchronize()
 dt = time.perf_counter() - t0
-print(f"  1 MiB pinned copy_ into one buffer: {(1 << 30) / dt / 1e9:.2f} GB/s, {dt / 1024 * 1e6:.1f} us a copy")
+print(
+    f"  1 MiB pinned copy_ into one buffer: {(1 << 30) / dt / 1e9:.2f} GB/s, {dt / 1024 * 1e6:.1f} us a copy"
+)
 path = "/tmp/probe-1g.npy"
 np.save(path, src)
 for bs in [256, 1024]:
-    r = json.loads(subprocess.check_output([pinfeed_bin, "stream", path, "--batch-size", str(bs), "--json", "--epochs", "3"]))
-    print(f"stream {bs // 256} MiB x3 epochs: {r['streaming_gbps']:.2f} GB/s after start-up, setup {r['setup_s']*1e3:.0f} ms; {r['explanation']}; stages {json.dumps({k: round(v, 3) for k, v in r['stages'].items()})}")
+    r = json.loads(
+        subprocess.check_output(
+            [pinfeed_bin, "stream", path, "--batch-size", str(bs), "--json", "--epochs", "3"]
+        )
+    )
+    print(
+        f"stream {bs // 256} MiB x3 epochs: {r['streaming_gbps']:.2f} GB/s after start-up, setup {r['setup_s'] * 1e3:.0f} ms; {r['explanation']}; stages {json.dumps({k: round(v, 3) for k, v in r['stages'].items()})}"
+    )

@@ -18,15 +18,15 @@ import time
 import numpy as np
 import torch
 from torch.utils.data import BatchSampler, DataLoader
+from torch_baselines import WholeBatch, timed  # the same helpers as the torch baselines
 
 import pinfeed
-from torch_baselines import WholeBatch, timed  # the same helpers as the torch baselines
 
 
 def row(name, nbytes, wall, cpu, **extra):
     r = {"name": name, "wall_s": wall, "cpu_s": cpu, "gbps": nbytes / wall / 1e9}
     r.update(extra)
-    print(f"{name:<58} {wall*1e3:9.1f} ms {cpu*1e3:9.1f} ms CPU {r['gbps']:7.2f} GB/s")
+    print(f"{name:<58} {wall * 1e3:9.1f} ms {cpu * 1e3:9.1f} ms CPU {r['gbps']:7.2f} GB/s")
     return r
 
 
@@ -42,13 +42,23 @@ def seed(rows, cols):
     variants = {
         "a.cuda()": lambda: a.cuda(),
         "a.pin_memory().cuda()": lambda: a.pin_memory().cuda(),
-        "rows: i.pin_memory().cuda(non_blocking=True)": lambda: [i.pin_memory().cuda(non_blocking=True) for i in a],
+        "rows: i.pin_memory().cuda(non_blocking=True)": lambda: [
+            i.pin_memory().cuda(non_blocking=True) for i in a
+        ],
         "rows: i.cuda()": lambda: [i.cuda() for i in a],
         "pinfeed.to_device(a)": lambda: pinfeed.to_device(a, device="cuda"),
-        "pinfeed.to_device(a, method='both')": lambda: pinfeed.to_device(a, device="cuda", method="both"),
-        "pinfeed.to_device(a, method='register')": lambda: pinfeed.to_device(a, device="cuda", method="register"),
-        "pinfeed.to_device(a, pinned_budget=256MiB)": lambda: pinfeed.to_device(a, device="cuda", pinned_budget="256MiB"),
-        "pinfeed.to_device(a, pinned_budget=1GiB)": lambda: pinfeed.to_device(a, device="cuda", pinned_budget="1GiB"),
+        "pinfeed.to_device(a, method='both')": lambda: pinfeed.to_device(
+            a, device="cuda", method="both"
+        ),
+        "pinfeed.to_device(a, method='register')": lambda: pinfeed.to_device(
+            a, device="cuda", method="register"
+        ),
+        "pinfeed.to_device(a, pinned_budget=256MiB)": lambda: pinfeed.to_device(
+            a, device="cuda", pinned_budget="256MiB"
+        ),
+        "pinfeed.to_device(a, pinned_budget=1GiB)": lambda: pinfeed.to_device(
+            a, device="cuda", pinned_budget="1GiB"
+        ),
     }
     for name, fn in variants.items():
         fn()
@@ -146,10 +156,27 @@ def loaders(npy, batch_size, pinfeed_bin):
         loader = pinfeed.Loader(npy, batch_size, device="cuda", reader=reader)
         consume(loader)
         wall, cpu = timed(lambda: consume(loader), repeat=3)  # each pass reuses the pinned pool
-        out.append(row(f"pinfeed.Loader(npy, {batch_size}) reader={reader}", n, wall, cpu, stats=loader.stats()))
-    seq = lambda pin: DataLoader(WholeBatch(mm), sampler=BatchSampler(range(len(mm)), batch_size, False), batch_size=None, pin_memory=pin)
+        out.append(
+            row(
+                f"pinfeed.Loader(npy, {batch_size}) reader={reader}",
+                n,
+                wall,
+                cpu,
+                stats=loader.stats(),
+            )
+        )
+
+    def seq(pin):
+        return DataLoader(
+            WholeBatch(mm),
+            sampler=BatchSampler(range(len(mm)), batch_size, False),
+            batch_size=None,
+            pin_memory=pin,
+        )
+
     wall, cpu = timed(lambda: consume(x.cuda(non_blocking=True) for x in seq(True)), repeat=1)
     out.append(row("DataLoader whole-batch sequential, pin_memory=True", n, wall, cpu))
+
     def prefetched(make, **kw):
         """Times prefetch over a fresh iterable from `make`; with its own account (stats())."""
         p = None
@@ -165,37 +192,75 @@ def loaders(npy, batch_size, pinfeed_bin):
 
     for depth in [2, 4]:
         wall, cpu, stats = prefetched(lambda: seq(False), depth=depth)
-        name = "pinfeed.prefetch(DataLoader(pin_memory=False))" + (f", depth={depth}" if depth != 2 else "")
+        name = "pinfeed.prefetch(DataLoader(pin_memory=False))" + (
+            f", depth={depth}" if depth != 2 else ""
+        )
         out.append(row(name, n, wall, cpu, stats=stats))
     # What the DataLoader itself delivers, with no copy at all: the ceiling for both above.
     wall, cpu = timed(lambda: sum(x.numel() for x in seq(False)), repeat=1)
     out.append(row("DataLoader whole-batch sequential, pin_memory=False, no copy", n, wall, cpu))
+
     # With worker processes (and so DataLoader's own pin-memory thread).
-    workers = lambda pin: DataLoader(WholeBatch(mm), sampler=BatchSampler(range(len(mm)), batch_size, False), batch_size=None, pin_memory=pin, num_workers=4, prefetch_factor=4)
+    def workers(pin):
+        return DataLoader(
+            WholeBatch(mm),
+            sampler=BatchSampler(range(len(mm)), batch_size, False),
+            batch_size=None,
+            pin_memory=pin,
+            num_workers=4,
+            prefetch_factor=4,
+        )
+
     wall, cpu = timed(lambda: consume(x.cuda(non_blocking=True) for x in workers(True)), repeat=1)
     out.append(row("DataLoader whole-batch, 4 workers, pin_memory=True", n, wall, cpu))
     wall, cpu, stats = prefetched(lambda: workers(False))
-    out.append(row("pinfeed.prefetch(DataLoader(4 workers, pin_memory=False))", n, wall, cpu, stats=stats))
+    out.append(
+        row("pinfeed.prefetch(DataLoader(4 workers, pin_memory=False))", n, wall, cpu, stats=stats)
+    )
     wall, cpu = timed(lambda: sum(x.numel() for x in workers(False)), repeat=1)
     out.append(row("DataLoader whole-batch, 4 workers, pin_memory=False, no copy", n, wall, cpu))
     got = list(pinfeed.prefetch(seq(False), device="cuda"))
-    assert sum(int(x.shape[0]) for x in got) == len(mm) and torch.equal(got[-1].cpu(), torch.from_numpy(np.array(mm[-got[-1].shape[0]:])))
+    assert sum(int(x.shape[0]) for x in got) == len(mm) and torch.equal(
+        got[-1].cpu(), torch.from_numpy(np.array(mm[-got[-1].shape[0] :]))
+    )
     del got
     # The same file through the command, for the Python layer's cost.
     cli = []
     for _ in range(3):
-        r = json.loads(subprocess.check_output([pinfeed_bin, "stream", npy, "--batch-size", str(batch_size), "--reader", "pread", "--json"]))
+        r = json.loads(
+            subprocess.check_output(
+                [
+                    pinfeed_bin,
+                    "stream",
+                    npy,
+                    "--batch-size",
+                    str(batch_size),
+                    "--reader",
+                    "pread",
+                    "--json",
+                ]
+            )
+        )
         cli.append(r)
     cli.sort(key=lambda r: r["seconds"])
     best = cli[1]
-    out.append(row(f"pinfeed stream (command, reader={best['reader']})", n, best["seconds"], best["cpu_seconds"]))
+    out.append(
+        row(
+            f"pinfeed stream (command, reader={best['reader']})",
+            n,
+            best["seconds"],
+            best["cpu_seconds"],
+        )
+    )
     # Correctness of the Python path: every batch equals the file.
     loader = pinfeed.Loader(npy, batch_size, device="cuda")
     at = 0
     for x in loader:
         k = x.shape[0]
         if at % (50 * batch_size) == 0 or at + k == len(mm):
-            assert torch.equal(x.cpu(), torch.from_numpy(np.array(mm[at : at + k]))), f"batch at record {at} differs"
+            assert torch.equal(x.cpu(), torch.from_numpy(np.array(mm[at : at + k]))), (
+                f"batch at record {at} differs"
+            )
         at += k
     assert at == len(mm)
     return out
@@ -219,14 +284,22 @@ def batch_sizes(pinfeed_bin, repeat=3):
         pinned = torch.empty(mib << 20, dtype=torch.uint8, pin_memory=True)
         dst = torch.empty(mib << 20, dtype=torch.uint8, device="cuda")
         n = total // (mib << 20)
-        wall_pinned, _ = timed(lambda: [dst.copy_(pinned, non_blocking=True) for _ in range(n)], repeat)
+        wall_pinned, _ = timed(
+            lambda: [dst.copy_(pinned, non_blocking=True) for _ in range(n)], repeat
+        )
         r = {"batch_mib": mib, "pinned_copy_gbps": total / wall_pinned / 1e9}
         # The default (batches over 4 MiB in 4 MiB pieces) and whole-batch slots.
         for key, piece_size in [("loader_gbps", "4MiB"), ("loader_whole_gbps", None)]:
-            loader = pinfeed.Loader(src, rows, device="cuda", pinned_budget=max(256 << 20, 8 * (mib << 20)), piece_size=piece_size)
+            loader = pinfeed.Loader(
+                src,
+                rows,
+                device="cuda",
+                pinned_budget=max(256 << 20, 8 * (mib << 20)),
+                piece_size=piece_size,
+            )
 
             def run():
-                for x in loader:
+                for _x in loader:
                     pass
 
             run()
@@ -235,14 +308,26 @@ def batch_sizes(pinfeed_bin, repeat=3):
         r["ratio"] = r["loader_gbps"] / r["pinned_copy_gbps"]
         runs = []
         for _ in range(repeat):
-            cmd = [pinfeed_bin, "stream", path, "--batch-size", str(rows), "--reader", "pread", "--json",
-                   "--pinned-budget", str(max(256 << 20, 8 * (mib << 20)))]
+            cmd = [
+                pinfeed_bin,
+                "stream",
+                path,
+                "--batch-size",
+                str(rows),
+                "--reader",
+                "pread",
+                "--json",
+                "--pinned-budget",
+                str(max(256 << 20, 8 * (mib << 20))),
+            ]
             runs.append(json.loads(subprocess.check_output(cmd)))
         runs.sort(key=lambda j: j["streaming_gbps"])
         r["stream_gbps"] = runs[len(runs) // 2]["streaming_gbps"]
         r["stream_ratio"] = r["stream_gbps"] / r["pinned_copy_gbps"]
-        print(f"batch {mib:4d} MiB: pinned copy_ {r['pinned_copy_gbps']:6.2f} GB/s, Loader {r['loader_gbps']:6.2f} GB/s ({r['ratio']:.0%}), "
-              f"whole-batch slots {r['loader_whole_gbps']:6.2f} GB/s, pinfeed stream {r['stream_gbps']:6.2f} GB/s ({r['stream_ratio']:.0%})")
+        print(
+            f"batch {mib:4d} MiB: pinned copy_ {r['pinned_copy_gbps']:6.2f} GB/s, Loader {r['loader_gbps']:6.2f} GB/s ({r['ratio']:.0%}), "
+            f"whole-batch slots {r['loader_whole_gbps']:6.2f} GB/s, pinfeed stream {r['stream_gbps']:6.2f} GB/s ({r['stream_ratio']:.0%})"
+        )
         out.append(r)
     return out
 
@@ -260,8 +345,16 @@ def sweep(rows, cols, repeat=3):
                 st = pinfeed._pinfeed.Stager("cuda", arena_mib << 20, threads, "stage", None)
                 upload_through(st, a)
                 wall, cpu = timed(lambda: upload_through(st, a), repeat)
-                r = {"round": round_, "arena_mib": arena_mib, "threads": threads, "gbps": n / wall / 1e9, "cpu_s": cpu}
-                print(f"to_device arena {arena_mib:4d} MiB threads {threads:2d}: {r['gbps']:6.2f} GB/s, {cpu*1e3:6.0f} ms CPU")
+                r = {
+                    "round": round_,
+                    "arena_mib": arena_mib,
+                    "threads": threads,
+                    "gbps": n / wall / 1e9,
+                    "cpu_s": cpu,
+                }
+                print(
+                    f"to_device arena {arena_mib:4d} MiB threads {threads:2d}: {r['gbps']:6.2f} GB/s, {cpu * 1e3:6.0f} ms CPU"
+                )
                 out["to_device"].append(r)
                 del st
     small = pinfeed._pinfeed.Stager("cuda", 16 << 20, None, "stage", "4MiB")
@@ -275,15 +368,22 @@ def sweep(rows, cols, repeat=3):
             loader = pinfeed.Loader(src, mib * 256, device="cuda", num_threads=threads)
 
             def run():
-                for x in loader:
+                for _x in loader:
                     pass
 
             run()
             wall, cpu = timed(run, repeat)
             st = loader.stats()
-            r = {"batch_mib": mib, "threads": threads, "gbps": total / wall / 1e9,
-                 "bottleneck": st.get("explanation"), "stats": {k: v for k, v in st.items() if isinstance(v, (int, float))}}
-            print(f"Loader batch {mib} MiB threads {threads:2d}: {r['gbps']:6.2f} GB/s  {r['bottleneck']}")
+            r = {
+                "batch_mib": mib,
+                "threads": threads,
+                "gbps": total / wall / 1e9,
+                "bottleneck": st.get("explanation"),
+                "stats": {k: v for k, v in st.items() if isinstance(v, (int, float))},
+            }
+            print(
+                f"Loader batch {mib} MiB threads {threads:2d}: {r['gbps']:6.2f} GB/s  {r['bottleneck']}"
+            )
             out["loader"].append(r)
     return out
 
@@ -327,7 +427,12 @@ def overlap(npy, steps=300, batch=4096):
 
     loader = pinfeed.Loader(npy, batch, device="cuda", shuffle=True, seed=1)
     t_pinfeed = loop(iter(loader))
-    dl = DataLoader(WholeBatch(mm), sampler=BatchSampler(torch.randperm(len(mm)).tolist(), batch, False), batch_size=None, pin_memory=True)
+    dl = DataLoader(
+        WholeBatch(mm),
+        sampler=BatchSampler(torch.randperm(len(mm)).tolist(), batch, False),
+        batch_size=None,
+        pin_memory=True,
+    )
     t_dl = loop(iter(dl))
     r = {
         "steps": steps,
@@ -339,8 +444,10 @@ def overlap(npy, steps=300, batch=4096):
         "pinfeed_gpu_idle": 1 - ideal / t_pinfeed,
         "dataloader_gpu_idle": 1 - ideal / t_dl,
     }
-    print(f"overlap: GPU step {r['gpu_step_ms']:.2f} ms; GPU idle {r['pinfeed_gpu_idle']:.1%} with pinfeed, "
-          f"{r['dataloader_gpu_idle']:.1%} with DataLoader(pin_memory=True)")
+    print(
+        f"overlap: GPU step {r['gpu_step_ms']:.2f} ms; GPU idle {r['pinfeed_gpu_idle']:.1%} with pinfeed, "
+        f"{r['dataloader_gpu_idle']:.1%} with DataLoader(pin_memory=True)"
+    )
     return r
 
 
@@ -350,16 +457,25 @@ def shuffled(npy, batch=1024):
     n = mm.size
     out = []
     for reader, threads in [("pread", 16), ("auto", 8), ("auto", 16)]:
-        loader = pinfeed.Loader(npy, batch, device="cuda", shuffle="random", num_threads=threads, reader=reader)
+        loader = pinfeed.Loader(
+            npy, batch, device="cuda", shuffle="random", num_threads=threads, reader=reader
+        )
         wall, cpu = timed(lambda: [x for x in loader], repeat=1)
-        out.append(row(f"pinfeed.Loader(shuffle='random', num_threads={threads}, reader={reader!r}) [{loader.stats().get('reader_description', '')}]", n, wall, cpu))
+        out.append(
+            row(
+                f"pinfeed.Loader(shuffle='random', num_threads={threads}, reader={reader!r}) [{loader.stats().get('reader_description', '')}]",
+                n,
+                wall,
+                cpu,
+            )
+        )
     resident = pinfeed.Loader(npy, 65536, device="cuda", shuffle="gpu")
-    for x in resident:  # the first pass uploads the dataset once
+    for _x in resident:  # the first pass uploads the dataset once
         pass
     wall, cpu = timed(lambda: [x for x in resident], repeat=3)
     out.append(row("pinfeed.Loader(shuffle='gpu'), batches of 65536, per epoch", n, wall, cpu))
     resident_small = pinfeed.Loader(npy, batch, device="cuda", shuffle="gpu")
-    for x in resident_small:
+    for _x in resident_small:
         pass
     wall, cpu = timed(lambda: [x for x in resident_small], repeat=3)
     out.append(row(f"pinfeed.Loader(shuffle='gpu'), batches of {batch}, per epoch", n, wall, cpu))
@@ -374,7 +490,9 @@ def main():
     ap.add_argument("--cols", type=int, default=655360)
     ap.add_argument("--batch-size", type=int, default=1024)
     ap.add_argument("--out", required=True)
-    ap.add_argument("--sections", default="seed,loaders,batch_sizes,overlap,shuffled")  # also: sweep
+    ap.add_argument(
+        "--sections", default="seed,loaders,batch_sizes,overlap,shuffled"
+    )  # also: sweep
     args = ap.parse_args()
     sections = args.sections.split(",")
     torch.cuda.init()

@@ -30,7 +30,12 @@ for name, res in [
     getattr(cuda, name).restype = res
 cuda.cuMemHostRegister_v2.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_uint]
 cuda.cuMemHostUnregister.argtypes = [ctypes.c_void_p]
-cuda.cuMemcpyHtoDAsync_v2.argtypes = [ctypes.c_uint64, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+cuda.cuMemcpyHtoDAsync_v2.argtypes = [
+    ctypes.c_uint64,
+    ctypes.c_void_p,
+    ctypes.c_size_t,
+    ctypes.c_void_p,
+]
 cuda.cuStreamSynchronize.argtypes = [ctypes.c_void_p]
 
 
@@ -80,7 +85,10 @@ def run(src, dst, threads, chunk, copy):
                 n = min(chunk, end - p)
                 check(cuda.cuMemHostRegister_v2(p, n, 0), "cuMemHostRegister")
                 if copy:
-                    check(cuda.cuMemcpyHtoDAsync_v2(dst.data_ptr() + (p - base), p, n, s), "cuMemcpyHtoDAsync")
+                    check(
+                        cuda.cuMemcpyHtoDAsync_v2(dst.data_ptr() + (p - base), p, n, s),
+                        "cuMemcpyHtoDAsync",
+                    )
                     check(cuda.cuStreamSynchronize(s), "cuStreamSynchronize")
                 check(cuda.cuMemHostUnregister(p), "cuMemHostUnregister")
         except Exception as e:  # noqa: BLE001 - reported below
@@ -114,13 +122,17 @@ def main():
     torch.cuda.synchronize()
     tw, tc = time.perf_counter() - t0, time.process_time() - c0
     total = a.numel() * 4
-    print(f"torch i.pin_memory().cuda(non_blocking=True): {total / tw / 1e9:6.2f} GB/s, CPU {tc * 1e3:6.0f} ms")
+    print(
+        f"torch i.pin_memory().cuda(non_blocking=True): {total / tw / 1e9:6.2f} GB/s, CPU {tc * 1e3:6.0f} ms"
+    )
     for copy in [False, True]:
         for chunk_mib in [16, 64]:
             for threads in [1, 2, 4, 8, 16]:
                 gbps, cpu = run(a, dst, threads, chunk_mib << 20, copy)
                 what = "register+copy+unregister" if copy else "register+unregister"
-                print(f"{what:<26} chunk {chunk_mib:3d} MiB threads {threads:2d}: {gbps:6.2f} GB/s, CPU {cpu * 1e3:6.0f} ms ({cpu / tc:.2f}x torch)")
+                print(
+                    f"{what:<26} chunk {chunk_mib:3d} MiB threads {threads:2d}: {gbps:6.2f} GB/s, CPU {cpu * 1e3:6.0f} ms ({cpu / tc:.2f}x torch)"
+                )
     # Only whole pages were registered and copied: compare those.
     base = a.data_ptr()
     lo = ((base + PAGE - 1) // PAGE * PAGE - base) // 4

@@ -8,7 +8,6 @@ torch ring, DataLoader variants over the .npy file as a memmap, and plain copy r
 
 import argparse
 import json
-import statistics
 import time
 
 import numpy as np
@@ -32,7 +31,9 @@ def seed_experiment(rows, cols, repeat):
     a = torch.rand(rows, cols)
     total = a.numel() * 4
     variants = {
-        "i.pin_memory().cuda(non_blocking=True)": lambda: [i.pin_memory().cuda(non_blocking=True) for i in a],
+        "i.pin_memory().cuda(non_blocking=True)": lambda: [
+            i.pin_memory().cuda(non_blocking=True) for i in a
+        ],
         "i.pin_memory().cuda()": lambda: [i.pin_memory().cuda() for i in a],
         "i.cuda(non_blocking=True)": lambda: [i.cuda(non_blocking=True) for i in a],
         "i.cuda()": lambda: [i.cuda() for i in a],
@@ -107,8 +108,13 @@ def run_loader(loader, max_batches):
             break
     torch.cuda.synchronize()
     wall = time.perf_counter() - t0
-    return {"wall_s": wall, "cpu_s": time.process_time() - c0, "bytes": nbytes, "batches": n,
-            "gbps": nbytes / wall / 1e9}
+    return {
+        "wall_s": wall,
+        "cpu_s": time.process_time() - c0,
+        "bytes": nbytes,
+        "batches": n,
+        "gbps": nbytes / wall / 1e9,
+    }
 
 
 def dataloaders(npy, batch_size):
@@ -116,17 +122,43 @@ def dataloaders(npy, batch_size):
     n_batches = len(mm) // batch_size
     g = torch.Generator().manual_seed(0)
     configs = [
-        ("per-sample dataset, shuffle, 0 workers, pin_memory=False",
-         lambda: DataLoader(PerSample(mm), batch_size=batch_size, shuffle=True, generator=g), 40),
-        ("per-sample dataset, shuffle, 8 workers, pin_memory=True",
-         lambda: DataLoader(PerSample(mm), batch_size=batch_size, shuffle=True, num_workers=8,
-                            pin_memory=True, generator=g), 300),
-        ("whole-batch reads, shuffle, 0 workers, pin_memory=True",
-         lambda: DataLoader(WholeBatch(mm), sampler=BatchSampler(RandomSampler(mm, generator=g), batch_size, False),
-                            batch_size=None, pin_memory=True), 600),
-        ("whole-batch reads, sequential, 0 workers, pin_memory=True",
-         lambda: DataLoader(WholeBatch(mm), sampler=BatchSampler(range(len(mm)), batch_size, False),
-                            batch_size=None, pin_memory=True), n_batches),
+        (
+            "per-sample dataset, shuffle, 0 workers, pin_memory=False",
+            lambda: DataLoader(PerSample(mm), batch_size=batch_size, shuffle=True, generator=g),
+            40,
+        ),
+        (
+            "per-sample dataset, shuffle, 8 workers, pin_memory=True",
+            lambda: DataLoader(
+                PerSample(mm),
+                batch_size=batch_size,
+                shuffle=True,
+                num_workers=8,
+                pin_memory=True,
+                generator=g,
+            ),
+            300,
+        ),
+        (
+            "whole-batch reads, shuffle, 0 workers, pin_memory=True",
+            lambda: DataLoader(
+                WholeBatch(mm),
+                sampler=BatchSampler(RandomSampler(mm, generator=g), batch_size, False),
+                batch_size=None,
+                pin_memory=True,
+            ),
+            600,
+        ),
+        (
+            "whole-batch reads, sequential, 0 workers, pin_memory=True",
+            lambda: DataLoader(
+                WholeBatch(mm),
+                sampler=BatchSampler(range(len(mm)), batch_size, False),
+                batch_size=None,
+                pin_memory=True,
+            ),
+            n_batches,
+        ),
     ]
     out = []
     for name, make, limit in configs:
@@ -173,11 +205,13 @@ def main():
     with open(args.out, "w") as f:
         json.dump(result, f, indent=1)
     for v in result["seed"]["variants"]:
-        print(f"seed  {v['name']:<45} {v['wall_s']*1e3:8.1f} ms {v['cpu_s']*1e3:8.1f} ms CPU {v['gbps']:6.2f} GB/s")
+        print(
+            f"seed  {v['name']:<45} {v['wall_s'] * 1e3:8.1f} ms {v['cpu_s'] * 1e3:8.1f} ms CPU {v['gbps']:6.2f} GB/s"
+        )
     for v in result["dataloader"]:
         print(f"DL    {v['name']:<60} {v['gbps']:6.2f} GB/s ({v['batches']} batches)")
     for v in result["copy_rates"]:
-        print(f"copy  {v['source']:<9} {v['bytes']>>20:6d} MiB {v['gbps']:6.2f} GB/s")
+        print(f"copy  {v['source']:<9} {v['bytes'] >> 20:6d} MiB {v['gbps']:6.2f} GB/s")
 
 
 if __name__ == "__main__":

@@ -51,7 +51,11 @@ def main():
                 "seen_twice": int((counts == 2).sum()),
                 "documented_padding": padding,
                 "overlap_between_ranks": int((counts > 1).sum()),
-                "ok": bool((counts >= 1).all() and (counts <= 2).all() and int((counts == 2).sum()) == padding),
+                "ok": bool(
+                    (counts >= 1).all()
+                    and (counts <= 2).all()
+                    and int((counts == 2).sum()) == padding
+                ),
             }
             report.append(r)
             print(json.dumps(r))

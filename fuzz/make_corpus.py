@@ -4,6 +4,7 @@ npy_header seeds are the first bytes of files numpy itself writes (versions 1.0,
 simple, structured and sub-array dtypes) plus hand-made malformed variants; dtype_literal seeds
 are descr literals as they appear in headers; user_dtype seeds are --dtype arguments.
 """
+
 import io
 import os
 import struct
@@ -43,7 +44,9 @@ def handmade(text, version=1):
 
 
 structured = np.dtype([("x", "<f4"), ("y", "u1", (3,)), ("z", [("a", "<i2"), ("b", "S3")])])
-padded = np.dtype({"names": ["a", "b"], "formats": ["u1", "<f8"], "offsets": [0, 8], "itemsize": 24})
+padded = np.dtype(
+    {"names": ["a", "b"], "formats": ["u1", "<f8"], "offsets": [0, 8], "itemsize": 24}
+)
 unicode_field = np.dtype([("größe", "<f4"), ("名前", "u1")])
 
 # Valid headers, as numpy writes them.
@@ -70,49 +73,146 @@ put("npy_header", "bad_version", b"\x93NUMPY\x04\x00\x10\x00" + b" " * 16)
 put("npy_header", "bad_preamble_short", b"\x93NUMPY\x02\x00\x10")
 put("npy_header", "bad_hlen_past_end", b"\x93NUMPY\x01\x00\xff\xff{'descr'")
 put("npy_header", "bad_hlen_huge_v2", b"\x93NUMPY\x02\x00\xff\xff\xff\xff{")
-put("npy_header", "bad_v3_not_utf8", handmade("{'descr': '|u1', 'fortran_order': False, 'shape': (4,), }", 3).replace(b"|u1", b"|u\xff"))
+put(
+    "npy_header",
+    "bad_v3_not_utf8",
+    handmade("{'descr': '|u1', 'fortran_order': False, 'shape': (4,), }", 3).replace(
+        b"|u1", b"|u\xff"
+    ),
+)
 put("npy_header", "bad_fortran", saved(np.asfortranarray(np.zeros((4, 5), np.float32))))
 put("npy_header", "bad_big_endian", saved(np.zeros((4, 5), ">f4")))
 put("npy_header", "bad_object", saved(np.array([1, "a", None], dtype=object)))
 put("npy_header", "bad_scalar", saved(np.float32(3.0)))
 put("npy_header", "bad_zero_records", saved(np.zeros((0, 5), np.uint8)))
-put("npy_header", "bad_zero_itemsize", handmade("{'descr': [], 'fortran_order': False, 'shape': (5,), }\n"))
-put("npy_header", "bad_overflow", handmade("{'descr': '<f8', 'fortran_order': False, 'shape': (4294967296, 4294967296, 4), }\n"))
-put("npy_header", "bad_huge_int", handmade("{'descr': '<f8', 'fortran_order': False, 'shape': (99999999999999999999999,), }\n"))
-put("npy_header", "bad_negative_dim", handmade("{'descr': '<f8', 'fortran_order': False, 'shape': (-3,), }\n"))
+put(
+    "npy_header",
+    "bad_zero_itemsize",
+    handmade("{'descr': [], 'fortran_order': False, 'shape': (5,), }\n"),
+)
+put(
+    "npy_header",
+    "bad_overflow",
+    handmade("{'descr': '<f8', 'fortran_order': False, 'shape': (4294967296, 4294967296, 4), }\n"),
+)
+put(
+    "npy_header",
+    "bad_huge_int",
+    handmade("{'descr': '<f8', 'fortran_order': False, 'shape': (99999999999999999999999,), }\n"),
+)
+put(
+    "npy_header",
+    "bad_negative_dim",
+    handmade("{'descr': '<f8', 'fortran_order': False, 'shape': (-3,), }\n"),
+)
 put("npy_header", "bad_missing_key", handmade("{'descr': '<f8', 'shape': (3,), }\n"))
-put("npy_header", "bad_extra_key", handmade("{'descr': '<f8', 'fortran_order': False, 'shape': (3,), 'x': 1}\n"))
-put("npy_header", "bad_dup_key", handmade("{'descr': '<f8', 'descr': '<f4', 'fortran_order': False, 'shape': (3,)}\n"))
+put(
+    "npy_header",
+    "bad_extra_key",
+    handmade("{'descr': '<f8', 'fortran_order': False, 'shape': (3,), 'x': 1}\n"),
+)
+put(
+    "npy_header",
+    "bad_dup_key",
+    handmade("{'descr': '<f8', 'descr': '<f4', 'fortran_order': False, 'shape': (3,)}\n"),
+)
 put("npy_header", "bad_not_dict", handmade("['descr', '<f8']\n"))
-put("npy_header", "bad_unclosed", handmade("{'descr': '<f8', 'fortran_order': False, 'shape': (3,\n"))
-put("npy_header", "bad_deep_nesting", handmade("{'descr': " + "[" * 80 + "]" * 80 + ", 'fortran_order': False, 'shape': (3,)}\n"))
-put("npy_header", "bad_fortran_not_bool", handmade("{'descr': '<f8', 'fortran_order': 0, 'shape': (3,)}\n"))
-put("npy_header", "bad_shape_list", handmade("{'descr': '<f8', 'fortran_order': False, 'shape': [3, 4]}\n"))
-put("npy_header", "bad_latin1_key", handmade("{'descr': '<f8', 'fortran_order': False, 'sh\xe4pe': (3,)}\n"))
+put(
+    "npy_header",
+    "bad_unclosed",
+    handmade("{'descr': '<f8', 'fortran_order': False, 'shape': (3,\n"),
+)
+put(
+    "npy_header",
+    "bad_deep_nesting",
+    handmade("{'descr': " + "[" * 80 + "]" * 80 + ", 'fortran_order': False, 'shape': (3,)}\n"),
+)
+put(
+    "npy_header",
+    "bad_fortran_not_bool",
+    handmade("{'descr': '<f8', 'fortran_order': 0, 'shape': (3,)}\n"),
+)
+put(
+    "npy_header",
+    "bad_shape_list",
+    handmade("{'descr': '<f8', 'fortran_order': False, 'shape': [3, 4]}\n"),
+)
+put(
+    "npy_header",
+    "bad_latin1_key",
+    handmade("{'descr': '<f8', 'fortran_order': False, 'sh\xe4pe': (3,)}\n"),
+)
 
 # descr literals.
 for name, dt in [
-    ("u1", np.dtype("u1")), ("f4", np.dtype("<f4")), ("c16", np.dtype("<c16")),
-    ("m8", np.dtype("<m8[us]")), ("S16", np.dtype("S16")), ("U8", np.dtype("<U8")),
-    ("V4", np.dtype("V4")), ("structured", structured), ("padded", padded),
-    ("unicode_fields", unicode_field), ("subarray_field", np.dtype([("a", "<f4", (2, 3))])),
+    ("u1", np.dtype("u1")),
+    ("f4", np.dtype("<f4")),
+    ("c16", np.dtype("<c16")),
+    ("m8", np.dtype("<m8[us]")),
+    ("S16", np.dtype("S16")),
+    ("U8", np.dtype("<U8")),
+    ("V4", np.dtype("V4")),
+    ("structured", structured),
+    ("padded", padded),
+    ("unicode_fields", unicode_field),
+    ("subarray_field", np.dtype([("a", "<f4", (2, 3))])),
 ]:
     put("dtype_literal", name, repr(npf.dtype_to_descr(dt)))
 for name, text in [
-    ("big_endian", "'>f4'"), ("object", "'|O'"), ("empty_list", "[]"), ("bare_str", "'f4'"),
-    ("titled", "[(('title', 'x'), '<f4')]"), ("padding_field", "[('', '|V4'), ('x', '<f4')]"),
-    ("negative_sub", "[('x', '<f4', (-1,))]"), ("huge_sub", "[('x', '<f8', (4294967296, 4294967296))]"),
-    ("nested_deep", "[('a', " * 40 + "'<f4'" + ")]" * 40), ("not_a_descr", "{'a': 1}"),
-    ("unterminated", "'<f4"), ("escapes", "'<\\x66\\u0034'"), ("int", "4"), ("none", "None"),
+    ("big_endian", "'>f4'"),
+    ("object", "'|O'"),
+    ("empty_list", "[]"),
+    ("bare_str", "'f4'"),
+    ("titled", "[(('title', 'x'), '<f4')]"),
+    ("padding_field", "[('', '|V4'), ('x', '<f4')]"),
+    ("negative_sub", "[('x', '<f4', (-1,))]"),
+    ("huge_sub", "[('x', '<f8', (4294967296, 4294967296))]"),
+    ("nested_deep", "[('a', " * 40 + "'<f4'" + ")]" * 40),
+    ("not_a_descr", "{'a': 1}"),
+    ("unterminated", "'<f4"),
+    ("escapes", "'<\\x66\\u0034'"),
+    ("int", "4"),
+    ("none", "None"),
     ("dup_field", "[('x', '<f4'), ('x', '<f4')]"),
 ]:
     put("dtype_literal", name, text)
 
 # --dtype arguments.
-for i, text in enumerate([
-    "u8", "f32", "uint8", "float64", "complex128", "bool", "<f4", "|u1", "<u8", ">f4", "|S16",
-    "<U8", "|V4", "<M8[ns]", "B", "d", "?", "3,31,31B", "2,3u8", "4,f32", "3,,31B", "3,31,31",
-    "99999999999999999999,B", "18446744073709551615,2B", "f4", "u1", "[('x', '<f4'), ('y', '|u1', (3,))]",
-    "[]", "B,B", "", " ", "quux", "3,31,31<f4",
-]):
-    put("user_dtype", "seed%02d" % i, text)
+for i, text in enumerate(
+    [
+        "u8",
+        "f32",
+        "uint8",
+        "float64",
+        "complex128",
+        "bool",
+        "<f4",
+        "|u1",
+        "<u8",
+        ">f4",
+        "|S16",
+        "<U8",
+        "|V4",
+        "<M8[ns]",
+        "B",
+        "d",
+        "?",
+        "3,31,31B",
+        "2,3u8",
+        "4,f32",
+        "3,,31B",
+        "3,31,31",
+        "99999999999999999999,B",
+        "18446744073709551615,2B",
+        "f4",
+        "u1",
+        "[('x', '<f4'), ('y', '|u1', (3,))]",
+        "[]",
+        "B,B",
+        "",
+        " ",
+        "quux",
+        "3,31,31<f4",
+    ]
+):
+    put("user_dtype", f"seed{i:02d}", text)

@@ -16,7 +16,9 @@ from pinfeed import (
 def test_hierarchy():
     assert issubclass(PinfeedValueError, (PinfeedError, ValueError))
     assert issubclass(PinfeedOSError, OSError) and issubclass(PinfeedOSError, PinfeedError)
-    assert issubclass(PinfeedMemoryError, MemoryError) and issubclass(PinfeedMemoryError, PinfeedError)
+    assert issubclass(PinfeedMemoryError, MemoryError) and issubclass(
+        PinfeedMemoryError, PinfeedError
+    )
     assert issubclass(CudaError, RuntimeError) and issubclass(CudaError, PinfeedError)
 
 
@@ -168,7 +170,9 @@ def test_read_error_midway_names_file(tmp_path):
     # reaches the consumer.
     path = tmp_path / "shrinks.npy"
     np.save(path, np.zeros((10000, 100), dtype=np.uint8))
-    loader = pinfeed.Loader(path, 100, device="cpu", pinned_budget=64 << 10, prefetch=1, num_threads=1)
+    loader = pinfeed.Loader(
+        path, 100, device="cpu", pinned_budget=64 << 10, prefetch=1, num_threads=1
+    )
     it = iter(loader)
     next(it)
     with open(path, "r+b") as f:
@@ -199,8 +203,13 @@ def test_ctrl_c_interrupts_a_wait_for_a_slow_source(tmp_path):
         out[...] = raw
 
     loader = pinfeed.Loader(
-        str(path), 8, device="cpu", num_threads=1,
-        transform=slow, transform_dtype=np.uint8, transform_shape=(8,),
+        str(path),
+        8,
+        device="cpu",
+        num_threads=1,
+        transform=slow,
+        transform_dtype=np.uint8,
+        transform_shape=(8,),
     )
     timer = threading.Timer(0.3, _thread.interrupt_main)
     timer.start()

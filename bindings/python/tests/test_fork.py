@@ -31,7 +31,11 @@ def run_in_child(fn):
     while time.monotonic() < deadline:
         done, status = os.waitpid(pid, os.WNOHANG)
         if done:
-            return os.waitstatus_to_exitcode(status) if hasattr(os, "waitstatus_to_exitcode") else status >> 8
+            return (
+                os.waitstatus_to_exitcode(status)
+                if hasattr(os, "waitstatus_to_exitcode")
+                else status >> 8
+            )
         time.sleep(0.02)
     os.kill(pid, 9)
     os.waitpid(pid, 0)

@@ -26,7 +26,12 @@ def test_values_equal_the_source(torch, records):
 
 
 def test_dtypes_on_cuda(torch):
-    for dtype, tdtype in [(np.float32, torch.float32), (np.int64, torch.int64), (np.bool_, torch.bool), (np.float16, torch.float16)]:
+    for dtype, tdtype in [
+        (np.float32, torch.float32),
+        (np.int64, torch.int64),
+        (np.bool_, torch.bool),
+        (np.float16, torch.float16),
+    ]:
         data = (np.arange(1000) % 3).astype(dtype).reshape(100, 10)
         out = torch.cat(list(pinfeed.Loader(data, 33, device="cuda")))
         assert out.dtype == tdtype

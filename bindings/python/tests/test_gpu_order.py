@@ -12,8 +12,6 @@ pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("no_launcher_env")]
 N = 5003
 
 
-
-
 def ids(n=N):
     return np.arange(n, dtype=np.int64)
 
@@ -35,14 +33,30 @@ def test_ranks_share_out_every_record_on_cuda(torch, world, shuffle, drop_last):
     per_rank = []
     for rank in range(world):
         loader = pinfeed.Loader(
-            ids(), batch, device="cuda", shuffle=shuffle, seed=7, rank=rank, world_size=world,
-            drop_last=drop_last, **block,
+            ids(),
+            batch,
+            device="cuda",
+            shuffle=shuffle,
+            seed=7,
+            rank=rank,
+            world_size=world,
+            drop_last=drop_last,
+            **block,
         )
         got = list(loader)
         assert all(t.is_cuda and t.dtype == torch.int64 for t in got)
         assert len(got) == len(loader)
         got = host(got)
-        want = pinfeed.epoch_order(N, batch, seed=7, shuffle=shuffle, rank=rank, world_size=world, drop_last=drop_last, **block)
+        want = pinfeed.epoch_order(
+            N,
+            batch,
+            seed=7,
+            shuffle=shuffle,
+            rank=rank,
+            world_size=world,
+            drop_last=drop_last,
+            **block,
+        )
         np.testing.assert_array_equal(np.concatenate(got), want)
         per_rank.append(got)
     assert len({len(g) for g in per_rank}) == 1
@@ -67,7 +81,9 @@ def test_resident_values_equal_the_source_in_random_order(torch, world):
             assert r.is_cuda and r.dtype == torch.uint8 and r.shape == s.shape
             assert torch.equal(r, s)
         for epoch in range(2):
-            idx = pinfeed.epoch_order(N, 256, seed=3, epoch=epoch, rank=rank, world_size=world).astype(np.int64)
+            idx = pinfeed.epoch_order(
+                N, 256, seed=3, epoch=epoch, rank=rank, world_size=world
+            ).astype(np.int64)
             per = len(resident) // 2
             got = torch.cat(resident[epoch * per : (epoch + 1) * per]).cpu().numpy()
             np.testing.assert_array_equal(got, data[idx])
@@ -88,7 +104,9 @@ def test_resident_with_transform_and_resume(torch):
     for a, b in zip(rest, full[5:]):
         assert a.dtype == torch.float32 and torch.equal(a, b)
     idx = pinfeed.epoch_order(1000, 64, seed=5).astype(np.int64)
-    np.testing.assert_array_equal(torch.cat(full).cpu().numpy(), data[idx].astype(np.float32) * np.float32(1 / 255))
+    np.testing.assert_array_equal(
+        torch.cat(full).cpu().numpy(), data[idx].astype(np.float32) * np.float32(1 / 255)
+    )
 
 
 def test_resident_over_budget_is_refused(torch):

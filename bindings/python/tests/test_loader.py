@@ -46,7 +46,9 @@ def test_batches_in_pieces_equal_whole_batches(tmp_path, piece_size, shuffle):
     if not shuffle:
         np.testing.assert_array_equal(np.concatenate(got), data)
     # A piece of 1 byte still holds one record: 60-byte slots, rounded up to a page.
-    assert loader.stats()["slot_bytes"] == (4096 if piece_size is not None else 128 * 60 + (4096 - 128 * 60 % 4096))
+    assert loader.stats()["slot_bytes"] == (
+        4096 if piece_size is not None else 128 * 60 + (4096 - 128 * 60 % 4096)
+    )
 
 
 def test_piece_size_must_be_positive():
@@ -69,7 +71,9 @@ def test_npy_dtypes(tmp_path, dtype):
 
 
 def test_structured_npy(tmp_path):
-    dt = np.dtype([("x", "<f4"), ("pad", "V3"), ("y", "u1", (3,)), ("z", [("a", "<i2"), ("b", "<f8")])])
+    dt = np.dtype(
+        [("x", "<f4"), ("pad", "V3"), ("y", "u1", (3,)), ("z", [("a", "<i2"), ("b", "<f8")])]
+    )
     data = np.zeros(53, dtype=dt)
     data["x"] = np.arange(53)
     data["y"] = np.arange(53 * 3).reshape(53, 3) % 256
@@ -112,9 +116,13 @@ def test_raw_file_numpy_dtype_and_shape(tmp_path):
     data = np.arange(50 * 6, dtype=np.float32).reshape(50, 2, 3)
     path = tmp_path / "records.f32"
     data.tofile(path)
-    out = np.concatenate(collect(pinfeed.Loader(path, 16, device="cpu", dtype=np.float32, shape=(2, 3))))
+    out = np.concatenate(
+        collect(pinfeed.Loader(path, 16, device="cpu", dtype=np.float32, shape=(2, 3)))
+    )
     np.testing.assert_array_equal(out, data)
-    out = np.concatenate(collect(pinfeed.Loader(path, 16, device="cpu", dtype=np.dtype("(3,)f4"), shape=(2,))))
+    out = np.concatenate(
+        collect(pinfeed.Loader(path, 16, device="cpu", dtype=np.dtype("(3,)f4"), shape=(2,)))
+    )
     np.testing.assert_array_equal(out, data)
 
 

@@ -24,7 +24,9 @@ def test_every_device_gets_the_single_device_batches(devices, shuffle, batch_siz
     data[:, 0] = np.arange(1000)  # record i holds i
     options = dict(shuffle=shuffle, seed=4, epochs=2, **SMALL)
     want = single(data, batch_size, **options)
-    multi = pinfeed.MultiLoader(data, batch_size, devices=["cpu"] * devices, replicate=True, **options)
+    multi = pinfeed.MultiLoader(
+        data, batch_size, devices=["cpu"] * devices, replicate=True, **options
+    )
     assert len(multi) == len(want)
     steps = list(multi)
     assert len(steps) == len(want)
@@ -101,7 +103,7 @@ def test_what_replication_cannot_do_is_refused(tmp_path):
     data = np.zeros((100, 4), dtype=np.uint8)
     path = tmp_path / "z.npy"
     np.save(path, data)
-    with pytest.raises(pinfeed.PinfeedValueError, match="shuffle=\"gpu\""):
+    with pytest.raises(pinfeed.PinfeedValueError, match='shuffle="gpu"'):
         pinfeed.MultiLoader(data, 10, devices=["cpu", "cpu"], replicate=True, shuffle="gpu")
     with pytest.raises(pinfeed.PinfeedValueError, match="register reader"):
         pinfeed.MultiLoader(path, 10, devices=["cpu", "cpu"], replicate=True, reader="register")

@@ -49,14 +49,27 @@ def test_ranks_share_out_every_record(world, seed, shuffle, drop_last):
     per_rank = []
     for rank in range(world):
         loader = pinfeed.Loader(
-            ids(), batch, shuffle=shuffle, seed=seed, rank=rank, world_size=world,
-            drop_last=drop_last, **block_opts(shuffle), **SMALL,
+            ids(),
+            batch,
+            shuffle=shuffle,
+            seed=seed,
+            rank=rank,
+            world_size=world,
+            drop_last=drop_last,
+            **block_opts(shuffle),
+            **SMALL,
         )
         got = epoch_batches(loader)
         assert len(got) == len(loader)
         want = pinfeed.epoch_order(
-            N, batch, seed=seed, shuffle=shuffle, rank=rank, world_size=world,
-            drop_last=drop_last, **block_opts(shuffle),
+            N,
+            batch,
+            seed=seed,
+            shuffle=shuffle,
+            rank=rank,
+            world_size=world,
+            drop_last=drop_last,
+            **block_opts(shuffle),
         )
         np.testing.assert_array_equal(np.concatenate(got), want)
         per_rank.append(got)
@@ -92,16 +105,22 @@ def test_unshuffled_single_rank_is_file_order():
 @pytest.mark.parametrize("shuffle", [True, "block", "gpu"])
 def test_rows_arrive_whole_in_the_documented_order(shuffle):
     data = rows(257, 5)
-    loader = pinfeed.Loader(data, 16, shuffle=shuffle, seed=9, rank=1, world_size=3, **block_opts(shuffle), **SMALL)
+    loader = pinfeed.Loader(
+        data, 16, shuffle=shuffle, seed=9, rank=1, world_size=3, **block_opts(shuffle), **SMALL
+    )
     got = np.concatenate(epoch_batches(loader))
-    idx = pinfeed.epoch_order(257, 16, seed=9, shuffle=shuffle, rank=1, world_size=3, **block_opts(shuffle))
+    idx = pinfeed.epoch_order(
+        257, 16, seed=9, shuffle=shuffle, rank=1, world_size=3, **block_opts(shuffle)
+    )
     np.testing.assert_array_equal(got, data[idx.astype(np.int64)])
 
 
 @pytest.mark.parametrize("shuffle", [True, "block", "gpu"])
 def test_seed_decides_the_order_and_epochs_differ(shuffle):
     def run(seed, **kw):
-        loader = pinfeed.Loader(ids(), 8, shuffle=shuffle, seed=seed, **block_opts(shuffle), **SMALL, **kw)
+        loader = pinfeed.Loader(
+            ids(), 8, shuffle=shuffle, seed=seed, **block_opts(shuffle), **SMALL, **kw
+        )
         return [np.concatenate(epoch_batches(loader)) for _ in range(3)]
 
     a, b, c = run(5), run(5), run(6)
@@ -112,9 +131,13 @@ def test_seed_decides_the_order_and_epochs_differ(shuffle):
     assert not np.array_equal(a[0], a[1]) and not np.array_equal(a[1], a[2])
     for e, x in enumerate(a):
         np.testing.assert_array_equal(np.sort(x), ids())
-        np.testing.assert_array_equal(x, pinfeed.epoch_order(N, 8, seed=5, epoch=e, shuffle=shuffle, **block_opts(shuffle)))
+        np.testing.assert_array_equal(
+            x, pinfeed.epoch_order(N, 8, seed=5, epoch=e, shuffle=shuffle, **block_opts(shuffle))
+        )
     # epochs=3 in one pass gives the same three epochs.
-    one_pass = pinfeed.Loader(ids(), 8, shuffle=shuffle, seed=5, epochs=3, **block_opts(shuffle), **SMALL)
+    one_pass = pinfeed.Loader(
+        ids(), 8, shuffle=shuffle, seed=5, epochs=3, **block_opts(shuffle), **SMALL
+    )
     np.testing.assert_array_equal(np.concatenate(epoch_batches(one_pass)), np.concatenate(a))
     # And the pass after it continues with epoch 3.
     np.testing.assert_array_equal(
@@ -147,7 +170,14 @@ def test_set_epoch(shuffle):
 @pytest.mark.parametrize("shuffle", [False, True, "block", "gpu"])
 @pytest.mark.parametrize("drop_last", [False, True])
 def test_resume_reproduces_the_rest_of_the_epoch(world, shuffle, drop_last):
-    kw = dict(shuffle=shuffle, seed=11, world_size=world, drop_last=drop_last, **block_opts(shuffle), **SMALL)
+    kw = dict(
+        shuffle=shuffle,
+        seed=11,
+        world_size=world,
+        drop_last=drop_last,
+        **block_opts(shuffle),
+        **SMALL,
+    )
     data = rows(N, 2)
     for rank in sorted({0, world - 1}):
         ref_loader = pinfeed.Loader(data, 3, rank=rank, **kw)
@@ -223,8 +253,16 @@ def test_state_counts_what_the_consumer_received():
     assert (loader.state_dict()["epoch"], loader.state_dict()["batches_done"]) == (2, 0)
     assert loader._stream.fingerprint == state["fingerprint"]
     assert set(state) >= {
-        "epoch", "batches_done", "seed", "shuffle", "world_size", "rank",
-        "num_records", "batch_size", "drop_last", "fingerprint",
+        "epoch",
+        "batches_done",
+        "seed",
+        "shuffle",
+        "world_size",
+        "rank",
+        "num_records",
+        "batch_size",
+        "drop_last",
+        "fingerprint",
     }
 
 
@@ -234,11 +272,15 @@ def test_states_of_another_spec_are_refused():
     next(it)
     state = loader.state_dict()
     cases = {
-        "num_records": pinfeed.Loader(ids(N + 1), 8, shuffle=True, seed=4, rank=0, world_size=2, **SMALL),
+        "num_records": pinfeed.Loader(
+            ids(N + 1), 8, shuffle=True, seed=4, rank=0, world_size=2, **SMALL
+        ),
         "batch_size": pinfeed.Loader(ids(), 9, shuffle=True, seed=4, rank=0, world_size=2, **SMALL),
         "seed": pinfeed.Loader(ids(), 8, shuffle=True, seed=5, rank=0, world_size=2, **SMALL),
         "world_size": pinfeed.Loader(ids(), 8, shuffle=True, seed=4, rank=0, world_size=3, **SMALL),
-        "drop_last": pinfeed.Loader(ids(), 8, shuffle=True, seed=4, rank=0, world_size=2, drop_last=True, **SMALL),
+        "drop_last": pinfeed.Loader(
+            ids(), 8, shuffle=True, seed=4, rank=0, world_size=2, drop_last=True, **SMALL
+        ),
         "shuffle": pinfeed.Loader(ids(), 8, shuffle="block", seed=4, rank=0, world_size=2, **SMALL),
     }
     for field, other in cases.items():
@@ -268,7 +310,8 @@ def test_env_rank_and_world_size(monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "3")
     loader = pinfeed.Loader(ids(), 4, shuffle=True, seed=1, **SMALL)
     assert (loader.rank, loader.world_size) == (2, 3)
-    assert len(loader) == -(-(-(-N // 3)) // 4)
+    per_rank = -(-N // 3)  # ceil(N / 3)
+    assert len(loader) == -(-per_rank // 4)
     np.testing.assert_array_equal(
         np.concatenate(epoch_batches(loader)),
         pinfeed.epoch_order(N, 4, seed=1, rank=2, world_size=3),
@@ -294,7 +337,9 @@ def test_defaults_are_one_process():
 @pytest.mark.parametrize("seed", SEEDS)
 def test_block_shuffle_keeps_records_near_their_block(seed):
     block, window, n = 5, 3, 400
-    loader = pinfeed.Loader(ids(n), 16, shuffle="block", seed=seed, block_size=block, block_window=window, **SMALL)
+    loader = pinfeed.Loader(
+        ids(n), 16, shuffle="block", seed=seed, block_size=block, block_window=window, **SMALL
+    )
     order = np.concatenate(epoch_batches(loader))
     np.testing.assert_array_equal(np.sort(order), ids(n))
     assert not np.array_equal(order, ids(n))
@@ -309,7 +354,9 @@ def test_block_defaults():
     loader = pinfeed.Loader(np.zeros((10, 1024), np.uint8), 4, shuffle="block", **SMALL)
     assert (loader.block_size, loader.block_window) == (1024, 16)
     assert (loader.state_dict()["block_size"], loader.state_dict()["block_window"]) == (1024, 16)
-    big = pinfeed.Loader(np.zeros((3, 3 << 20), np.uint8), 1, shuffle="block", pinned_budget="64MiB", device="cpu")
+    big = pinfeed.Loader(
+        np.zeros((3, 3 << 20), np.uint8), 1, shuffle="block", pinned_budget="64MiB", device="cpu"
+    )
     assert big.block_size == 1
 
 
@@ -362,7 +409,10 @@ def test_resident_mode_uploads_once_and_applies_the_transform_once():
     np.testing.assert_array_equal(first, data[idx0] * 2)
     np.testing.assert_array_equal(second, data[idx1] * 2)
     loader.close()
-    np.testing.assert_array_equal(np.concatenate(epoch_batches(loader)), data[pinfeed.epoch_order(50, 8, seed=1, epoch=2).astype(np.int64)] * 2)
+    np.testing.assert_array_equal(
+        np.concatenate(epoch_batches(loader)),
+        data[pinfeed.epoch_order(50, 8, seed=1, epoch=2).astype(np.int64)] * 2,
+    )
     assert sum(calls) == 100  # close() dropped the copy: uploaded again
 
 
@@ -397,7 +447,16 @@ def test_len_is_this_ranks_batches():
             for batch in (1, 4, 7):
                 if drop_last and N < world * batch:
                     continue
-                loader = pinfeed.Loader(ids(), batch, rank=world - 1, world_size=world, drop_last=drop_last, shuffle=True, epochs=2, **SMALL)
+                loader = pinfeed.Loader(
+                    ids(),
+                    batch,
+                    rank=world - 1,
+                    world_size=world,
+                    drop_last=drop_last,
+                    shuffle=True,
+                    epochs=2,
+                    **SMALL,
+                )
                 per_rank = N // (world * batch) * batch if drop_last else -(-N // world)
                 assert len(loader) == 2 * -(-per_rank // batch) == len(list(loader))
 
@@ -426,8 +485,14 @@ def test_multiloader_splits_an_epoch_among_devices_and_processes():
         steps = []
         for rank in range(processes):
             multi = pinfeed.MultiLoader(
-                data, 50, devices=["cpu"] * devices, rank=rank, world_size=processes,
-                shuffle=True, seed=2, pinned_budget="3MiB",
+                data,
+                50,
+                devices=["cpu"] * devices,
+                rank=rank,
+                world_size=processes,
+                shuffle=True,
+                seed=2,
+                pinned_budget="3MiB",
             )
             count = 0
             for step in multi:

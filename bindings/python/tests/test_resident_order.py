@@ -8,12 +8,11 @@ import threading
 
 import numpy as np
 import pytest
+from test_fork import run_in_child
 
 import pinfeed
 import pinfeed.loader as loader_module
 from pinfeed import _pinfeed
-
-from test_fork import run_in_child
 
 N = 211
 SMALL = dict(device="cpu", pinned_budget="256KiB", num_threads=2)
@@ -41,7 +40,9 @@ def run(make, script):
             loader.load_state_dict(states[step[1]])
         it = iter(loader)
         k = step[1] if step[0] == "partial" else None
-        batches = [np.asarray(b).copy() for _, b in zip(range(k) if k is not None else iter(int, 1), it)]
+        batches = [
+            np.asarray(b).copy() for _, b in zip(range(k) if k is not None else iter(int, 1), it)
+        ]
         out.append(batches)
         states.append(loader.state_dict())
     loader.close()
@@ -49,12 +50,19 @@ def run(make, script):
 
 
 SCRIPT = [
-    ("iter",), ("iter",), ("iter",),
-    ("set_epoch", 9), ("iter",), ("iter",),
-    ("set_epoch", 2), ("partial", 3),
-    ("set_epoch", 0), ("iter",),
+    ("iter",),
+    ("iter",),
+    ("iter",),
+    ("set_epoch", 9),
+    ("iter",),
+    ("iter",),
+    ("set_epoch", 2),
+    ("partial", 3),
+    ("set_epoch", 0),
+    ("iter",),
     ("resume", 7),  # the rest of epoch 2, after the 3 batches of the partial step
-    ("partial", 1), ("iter",),
+    ("partial", 1),
+    ("iter",),
 ]
 
 
@@ -76,7 +84,9 @@ def test_resident_order_is_random_order_across_jumps_and_resumes(world, rank, dr
     # And the order is pinfeed.epoch_order's: the first step is epochs 0 .. epochs.
     want = np.concatenate(
         [
-            pinfeed.epoch_order(N, 8, seed=11, epoch=e, rank=rank, world_size=world, drop_last=drop_last)
+            pinfeed.epoch_order(
+                N, 8, seed=11, epoch=e, rank=rank, world_size=world, drop_last=drop_last
+            )
             for e in range(epochs)
         ]
     )

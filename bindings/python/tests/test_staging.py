@@ -6,7 +6,6 @@ import subprocess
 import sys
 import threading
 import time
-
 import zlib
 
 import numpy as np
@@ -20,7 +19,10 @@ def batches(n, rng=None):
     for i in range(n):
         yield {
             "x": rng.random((i * 7 + 1, 3)).astype(np.float32),
-            "y": (rng.integers(0, 10, size=i + 2), [rng.integers(0, 255, size=(i, 2), dtype=np.uint8), "label"]),
+            "y": (
+                rng.integers(0, 10, size=i + 2),
+                [rng.integers(0, 255, size=(i, 2), dtype=np.uint8), "label"],
+            ),
             "meta": {"i": i, "empty": np.zeros((0, 4), np.int16)},
             "scalar": np.float64(i),
         }
@@ -28,7 +30,11 @@ def batches(n, rng=None):
 
 def prefetch_threads(before):
     """The prefetch threads started since ``before`` (a set of threads) that are still alive."""
-    return [t for t in threading.enumerate() if t not in before and t.name.startswith("pinfeed-prefetch")]
+    return [
+        t
+        for t in threading.enumerate()
+        if t not in before and t.name.startswith("pinfeed-prefetch")
+    ]
 
 
 def assert_same_tree(got, want):
@@ -156,7 +162,11 @@ def varied_items(n, seed):
 
 @pytest.mark.parametrize("depth", [1, 4])
 def test_prefetch_keeps_order_over_many_varied_items(depth):
-    got = list(pinfeed.prefetch(varied_items(300, seed=depth), device="cpu", depth=depth, pinned_budget="64KiB"))
+    got = list(
+        pinfeed.prefetch(
+            varied_items(300, seed=depth), device="cpu", depth=depth, pinned_budget="64KiB"
+        )
+    )
     want = list(varied_items(300, seed=depth))
     assert len(got) == len(want)
     for g, w in zip(got, want):
@@ -294,11 +304,15 @@ for x in p:
 """
 
 
-@pytest.mark.skipif(not hasattr(signal, "SIGINT") or sys.platform == "win32", reason="needs POSIX signals")
+@pytest.mark.skipif(
+    not hasattr(signal, "SIGINT") or sys.platform == "win32", reason="needs POSIX signals"
+)
 @pytest.mark.parametrize("block", [True, False], ids=["sigint-while-waiting", "raised-in-the-loop"])
 def test_prefetch_keyboard_interrupt_in_the_consumer_exits(block):
     proc = subprocess.Popen(
-        [sys.executable, "-c", INTERRUPTED.format(block=block)], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        [sys.executable, "-c", INTERRUPTED.format(block=block)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
     )
     watchdog = threading.Timer(60, proc.kill)
     watchdog.start()

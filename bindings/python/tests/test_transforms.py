@@ -17,7 +17,9 @@ def test_to_float(images):
     out = np.concatenate(list(pinfeed.Loader(images, 50, device="cpu", transform=ToFloat())))
     assert out.dtype == np.float32 and out.shape == images.shape
     np.testing.assert_array_equal(out, images.astype(np.float32) * np.float32(1 / 255))
-    out = np.concatenate(list(pinfeed.Loader(images, 64, device="cpu", transform=ToFloat(scale=2.0))))
+    out = np.concatenate(
+        list(pinfeed.Loader(images, 64, device="cpu", transform=ToFloat(scale=2.0)))
+    )
     np.testing.assert_array_equal(out, images.astype(np.float32) * 2)
 
 
@@ -34,7 +36,9 @@ def test_normalize(images):
 
 def test_normalize_float_input_and_broadcast():
     data = np.random.default_rng(1).random((40, 2, 5)).astype(np.float32)
-    out = np.concatenate(list(pinfeed.Loader(data, 16, device="cpu", transform=Normalize([0.5], [2.0]))))
+    out = np.concatenate(
+        list(pinfeed.Loader(data, 16, device="cpu", transform=Normalize([0.5], [2.0])))
+    )
     np.testing.assert_allclose(out, (data - np.float32(0.5)) / np.float32(2.0), rtol=1e-6)
 
 
@@ -62,7 +66,12 @@ def test_python_callable_new_dtype_and_shape(images):
         out[:] = raw.reshape(len(raw), 3, -1).mean(axis=2)
 
     loader = pinfeed.Loader(
-        images, 32, device="cpu", transform=channel_means, transform_dtype=np.float64, transform_shape=(3,)
+        images,
+        32,
+        device="cpu",
+        transform=channel_means,
+        transform_dtype=np.float64,
+        transform_shape=(3,),
     )
     out = np.concatenate(list(loader))
     assert out.shape == (203, 3) and out.dtype == np.float64
@@ -96,7 +105,9 @@ def test_transform_structured_input(tmp_path):
         out[:, 0] = raw["x"]
         out[:, 1] = raw["y"]
 
-    loader = pinfeed.Loader(path, 8, device="cpu", transform=xy, transform_dtype=np.float32, transform_shape=(2,))
+    loader = pinfeed.Loader(
+        path, 8, device="cpu", transform=xy, transform_dtype=np.float32, transform_shape=(2,)
+    )
     out = np.concatenate(list(loader))
     np.testing.assert_array_equal(out, np.stack([data["x"], data["y"]], axis=1).astype(np.float32))
 

@@ -2,7 +2,7 @@
 
 import ast
 import sys
-from typing import Any, NamedTuple, Optional, Tuple
+from typing import Any, NamedTuple, Optional
 
 import numpy as np
 
@@ -30,10 +30,10 @@ def is_torch_tensor(x: Any) -> bool:
     return torch is not None and isinstance(x, torch.Tensor)
 
 
-def split_dtype(dt: Any) -> Tuple[np.dtype, Tuple[int, ...]]:
+def split_dtype(dt: Any) -> tuple[np.dtype, tuple[int, ...]]:
     """A numpy dtype and the sub-array shape it carries (``'(3,4)f4'`` → ``float32, (3, 4)``)."""
     dt = np.dtype(dt)
-    shape: Tuple[int, ...] = ()
+    shape: tuple[int, ...] = ()
     while dt.subdtype is not None:
         dt, sub = dt.subdtype
         shape = shape + tuple(sub)
@@ -54,15 +54,15 @@ class Export(NamedTuple):
     """How a buffer is exported and turned back into an array."""
 
     #: DLPack (code, bits, lanes) the buffer is exported as.
-    dl_dtype: Tuple[int, int, int]
+    dl_dtype: tuple[int, int, int]
     #: Per-record (or whole-array) shape the buffer is exported with.
-    shape: Tuple[int, ...]
+    shape: tuple[int, ...]
     #: For dtypes DLPack cannot carry (structured, strings, dates): the numpy dtype and shape to
     #: view the exported bytes as. ``None`` when the export already is the array.
-    view: Optional[Tuple[np.dtype, Tuple[int, ...]]]
+    view: Optional[tuple[np.dtype, tuple[int, ...]]]
 
 
-def export_for(dt: np.dtype, shape: Tuple[int, ...], raw: bool = False) -> Export:
+def export_for(dt: np.dtype, shape: tuple[int, ...], raw: bool = False) -> Export:
     """The export of elements of ``dt`` (no sub-array) with ``shape``."""
     itemsize = dt.itemsize * int(np.prod(shape, dtype=np.int64))
     if raw:
@@ -116,7 +116,7 @@ def materialize(buf: "_pinfeed.DeviceBuffer", view, as_torch: bool) -> Any:
     return arr
 
 
-def host_array(x: Any) -> Tuple[np.ndarray, Optional[Tuple[int, int, int]]]:
+def host_array(x: Any) -> tuple[np.ndarray, Optional[tuple[int, int, int]]]:
     """A C-contiguous numpy array with the bytes of ``x`` (numpy, torch CPU tensor, or anything
     ``numpy.asarray`` takes), and a DLPack dtype override (bfloat16 tensors travel as int16)."""
     override = None

@@ -1,7 +1,8 @@
 """Type stubs of the Rust extension module ``pinfeed._pinfeed`` (private: use ``pinfeed``)."""
 
+from collections.abc import Iterator, Sequence
 from os import PathLike
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, TypeVar, Union, overload
+from typing import Any, TypeVar, Union, overload
 
 import numpy as np
 
@@ -10,24 +11,24 @@ DEFAULT_PINNED_BUDGET: int
 DEFAULT_STAGING_BUDGET: int
 
 _Size = Union[int, str, None]
-_DLDtype = Tuple[int, int, int]
+_DLDtype = tuple[int, int, int]
 # A C-contiguous, writable array of native int64 or uint64 (epoch_order's out).
 _ArrayT = TypeVar("_ArrayT", bound=np.ndarray)
 
 class DeviceBuffer:
     """Device memory (a loader batch or an upload), exportable once through DLPack."""
 
-    def __dlpack_device__(self) -> Tuple[int, int]: ...
+    def __dlpack_device__(self) -> tuple[int, int]: ...
     def __dlpack__(
         self,
         *,
-        stream: Optional[int] = None,
-        max_version: Optional[Tuple[int, int]] = None,
-        dl_device: Optional[Tuple[int, int]] = None,
-        copy: Optional[bool] = None,
+        stream: int | None = None,
+        max_version: tuple[int, int] | None = None,
+        dl_device: tuple[int, int] | None = None,
+        copy: bool | None = None,
     ) -> Any: ...
     @property
-    def shape(self) -> List[int]: ...
+    def shape(self) -> list[int]: ...
     @property
     def dtype(self) -> _DLDtype: ...
     @property
@@ -39,11 +40,11 @@ class DeviceBuffer:
     @property
     def exported(self) -> bool: ...
     @property
-    def epoch(self) -> Optional[int]: ...
+    def epoch(self) -> int | None: ...
     @property
-    def index(self) -> Optional[int]: ...
+    def index(self) -> int | None: ...
     @property
-    def first_record(self) -> Optional[int]: ...
+    def first_record(self) -> int | None: ...
     def wait(self) -> None: ...
     def read_back(self) -> bytes: ...
     def release(self) -> None: ...
@@ -53,18 +54,18 @@ class Source:
 
     @staticmethod
     def open(
-        path: Union[str, "PathLike[str]"],
+        path: str | PathLike[str],
         *,
-        descr: Optional[str] = None,
-        user_dtype: Optional[str] = None,
-        shape: Optional[Sequence[int]] = None,
+        descr: str | None = None,
+        user_dtype: str | None = None,
+        shape: Sequence[int] | None = None,
         reader: str = "auto",
-        read_size: Optional[Union[int, str]] = None,
-        queue_depth: Optional[int] = None,
-        tensor: Optional[str] = None,
-    ) -> "Source": ...
+        read_size: int | str | None = None,
+        queue_depth: int | None = None,
+        tensor: str | None = None,
+    ) -> Source: ...
     @staticmethod
-    def from_array(array: Any, descr: str) -> "Source": ...
+    def from_array(array: Any, descr: str) -> Source: ...
     @property
     def name(self) -> str: ...
     @property
@@ -72,11 +73,11 @@ class Source:
     @property
     def record_bytes(self) -> int: ...
     @property
-    def record_shape(self) -> List[int]: ...
+    def record_shape(self) -> list[int]: ...
     @property
     def descr(self) -> str: ...
     @property
-    def dlpack_dtype(self) -> Optional[_DLDtype]: ...
+    def dlpack_dtype(self) -> _DLDtype | None: ...
 
 class ToFloatSpec:
     """``x * scale`` as float32 (Rust, no GIL)."""
@@ -87,10 +88,12 @@ class ToFloatSpec:
 class NormalizeSpec:
     """``(x * scale - mean[c]) / std[c]`` per channel as float32 (Rust, no GIL)."""
 
-    mean: List[float]
-    std: List[float]
+    mean: list[float]
+    std: list[float]
     scale: float
-    def __init__(self, mean: Sequence[float], std: Sequence[float], *, scale: float = 1.0) -> None: ...
+    def __init__(
+        self, mean: Sequence[float], std: Sequence[float], *, scale: float = 1.0
+    ) -> None: ...
 
 class Stream(Iterator[DeviceBuffer]):
     """One pass of a Rust loader; with ``devices``, one that copies each batch to every device
@@ -107,27 +110,27 @@ class Stream(Iterator[DeviceBuffer]):
         epochs: int = 1,
         pinned_budget: _Size = None,
         device_budget: _Size = None,
-        num_threads: Optional[int] = None,
+        num_threads: int | None = None,
         device: str = "cuda",
         prefetch: int = 4,
-        piece_bytes: Optional[int] = None,
+        piece_bytes: int | None = None,
         transform: Any = None,
-        transform_out_bytes: Optional[int] = None,
+        transform_out_bytes: int | None = None,
         reader: str = "auto",
         shuffle: str = "none",
-        block_size: Optional[int] = None,
-        block_window: Optional[int] = None,
+        block_size: int | None = None,
+        block_window: int | None = None,
         seed: int = 0,
         rank: int = 0,
         world_size: int = 1,
         start_epoch: int = 0,
         start_batches_done: int = 0,
-        devices: Optional[Sequence[str]] = None,
+        devices: Sequence[str] | None = None,
     ) -> None: ...
-    def __iter__(self) -> "Stream": ...
+    def __iter__(self) -> Stream: ...
     def __next__(self) -> DeviceBuffer: ...
     def close(self) -> None: ...
-    def stats(self) -> Dict[str, Any]: ...
+    def stats(self) -> dict[str, Any]: ...
     @property
     def closed(self) -> bool: ...
     @property
@@ -139,7 +142,7 @@ class Stream(Iterator[DeviceBuffer]):
     @property
     def device(self) -> str: ...
     @property
-    def devices(self) -> List[str]: ...
+    def devices(self) -> list[str]: ...
     @property
     def fingerprint(self) -> int: ...
 
@@ -150,12 +153,12 @@ class Stager:
         self,
         device: str = "cuda",
         pinned_budget: _Size = None,
-        num_threads: Optional[int] = None,
+        num_threads: int | None = None,
         method: str = "stage",
         piece_size: _Size = None,
     ) -> None: ...
     def upload(self, array: Any, dtype: _DLDtype, shape: Sequence[int]) -> DeviceBuffer: ...
-    def counters(self) -> Dict[str, Any]: ...
+    def counters(self) -> dict[str, Any]: ...
     @property
     def device(self) -> str: ...
     @property
@@ -176,8 +179,8 @@ class PinnedRegion:
     @property
     def closed(self) -> bool: ...
 
-def dlpack_dtype(descr: str) -> Optional[_DLDtype]: ...
-def parse_dtype(text: str) -> Tuple[str, List[int]]: ...
+def dlpack_dtype(descr: str) -> _DLDtype | None: ...
+def parse_dtype(text: str) -> tuple[str, list[int]]: ...
 def parse_size(text: str) -> int: ...
 def cuda_device_count() -> int: ...
 def pinned_allocations() -> int: ...
@@ -187,14 +190,14 @@ def order_fingerprint(
     *,
     drop_last: bool,
     shuffle: str,
-    block_size: Optional[int] = None,
-    block_window: Optional[int] = None,
+    block_size: int | None = None,
+    block_window: int | None = None,
     seed: int,
     world_size: int,
 ) -> int: ...
 def epoch_size(
     num_records: int, batch_size: int, *, drop_last: bool, rank: int, world_size: int
-) -> Tuple[int, int]: ...
+) -> tuple[int, int]: ...
 @overload
 def epoch_order(
     num_records: int,
@@ -202,14 +205,14 @@ def epoch_order(
     *,
     drop_last: bool,
     shuffle: str,
-    block_size: Optional[int] = None,
-    block_window: Optional[int] = None,
+    block_size: int | None = None,
+    block_window: int | None = None,
     seed: int,
     rank: int,
     world_size: int,
     epoch: int,
     out: None = None,
-) -> Tuple[bytes, int]: ...
+) -> tuple[bytes, int]: ...
 @overload
 def epoch_order(
     num_records: int,
@@ -217,11 +220,11 @@ def epoch_order(
     *,
     drop_last: bool,
     shuffle: str,
-    block_size: Optional[int] = None,
-    block_window: Optional[int] = None,
+    block_size: int | None = None,
+    block_window: int | None = None,
     seed: int,
     rank: int,
     world_size: int,
     epoch: int,
     out: _ArrayT,
-) -> Tuple[_ArrayT, int]: ...
+) -> tuple[_ArrayT, int]: ...

@@ -5,7 +5,13 @@ import numbers
 import os
 import threading
 import weakref
-from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Set, Tuple, Union
+from collections.abc import Iterator, Mapping, Sequence
+from typing import (
+    Any,
+    Callable,
+    Optional,
+    Union,
+)
 
 import numpy as np
 
@@ -60,7 +66,11 @@ def device_name(device: Any) -> str:
 
 
 def _open_source(
-    source: Any, dtype: Any, shape: Optional[Sequence[int]], reader: str = "auto", tensor: Optional[str] = None
+    source: Any,
+    dtype: Any,
+    shape: Optional[Sequence[int]],
+    reader: str = "auto",
+    tensor: Optional[str] = None,
 ) -> "_pinfeed.Source":
     if isinstance(source, (str, os.PathLike)):
         path = os.fspath(source)
@@ -228,7 +238,9 @@ class Loader:
             if value < 0:
                 raise PinfeedValueError(f"{name}: {what} must be at least 1, got {value}")
         if piece_size is not None and _bytes(piece_size, 0) < 1:
-            raise PinfeedValueError(f"{name}: piece_size must be at least 1 byte (or None), got {piece_size!r}")
+            raise PinfeedValueError(
+                f"{name}: piece_size must be at least 1 byte (or None), got {piece_size!r}"
+            )
         if num_threads is not None and num_threads < 1:
             raise PinfeedValueError(f"{name}: num_threads must be at least 1, got {num_threads}")
         #: ``"none"``, ``"random"``, ``"block"`` or ``"gpu"``.
@@ -252,9 +264,9 @@ class Loader:
         )
         #: numpy dtype and per-record shape of the batches (before ``raw``).
         self.dtype: np.dtype = out_dtype
-        self.record_shape: Tuple[int, ...] = out_shape
+        self.record_shape: tuple[int, ...] = out_shape
         self._export: Export = export_for(out_dtype, out_shape, self.raw)
-        self._order: Dict[str, Any] = dict(
+        self._order: dict[str, Any] = dict(
             drop_last=self.drop_last,
             shuffle=order_kind(self.shuffle),
             block_size=self.block_size,
@@ -262,7 +274,7 @@ class Loader:
             seed=self.seed,
             world_size=self.world_size,
         )
-        self._options: Dict[str, Any] = dict(
+        self._options: dict[str, Any] = dict(
             export_dtype=self._export.dl_dtype,
             record_shape=list(self._export.shape),
             drop_last=self.drop_last,
@@ -294,12 +306,20 @@ class Loader:
             # not the batches held during the upload.
             budget = _bytes(pinned_budget, _pinfeed.DEFAULT_PINNED_BUDGET)
             widest = max(
-                int(self._source.record_bytes), transform_out_bytes or 0, self._export_record_bytes()
+                int(self._source.record_bytes),
+                transform_out_bytes or 0,
+                self._export_record_bytes(),
             )
             self._stream_batch = max(1, min(_UPLOAD_BATCH_BYTES, budget // 4) // widest)
             self._options.update(
-                drop_last=False, epochs=1, device_budget=None, shuffle="none",
-                block_size=None, block_window=None, rank=0, world_size=1,
+                drop_last=False,
+                epochs=1,
+                device_budget=None,
+                shuffle="none",
+                block_size=None,
+                block_window=None,
+                rank=0,
+                world_size=1,
             )
         self._fingerprint: int = _pinfeed.order_fingerprint(
             int(self._source.num_records), self.batch_size, **self._order
@@ -307,20 +327,20 @@ class Loader:
         # Positions are (epoch, batches of it done). `_received`: what the consumer has been
         # given; `_next_start`: where set_epoch/load_state_dict want the next pass to start;
         # `_pass_epoch`: the epoch the latest pass started at (None before the first).
-        self._received: Tuple[int, int] = (0, 0)
-        self._next_start: Optional[Tuple[int, int]] = None
+        self._received: tuple[int, int] = (0, 0)
+        self._next_start: Optional[tuple[int, int]] = None
         self._pass_epoch: Optional[int] = None
         self._pass_id = 0
         self._stream: Optional[_pinfeed.Stream] = None
         self._resident_data: Any = None
         # (order key, the epoch's index on the resident copy's device, the stream it was
         # copied on (CUDA) or None).
-        self._resident_order: Optional[Tuple[Any, Any, Any]] = None
+        self._resident_order: Optional[tuple[Any, Any, Any]] = None
         self._orders: Optional[_OrdersAhead] = None
         # The first pass (in GPU-resident mode, the upload) starts now: configuration errors
         # surface here, and reading overlaps whatever the caller does before iterating.
         self._pending: Optional[_pinfeed.Stream] = self._start((0, 0))
-        self._pending_start: Tuple[int, int] = (0, 0)
+        self._pending_start: tuple[int, int] = (0, 0)
         self.device: str = self._pending.device
         if self.device.startswith("cuda") and self._export.view is not None:
             self._pending.close()
@@ -367,8 +387,16 @@ class Loader:
             return transform, None, np.dtype(np.float32), src_shape
         if not callable(transform):
             raise TypeError(f"transform must be callable, not {type(transform).__name__}")
-        out_dtype = transform_dtype if transform_dtype is not None else getattr(transform, "out_dtype", None)
-        out_shape = transform_shape if transform_shape is not None else getattr(transform, "out_shape", None)
+        out_dtype = (
+            transform_dtype
+            if transform_dtype is not None
+            else getattr(transform, "out_dtype", None)
+        )
+        out_shape = (
+            transform_shape
+            if transform_shape is not None
+            else getattr(transform, "out_shape", None)
+        )
         if out_dtype is None:
             base, sub = src_dtype, ()
         else:
@@ -385,9 +413,9 @@ class Loader:
         return caller, out_bytes, base, shape
 
     # Devices every batch is copied to, for a replicated MultiLoader; None for the one device.
-    _replicas: Optional[List[str]] = None
+    _replicas: Optional[list[str]] = None
 
-    def _start(self, at: Tuple[int, int]) -> "_pinfeed.Stream":
+    def _start(self, at: tuple[int, int]) -> "_pinfeed.Stream":
         extra = {} if self._replicas is None else {"devices": self._replicas}
         stream = _pinfeed.Stream(
             self._source,
@@ -450,7 +478,7 @@ class Loader:
         previous pass's."""
         self._next_start = (u64_arg("epoch", epoch), 0)
 
-    def state_dict(self) -> Dict[str, Any]:
+    def state_dict(self) -> dict[str, Any]:
         """How far the consumer got, as a plain dict for a checkpoint: ``epoch`` and
         ``batches_done`` (batches of that epoch this rank has *received*; an epoch received
         to its end reads as the next epoch with 0 done), and what the position depends on:
@@ -536,12 +564,16 @@ class Loader:
 
     # GPU-resident shuffling.
 
-    def _order_key(self, epoch: int) -> Tuple[Any, ...]:
+    def _order_key(self, epoch: int) -> tuple[Any, ...]:
         """Everything the order of ``epoch`` on this rank depends on, and its length: a
         precomputed order is used only for the same key, never after set_epoch,
         load_state_dict or a change of any of these made it stale."""
         return (
-            self.num_records, self.batch_size, self.rank, epoch, self._order_len,
+            self.num_records,
+            self.batch_size,
+            self.rank,
+            epoch,
+            self._order_len,
             tuple(sorted(self._order.items())),
         )
 
@@ -572,11 +604,11 @@ class Loader:
             source = f"half of the {avail} bytes of available host memory (device_budget=None)"
         if need > budget:
             raise PinfeedMemoryError(
-                f"{self._source.name}: shuffle=\"gpu\" keeps the whole dataset on {self.device}: "
+                f'{self._source.name}: shuffle="gpu" keeps the whole dataset on {self.device}: '
                 f"{self.num_records} records of {record_bytes} bytes = {need} bytes, more than "
                 f"the {budget} bytes allowed ({source}); raise device_budget if the device has "
                 "room, or stream the shuffled order instead with shuffle=True (random reads) or "
-                "shuffle=\"block\" (for slow random reads)"
+                'shuffle="block" (for slow random reads)'
             )
 
     def _ensure_resident(self) -> None:
@@ -606,7 +638,7 @@ class Loader:
                         raise PinfeedMemoryError(
                             f"{self._source.name}: no room on {self.device} for the resident "
                             f"copy of the dataset ({n * stream.record_bytes} bytes); lower "
-                            "device_budget's share or use shuffle=True or \"block\""
+                            'device_budget\'s share or use shuffle=True or "block"'
                         ) from e
                 else:
                     out = np.empty((n,) + tuple(batch.shape[1:]), dtype=batch.dtype)
@@ -619,7 +651,7 @@ class Loader:
             raise PinfeedError(f"{self._source.name}: the upload delivered {filled} of {n} records")
         self._resident_data = out
 
-    def _resident_index(self, epoch: int) -> Tuple[Any, Any]:
+    def _resident_index(self, epoch: int) -> tuple[Any, Any]:
         """The int64 index of ``epoch`` on the resident copy's device, and (CUDA) the stream
         its copy was issued on. Usually computed ahead (see :class:`_OrdersAhead`); the orders
         of the next epochs are started here, to be ready when those epochs begin."""
@@ -645,7 +677,7 @@ class Loader:
             self._orders_wanted(epoch + 1, epoch + 1 + _ORDERS_AHEAD)
         return self._resident_order[1], self._resident_order[2]
 
-    def _resident_batches(self, start: Tuple[int, int]) -> Iterator[Tuple[int, int, Any]]:
+    def _resident_batches(self, start: tuple[int, int]) -> Iterator[tuple[int, int, Any]]:
         data, b = self._resident_data, self.batch_size
         cuda = self.device.startswith("cuda")
         torch = torch_module() if cuda or self.as_torch else None
@@ -680,7 +712,7 @@ class Loader:
         self._resident_data = None
         self._resident_order = None
 
-    def stats(self) -> Dict[str, Any]:
+    def stats(self) -> dict[str, Any]:
         """Counters of the current (or last) pass: the Rust ``Stats`` fields (times in seconds,
         sizes in bytes), ``device_bytes_held``, ``gbps``, ``bottleneck`` and ``explanation``.
         In GPU-resident mode, those of the upload."""
@@ -712,13 +744,13 @@ class Loader:
             pass
 
 
-def _order_filler(device: str, pin: bool) -> Callable[[Tuple[Any, ...]], Any]:
+def _order_filler(device: str, pin: bool) -> Callable[[tuple[Any, ...]], Any]:
     """Computes the order of a key (:meth:`Loader._order_key`) into a new int64 buffer: with
     ``pin``, a pinned torch tensor for a CUDA device (copied on without a synchronous pageable
     copy); a numpy array otherwise. It holds no reference to the Loader, so threads running it
     do not keep the Loader alive."""
 
-    def fill(key: Tuple[Any, ...]) -> Any:
+    def fill(key: tuple[Any, ...]) -> Any:
         num_records, batch_size, rank, epoch, length, order = key
         if device.startswith("cuda") and pin:
             torch = torch_module()
@@ -750,7 +782,7 @@ class _OrdersAhead:
     is taken (a parent thread may have held it at the fork).
     """
 
-    def __init__(self, fill: Callable[[Tuple[Any, ...]], Any], workers: int) -> None:
+    def __init__(self, fill: Callable[[tuple[Any, ...]], Any], workers: int) -> None:
         self._fill = fill
         self._workers = workers
         self._pid = os.getpid()
@@ -759,14 +791,14 @@ class _OrdersAhead:
         # only wanted keys, with None for an order that failed (not tried again but by get(),
         # which raises the error); `_running` may hold a key no longer wanted (its result is
         # then dropped).
-        self._wanted: List[Tuple[Any, ...]] = []
-        self._ready: Dict[Tuple[Any, ...], Any] = {}
-        self._running: Set[Tuple[Any, ...]] = set()
-        self._threads: List[threading.Thread] = []
+        self._wanted: list[tuple[Any, ...]] = []
+        self._ready: dict[tuple[Any, ...], Any] = {}
+        self._running: set[tuple[Any, ...]] = set()
+        self._threads: list[threading.Thread] = []
         self._stop = False
         _live_orders.add(self)
 
-    def want(self, keys: Sequence[Tuple[Any, ...]]) -> None:
+    def want(self, keys: Sequence[tuple[Any, ...]]) -> None:
         """Drops the orders kept for other keys and has those of ``keys`` not ready or running
         computed, first to last."""
         with self._cond:
@@ -785,7 +817,7 @@ class _OrdersAhead:
                 thread.start()
             self._cond.notify_all()
 
-    def get(self, key: Tuple[Any, ...]) -> Any:
+    def get(self, key: tuple[Any, ...]) -> Any:
         """The order of ``key``: the one computed ahead (waiting for it if it is being
         computed), else computed now, in the caller's thread, where any error is raised."""
         with self._cond:
@@ -796,7 +828,7 @@ class _OrdersAhead:
                 self._wanted.remove(key)
         return self._fill(key) if host is None else host
 
-    def _next_job(self) -> Optional[Tuple[Any, ...]]:
+    def _next_job(self) -> Optional[tuple[Any, ...]]:
         for key in self._wanted:
             if key not in self._ready and key not in self._running:
                 return key
@@ -849,7 +881,7 @@ def _bytes(size: Any, default: int) -> int:
     return int(_pinfeed.parse_size(size) if isinstance(size, str) else size)
 
 
-def _stream_batches(loader: Loader, stream: "_pinfeed.Stream") -> Iterator[Tuple[int, int, Any]]:
+def _stream_batches(loader: Loader, stream: "_pinfeed.Stream") -> Iterator[tuple[int, int, Any]]:
     view, as_torch = loader._export.view, loader.as_torch
     for buf in stream:
         epoch, index = buf.epoch, buf.index
@@ -863,7 +895,7 @@ class _Pass(Iterator[Any]):
         self,
         loader: Loader,
         pass_id: int,
-        batches: Iterator[Tuple[int, int, Any]],
+        batches: Iterator[tuple[int, int, Any]],
         stream: Optional["_pinfeed.Stream"],
     ) -> None:
         self._loader = loader

@@ -2,7 +2,8 @@
 per device, each on its shard, stepped together; or, with ``replicate=True``, one ring whose
 every batch is read once and copied to each device."""
 
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+from collections.abc import Iterator, Sequence
+from typing import Any, Optional
 
 from .errors import PinfeedValueError
 from .loader import Loader, _bytes, device_name
@@ -59,11 +60,11 @@ class MultiLoader:
             if shuffle_mode(options.get("shuffle", False)) == "gpu":
                 raise PinfeedValueError(
                     "MultiLoader(replicate=True) streams every batch through one pinned ring; "
-                    "shuffle=\"gpu\" keeps a resident copy per device instead: use "
-                    "shuffle=True (or \"block\"), or a Loader(shuffle=\"gpu\") per device"
+                    'shuffle="gpu" keeps a resident copy per device instead: use '
+                    'shuffle=True (or "block"), or a Loader(shuffle="gpu") per device'
                 )
             #: The loaders: one per device, or the one that feeds every device when replicating.
-            self.loaders: List[Loader] = [
+            self.loaders: list[Loader] = [
                 _ReplicatedLoader(
                     source,
                     batch_size,
@@ -93,7 +94,7 @@ class MultiLoader:
     def __len__(self) -> int:
         return len(self.loaders[0])
 
-    def __iter__(self) -> Iterator[Tuple[Any, ...]]:
+    def __iter__(self) -> Iterator[tuple[Any, ...]]:
         if self.replicate:
             # The one pass yields each step's batches one after the other, in device order.
             batches = iter(self.loaders[0])
@@ -105,12 +106,12 @@ class MultiLoader:
         for loader in self.loaders:
             loader.set_epoch(epoch)
 
-    def state_dict(self) -> List[Dict[str, Any]]:
+    def state_dict(self) -> list[dict[str, Any]]:
         """Every loader's state, in device order (one state when replicating: every device is at
         the same place)."""
         return [loader.state_dict() for loader in self.loaders]
 
-    def load_state_dict(self, states: Sequence[Dict[str, Any]]) -> None:
+    def load_state_dict(self, states: Sequence[dict[str, Any]]) -> None:
         """Restores what :meth:`state_dict` returned."""
         if len(states) != len(self.loaders):
             what = "replicated loader" if self.replicate else f"{len(self.loaders)} devices"
@@ -118,7 +119,7 @@ class MultiLoader:
         for loader, state in zip(self.loaders, states):
             loader.load_state_dict(state)
 
-    def stats(self) -> Dict[str, Any]:
+    def stats(self) -> dict[str, Any]:
         """Counters of the current (or last) pass, over all devices: ``devices`` lists what each
         device received (``device``, ``batches``, ``records``, ``bytes``,
         ``device_bytes_peak``); ``bytes`` is their sum and ``read_bytes`` what was read from the
@@ -158,7 +159,9 @@ class _ReplicatedLoader(Loader):
     ``devices``: iterating it yields each step's batches one after the other, in device order
     (:class:`MultiLoader` groups them). Order, sharding, resume and transforms are the Loader's."""
 
-    def __init__(self, source: Any, batch_size: int, *, devices: Sequence[Any], **options: Any) -> None:
+    def __init__(
+        self, source: Any, batch_size: int, *, devices: Sequence[Any], **options: Any
+    ) -> None:
         if "device" in options:
             raise TypeError("MultiLoader takes devices=[...], not device=")
         self._replicas = [device_name(d) for d in devices]

@@ -7,7 +7,7 @@ reader threads use, so :func:`epoch_order` says exactly which records each batch
 
 import os
 import sys
-from typing import Any, Optional, Tuple
+from typing import Any, Optional
 
 import numpy as np
 
@@ -34,7 +34,7 @@ def shuffle_mode(shuffle: Any) -> str:
     if isinstance(shuffle, str) and shuffle.strip().lower() in SHUFFLE_MODES:
         return shuffle.strip().lower()
     raise PinfeedValueError(
-        f"shuffle must be False, True, \"random\", \"block\" or \"gpu\", not {shuffle!r}"
+        f'shuffle must be False, True, "random", "block" or "gpu", not {shuffle!r}'
     )
 
 
@@ -55,13 +55,13 @@ def u64_arg(name: str, value: Any) -> int:
 
 def block_args(
     mode: str, record_bytes: int, block_size: Optional[int], block_window: Optional[int]
-) -> Tuple[Optional[int], Optional[int]]:
+) -> tuple[Optional[int], Optional[int]]:
     """``(block, window)`` for ``shuffle="block"`` with the defaults filled in; ``(None, None)``
     otherwise (where giving either is an error)."""
     if mode != "block":
         if block_size is not None or block_window is not None:
             raise PinfeedValueError(
-                f"block_size and block_window apply to shuffle=\"block\", not shuffle={mode!r}"
+                f'block_size and block_window apply to shuffle="block", not shuffle={mode!r}'
             )
         return None, None
     block = (
@@ -93,7 +93,7 @@ def _env_int(name: str, default: int) -> int:
     return value
 
 
-def distributed_defaults(rank: Optional[int], world_size: Optional[int]) -> Tuple[int, int]:
+def distributed_defaults(rank: Optional[int], world_size: Optional[int]) -> tuple[int, int]:
     """This process's ``(rank, world_size)``: the arguments where given; otherwise
     ``torch.distributed``'s when it is initialised; otherwise ``$RANK``/``$WORLD_SIZE``
     (torchrun sets them); otherwise 0 and 1.
@@ -104,12 +104,14 @@ def distributed_defaults(rank: Optional[int], world_size: Optional[int]) -> Tupl
     if rank is not None and world_size is not None:
         return u64_arg("rank", rank), u64_arg("world_size", world_size)
     dist = sys.modules.get("torch.distributed")
-    found: Optional[Tuple[int, int]] = None
+    found: Optional[tuple[int, int]] = None
     if dist is not None:
         try:
             if dist.is_available() and dist.is_initialized():
                 found = int(dist.get_rank()), int(dist.get_world_size())
-        except Exception:  # pragma: no cover - a half-initialised torch: fall back to the environment
+        except (
+            Exception
+        ):  # pragma: no cover - a half-initialised torch: fall back to the environment
             found = None
     if found is None:
         found = _env_int("RANK", 0), _env_int("WORLD_SIZE", 1)

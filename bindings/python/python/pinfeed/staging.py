@@ -1,13 +1,14 @@
 """``prefetch``, ``to_device`` and ``pinned``: moving arbitrary arrays without per-batch pinning."""
 
 import atexit
-import os
 import contextlib
+import os
 import queue
 import threading
 import time
 import weakref
-from typing import Any, Dict, Iterable, Iterator, Optional, Tuple
+from collections.abc import Iterable, Iterator
+from typing import Any, Optional
 
 import numpy as np
 
@@ -102,10 +103,10 @@ class _Times:
     def add(self, field: str, seconds: float) -> None:
         setattr(self, field, getattr(self, field) + seconds)
 
-    def report(self) -> Dict[str, Any]:
+    def report(self) -> dict[str, Any]:
         """The counters, the rate, and the stage that limits it, in words."""
         elapsed = time.perf_counter() - self.started
-        r: Dict[str, Any] = {f: getattr(self, f) for f in self.FIELDS}
+        r: dict[str, Any] = {f: getattr(self, f) for f in self.FIELDS}
         r.update(items=self.items, bytes=self.bytes, elapsed_s=elapsed)
         r["gbps"] = self.bytes / elapsed / 1e9 if elapsed > 0 else 0.0
         # The busiest thread sets the pace; a consumer that rarely waits is itself the limit.
@@ -137,14 +138,14 @@ class _State:
     """
 
     def __init__(self, depth: int) -> None:
-        self.fetched: "queue.Queue[Any]" = queue.Queue(maxsize=_FETCH_AHEAD)
-        self.staged: "queue.Queue[Any]" = queue.Queue(maxsize=depth)
+        self.fetched: queue.Queue[Any] = queue.Queue(maxsize=_FETCH_AHEAD)
+        self.staged: queue.Queue[Any] = queue.Queue(maxsize=depth)
         # Set by close(), or by the upload thread once the last message is handed over: a thread
         # waiting on a queue that nobody will empty (or fill) then gives up.
         self.stop = threading.Event()
         self.times = _Times()
 
-    def put(self, q: "queue.Queue[Any]", message: Tuple[str, Any], waited: str) -> bool:
+    def put(self, q: "queue.Queue[Any]", message: tuple[str, Any], waited: str) -> bool:
         """Puts ``message`` on ``q`` once there is room, adding the wait to ``times.<waited>``;
         False, dropping it, once stopped."""
         t0 = time.perf_counter()
@@ -159,7 +160,7 @@ class _State:
         finally:
             self.times.add(waited, time.perf_counter() - t0)
 
-    def get(self, q: "queue.Queue[Any]", waited: str) -> Optional[Tuple[str, Any]]:
+    def get(self, q: "queue.Queue[Any]", waited: str) -> Optional[tuple[str, Any]]:
         """The next message on ``q``, adding the wait to ``times.<waited>``; None once stopped."""
         t0 = time.perf_counter()
         try:
@@ -255,10 +256,16 @@ class Prefetcher(Iterator[Any]):
         # stuck in user code.
         self._threads = (
             threading.Thread(
-                target=_upload, args=(self._stager, self._state), name="pinfeed-prefetch-upload", daemon=True
+                target=_upload,
+                args=(self._stager, self._state),
+                name="pinfeed-prefetch-upload",
+                daemon=True,
             ),
             threading.Thread(
-                target=_fetch, args=(iter(iterable), self._state), name="pinfeed-prefetch-fetch", daemon=True
+                target=_fetch,
+                args=(iter(iterable), self._state),
+                name="pinfeed-prefetch-fetch",
+                daemon=True,
             ),
         )
         for t in self._threads:
@@ -289,7 +296,7 @@ class Prefetcher(Iterator[Any]):
             raise payload
         raise StopIteration
 
-    def stats(self) -> Dict[str, Any]:
+    def stats(self) -> dict[str, Any]:
         """Where the time went so far, in seconds: ``fetch_s`` inside the iterable's
         ``__next__``, ``upload_s`` copying into the arena and starting the transfers,
         ``fetch_wait_s``/``upload_wait_s`` those threads waiting on each other (or on a full
@@ -366,7 +373,9 @@ def prefetch(
     return Prefetcher(iterable, device, depth, pinned_budget, num_threads)
 
 
-def to_device(x: Any, device: Any = "cuda", pinned_budget: Any = None, *, method: str = "stage") -> Any:
+def to_device(
+    x: Any, device: Any = "cuda", pinned_budget: Any = None, *, method: str = "stage"
+) -> Any:
     """Copies one array (numpy, torch CPU tensor, or anything ``numpy.asarray`` takes) to
     ``device`` without pinning the array for good, with at most ``pinned_budget`` bytes
     page-locked at once (default 64 MiB: an arena that stays in the CPU's cache is faster than a
@@ -388,7 +397,7 @@ def to_device(x: Any, device: Any = "cuda", pinned_budget: Any = None, *, method
 # One staging arena per (device, budget, method), made on first use and kept: page-locking an
 # arena costs far more than a copy through it (see docs/BENCHMARKS.md), so to_device pays it
 # once. The arena is bounded by its budget; free_staging_memory() releases them all.
-_stagers: Dict[Tuple[str, str, str], Any] = {}
+_stagers: dict[tuple[str, str, str], Any] = {}
 _stagers_lock = threading.Lock()
 
 

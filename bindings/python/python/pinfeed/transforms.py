@@ -14,7 +14,8 @@ runs on a reader thread holding the GIL, and must not keep ``raw`` or ``out`` af
 """
 
 import sys
-from typing import Any, Callable, Optional, Sequence, Tuple
+from collections.abc import Sequence
+from typing import Any, Callable, Optional
 
 import numpy as np
 
@@ -60,9 +61,9 @@ class Transform:
 def make_caller(
     func: Callable[[np.ndarray, np.ndarray], None],
     in_dtype: np.dtype,
-    in_shape: Tuple[int, ...],
+    in_shape: tuple[int, ...],
     out_dtype: np.dtype,
-    out_shape: Tuple[int, ...],
+    out_shape: tuple[int, ...],
 ) -> Callable[[memoryview, memoryview, int], None]:
     """What the Rust side calls for each batch: wraps the slot's memoryviews in numpy arrays,
     calls ``func`` and releases the views, so that nothing refers to the slot afterwards."""
