@@ -1,0 +1,180 @@
+"""Two builds of pinfeed side by side on the GPU machine, interleaved, with torch's copies as the
+bus's reference in the same run.
+
+    python3 bench/ab.py --build old=/tmp/site-old --build new=/tmp/site-new \
+        [--rounds 3] [--npy /tmp/pinfeed-4g.npy] [--out ab.json]
+
+Each build is a folder holding an installed `pinfeed` (`pip install --target DIR wheel`). Every
+round runs each build in a fresh process (so neither inherits the other's pinned pool or CUDA
+state) over the same rows:
+
+- `to_device` of the seed tensor (1024 x 655,360 float32, 2.68 GB, pageable);
+- a `Loader` pass over the page-cached 4 GiB `.npy` of 3x31x31 uint8 records, batches of 1024,
+  in order and shuffled (`shuffle="random"`);
+- a `Loader` over a host array in batches of 1 MiB;
+- torch's pinned `copy_` of the same sizes (the bus), so each row is also a share of the bus.
+
+Every row checks what it delivered (column sums against numpy's) before it is timed.
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+RECORDS = 1489700  # 4 GiB of 3x31x31 uint8 records
+ROWS, COLS = 1024, 655360
+
+
+def best_of(fn, repeat=3):
+    """Median wall and CPU seconds of `fn` over `repeat` runs, the device synchronised."""
+    import torch
+
+    runs = []
+    for _ in range(repeat):
+        torch.cuda.synchronize()
+        c0, t0 = time.process_time(), time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        runs.append((time.perf_counter() - t0, time.process_time() - c0))
+    runs.sort()
+    return runs[len(runs) // 2]
+
+
+def drain(loader, check=None):
+    """Every batch of one pass; `check` gets the column sums of what arrived."""
+    import torch
+
+    total = None
+    for x in loader:
+        if check is not None:
+            s = x.reshape(x.shape[0], -1).sum(dim=0, dtype=torch.int64)
+            total = s if total is None else total + s
+    if check is not None:
+        check(total)
+
+
+def worker(npy, label):
+    import numpy as np
+    import torch
+
+    import pinfeed
+
+    rows = []
+
+    def row(name, nbytes, wall, cpu, bus):
+        gbps = nbytes / wall / 1e9
+        rows.append(
+            {
+                "build": label,
+                "name": name,
+                "gbps": gbps,
+                "cpu_s": cpu,
+                "bus_gbps": bus,
+                "share_of_bus": gbps / bus,
+            }
+        )
+
+    def bus_rate(nbytes, reps):
+        pin = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+        dst = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+        dst.copy_(pin, non_blocking=True)
+        wall, _ = best_of(lambda: [dst.copy_(pin, non_blocking=True) for _ in range(reps)])
+        return nbytes * reps / wall / 1e9
+
+    # The seed tensor.
+    a = torch.rand(ROWS, COLS)
+    want = a.sum(dim=0, dtype=torch.float64)
+    got = pinfeed.to_device(a, device="cuda")
+    assert torch.equal(got.sum(dim=0, dtype=torch.float64).cpu(), want), "to_device differs"
+    del got
+    wall, cpu = best_of(lambda: pinfeed.to_device(a, device="cuda"))
+    row("seed tensor: to_device(a)", a.numel() * 4, wall, cpu, bus_rate(1 << 30, 3))
+    del a
+
+    # The 4 GiB file, in order and shuffled.
+    data = np.load(npy, mmap_mode="r")
+    want = torch.from_numpy(np.asarray(data.reshape(len(data), -1).sum(axis=0, dtype=np.int64)))
+    nbytes = data.nbytes
+    bus = bus_rate(4 << 20, 256)
+
+    def check(total):
+        assert torch.equal(total.cpu(), want), "Loader delivered other bytes"
+
+    for shuffle in ["none", "random"]:
+        loader = pinfeed.Loader(npy, 1024, device="cuda", shuffle=shuffle, seed=1)
+        drain(loader, check)
+        wall, cpu = best_of(lambda loader=loader: drain(loader))
+        row(f"4 GiB .npy, shuffle={shuffle}", nbytes, wall, cpu, bus)
+
+    # Batches of 1 MiB from a host array.
+    host = np.random.default_rng(0).integers(0, 255, size=(1024 * 1024, 1024), dtype=np.uint8)
+    loader = pinfeed.Loader(host, 1024, device="cuda")
+    want = torch.from_numpy(host.sum(axis=0, dtype=np.int64))
+    drain(loader, check)
+    wall, cpu = best_of(lambda: drain(loader))
+    row("1 MiB batches from a host array", host.nbytes, wall, cpu, bus_rate(1 << 20, 1024))
+    print(json.dumps(rows))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument(
+        "--build", action="append", default=[], help="LABEL=DIR of an installed pinfeed"
+    )
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--npy", default="/tmp/pinfeed-4g.npy")
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.worker:
+        return worker(args.npy, args.worker)
+    if not os.path.exists(args.npy):
+        import numpy as np
+
+        rng = np.random.default_rng(1)
+        m = np.lib.format.open_memmap(args.npy, "w+", np.uint8, (RECORDS, 3, 31, 31))
+        for i in range(0, RECORDS, 65536):
+            m[i : i + 65536] = rng.integers(0, 255, size=m[i : i + 65536].shape, dtype=np.uint8)
+        m.flush()
+        del m
+    with open(args.npy, "rb") as f:  # page-cached from here on
+        while f.read(64 << 20):
+            pass
+    builds = dict(b.split("=", 1) for b in args.build)
+    results = []
+    for r in range(args.rounds):
+        for label, site in builds.items():
+            env = dict(os.environ, PYTHONPATH=site)
+            out = subprocess.run(
+                [sys.executable, __file__, "--worker", label, "--npy", args.npy],
+                env=env,
+                capture_output=True,
+                text=True,
+                check=False,
+            )
+            if out.returncode != 0:
+                print(f"round {r + 1} {label}: FAILED\n{out.stderr[-3000:]}")
+                continue
+            for x in json.loads(out.stdout.strip().splitlines()[-1]):
+                x["round"] = r + 1
+                results.append(x)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(results, f, indent=1)
+    names = list(dict.fromkeys(x["name"] for x in results))
+    print(f"{'row':<36}" + "".join(f"{b:>26}" for b in builds))
+    for n in names:
+        cells = []
+        for b in builds:
+            rs = [x for x in results if x["name"] == n and x["build"] == b]
+            g = "/".join(f"{x['gbps']:.1f}" for x in rs)
+            s = "/".join(f"{100 * x['share_of_bus']:.0f}" for x in rs)
+            cells.append(f"{g} GB/s ({s}%)")
+        print(f"{n:<36}" + "".join(f"{c:>26}" for c in cells))
+
+
+if __name__ == "__main__":
+    main()
