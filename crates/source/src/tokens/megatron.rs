@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use super::{invalid, TokenDType, TokenStream};
 use crate::read::{open_regular, read_exact_at};
-use crate::Result;
+use crate::{Result, SourceError};
 
 const MAGIC: &[u8; 9] = b"MMIDIDX\x00\x00";
 const HEADER_BYTES: u64 = 9 + 8 + 1 + 8 + 8;
@@ -110,54 +110,13 @@ impl IndexedDataset {
         let (s, d) = (sequences as usize, doc_entries as usize);
         let mut table = vec![0u8; 12 * s + 8 * d];
         read_exact_at(&idx, &idx_path, HEADER_BYTES, &mut table)?;
-        let i32_at =
-            |i: usize| i32::from_le_bytes(table[4 * i..4 * i + 4].try_into().unwrap_or_default());
-        let i64_at =
-            |at: usize| i64::from_le_bytes(table[at..at + 8].try_into().unwrap_or_default());
         let bin = TokenStream::from_files(
             bin_path.display().to_string(),
             std::slice::from_ref(&bin_path),
             Some(dtype),
         )?;
-        let (width, bin_tokens) = (dtype.width() as u64, bin.num_tokens());
-        let mut lengths = Vec::with_capacity(s);
-        let mut starts = Vec::with_capacity(s);
-        for k in 0..s {
-            let (len, ptr) = (i32_at(k), i64_at(4 * s + 8 * k));
-            let start = u64::try_from(ptr)
-                .ok()
-                .filter(|p| p % width == 0)
-                .map(|p| p / width);
-            let (Ok(len), Some(start)) = (u32::try_from(len), start) else {
-                return Err(fail(format!(
-                    "sequence {k}: length {len} and byte offset {ptr} must be non-negative, the \
-                     offset a multiple of the {width}-byte token"
-                )));
-            };
-            if start + u64::from(len) > bin_tokens {
-                return Err(fail(format!(
-                    "sequence {k} (tokens {start} .. {}) runs past the {bin_tokens} tokens of {}",
-                    start + u64::from(len),
-                    bin_path.display()
-                )));
-            }
-            lengths.push(len);
-            starts.push(start);
-        }
-        let mut document_indices = Vec::with_capacity(d);
-        for k in 0..d {
-            let v = i64_at(12 * s + 8 * k);
-            let prev = document_indices.last().copied().unwrap_or(0);
-            match u64::try_from(v) {
-                Ok(v) if v >= prev && v <= sequences => document_indices.push(v),
-                _ => {
-                    return Err(fail(format!(
-                        "document index {k} is {v}: expected non-decreasing indices from \
-                         {prev} up to the sequence count {sequences}"
-                    )))
-                }
-            }
-        }
+        let (lengths, starts) = check_sequences(&table[..12 * s], &bin, &fail)?;
+        let document_indices = check_documents(&table[12 * s..], sequences, &fail)?;
         Ok(IndexedDataset {
             idx_path,
             bin: Arc::new(bin),
@@ -257,6 +216,68 @@ impl IndexedDataset {
         }
         Ok(())
     }
+}
+
+/// The lengths (i32) and byte pointers (i64) of the `.idx`'s sequences, as lengths and first
+/// tokens, each checked to lie inside the `.bin`.
+fn check_sequences(
+    table: &[u8],
+    bin: &TokenStream,
+    fail: &dyn Fn(String) -> SourceError,
+) -> Result<(Vec<u32>, Vec<u64>)> {
+    let s = table.len() / 12;
+    let (width, bin_tokens) = (bin.dtype().width() as u64, bin.num_tokens());
+    let mut lengths = Vec::with_capacity(s);
+    let mut starts = Vec::with_capacity(s);
+    for k in 0..s {
+        let len = i32::from_le_bytes(table[4 * k..4 * k + 4].try_into().unwrap_or_default());
+        let at = 4 * s + 8 * k;
+        let ptr = i64::from_le_bytes(table[at..at + 8].try_into().unwrap_or_default());
+        let start = u64::try_from(ptr)
+            .ok()
+            .filter(|p| p % width == 0)
+            .map(|p| p / width);
+        let (Ok(len), Some(start)) = (u32::try_from(len), start) else {
+            return Err(fail(format!(
+                "sequence {k}: length {len} and byte offset {ptr} must be non-negative, the \
+                 offset a multiple of the {width}-byte token"
+            )));
+        };
+        if start + u64::from(len) > bin_tokens {
+            return Err(fail(format!(
+                "sequence {k} (tokens {start} .. {}) runs past the {bin_tokens} tokens of {}",
+                start + u64::from(len),
+                bin.name()
+            )));
+        }
+        lengths.push(len);
+        starts.push(start);
+    }
+    Ok((lengths, starts))
+}
+
+/// The `.idx`'s document indices (i64), checked to be non-decreasing and at most the sequence
+/// count.
+fn check_documents(
+    table: &[u8],
+    sequences: u64,
+    fail: &dyn Fn(String) -> SourceError,
+) -> Result<Vec<u64>> {
+    let mut document_indices: Vec<u64> = Vec::with_capacity(table.len() / 8);
+    for (k, bytes) in table.chunks_exact(8).enumerate() {
+        let v = i64::from_le_bytes(bytes.try_into().unwrap_or_default());
+        let prev = document_indices.last().copied().unwrap_or(0);
+        match u64::try_from(v) {
+            Ok(v) if v >= prev && v <= sequences => document_indices.push(v),
+            _ => {
+                return Err(fail(format!(
+                    "document index {k} is {v}: expected non-decreasing indices from {prev} up \
+                     to the sequence count {sequences}"
+                )))
+            }
+        }
+    }
+    Ok(document_indices)
 }
 
 /// `prefix` with `ext` appended to its file name (not replacing a dotted part of it).
@@ -377,5 +398,63 @@ mod tests {
         std::fs::remove_file(prefix.with_extension("bin")).unwrap();
         let e = IndexedDataset::open(&prefix).unwrap_err().to_string();
         assert!(e.contains("d.bin"), "{e}");
+    }
+    /// An int64 `.npy` file as numbers.
+    fn read_i64_npy(path: &Path) -> Vec<i64> {
+        let npy = crate::NpyFile::open(path).unwrap();
+        let mut bytes = vec![0u8; crate::Source::num_records(&npy) as usize * 8];
+        crate::Source::read_records(&npy, 0, &mut bytes).unwrap();
+        bytes
+            .chunks_exact(8)
+            .map(|c| i64::from_le_bytes(c.try_into().unwrap()))
+            .collect()
+    }
+
+    /// Checks the datasets that megatron-core's own builder wrote (bench/tokens_fixtures.py)
+    /// against what its own reader and the script's numpy arrays say. The fixtures live in
+    /// tests/fixtures/megatron, or where `PINFEED_MEGATRON_FIXTURES` points; the test says so
+    /// and passes when neither holds them.
+    #[test]
+    fn reads_megatron_core_fixtures() {
+        let dir = std::env::var_os("PINFEED_MEGATRON_FIXTURES")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| {
+                Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/megatron")
+            });
+        if !dir.join("uint16.idx").exists() {
+            eprintln!("no megatron-core fixtures in {}: skipped", dir.display());
+            return;
+        }
+        for (name, dtype) in [("uint16", TokenDType::U16), ("int32", TokenDType::I32)] {
+            let file = |suffix: &str| dir.join(format!("{name}{suffix}"));
+            let ds = IndexedDataset::open(file("")).unwrap();
+            assert_eq!(ds.dtype(), dtype);
+            let lengths = read_i64_npy(&file("_sequence_lengths.npy"));
+            let pointers = read_i64_npy(&file("_sequence_pointers.npy"));
+            let doc_indices = read_i64_npy(&file("_document_indices.npy"));
+            assert_eq!(ds.num_sequences(), lengths.len() as u64);
+            for (s, (&len, &ptr)) in lengths.iter().zip(&pointers).enumerate() {
+                let width = dtype.width() as i64;
+                assert_eq!(ds.sequence(s as u64), ((ptr / width) as u64, len as u64));
+            }
+            assert_eq!(ds.num_documents() + 1, doc_indices.len() as u64);
+            for d in 0..ds.num_documents() {
+                let r = ds.document_sequences(d);
+                assert_eq!(
+                    (r.start as i64, r.end as i64),
+                    (doc_indices[d as usize], doc_indices[d as usize + 1])
+                );
+            }
+            let tokens = read_i64_npy(&file("_tokens.npy"));
+            let doc_lengths = read_i64_npy(&file("_document_lengths.npy"));
+            let mut all = Vec::new();
+            for (d, &n) in doc_lengths.iter().enumerate() {
+                assert_eq!(ds.document_len(d as u64), n as u64);
+                let mut dst = vec![0u8; n as usize * dtype.width()];
+                ds.read_document(d as u64, 0, &mut dst).unwrap();
+                all.extend(dst);
+            }
+            assert_eq!(all, token_bytes(dtype, &tokens), "{name}");
+        }
     }
 }
