@@ -17,6 +17,9 @@ const TAG: u64 = 0x746f_6b65_6e73; // "tokens"
 /// resuming needs the step only, ranks never coordinate, and the global batch of a step (ranks
 /// `0 .. world_size` in order) does not depend on how it is split among ranks of one batch size.
 /// The stream is endless; a caller stops it after a number of steps.
+///
+/// # Panics
+/// If `num_windows` is 0 (a [`TokenWindows`](super::TokenWindows) never has none).
 pub fn random_windows(
     seed: u64,
     step: u64,
