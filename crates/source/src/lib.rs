@@ -61,6 +61,7 @@ mod records;
 pub mod safetensors;
 mod shards;
 mod sigbus;
+pub mod tokens;
 
 pub use dtype::DType;
 pub use error::SourceError;

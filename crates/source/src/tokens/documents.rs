@@ -1,0 +1,301 @@
+//! Document-aware windows: whole documents in a shuffled order, concatenated and cut into
+//! windows, with each window's document boundaries for document masking.
+
+use std::sync::Arc;
+
+use super::rng::{fisher_yates, hash2, SplitMix64};
+use super::{invalid, IndexedDataset};
+use crate::{check_request, Layout, Result, Source};
+
+/// Tags the key of document shuffles.
+const TAG: u64 = 0x646f_6373; // "docs"
+
+/// A run of one document's tokens inside a window.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Segment {
+    /// The document (its index in the dataset).
+    pub document: u64,
+    /// The first token of the run, counted from the document's start.
+    pub offset: u64,
+    /// Tokens in the run; never zero.
+    pub len: u64,
+}
+
+/// The documents of an [`IndexedDataset`] in the shuffled order of `(seed, epoch)`,
+/// concatenated into one virtual stream and cut into windows of `seq_len + 1` tokens: window
+/// `w` holds stream tokens `w * seq_len ..= (w + 1) * seq_len`, so consecutive windows share one
+/// token, as Megatron's GPT dataset samples do, and there are `(T - 1) / seq_len` windows of
+/// `T` tokens (the tail that fills no window is left out).
+///
+/// Memory: the order and where each document starts in the stream, 16 bytes a document; no
+/// per-token table.
+#[derive(Debug)]
+pub struct DocumentPlan {
+    dataset: Arc<IndexedDataset>,
+    seq_len: u64,
+    /// Document ids in stream order, empty documents left out.
+    order: Vec<u64>,
+    /// `starts[k]` is where `order[k]` starts in the stream; the last entry is the stream's
+    /// length. Strictly increasing.
+    starts: Vec<u64>,
+    num_windows: u64,
+}
+
+impl DocumentPlan {
+    /// The plan of `epoch` under `seed`; errors when the documents hold fewer than
+    /// `seq_len + 1` tokens.
+    pub fn new(
+        dataset: Arc<IndexedDataset>,
+        seq_len: u64,
+        seed: u64,
+        epoch: u64,
+    ) -> Result<DocumentPlan> {
+        let name = dataset.idx_path().display().to_string();
+        if seq_len == 0 {
+            return Err(invalid(name, "seq_len must be at least 1"));
+        }
+        let mut order: Vec<u64> = (0..dataset.num_documents()).collect();
+        fisher_yates(
+            &mut order,
+            &mut SplitMix64::new(hash2(hash2(TAG, seed), epoch)),
+        );
+        order.retain(|&d| dataset.document_len(d) > 0);
+        let mut starts = Vec::with_capacity(order.len() + 1);
+        let mut total = 0u64;
+        for &d in &order {
+            starts.push(total);
+            total += dataset.document_len(d);
+        }
+        starts.push(total);
+        if total < seq_len + 1 {
+            return Err(invalid(
+                name,
+                format!(
+                    "a window of seq_len + 1 = {} tokens is longer than the {total} tokens of \
+                     the documents",
+                    seq_len + 1
+                ),
+            ));
+        }
+        Ok(DocumentPlan {
+            num_windows: (total - 1) / seq_len,
+            dataset,
+            seq_len,
+            order,
+            starts,
+        })
+    }
+
+    /// The dataset.
+    pub fn dataset(&self) -> &Arc<IndexedDataset> {
+        &self.dataset
+    }
+
+    /// Windows in the epoch.
+    pub fn num_windows(&self) -> u64 {
+        self.num_windows
+    }
+
+    /// Tokens a window holds as inputs: one less than it reads.
+    pub fn seq_len(&self) -> u64 {
+        self.seq_len
+    }
+
+    /// The documents in stream order (those with tokens).
+    pub fn order(&self) -> &[u64] {
+        &self.order
+    }
+
+    /// The runs of documents window `w` holds, in order; their lengths add up to
+    /// `seq_len + 1`.
+    ///
+    /// # Panics
+    /// If `w >= num_windows()`.
+    pub fn segments(&self, w: u64) -> Vec<Segment> {
+        assert!(w < self.num_windows, "window {w} of {}", self.num_windows);
+        let (mut at, end) = (w * self.seq_len, (w + 1) * self.seq_len + 1);
+        // The document holding token `at`: the last one starting at or before it.
+        let mut k = self.starts.partition_point(|&s| s <= at) - 1;
+        let mut out = Vec::new();
+        while at < end {
+            let len = self.starts[k + 1].min(end) - at;
+            out.push(Segment {
+                document: self.order[k],
+                offset: at - self.starts[k],
+                len,
+            });
+            at += len;
+            k += 1;
+        }
+        out
+    }
+
+    /// The document of each of window `w`'s `seq_len + 1` tokens.
+    pub fn document_ids(&self, w: u64) -> Vec<u64> {
+        self.segments(w)
+            .iter()
+            .flat_map(|s| std::iter::repeat_n(s.document, s.len as usize))
+            .collect()
+    }
+
+    /// Where each document run of window `w` starts, and `seq_len + 1` last: the cumulative
+    /// sequence lengths that variable-length attention kernels take (`cu_seqlens`).
+    pub fn cu_seqlens(&self, w: u64) -> Vec<u64> {
+        let mut out = vec![0];
+        for s in self.segments(w) {
+            out.push(out[out.len() - 1] + s.len);
+        }
+        out
+    }
+
+    /// Reads window `w`'s tokens into `dst` (`(seq_len + 1) * width` bytes): one read per
+    /// sequence its documents touch.
+    pub fn read_window(&self, w: u64, dst: &mut [u8]) -> Result<()> {
+        let width = self.dataset.dtype().width();
+        let mut done = 0;
+        for s in self.segments(w) {
+            let bytes = s.len as usize * width;
+            self.dataset
+                .read_document(s.document, s.offset, &mut dst[done..done + bytes])?;
+            done += bytes;
+        }
+        Ok(())
+    }
+}
+
+/// The windows of a [`DocumentPlan`] as the records of a [`Source`]: record `w` is window `w`,
+/// `seq_len + 1` tokens at the dataset's width. Its document ids come from the plan.
+#[derive(Debug)]
+pub struct DocumentWindows {
+    plan: DocumentPlan,
+    layout: Layout,
+    name: String,
+}
+
+impl DocumentWindows {
+    /// The windows of `plan`.
+    pub fn new(plan: DocumentPlan) -> Result<DocumentWindows> {
+        let name = plan.dataset.idx_path().display().to_string();
+        let layout = Layout::new(plan.dataset.dtype().dtype(), vec![plan.seq_len + 1])
+            .map_err(|_| invalid(&name, format!("seq_len {} is too large", plan.seq_len)))?;
+        Ok(DocumentWindows { plan, layout, name })
+    }
+
+    /// The plan: segments, document ids and `cu_seqlens` of each window.
+    pub fn plan(&self) -> &DocumentPlan {
+        &self.plan
+    }
+}
+
+impl Source for DocumentWindows {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn layout(&self) -> &Layout {
+        &self.layout
+    }
+
+    fn num_records(&self) -> u64 {
+        self.plan.num_windows
+    }
+
+    fn read_records(&self, first: u64, dst: &mut [u8]) -> Result<()> {
+        check_request(self, first, dst.len())?;
+        let bytes = self.layout.record_bytes();
+        for (k, window) in dst.chunks_exact_mut(bytes).enumerate() {
+            self.plan.read_window(first + k as u64, window)?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tokens::testing::{token_bytes, write_indexed};
+    use crate::tokens::TokenDType;
+
+    /// Document `d` holds `d + 1` tokens, every one equal to `100 * d + position`; document 3
+    /// is empty and document 5 is split into two sequences.
+    fn dataset(dir: &std::path::Path) -> Arc<IndexedDataset> {
+        let docs: Vec<Vec<Vec<i64>>> = (0..8i64)
+            .map(|d| {
+                let toks: Vec<i64> = if d == 3 {
+                    vec![]
+                } else {
+                    (0..=d).map(|p| 100 * d + p).collect()
+                };
+                if d == 5 {
+                    vec![toks[..2].to_vec(), toks[2..].to_vec()]
+                } else {
+                    vec![toks]
+                }
+            })
+            .collect();
+        let prefix = dir.join("docs");
+        write_indexed(&prefix, TokenDType::I32, &docs);
+        Arc::new(IndexedDataset::open(&prefix).unwrap())
+    }
+
+    #[test]
+    fn windows_are_the_shuffled_documents_cut_with_their_ids() {
+        let dir = tempfile::tempdir().unwrap();
+        let ds = dataset(dir.path());
+        for seq_len in [1u64, 3, 7, 30] {
+            let plan = DocumentPlan::new(ds.clone(), seq_len, 5, 0).unwrap();
+            // The stream by hand: the documents of the order, back to back.
+            let mut order = plan.order().to_vec();
+            let stream: Vec<(i64, u64)> = order
+                .iter()
+                .flat_map(|&d| (0..=d as i64).map(move |p| (100 * d as i64 + p, d)))
+                .collect();
+            assert_eq!(stream.len(), 36 - 4); // 1 + 2 + ... + 8, less empty document 3's 4
+            assert_eq!(plan.num_windows(), (stream.len() as u64 - 1) / seq_len);
+            let windows =
+                DocumentWindows::new(DocumentPlan::new(ds.clone(), seq_len, 5, 0).unwrap())
+                    .unwrap();
+            for w in 0..plan.num_windows() {
+                let part = &stream[(w * seq_len) as usize..((w + 1) * seq_len + 1) as usize];
+                let tokens: Vec<i64> = part.iter().map(|t| t.0).collect();
+                let mut dst = vec![0u8; windows.layout().record_bytes()];
+                windows.read_records(w, &mut dst).unwrap();
+                assert_eq!(dst, token_bytes(TokenDType::I32, &tokens), "{seq_len} {w}");
+                let ids: Vec<u64> = part.iter().map(|t| t.1).collect();
+                assert_eq!(plan.document_ids(w), ids);
+                let cu = plan.cu_seqlens(w);
+                assert_eq!((cu[0], *cu.last().unwrap()), (0, seq_len + 1));
+                for pair in cu.windows(2) {
+                    let run = &ids[pair[0] as usize..pair[1] as usize];
+                    assert!(!run.is_empty() && run.iter().all(|&d| d == run[0]));
+                }
+            }
+            order.sort_unstable();
+            assert_eq!(order, vec![0, 1, 2, 4, 5, 6, 7]);
+        }
+    }
+
+    #[test]
+    fn order_is_pure_in_seed_and_epoch() {
+        let dir = tempfile::tempdir().unwrap();
+        let ds = dataset(dir.path());
+        let order = |seed, epoch| {
+            DocumentPlan::new(ds.clone(), 4, seed, epoch)
+                .unwrap()
+                .order()
+                .to_vec()
+        };
+        assert_eq!(order(1, 0), order(1, 0));
+        assert_ne!(order(1, 0), order(1, 1));
+        assert_ne!(order(1, 0), order(2, 0));
+    }
+
+    #[test]
+    fn too_short_for_a_window() {
+        let dir = tempfile::tempdir().unwrap();
+        let ds = dataset(dir.path());
+        DocumentPlan::new(ds.clone(), 31, 0, 0).unwrap();
+        let e = DocumentPlan::new(ds, 32, 0, 0).unwrap_err().to_string();
+        assert!(e.contains("docs.idx") && e.contains("33 tokens"), "{e}");
+    }
+}

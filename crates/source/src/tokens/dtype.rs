@@ -1,0 +1,170 @@
+//! The integer dtypes tokens are stored in.
+
+use std::fmt;
+
+use crate::dtype::ScalarKind;
+use crate::{DType, Result, SourceError};
+
+/// An integer token dtype, little-endian. Tokens are read and copied at this width; widening
+/// to int64 happens on the GPU.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum TokenDType {
+    /// `uint8`.
+    U8,
+    /// `int8`.
+    I8,
+    /// `uint16`: nanoGPT's `train.bin`, Megatron's choice for vocabularies under 65 500.
+    U16,
+    /// `int16`.
+    I16,
+    /// `uint32`.
+    U32,
+    /// `int32`: Megatron's default.
+    I32,
+    /// `uint64`.
+    U64,
+    /// `int64`.
+    I64,
+}
+
+impl TokenDType {
+    /// Parses a dtype name as users type it: `uint16`, `u2`, `<u2`, `int32`, `i4`, ...
+    pub fn parse(name: &str) -> Result<TokenDType> {
+        let s = name.trim().trim_start_matches(['<', '|', '=']);
+        let found = match s {
+            "uint8" | "u1" => TokenDType::U8,
+            "int8" | "i1" => TokenDType::I8,
+            "uint16" | "u2" => TokenDType::U16,
+            "int16" | "i2" => TokenDType::I16,
+            "uint32" | "u4" => TokenDType::U32,
+            "int32" | "i4" => TokenDType::I32,
+            "uint64" | "u8" => TokenDType::U64,
+            "int64" | "i8" => TokenDType::I64,
+            _ => {
+                return Err(SourceError::DType {
+                    path: None,
+                    descr: name.to_owned(),
+                    reason: "tokens are integers: expected uint16, uint32, int32, uint8, int8, \
+                             int16, uint64 or int64"
+                        .into(),
+                })
+            }
+        };
+        Ok(found)
+    }
+
+    /// The token dtype of a `.npy` dtype, or why it is not one.
+    pub(crate) fn from_dtype(dtype: &DType) -> std::result::Result<TokenDType, String> {
+        let signed = match dtype.scalar_kind() {
+            Some(ScalarKind::Int) => true,
+            Some(ScalarKind::UInt) => false,
+            _ => return Err(format!("tokens are integers, found {dtype}")),
+        };
+        Ok(match (dtype.itemsize, signed) {
+            (1, false) => TokenDType::U8,
+            (1, true) => TokenDType::I8,
+            (2, false) => TokenDType::U16,
+            (2, true) => TokenDType::I16,
+            (4, false) => TokenDType::U32,
+            (4, true) => TokenDType::I32,
+            (8, false) => TokenDType::U64,
+            (8, true) => TokenDType::I64,
+            _ => return Err(format!("no integer of {} bytes", dtype.itemsize)),
+        })
+    }
+
+    /// Bytes in one token.
+    pub fn width(self) -> usize {
+        match self {
+            TokenDType::U8 | TokenDType::I8 => 1,
+            TokenDType::U16 | TokenDType::I16 => 2,
+            TokenDType::U32 | TokenDType::I32 => 4,
+            TokenDType::U64 | TokenDType::I64 => 8,
+        }
+    }
+
+    /// numpy's typestring, `<u2`.
+    pub fn typestr(self) -> &'static str {
+        match self {
+            TokenDType::U8 => "|u1",
+            TokenDType::I8 => "|i1",
+            TokenDType::U16 => "<u2",
+            TokenDType::I16 => "<i2",
+            TokenDType::U32 => "<u4",
+            TokenDType::I32 => "<i4",
+            TokenDType::U64 => "<u8",
+            TokenDType::I64 => "<i8",
+        }
+    }
+
+    /// The element dtype of window records.
+    pub fn dtype(self) -> DType {
+        // Every typestring above is a valid little-endian integer descr.
+        DType::from_descr_literal(&format!("'{}'", self.typestr()))
+            .expect("integer typestrings parse")
+    }
+
+    /// Reads token `i` of little-endian `bytes` as an i128 (every token dtype fits), for tests
+    /// and checks.
+    pub fn get(self, bytes: &[u8], i: usize) -> i128 {
+        let w = self.width();
+        let b = &bytes[i * w..(i + 1) * w];
+        match self {
+            TokenDType::U8 => i128::from(b[0]),
+            TokenDType::I8 => i128::from(b[0] as i8),
+            TokenDType::U16 => i128::from(u16::from_le_bytes([b[0], b[1]])),
+            TokenDType::I16 => i128::from(i16::from_le_bytes([b[0], b[1]])),
+            TokenDType::U32 => i128::from(u32::from_le_bytes(b.try_into().unwrap_or_default())),
+            TokenDType::I32 => i128::from(i32::from_le_bytes(b.try_into().unwrap_or_default())),
+            TokenDType::U64 => i128::from(u64::from_le_bytes(b.try_into().unwrap_or_default())),
+            TokenDType::I64 => i128::from(i64::from_le_bytes(b.try_into().unwrap_or_default())),
+        }
+    }
+}
+
+impl fmt::Display for TokenDType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            TokenDType::U8 => "uint8",
+            TokenDType::I8 => "int8",
+            TokenDType::U16 => "uint16",
+            TokenDType::I16 => "int16",
+            TokenDType::U32 => "uint32",
+            TokenDType::I32 => "int32",
+            TokenDType::U64 => "uint64",
+            TokenDType::I64 => "int64",
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip_through_numpy_dtypes() {
+        for name in [
+            "uint8", "int8", "uint16", "int16", "uint32", "int32", "uint64", "int64",
+        ] {
+            let t = TokenDType::parse(name).unwrap();
+            assert_eq!(t.to_string(), name);
+            assert_eq!(t.dtype().to_string(), name);
+            assert_eq!(t.dtype().itemsize, t.width());
+            assert_eq!(TokenDType::from_dtype(&t.dtype()), Ok(t));
+            assert_eq!(TokenDType::parse(t.typestr()).unwrap(), t);
+        }
+        assert!(TokenDType::parse("float32").is_err());
+        let f4 = DType::from_descr_literal("'<f4'").unwrap();
+        assert!(TokenDType::from_dtype(&f4).unwrap_err().contains("float32"));
+    }
+
+    #[test]
+    fn get_reads_little_endian_tokens() {
+        let bytes = [0xff, 0xff, 0x01, 0x00];
+        assert_eq!(TokenDType::U16.get(&bytes, 0), 65535);
+        assert_eq!(TokenDType::I16.get(&bytes, 0), -1);
+        assert_eq!(TokenDType::U16.get(&bytes, 1), 1);
+        assert_eq!(TokenDType::U32.get(&bytes, 0), 0x0001_ffff);
+    }
+}

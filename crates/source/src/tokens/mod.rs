@@ -1,0 +1,72 @@
+//! Token streams for language-model training: windows of `seq_len + 1` tokens out of flat
+//! token files and Megatron indexed datasets, and the rules that pick them.
+//!
+//! - [`TokenStream`]: the tokens of nanoGPT's `train.bin` (raw tokens of a dtype the user
+//!   names), of a 1-D integer `.npy`, or of a directory or glob of such files read as one stream
+//!   in sorted name order.
+//! - [`IndexedDataset`]: a Megatron `.bin` + `.idx` pair, as megatron-core's
+//!   `IndexedDatasetBuilder` writes it; its tokens, sequences and documents.
+//! - [`TokenWindows`]: a [`Source`](crate::Source) whose records are windows of `seq_len + 1`
+//!   tokens at their stored width, window `i` starting at token `i * stride`: stride 1 for
+//!   random sampling, stride `seq_len` for consecutive windows that share one token (the last
+//!   target of one is the first input of the next, as nanoGPT's evaluation and Megatron read).
+//! - [`DocumentPlan`] and [`DocumentWindows`]: documents of an indexed dataset in a shuffled
+//!   order, concatenated and cut into windows, with the documents each window holds
+//!   ([`DocumentPlan::document_ids`], [`DocumentPlan::cu_seqlens`]) for document masking.
+//! - Sampling rules, pure functions of their inputs so that any step can be recomputed on
+//!   resume: [`random_windows`] (nanoGPT's uniform offsets) and [`SequentialPlan`] (every
+//!   window once an epoch, split across ranks as the loader splits batches).
+//!
+//! ```
+//! use std::sync::Arc;
+//! use pinfeed_source::tokens::{random_windows, TokenDType, TokenStream, TokenWindows};
+//! use pinfeed_source::Source;
+//!
+//! let dir = tempfile::tempdir().unwrap();
+//! let path = dir.path().join("train.bin"); // tokens 0 .. 100 as uint16
+//! std::fs::write(&path, (0u16..100).flat_map(u16::to_le_bytes).collect::<Vec<u8>>()).unwrap();
+//!
+//! let stream = Arc::new(TokenStream::open(&path, Some(TokenDType::U16))?);
+//! let windows = TokenWindows::new(stream, 8, 1)?; // seq_len 8: windows of 9 tokens
+//! assert_eq!(windows.num_records(), 92); // nanoGPT's len(data) - block_size offsets
+//!
+//! // Step 3's batch of 4 windows on rank 0, read into a (4, 9) array of uint16.
+//! let starts = random_windows(0, 3, 0, 4, windows.num_records());
+//! let mut batch = vec![0u8; 4 * windows.layout().record_bytes()];
+//! windows.gather(&starts, &mut batch)?;
+//! assert_eq!(u16::from_le_bytes([batch[0], batch[1]]) as u64, starts[0]);
+//! # Ok::<(), pinfeed_source::SourceError>(())
+//! ```
+
+mod documents;
+mod dtype;
+mod megatron;
+mod random;
+mod rng;
+mod sequential;
+mod stream;
+#[cfg(test)]
+mod testing;
+mod windows;
+
+pub use documents::{DocumentPlan, DocumentWindows, Segment};
+pub use dtype::TokenDType;
+pub use megatron::IndexedDataset;
+pub use random::random_windows;
+pub use sequential::{SequentialPlan, WindowBatch};
+pub use stream::TokenStream;
+pub use windows::TokenWindows;
+
+use crate::SourceError;
+
+/// A token dataset that cannot be used as asked: one line naming the file (or pattern) and
+/// what is wrong.
+// The crate's error enum has no variant for token data yet; `NoShards` prints exactly
+// "{name}: {reason}". When the error type gains a `Tokens { name, reason }` variant, only this
+// function changes.
+pub(crate) fn invalid(name: impl std::fmt::Display, reason: impl Into<String>) -> SourceError {
+    SourceError::NoShards {
+        dataset: name.to_string(),
+        reason: reason.into(),
+    }
+}

@@ -1,0 +1,348 @@
+//! Flat token files, one or several, read as one stream of tokens.
+
+use std::ffi::OsStr;
+use std::fs::File;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+
+use super::{invalid, TokenDType};
+use crate::read::{open_regular, read_exact_at};
+use crate::shards::{glob_match, is_pattern};
+use crate::{npy, Result, SourceError};
+
+/// One file's share of a stream: its tokens lie at `data_offset ..` of `file`, and are tokens
+/// `first .. first + tokens` of the stream.
+#[derive(Debug)]
+struct Piece {
+    file: File,
+    path: PathBuf,
+    data_offset: u64,
+    first: u64,
+    /// Never zero: empty files are refused at open.
+    tokens: u64,
+}
+
+/// The tokens of one or more files back to back: a raw token file (nanoGPT's `train.bin`), a
+/// 1-D integer `.npy`, or a directory or glob pattern of such files in sorted name order.
+///
+/// Reads that cross from one file into the next are split between them.
+#[derive(Debug)]
+pub struct TokenStream {
+    name: String,
+    dtype: TokenDType,
+    /// In stream order; `pieces[k + 1].first == pieces[k].first + pieces[k].tokens`.
+    pieces: Vec<Piece>,
+    num_tokens: u64,
+}
+
+impl TokenStream {
+    /// Opens a file, a directory (its `*.bin` and `*.npy` files, hidden ones skipped) or a glob
+    /// pattern such as `data/shard_*.bin`.
+    ///
+    /// `dtype` is required for raw files; a `.npy` file's header gives its own, which must
+    /// agree with `dtype` when both are given. All files of a stream share one dtype.
+    pub fn open(path: impl AsRef<Path>, dtype: Option<TokenDType>) -> Result<TokenStream> {
+        let path = path.as_ref();
+        let meta = std::fs::metadata(path);
+        let files = if meta.as_ref().is_ok_and(|m| m.is_dir()) {
+            list(path, path, |name| {
+                let lower = name.to_ascii_lowercase();
+                !name.starts_with(b".") && (lower.ends_with(b".bin") || lower.ends_with(b".npy"))
+            })?
+        } else if meta.is_err() && is_pattern(path) {
+            list_pattern(path)?
+        } else {
+            vec![path.to_path_buf()]
+        };
+        TokenStream::from_files(path.display().to_string(), &files, dtype)
+    }
+
+    /// The tokens of `files` in the order given; `name` is what errors call the stream.
+    pub fn from_files(
+        name: String,
+        files: &[PathBuf],
+        dtype: Option<TokenDType>,
+    ) -> Result<TokenStream> {
+        let mut pieces: Vec<Piece> = Vec::with_capacity(files.len());
+        let mut dtype = dtype;
+        let mut num_tokens = 0u64;
+        for path in files {
+            // The first `.npy` file fixes the dtype of any file after it.
+            let (file, data_offset, found, tokens) = open_piece(path, dtype)?;
+            dtype = found.or(dtype);
+            pieces.push(Piece {
+                file,
+                path: path.clone(),
+                data_offset,
+                first: num_tokens,
+                tokens,
+            });
+            num_tokens = num_tokens
+                .checked_add(tokens)
+                .ok_or_else(|| invalid(&name, "more than 2^64 tokens"))?;
+        }
+        let dtype = match dtype {
+            Some(d) if !pieces.is_empty() => d,
+            _ => return Err(invalid(&name, "no token files (*.bin, *.npy) found")),
+        };
+        Ok(TokenStream {
+            name,
+            dtype,
+            pieces,
+            num_tokens,
+        })
+    }
+
+    /// What errors call the stream: the path or pattern as given.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The token dtype.
+    pub fn dtype(&self) -> TokenDType {
+        self.dtype
+    }
+
+    /// Tokens in the stream; never zero.
+    pub fn num_tokens(&self) -> u64 {
+        self.num_tokens
+    }
+
+    /// The files, in stream order, with the number of tokens each holds.
+    pub fn files(&self) -> impl Iterator<Item = (&Path, u64)> {
+        self.pieces.iter().map(|p| (p.path.as_path(), p.tokens))
+    }
+
+    /// Reads `dst.len() / width` tokens from token `first` into `dst`: one positioned read per
+    /// file the range touches.
+    pub fn read_tokens(&self, first: u64, dst: &mut [u8]) -> Result<()> {
+        let width = self.dtype.width();
+        let count = (dst.len() / width) as u64;
+        if dst.len() % width != 0 || first.checked_add(count).is_none_or(|e| e > self.num_tokens) {
+            return Err(SourceError::OutOfRange {
+                name: self.name.clone(),
+                first,
+                count,
+                num_records: self.num_tokens,
+            });
+        }
+        // The last piece starting at or before `first`.
+        let mut k = self.pieces.partition_point(|p| p.first <= first) - 1;
+        let (mut at, mut done) = (first, 0usize);
+        while done < dst.len() {
+            let p = &self.pieces[k];
+            let within = at - p.first;
+            let n = (p.tokens - within).min(((dst.len() - done) / width) as u64) as usize;
+            let offset = p.data_offset + within * width as u64;
+            read_exact_at(&p.file, &p.path, offset, &mut dst[done..done + n * width])?;
+            done += n * width;
+            at += n as u64;
+            k += 1;
+        }
+        Ok(())
+    }
+}
+
+/// Opens one token file: the file, where its tokens start, the dtype its `.npy` header names
+/// (`None` for a raw file) and its token count.
+fn open_piece(
+    path: &Path,
+    dtype: Option<TokenDType>,
+) -> Result<(File, u64, Option<TokenDType>, u64)> {
+    let (file, size) = open_regular(path)?;
+    let mut magic = [0u8; 6];
+    let n = size.min(6) as usize;
+    read_exact_at(&file, path, 0, &mut magic[..n])?;
+    let is_npy = npy::has_magic(&magic[..n]) || path.extension().is_some_and(|e| e == "npy");
+    let (data_offset, found, data) = if is_npy {
+        let npy = npy::NpyFile::open(path)?;
+        let header = npy.header();
+        if header.shape.len() != 1 {
+            return Err(SourceError::Shape {
+                path: path.to_path_buf(),
+                shape: header.shape.clone(),
+                descr: header.descr.to_string(),
+                reason: "a token file holds a 1-D array of tokens",
+            });
+        }
+        let found = TokenDType::from_dtype(&header.descr).map_err(|reason| SourceError::DType {
+            path: Some(path.to_path_buf()),
+            descr: header.descr.to_string(),
+            reason,
+        })?;
+        if let Some(asked) = dtype.filter(|&d| d != found) {
+            return Err(invalid(
+                path.display(),
+                format!("the .npy header says {found} tokens but the stream holds {asked}"),
+            ));
+        }
+        (header.data_offset, found, header.data_bytes())
+    } else {
+        let Some(d) = dtype else {
+            return Err(invalid(
+                path.display(),
+                "a raw token file needs its token dtype (uint16 for nanoGPT's train.bin)",
+            ));
+        };
+        (0, d, size)
+    };
+    let width = found.width() as u64;
+    if data % width != 0 {
+        return Err(SourceError::RecordSize {
+            name: path.display().to_string(),
+            size: data,
+            record_bytes: width as usize,
+            trailing: data % width,
+        });
+    }
+    if data == 0 {
+        return Err(SourceError::Empty {
+            name: path.display().to_string(),
+        });
+    }
+    Ok((file, data_offset, is_npy.then_some(found), data / width))
+}
+
+/// Regular files in `dir` whose names `keep` accepts, sorted by name; `name` is what errors
+/// call the dataset.
+fn list(name: &Path, dir: &Path, keep: impl Fn(&[u8]) -> bool) -> Result<Vec<PathBuf>> {
+    let open_err = |source| SourceError::Open {
+        path: dir.to_path_buf(),
+        source,
+    };
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(dir).map_err(open_err)? {
+        let entry = entry.map_err(open_err)?;
+        let path = entry.path();
+        if keep(entry.file_name().as_bytes()) && std::fs::metadata(&path).is_ok_and(|m| m.is_file())
+        {
+            files.push(path);
+        }
+    }
+    files.sort_by(|a, b| a.file_name().cmp(&b.file_name()));
+    if files.is_empty() {
+        return Err(invalid(
+            name.display(),
+            "no token files (*.bin, *.npy) found",
+        ));
+    }
+    Ok(files)
+}
+
+/// The files a pattern's last component matches, in its directory.
+fn list_pattern(path: &Path) -> Result<Vec<PathBuf>> {
+    let (dir, Some(pattern)) = (path.parent().unwrap_or(Path::new("")), path.file_name()) else {
+        return Err(invalid(
+            path.display(),
+            "expected a file, directory or pattern",
+        ));
+    };
+    if is_pattern(dir) {
+        return Err(invalid(
+            path.display(),
+            "wildcards are supported in the file name only, not in directories",
+        ));
+    }
+    let dir = if dir.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        dir
+    };
+    let pattern = OsStr::as_bytes(pattern);
+    list(path, dir, |name| {
+        (pattern.starts_with(b".") || !name.starts_with(b".")) && glob_match(pattern, name)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tokens::testing::{u16_bytes, write_npy};
+
+    #[test]
+    fn raw_file_reads_tokens() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("train.bin");
+        std::fs::write(&p, u16_bytes(0..50)).unwrap();
+        let s = TokenStream::open(&p, Some(TokenDType::U16)).unwrap();
+        assert_eq!((s.num_tokens(), s.dtype()), (50, TokenDType::U16));
+        let mut dst = vec![0u8; 10];
+        s.read_tokens(45, &mut dst).unwrap();
+        assert_eq!(dst, u16_bytes(45..50));
+        assert!(s.read_tokens(46, &mut dst).is_err());
+        // As uint32 the same 100 bytes are 25 tokens.
+        let s = TokenStream::open(&p, Some(TokenDType::U32)).unwrap();
+        assert_eq!(s.num_tokens(), 25);
+    }
+
+    #[test]
+    fn directory_is_one_stream_across_files() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("b.bin"), u16_bytes(3..7)).unwrap();
+        std::fs::write(dir.path().join("a.bin"), u16_bytes(0..3)).unwrap();
+        write_npy(&dir.path().join("c.npy"), "<u2", &u16_bytes(7..20), &[13]);
+        std::fs::write(dir.path().join("meta.pkl"), b"ignored").unwrap();
+        let s = TokenStream::open(dir.path(), Some(TokenDType::U16)).unwrap();
+        assert_eq!(s.num_tokens(), 20);
+        let names: Vec<_> = s
+            .files()
+            .map(|(p, n)| (p.file_name().unwrap().to_owned(), n))
+            .collect();
+        assert_eq!(names.len(), 3);
+        assert_eq!(names[0].1, 3);
+        // Every range, crossing both boundaries.
+        for first in 0..20u64 {
+            for count in 0..=(20 - first) {
+                let mut dst = vec![0u8; 2 * count as usize];
+                s.read_tokens(first, &mut dst).unwrap();
+                assert_eq!(dst, u16_bytes(first..first + count), "{first} {count}");
+            }
+        }
+        let pattern = dir.path().join("[ab].bin");
+        let s = TokenStream::open(&pattern, Some(TokenDType::U16)).unwrap();
+        assert_eq!(s.num_tokens(), 7);
+    }
+
+    #[test]
+    fn npy_gives_its_dtype_and_is_checked() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("t.npy");
+        write_npy(&p, "<u4", &[1, 0, 0, 0, 2, 0, 0, 0], &[2]);
+        let s = TokenStream::open(&p, None).unwrap();
+        assert_eq!((s.dtype(), s.num_tokens()), (TokenDType::U32, 2));
+        let e = TokenStream::open(&p, Some(TokenDType::U16)).unwrap_err();
+        assert!(
+            e.to_string().contains("t.npy: the .npy header says uint32"),
+            "{e}"
+        );
+
+        write_npy(&p, "<u2", &u16_bytes(0..6), &[2, 3]);
+        let e = TokenStream::open(&p, None).unwrap_err().to_string();
+        assert!(e.contains("t.npy") && e.contains("1-D"), "{e}");
+        write_npy(&p, "<f4", &[0; 8], &[2]);
+        let e = TokenStream::open(&p, None).unwrap_err().to_string();
+        assert!(e.contains("t.npy") && e.contains("integers"), "{e}");
+    }
+
+    #[test]
+    fn bad_files_are_one_line_errors_naming_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("odd.bin");
+        std::fs::write(&p, [0u8; 7]).unwrap();
+        let e = TokenStream::open(&p, Some(TokenDType::U16))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("odd.bin") && e.contains("not a multiple"), "{e}");
+        let e = TokenStream::open(&p, None).unwrap_err().to_string();
+        assert!(e.contains("odd.bin") && e.contains("dtype"), "{e}");
+        let e = TokenStream::open(dir.path().join("*.none"), Some(TokenDType::U16))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("*.none") && e.contains("no token files"), "{e}");
+        std::fs::write(dir.path().join("empty.bin"), []).unwrap();
+        let e = TokenStream::open(dir.path().join("empty.bin"), Some(TokenDType::U16))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("empty.bin") && !e.contains('\n'), "{e}");
+    }
+}
