@@ -146,8 +146,8 @@ impl Source {
                 py,
                 "Layout",
                 format!(
-                    "{}: its header says records of dtype {} and shape {:?}, but {given} was \
-                     given; leave dtype and shape out for a file whose header says them",
+                    "{}: the header says records of dtype {} and shape {:?}, but it was \
+                     given {given}; leave dtype and shape out for a file whose header says them",
                     path.display(),
                     found.dtype,
                     found.shape

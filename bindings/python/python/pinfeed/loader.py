@@ -103,9 +103,9 @@ def _open_source(
             # pinfeed's dtype syntax, as on the command line: "3,31,31B", "f32", "<u8".
             return _pinfeed.Source.open(path, user_dtype=dtype, shape=record_shape, **how)
         base, sub = split_dtype(dtype)
-        return _pinfeed.Source.open(
-            path, descr=descr_of(base), shape=list(record_shape or ()) + list(sub), **how
-        )
+        # No shape when none was given: a .npy header's is then not checked against it.
+        full = None if record_shape is None and not sub else list(record_shape or ()) + list(sub)
+        return _pinfeed.Source.open(path, descr=descr_of(base), shape=full, **how)
     if is_torch_tensor(source):
         if source.dtype == __import__("torch").bfloat16:
             raise PinfeedValueError(
