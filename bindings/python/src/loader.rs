@@ -490,7 +490,7 @@ impl Stream {
             // Stopping joins the reader threads, this one among them: it would wait for itself.
             return Err(Raised::new(
                 Kind::Base,
-                "Config",
+                "CloseInTransform",
                 format!(
                     "{}: close() was called from inside a transform, on a reader thread that \
                      closing must stop; close the Loader from the thread that iterates it",

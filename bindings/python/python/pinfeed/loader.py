@@ -134,7 +134,8 @@ class Loader:
     """Batches of fixed-size records, streamed to the GPU through a bounded ring of pinned memory.
 
     ``source`` is a path to a ``.npy`` file or a raw record file (give ``dtype``, a numpy dtype or
-    pinfeed's syntax such as ``"3,31,31B"``, and ``shape``, the per-record shape), a C-contiguous
+    pinfeed's syntax such as ``"3,31,31B"``, and ``shape``, the per-record shape; for a ``.npy``
+    file they may be left out, and given, must agree with its header), a C-contiguous
     numpy array or ``np.memmap`` (records along the first dimension; kept alive, not copied), or a
     torch CPU tensor.
 
