@@ -3,6 +3,16 @@
 //! The exception classes live in `pinfeed/errors.py` (pure Python, so that each can subclass
 //! both `PinfeedError` and the matching builtin); this module picks the class for each error
 //! variant and raises it with the Rust message, which names the file.
+//!
+//! | Rust error                                            | Python class                  |
+//! |-------------------------------------------------------|-------------------------------|
+//! | bad options, dtype, header, layout (`Config`, ...)    | `PinfeedValueError`           |
+//! | open, read, truncated file, threads (`Open`, ...)     | `PinfeedOSError` (`OSError`)  |
+//! | budgets, host memory (`BudgetTooSmall`, ...)          | `PinfeedMemoryError`          |
+//! | the CUDA driver, or no driver or device               | `CudaError` (`RuntimeError`)  |
+//! | a transform's or a reader's failure, misuse of a pass | `PinfeedError`                |
+//!
+//! A runtime fault is never a `ValueError`: only configuration is.
 
 use pinfeed::LoaderError;
 use pinfeed_cuda::CudaError;

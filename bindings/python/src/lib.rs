@@ -12,6 +12,7 @@ mod dlpack;
 mod errors;
 mod fork;
 mod loader;
+mod options;
 mod stage;
 mod transform;
 
@@ -76,6 +77,7 @@ fn _pinfeed(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("DEFAULT_STAGING_BUDGET", pinfeed::DEFAULT_STAGING_BUDGET)?;
     m.add_class::<loader::Source>()?;
     m.add_class::<loader::Stream>()?;
+    m.add_class::<options::StreamOptions>()?;
     m.add_class::<loader::ToFloatSpec>()?;
     m.add_class::<loader::NormalizeSpec>()?;
     m.add_class::<dlpack::DeviceBuffer>()?;
@@ -88,6 +90,8 @@ fn _pinfeed(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(pinned_allocations, m)?)?;
     m.add_function(wrap_pyfunction!(loader::epoch_order, m)?)?;
     m.add_function(wrap_pyfunction!(loader::epoch_size, m)?)?;
-    m.add_function(wrap_pyfunction!(loader::order_fingerprint, m)?)?;
+    m.add_function(wrap_pyfunction!(options::device_share, m)?)?;
+    m.add_function(wrap_pyfunction!(options::byte_size, m)?)?;
+    m.add_function(wrap_pyfunction!(options::bottleneck, m)?)?;
     Ok(())
 }

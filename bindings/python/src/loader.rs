@@ -5,17 +5,18 @@ use std::sync::{Arc, Mutex};
 
 use dlpark::ffi::DLDataType;
 use pinfeed::{
-    BatchRecords, DeviceSpec, EpochOrder, Loader, LoaderError, LoaderOptions, OrderSpec, Position,
-    Shuffle, Stats, Transform,
+    BatchRecords, EpochOrder, Loader, LoaderError, LoaderOptions, OrderSpec, Position, Shuffle,
+    Stats, Transform,
 };
 use pinfeed_source::{dtype::parse_user_dtype, DType, HostBuffer, Layout};
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 
-use crate::dlpack::{dl_dtype, dl_dtype_from_tuple, element_bytes, BatchInfo, DeviceBuffer};
+use crate::dlpack::{dl_dtype, element_bytes, BatchInfo, DeviceBuffer};
 use crate::errors::{loader_error, source_error, value_error, Kind, Raised, ToPy};
 use crate::fork::{self, ForkSafe};
+use crate::options::{int_arg, order_spec, shuffle_arg, size_arg, StreamOptions};
 use crate::transform::{Normalize, PyTransform, ToFloat};
 use crate::{drop_detached, lock};
 
@@ -37,40 +38,6 @@ pub(crate) fn array_memory(
     let shape: Vec<u64> = interface.get_item("shape")?.extract()?;
     let nbytes: usize = array.getattr("nbytes")?.extract()?;
     Ok((address, nbytes, shape))
-}
-
-/// A size given as an int of bytes or a string such as "256MiB".
-pub(crate) fn size_arg(
-    py: Python<'_>,
-    value: Option<&Bound<'_, PyAny>>,
-    what: &str,
-) -> PyResult<Option<usize>> {
-    let Some(value) = value.filter(|v| !v.is_none()) else {
-        return Ok(None);
-    };
-    if let Ok(text) = value.extract::<String>() {
-        return pinfeed::parse_size(&text).py_err(py).map(Some);
-    }
-    match value.extract::<i128>() {
-        Ok(n) if n >= 0 && n <= usize::MAX as i128 => Ok(Some(n as usize)),
-        Ok(n) => Err(value_error(
-            py,
-            "Config",
-            format!("{what} must be a non-negative number of bytes, not {n}"),
-        )),
-        Err(_) => Err(PyTypeError::new_err(format!(
-            "{what} must be an int (bytes) or a string such as \"256MiB\""
-        ))),
-    }
-}
-
-/// A device name: "cpu", "cuda", "cuda:N" or "auto".
-pub(crate) fn device_arg(py: Python<'_>, device: &str) -> PyResult<DeviceSpec> {
-    device
-        .trim()
-        .to_ascii_lowercase()
-        .parse::<DeviceSpec>()
-        .py_err(py)
 }
 
 /// A dataset of fixed-size records: a `.npy` or raw record file, or a numpy array.
@@ -124,9 +91,12 @@ impl Source {
             (None, Some(u)) => Some(parse_user_dtype(u).map_err(named).py_err(py)?),
             (None, None) => None,
         };
+        // Whether a shape was given (or a sub-array dtype implies one): a `.npy` header's
+        // shape is then checked against it, as its dtype always is.
+        let shape_given = shape.is_some() || dtype.as_ref().is_some_and(|(_, s)| !s.is_empty());
         let layout = match dtype {
             Some((dtype, sub)) => {
-                let mut record_shape = shape.unwrap_or_default();
+                let mut record_shape = shape.clone().unwrap_or_default();
                 record_shape.extend(sub);
                 Some(Layout::new(dtype, record_shape).map_err(named).py_err(py)?)
             }
@@ -150,13 +120,40 @@ impl Source {
         };
         let read = pinfeed_source::ReadOptions {
             mode,
-            read_size: size_arg(py, read_size.as_ref(), "read_size")?
+            read_size: size_arg(read_size.as_ref(), "read_size")?
                 .unwrap_or(pinfeed_source::DEFAULT_READ_SIZE),
             queue_depth: queue_depth.unwrap_or(pinfeed_source::DEFAULT_QUEUE_DEPTH),
             tensor,
         };
-        let opened = py.detach(|| pinfeed_source::open_with(&path, layout, &read));
+        let opened = py.detach(|| pinfeed_source::open_with(&path, layout.clone(), &read));
         let inner: Box<dyn pinfeed_source::Source> = opened.map_err(named).py_err(py)?;
+        let found = inner.layout();
+        let contradicts = match &layout {
+            Some(given) => {
+                given.dtype != found.dtype || (shape_given && given.shape != found.shape)
+            }
+            None => shape.as_ref().is_some_and(|s| *s != found.shape),
+        };
+        if contradicts {
+            let given = match &layout {
+                Some(l) if shape_given => {
+                    format!("dtype {} and record shape {:?}", l.dtype, l.shape)
+                }
+                Some(l) => format!("dtype {}", l.dtype),
+                None => format!("record shape {:?}", shape.unwrap_or_default()),
+            };
+            return Err(value_error(
+                py,
+                "Layout",
+                format!(
+                    "{}: the header says records of dtype {} and shape {:?}, but it was \
+                     given {given}; leave dtype and shape out for a file whose header says them",
+                    path.display(),
+                    found.dtype,
+                    found.shape
+                ),
+            ));
+        }
         Ok(Source {
             inner: Arc::from(inner),
         })
@@ -338,61 +335,31 @@ pub struct Stream {
 
 #[pymethods]
 impl Stream {
-    /// Starts a pass: makes the pinned ring and starts the reader and copy threads (without the
-    /// GIL). Batches export as ``export_dtype`` (DLPack ``(code, bits, lanes)``) with shape
-    /// ``(records, *record_shape)``, which must cover a record exactly.
+    /// Starts a pass with ``options`` at epoch ``start_epoch``, after its first
+    /// ``start_batches_done`` batches: makes the pinned ring and starts the reader and copy
+    /// threads (without the GIL). Batches export as ``options``' export dtype and
+    /// ``(records, *record_shape)``.
     ///
-    /// With ``devices`` (a list of device names; ``device`` is then not used) each batch is read
-    /// once and copied to every one of them (``MultiLoader::replicated``): the pass yields the
-    /// batches of each step one after the other, in the order of ``devices``.
+    /// With the ``devices`` of a replicated pass each batch is read once and copied to every
+    /// one of them (``MultiLoader::replicated``): the pass yields the batches of each step one
+    /// after the other, in the order of ``devices``.
     #[new]
-    #[pyo3(signature = (
-        source, batch_size, *, export_dtype, record_shape, drop_last=false, epochs=1,
-        pinned_budget=None, device_budget=None, num_threads=None, device="cuda", prefetch=4,
-        piece_bytes=None, transform=None, transform_out_bytes=None, reader="auto", shuffle="none",
-        block_size=None, block_window=None, seed=0, rank=0, world_size=1, start_epoch=0,
-        start_batches_done=0, devices=None
-    ))]
-    #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (options, *, start_epoch=None, start_batches_done=None))]
     fn new(
         py: Python<'_>,
-        source: &Source,
-        batch_size: usize,
-        export_dtype: (u8, u8, u16),
-        record_shape: Vec<i64>,
-        drop_last: bool,
-        epochs: u64,
-        pinned_budget: Option<Bound<'_, PyAny>>,
-        device_budget: Option<Bound<'_, PyAny>>,
-        num_threads: Option<usize>,
-        device: &str,
-        prefetch: usize,
-        piece_bytes: Option<usize>,
-        transform: Option<Bound<'_, PyAny>>,
-        transform_out_bytes: Option<usize>,
-        reader: &str,
-        shuffle: &str,
-        block_size: Option<u64>,
-        block_window: Option<u64>,
-        seed: u64,
-        rank: u64,
-        world_size: u64,
-        start_epoch: u64,
-        start_batches_done: u64,
-        devices: Option<Vec<String>>,
+        options: &StreamOptions,
+        start_epoch: Option<Bound<'_, PyAny>>,
+        start_batches_done: Option<Bound<'_, PyAny>>,
     ) -> PyResult<Stream> {
-        let replicate_to = devices
-            .map(|names| {
-                names
-                    .iter()
-                    .map(|name| device_arg(py, name))
-                    .collect::<PyResult<Vec<_>>>()
-            })
-            .transpose()?;
-        let shuffle = shuffle_arg(py, shuffle, block_size, block_window)?;
-        let src = Arc::clone(&source.inner);
+        let at = |value: Option<Bound<'_, PyAny>>, name| {
+            value.map_or(Ok(0), |v| int_arg(&v, name, 0, u64::MAX))
+        };
+        let start = Position {
+            epoch: at(start_epoch, "epoch")?,
+            batches_done: at(start_batches_done, "batches_done")?,
+        };
+        let src = Arc::clone(&options.source);
         let source_name = src.name().to_owned();
-        let layout = src.layout().clone();
         let named = |message: String| {
             if message.contains(&source_name) {
                 message
@@ -400,39 +367,11 @@ impl Stream {
                 format!("{source_name}: {message}")
             }
         };
-        let mut py_transform = None;
-        let transform: Option<Arc<dyn Transform>> = match transform.filter(|t| !t.is_none()) {
-            None => None,
-            Some(t) => {
-                if let Ok(spec) = t.cast::<ToFloatSpec>() {
-                    let t = ToFloat::new(&layout, spec.get().scale)
-                        .map_err(|m| value_error(py, "Transform", named(m)))?;
-                    Some(Arc::new(t))
-                } else if let Ok(spec) = t.cast::<NormalizeSpec>() {
-                    let spec = spec.get();
-                    let t = Normalize::new(&layout, &spec.mean, &spec.std, spec.scale)
-                        .map_err(|m| value_error(py, "Transform", named(m)))?;
-                    Some(Arc::new(t))
-                } else if t.is_callable() {
-                    let out = transform_out_bytes.ok_or_else(|| {
-                        value_error(
-                            py,
-                            "Transform",
-                            "a Python transform needs transform_out_bytes",
-                        )
-                    })?;
-                    let t = PyTransform::new(t.unbind(), out);
-                    py_transform = Some(Arc::clone(&t));
-                    Some(t)
-                } else {
-                    return Err(PyTypeError::new_err("transform must be callable"));
-                }
-            }
-        };
+        let (transform, py_transform) = build_transform(py, options, &named)?;
         let out_record_bytes = transform
             .as_ref()
-            .map_or(layout.record_bytes(), |t| t.output_record_bytes());
-        let export_dtype = dl_dtype_from_tuple(export_dtype);
+            .map_or(src.layout().record_bytes(), |t| t.output_record_bytes());
+        let (export_dtype, record_shape) = (options.export_dtype, options.record_shape.clone());
         let elements = record_shape.iter().try_fold(1usize, |acc, &d| {
             usize::try_from(d).ok().and_then(|d| acc.checked_mul(d))
         });
@@ -449,49 +388,16 @@ impl Stream {
                 )),
             ));
         }
-        let options = LoaderOptions {
-            batch_size,
-            drop_last,
-            epochs,
-            pinned_budget: size_arg(py, pinned_budget.as_ref(), "pinned_budget")?
-                .unwrap_or(pinfeed::DEFAULT_PINNED_BUDGET),
-            device_budget: size_arg(py, device_budget.as_ref(), "device_budget")?,
-            num_threads,
-            device: device_arg(py, device)?,
-            prefetch,
-            // None: the default piece size; 0: every batch in one slot.
-            piece_bytes: match piece_bytes {
-                None => Some(pinfeed::DEFAULT_PIECE_BYTES),
-                Some(0) => None,
-                Some(bytes) => Some(bytes),
-            },
+        let fingerprint = order_spec(src.num_records(), &options.loader).fingerprint();
+        let loader_options = LoaderOptions {
             transform,
-            reader: reader
-                .parse()
-                .map_err(|e: pinfeed::LoaderError| value_error(py, "Config", e.to_string()))?,
-            shuffle,
-            seed,
-            rank,
-            world_size,
-            start: Position {
-                epoch: start_epoch,
-                batches_done: start_batches_done,
-            },
-            ..LoaderOptions::default()
+            start,
+            ..options.loader.clone()
         };
-        let fingerprint = OrderSpec {
-            num_records: src.num_records(),
-            batch_size: batch_size as u64,
-            drop_last,
-            shuffle,
-            seed,
-            rank,
-            world_size,
-        }
-        .fingerprint();
-        let started = py.detach(move || match replicate_to {
-            None => Loader::new(src, options),
-            Some(devices) => Loader::replicated(src, options, &devices),
+        let replicas = options.replicas.clone();
+        let started = py.detach(move || match replicas {
+            None => Loader::new(src, loader_options),
+            Some(devices) => Loader::replicated(src, loader_options, &devices),
         });
         let loader = started.map_err(|e| {
             let mut raised = loader_error(&e);
@@ -576,14 +482,28 @@ impl Stream {
 
     /// Stops the pass now: stops the threads and frees the pinned ring (batches already
     /// delivered stay valid).
-    fn close(&self, py: Python<'_>) {
+    fn close(&self, py: Python<'_>) -> PyResult<()> {
         if fork::pid() != self.pid {
-            return;
+            return Ok(());
+        }
+        if crate::transform::in_transform() {
+            // Stopping joins the reader threads, this one among them: it would wait for itself.
+            return Err(Raised::new(
+                Kind::Base,
+                "CloseInTransform",
+                format!(
+                    "{}: close() was called from inside a transform, on a reader thread that \
+                     closing must stop; close the Loader from the thread that iterates it",
+                    self.source_name
+                ),
+            )
+            .into_pyerr(py));
         }
         py.detach(|| {
             let mut guard = lock(&self.loader);
             self.finish(&mut guard);
         });
+        Ok(())
     }
 
     /// Whether the pass has finished, failed or been closed.
@@ -606,6 +526,43 @@ impl Stream {
             Some((stats, held)) => stats_dict(py, &stats, held),
             None => Ok(PyDict::new(py)),
         }
+    }
+}
+
+/// The transform of a pass: a built-in (Rust, no GIL) or a Python callable, which is also
+/// returned so that its exception can be chained onto the loader's error.
+type BuiltTransform = (Option<Arc<dyn Transform>>, Option<Arc<PyTransform>>);
+
+fn build_transform(
+    py: Python<'_>,
+    options: &StreamOptions,
+    named: &dyn Fn(String) -> String,
+) -> PyResult<BuiltTransform> {
+    let Some(t) = options.transform.as_ref().map(|t| t.bind(py)) else {
+        return Ok((None, None));
+    };
+    let layout = options.source.layout();
+    if let Ok(spec) = t.cast::<ToFloatSpec>() {
+        let t = ToFloat::new(layout, spec.get().scale)
+            .map_err(|m| value_error(py, "Transform", named(m)))?;
+        Ok((Some(Arc::new(t)), None))
+    } else if let Ok(spec) = t.cast::<NormalizeSpec>() {
+        let spec = spec.get();
+        let t = Normalize::new(layout, &spec.mean, &spec.std, spec.scale)
+            .map_err(|m| value_error(py, "Transform", named(m)))?;
+        Ok((Some(Arc::new(t)), None))
+    } else if t.is_callable() {
+        let out = options.transform_out_bytes.ok_or_else(|| {
+            value_error(
+                py,
+                "Transform",
+                "a Python transform needs transform_out_bytes",
+            )
+        })?;
+        let t = PyTransform::new(t.clone().unbind(), out);
+        Ok((Some(Arc::clone(&t) as Arc<dyn Transform>), Some(t)))
+    } else {
+        Err(PyTypeError::new_err("transform must be callable"))
     }
 }
 
@@ -647,63 +604,6 @@ impl Drop for Stream {
             drop_detached(loader);
         }
     }
-}
-
-/// A shuffle name (``"none"``, ``"random"``, ``"block"``) as a [`Shuffle`]; ``"block"`` needs
-/// both sizes (the Python layer picks the defaults, which depend on the record size).
-fn shuffle_arg(
-    py: Python<'_>,
-    name: &str,
-    block: Option<u64>,
-    window: Option<u64>,
-) -> PyResult<Shuffle> {
-    match name {
-        "none" => Ok(Shuffle::None),
-        "random" => Ok(Shuffle::Random),
-        "block" => match (block, window) {
-            (Some(block), Some(window)) => Ok(Shuffle::Block { block, window }),
-            _ => Err(value_error(
-                py,
-                "Config",
-                "block shuffling needs block_size and block_window",
-            )),
-        },
-        other => Err(value_error(
-            py,
-            "Config",
-            format!("unknown shuffle {other:?}: expected \"none\", \"random\" or \"block\""),
-        )),
-    }
-}
-
-/// The ``OrderSpec::fingerprint()`` of an order (the rank does not enter it).
-#[pyfunction]
-#[pyo3(signature = (
-    num_records, batch_size, *, drop_last, shuffle, block_size=None, block_window=None, seed,
-    world_size
-))]
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn order_fingerprint(
-    py: Python<'_>,
-    num_records: u64,
-    batch_size: u64,
-    drop_last: bool,
-    shuffle: &str,
-    block_size: Option<u64>,
-    block_window: Option<u64>,
-    seed: u64,
-    world_size: u64,
-) -> PyResult<u64> {
-    Ok(OrderSpec {
-        num_records,
-        batch_size,
-        drop_last,
-        shuffle: shuffle_arg(py, shuffle, block_size, block_window)?,
-        seed,
-        rank: 0,
-        world_size,
-    }
-    .fingerprint())
 }
 
 /// ``(records, batches)`` of one rank's epoch, the sizes of ``epoch_order``'s result, with its

@@ -8,7 +8,8 @@ use pyo3::prelude::*;
 use crate::dlpack::{dl_dtype_from_tuple, DeviceBuffer};
 use crate::errors::{value_error, Kind, Raised, ToPy};
 use crate::fork::{self, ForkSafe};
-use crate::loader::{array_memory, device_arg, size_arg};
+use crate::loader::array_memory;
+use crate::options::{device_arg, size_arg};
 use crate::{drop_detached, lock};
 
 fn forked(py: Python<'_>, what: &str, owner: u32) -> PyErr {
@@ -55,11 +56,11 @@ impl Stager {
     ) -> PyResult<Stager> {
         let options = StagerOptions {
             device: device_arg(py, device)?,
-            pinned_budget: size_arg(py, pinned_budget.as_ref(), "pinned_budget")?
+            pinned_budget: size_arg(pinned_budget.as_ref(), "pinned_budget")?
                 .unwrap_or(pinfeed::DEFAULT_STAGING_BUDGET),
             num_threads,
             method: method.parse::<pinfeed::UploadMethod>().py_err(py)?,
-            piece_bytes: size_arg(py, piece_size.as_ref(), "piece_size")?,
+            piece_bytes: size_arg(piece_size.as_ref(), "piece_size")?,
             ..StagerOptions::default()
         };
         let stager = py

@@ -1,5 +1,6 @@
 //! Transforms run by the reader threads: built-ins in Rust (no GIL) and Python callables.
 
+use std::cell::Cell;
 use std::ffi::c_char;
 use std::sync::{Arc, Mutex};
 
@@ -208,12 +209,40 @@ fn memoryview<'py>(
     unsafe { Bound::from_owned_ptr_or_err(py, view) }
 }
 
+thread_local! {
+    /// Whether this thread is inside a Python transform: a reader thread, which the loader
+    /// joins when it stops, so the transform must not stop it.
+    static IN_TRANSFORM: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Whether the calling thread is running a Python transform of some loader.
+pub(crate) fn in_transform() -> bool {
+    IN_TRANSFORM.with(Cell::get)
+}
+
+/// Marks the thread as inside a transform until dropped.
+struct InTransform;
+
+impl InTransform {
+    fn enter() -> InTransform {
+        IN_TRANSFORM.with(|c| c.set(true));
+        InTransform
+    }
+}
+
+impl Drop for InTransform {
+    fn drop(&mut self) {
+        IN_TRANSFORM.with(|c| c.set(false));
+    }
+}
+
 impl Transform for PyTransform {
     fn output_record_bytes(&self) -> usize {
         self.out_record_bytes
     }
 
     fn apply(&self, input: &[u8], records: usize, output: &mut [u8]) -> Result<(), String> {
+        let _inside = InTransform::enter();
         let outcome = Python::try_attach(|py| {
             let mut call = || -> PyResult<()> {
                 let raw = memoryview(py, input.as_ptr(), input.len(), false)?;

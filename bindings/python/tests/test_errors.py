@@ -140,14 +140,14 @@ def test_cuda_without_driver(tmp_path):
     path = tmp_path / "x.npy"
     np.save(path, np.zeros(10))
     with pytest.raises(CudaError) as e:
-        pinfeed.Loader(path, 4)  # device="cuda" is the default
+        pinfeed.Loader(path, 4, device="cuda")  # strict, unlike the default "auto"
     msg = str(e.value)
     assert e.value.kind == "NoDriver" and 'device="cpu"' in msg and str(path) in msg
     assert isinstance(e.value, RuntimeError)
     with pytest.raises(CudaError, match='device="cpu"'):
-        pinfeed.to_device(np.zeros(4))
+        pinfeed.to_device(np.zeros(4), "cuda")
     with pytest.raises(CudaError):
-        pinfeed.prefetch([np.zeros(4)])
+        pinfeed.prefetch([np.zeros(4)], "cuda")
 
 
 def test_empty_array():

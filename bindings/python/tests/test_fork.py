@@ -74,7 +74,10 @@ def test_stream_level_check_in_child():
     from pinfeed import _pinfeed
 
     source = _pinfeed.Source.from_array(np.zeros((100, 4), np.uint8), "'|u1'")
-    stream = _pinfeed.Stream(source, 10, export_dtype=(1, 8, 1), record_shape=[4], device="cpu")
+    options = _pinfeed.StreamOptions(
+        source, 10, export_dtype=(1, 8, 1), record_shape=[4], device="cpu"
+    )
+    stream = _pinfeed.Stream(options)
     assert run_in_child(expect_fork_error(lambda: next(stream))) == 0
     assert len(list(stream)) == 10
 

@@ -240,13 +240,14 @@ def test_state_counts_what_the_consumer_received():
     it = iter(loader)
     next(it), next(it)
     assert loader.state_dict()["batches_done"] == 2
-    # A new iteration supersedes the old one: the old pass no longer moves the position.
+    # A new iteration supersedes the old one: the old pass raises rather than end quietly,
+    # and no longer moves the position.
     it2 = iter(loader)
     next(it2)
     state = loader.state_dict()
     assert (state["epoch"], state["batches_done"]) == (1, 1)
-    for _ in it:
-        pass
+    with pytest.raises(pinfeed.PinfeedError, match="ended by a newer iteration"):
+        next(it)
     assert loader.state_dict()["batches_done"] == 1
     for _ in it2:
         pass

@@ -435,7 +435,10 @@ def test_batches_from_the_loader_are_device_buffers_until_exported():
 
     data = np.arange(100, dtype=np.uint8).reshape(25, 4)
     source = _pinfeed.Source.from_array(data, "'|u1'")
-    stream = _pinfeed.Stream(source, 10, export_dtype=(1, 8, 1), record_shape=[4], device="cpu")
+    options = _pinfeed.StreamOptions(
+        source, 10, export_dtype=(1, 8, 1), record_shape=[4], device="cpu"
+    )
+    stream = _pinfeed.Stream(options)
     bufs = list(stream)
     assert [b.index for b in bufs] == [0, 1, 2] and [b.first_record for b in bufs] == [0, 10, 20]
     assert bufs[2].shape == [5, 4]

@@ -36,6 +36,7 @@
 #![deny(missing_docs)]
 
 mod backend;
+mod bottleneck;
 mod direct;
 mod error;
 mod multi;
@@ -48,9 +49,10 @@ mod stats;
 use std::sync::Arc;
 
 pub use backend::{CopyFence, CudaFence, DeviceMemory, DeviceSpec};
+pub use bottleneck::{bottleneck, StageWaits};
 pub use direct::{auto_read_mode, ReaderKind};
 pub use error::{LoaderError, Result};
-pub use multi::MultiLoader;
+pub use multi::{device_share, DeviceShare, MultiLoader};
 pub use order::{BatchRecords, EpochOrder, OrderSpec, Position, Shuffle};
 pub use pinfeed_cuda::PinMethod;
 pub use pipeline::{Batch, Loader, Waited};

@@ -37,6 +37,43 @@ enum Feed {
     Replicated(Loader),
 }
 
+/// The shard one device of a process streams when the devices split each epoch: device `index`
+/// of `devices` in rank `rank` of `world_size` is rank `rank * devices + index` of
+/// `world_size * devices`. (Its pinned budget is the process's divided by `devices`.)
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DeviceShare {
+    /// The device's rank among all devices of all processes.
+    pub rank: u64,
+    /// Devices of all processes.
+    pub world_size: u64,
+}
+
+/// The [`DeviceShare`] of device `index` of `devices` in rank `rank` of `world_size`.
+pub fn device_share(
+    rank: u64,
+    world_size: u64,
+    devices: usize,
+    index: usize,
+) -> Result<DeviceShare> {
+    if devices == 0 {
+        return Err(LoaderError::Config("no device given".into()));
+    }
+    if index >= devices {
+        return Err(LoaderError::Config(format!(
+            "device {index} of {devices}: there is no such device"
+        )));
+    }
+    let n = devices as u64;
+    let overflow = || LoaderError::Config("world size × devices overflows".into());
+    Ok(DeviceShare {
+        rank: rank
+            .checked_mul(n)
+            .and_then(|r| r.checked_add(index as u64))
+            .ok_or_else(overflow)?,
+        world_size: world_size.checked_mul(n).ok_or_else(overflow)?,
+    })
+}
+
 /// Batches for several devices at once; iterating yields one batch per device.
 #[derive(Debug)]
 pub struct MultiLoader {
@@ -59,21 +96,17 @@ impl MultiLoader {
         if devices.is_empty() {
             return Err(LoaderError::Config("no device given".into()));
         }
-        let n = devices.len() as u64;
-        let world_size = options
-            .world_size
-            .checked_mul(n)
-            .ok_or_else(|| LoaderError::Config("world size × devices overflows".into()))?;
         let loaders = devices
             .iter()
             .enumerate()
             .map(|(i, &device)| {
+                let share = device_share(options.rank, options.world_size, devices.len(), i)?;
                 Loader::new(
                     Arc::clone(&source),
                     LoaderOptions {
                         device,
-                        rank: options.rank * n + i as u64,
-                        world_size,
+                        rank: share.rank,
+                        world_size: share.world_size,
                         pinned_budget: options.pinned_budget / devices.len(),
                         ..options.clone()
                     },

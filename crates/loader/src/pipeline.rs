@@ -98,7 +98,17 @@ impl Plan {
             .checked_mul(options.epochs)
             .map(|all| all - remaining.start)
             .ok_or_else(|| LoaderError::Config(format!("{} epochs is too many", options.epochs)))?;
-        let first_global = options.start.epoch * batches_per_epoch + remaining.start;
+        let first_global = options
+            .start
+            .epoch
+            .checked_mul(batches_per_epoch)
+            .and_then(|b| b.checked_add(remaining.start))
+            .ok_or_else(|| {
+                LoaderError::Config(format!(
+                    "epoch {} is too large: its first batch has no index below 2^64",
+                    options.start.epoch
+                ))
+            })?;
         Ok(Plan {
             spec,
             batches_per_epoch,

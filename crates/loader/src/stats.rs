@@ -199,20 +199,13 @@ impl Stats {
     /// for filled slots means readers are behind, and readers waiting for free slots while the
     /// copy thread is never short of work means the copy engine is.
     pub fn bottleneck(&self) -> Bottleneck {
-        let wall = self.elapsed.as_secs_f64();
-        if self.batches < 2 || wall <= 0.0 {
-            return Bottleneck::Unknown;
-        }
-        let consumer_waited = self.consumer_wait.as_secs_f64() / wall;
-        let copier_starved = self.wait_filled.as_secs_f64() / wall;
-        let copier_blocked = self.wait_consumer.as_secs_f64() / wall;
-        if consumer_waited < 0.1 && copier_blocked > 0.1 {
-            Bottleneck::Consumer
-        } else if copier_starved > 0.25 {
-            Bottleneck::Read
-        } else {
-            Bottleneck::Copy
-        }
+        crate::bottleneck(&crate::StageWaits {
+            elapsed: self.elapsed,
+            delivered: self.batches,
+            consumer_wait: self.consumer_wait,
+            copy_starved: self.wait_filled,
+            copy_blocked: self.wait_consumer,
+        })
     }
 
     /// One sentence on what limits the loader and by how much.

@@ -27,6 +27,7 @@ from .errors import (
     PinfeedMemoryError,
     PinfeedOSError,
     PinfeedValueError,
+    PinfeedWarning,
 )
 from .loader import Loader
 from .multi import MultiLoader
@@ -51,6 +52,7 @@ __all__ = [
     "PinfeedOSError",
     "PinfeedMemoryError",
     "CudaError",
+    "PinfeedWarning",
     "cuda_device_count",
     "DEFAULT_PINNED_BUDGET",
     "__version__",

@@ -13,15 +13,17 @@ from .errors import PinfeedError, PinfeedValueError
 BFLOAT16 = (4, 16, 1)
 
 
-def torch_module() -> Any:
-    """torch, imported on first use (never at ``import pinfeed``)."""
+def torch_module(wanted: str = "CUDA batches as torch tensors") -> Any:
+    """torch, imported on first use (never at ``import pinfeed``); ``wanted`` says what needed
+    it, for the error when torch is not installed."""
     try:
         import torch
-    except ImportError as e:  # pragma: no cover - depends on the environment
-        raise PinfeedError(
-            "pinfeed returns CUDA batches as torch tensors, but torch is not installed; "
-            "install torch, or use device='cpu' for numpy arrays"
-        ) from e
+    except ImportError as e:
+        if wanted == "CUDA batches as torch tensors":
+            advice = "install torch, or use device='cpu' for numpy arrays"
+        else:
+            advice = "install torch, or leave as_torch=False for numpy arrays"
+        raise PinfeedError(f"{wanted} were asked for, but torch is not installed; {advice}") from e
     return torch
 
 
@@ -105,10 +107,12 @@ def materialize(buf: "_pinfeed.DeviceBuffer", view, as_torch: bool) -> Any:
             )
         if cuda:
             return cuda_tensor(buf)
-        return torch_module().from_dlpack(buf)
+        return torch_module("torch tensors (as_torch=True)").from_dlpack(buf)
     if buf.dtype == BFLOAT16:
         # numpy has no bfloat16: hand back torch's.
-        return torch_module().from_dlpack(buf)
+        return torch_module(
+            "bfloat16 batches (numpy has no bfloat16) as torch tensors"
+        ).from_dlpack(buf)
     arr = np.from_dlpack(buf)
     if view is not None:
         dt, shape = view

@@ -2,10 +2,34 @@
 
 from collections.abc import Iterator, Sequence
 from os import PathLike
-from typing import Any, TypeVar, Union, overload
+from typing import Any, TypeVar, Union, final, overload
 
 import numpy as np
+from typing_extensions import Self
 
+__all__ = [
+    "DEFAULT_PINNED_BUDGET",
+    "DEFAULT_STAGING_BUDGET",
+    "DeviceBuffer",
+    "NormalizeSpec",
+    "PinnedRegion",
+    "Source",
+    "Stager",
+    "Stream",
+    "StreamOptions",
+    "ToFloatSpec",
+    "__version__",
+    "bottleneck",
+    "byte_size",
+    "cuda_device_count",
+    "device_share",
+    "dlpack_dtype",
+    "epoch_order",
+    "epoch_size",
+    "parse_dtype",
+    "parse_size",
+    "pinned_allocations",
+]
 __version__: str
 DEFAULT_PINNED_BUDGET: int
 DEFAULT_STAGING_BUDGET: int
@@ -15,6 +39,7 @@ _DLDtype = tuple[int, int, int]
 # A C-contiguous, writable array of native int64 or uint64 (epoch_order's out).
 _ArrayT = TypeVar("_ArrayT", bound=np.ndarray)
 
+@final
 class DeviceBuffer:
     """Device memory (a loader batch or an upload), exportable once through DLPack."""
 
@@ -49,6 +74,7 @@ class DeviceBuffer:
     def read_back(self) -> bytes: ...
     def release(self) -> None: ...
 
+@final
 class Source:
     """A dataset of fixed-size records."""
 
@@ -79,54 +105,71 @@ class Source:
     @property
     def dlpack_dtype(self) -> _DLDtype | None: ...
 
+@final
 class ToFloatSpec:
     """``x * scale`` as float32 (Rust, no GIL)."""
 
     scale: float
-    def __init__(self, scale: float = ...) -> None: ...
+    def __new__(cls, scale: float = ...) -> Self: ...
 
+@final
 class NormalizeSpec:
     """``(x * scale - mean[c]) / std[c]`` per channel as float32 (Rust, no GIL)."""
 
     mean: list[float]
     std: list[float]
     scale: float
-    def __init__(
-        self, mean: Sequence[float], std: Sequence[float], *, scale: float = 1.0
-    ) -> None: ...
+    def __new__(
+        cls, mean: Sequence[float], std: Sequence[float], *, scale: float = 1.0
+    ) -> Self: ...
 
-class Stream(Iterator[DeviceBuffer]):
-    """One pass of a Rust loader; with ``devices``, one that copies each batch to every device
-    and yields each step's batches one after the other, in device order."""
+@final
+class StreamOptions:
+    """The checked options of a loader's passes (every range, size and name is read here)."""
 
-    def __init__(
-        self,
+    def __new__(
+        cls,
         source: Source,
         batch_size: int,
         *,
         export_dtype: _DLDtype,
         record_shape: Sequence[int],
-        drop_last: bool = False,
-        epochs: int = 1,
-        pinned_budget: _Size = None,
-        device_budget: _Size = None,
-        num_threads: int | None = None,
-        device: str = "cuda",
-        prefetch: int = 4,
-        piece_bytes: int | None = None,
-        transform: Any = None,
-        transform_out_bytes: int | None = None,
-        reader: str = "auto",
-        shuffle: str = "none",
-        block_size: int | None = None,
-        block_window: int | None = None,
-        seed: int = 0,
-        rank: int = 0,
-        world_size: int = 1,
-        start_epoch: int = 0,
-        start_batches_done: int = 0,
-        devices: Sequence[str] | None = None,
-    ) -> None: ...
+        **options: Any,
+    ) -> Self: ...
+    def upload(self, batch_size: int) -> StreamOptions: ...
+    @property
+    def batch_size(self) -> int: ...
+    @property
+    def epochs(self) -> int: ...
+    @property
+    def drop_last(self) -> bool: ...
+    @property
+    def seed(self) -> int: ...
+    @property
+    def rank(self) -> int: ...
+    @property
+    def world_size(self) -> int: ...
+    @property
+    def pinned_budget(self) -> int: ...
+    @property
+    def device_budget(self) -> int | None: ...
+    @property
+    def device(self) -> str: ...
+    @property
+    def fingerprint(self) -> int: ...
+
+@final
+class Stream(Iterator[DeviceBuffer]):
+    """One pass of a Rust loader; with ``devices``, one that copies each batch to every device
+    and yields each step's batches one after the other, in device order."""
+
+    def __new__(
+        cls,
+        options: StreamOptions,
+        *,
+        start_epoch: int | None = None,
+        start_batches_done: int | None = None,
+    ) -> Self: ...
     def __iter__(self) -> Stream: ...
     def __next__(self) -> DeviceBuffer: ...
     def close(self) -> None: ...
@@ -146,17 +189,18 @@ class Stream(Iterator[DeviceBuffer]):
     @property
     def fingerprint(self) -> int: ...
 
+@final
 class Stager:
     """Uploads through one fixed pinned arena."""
 
-    def __init__(
-        self,
+    def __new__(
+        cls,
         device: str = "cuda",
         pinned_budget: _Size = None,
         num_threads: int | None = None,
         method: str = "stage",
         piece_size: _Size = None,
-    ) -> None: ...
+    ) -> Self: ...
     def upload(self, array: Any, dtype: _DLDtype, shape: Sequence[int]) -> DeviceBuffer: ...
     def counters(self) -> dict[str, Any]: ...
     @property
@@ -170,11 +214,12 @@ class Stager:
     @property
     def pinned_locked(self) -> bool: ...
 
+@final
 class PinnedRegion:
     """An array page-locked in place until ``close()``."""
 
     nbytes: int
-    def __init__(self, array: Any, device: str = "cuda") -> None: ...
+    def __new__(cls, array: Any, device: str = "cuda") -> Self: ...
     def close(self) -> None: ...
     @property
     def closed(self) -> bool: ...
@@ -184,17 +229,18 @@ def parse_dtype(text: str) -> tuple[str, list[int]]: ...
 def parse_size(text: str) -> int: ...
 def cuda_device_count() -> int: ...
 def pinned_allocations() -> int: ...
-def order_fingerprint(
-    num_records: int,
-    batch_size: int,
+def device_share(
+    rank: int, world_size: int, devices: int, index: int, pinned_budget: _Size = None
+) -> tuple[int, int, int | None]: ...
+def byte_size(value: _Size, what: str = "size") -> int | None: ...
+def bottleneck(
     *,
-    drop_last: bool,
-    shuffle: str,
-    block_size: int | None = None,
-    block_window: int | None = None,
-    seed: int,
-    world_size: int,
-) -> int: ...
+    elapsed: float,
+    delivered: int,
+    consumer_wait: float,
+    copy_starved: float,
+    copy_blocked: float,
+) -> str: ...
 def epoch_size(
     num_records: int, batch_size: int, *, drop_last: bool, rank: int, world_size: int
 ) -> tuple[int, int]: ...

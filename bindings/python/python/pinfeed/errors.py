@@ -14,6 +14,7 @@ __all__ = [
     "PinfeedOSError",
     "PinfeedMemoryError",
     "CudaError",
+    "PinfeedWarning",
 ]
 
 
@@ -37,3 +38,8 @@ class PinfeedMemoryError(PinfeedError, MemoryError):
 
 class CudaError(PinfeedError, RuntimeError):
     """The CUDA driver failed, or there is no driver or no such device."""
+
+
+class PinfeedWarning(UserWarning):
+    """Something pinfeed chose for you that you may want to know: ``device="auto"`` falling
+    back to the host backend."""

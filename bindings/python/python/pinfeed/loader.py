@@ -1,9 +1,9 @@
 """``pinfeed.Loader``: batches of a dataset on the GPU (or the host backend)."""
 
 import atexit
-import numbers
 import os
 import threading
+import warnings
 import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from typing import (
@@ -27,7 +27,7 @@ from ._arrays import (
     split_dtype,
     torch_module,
 )
-from .errors import PinfeedError, PinfeedMemoryError, PinfeedValueError
+from .errors import PinfeedError, PinfeedMemoryError, PinfeedValueError, PinfeedWarning
 from .order import block_args, distributed_defaults, order_kind, shuffle_mode, u64_arg
 from .transforms import Normalize, ToFloat, make_caller
 
@@ -41,6 +41,8 @@ _UPLOAD_BATCH_BYTES = 8 << 20
 # gathers still keeps up, and the orders held (8 bytes a record each) stay few. 0: none.
 _ORDERS_AHEAD = 2
 _U64_MAX = (1 << 64) - 1
+# What as_torch=True asks for, in the error when torch is missing.
+_AS_TORCH = "torch tensors (as_torch=True)"
 
 # Passes still running, closed at exit so that no reader thread is left inside the interpreter
 # while it shuts down.
@@ -65,6 +67,23 @@ def device_name(device: Any) -> str:
     return str(device)
 
 
+_warned_host_fallback = False
+
+
+def warn_if_host_fallback(asked: str, got: str) -> None:
+    """Warns, once a process, that ``device="auto"`` found no usable GPU and runs on the host
+    backend (``device="cuda"`` raises instead)."""
+    global _warned_host_fallback
+    if asked.strip().lower() == "auto" and got == "cpu" and not _warned_host_fallback:
+        _warned_host_fallback = True
+        warnings.warn(
+            'device="auto" found no usable CUDA driver and device: running on the host backend '
+            '(numpy batches); pass device="cpu" to ask for it, or device="cuda" to require a GPU',
+            PinfeedWarning,
+            stacklevel=3,
+        )
+
+
 def _open_source(
     source: Any,
     dtype: Any,
@@ -84,9 +103,9 @@ def _open_source(
             # pinfeed's dtype syntax, as on the command line: "3,31,31B", "f32", "<u8".
             return _pinfeed.Source.open(path, user_dtype=dtype, shape=record_shape, **how)
         base, sub = split_dtype(dtype)
-        return _pinfeed.Source.open(
-            path, descr=descr_of(base), shape=list(record_shape or ()) + list(sub), **how
-        )
+        # No shape when none was given: a .npy header's is then not checked against it.
+        full = None if record_shape is None and not sub else list(record_shape or ()) + list(sub)
+        return _pinfeed.Source.open(path, descr=descr_of(base), shape=full, **how)
     if is_torch_tensor(source):
         if source.dtype == __import__("torch").bfloat16:
             raise PinfeedValueError(
@@ -115,7 +134,8 @@ class Loader:
     """Batches of fixed-size records, streamed to the GPU through a bounded ring of pinned memory.
 
     ``source`` is a path to a ``.npy`` file or a raw record file (give ``dtype``, a numpy dtype or
-    pinfeed's syntax such as ``"3,31,31B"``, and ``shape``, the per-record shape), a C-contiguous
+    pinfeed's syntax such as ``"3,31,31B"``, and ``shape``, the per-record shape; for a ``.npy``
+    file they may be left out, and given, must agree with its header), a C-contiguous
     numpy array or ``np.memmap`` (records along the first dimension; kept alive, not copied), or a
     torch CPU tensor.
 
@@ -194,6 +214,15 @@ class Loader:
     the following ``epochs - 1`` epochs). A state from another dataset size, batch size,
     ``drop_last``, world size, seed or shuffle is refused.
 
+    **One pass at a time.** Iterating again (in this thread or another) ends the pass under
+    way: asking that older iterator for its next batch raises :class:`pinfeed.PinfeedError`
+    rather than ending it quietly. :meth:`close` ends the pass likewise; a later iteration
+    starts a new one.
+
+    ``device`` is ``"auto"`` by default: the GPU when a CUDA driver and device exist, else the
+    host backend, with a :class:`pinfeed.PinfeedWarning` (once a process). ``"cuda"`` requires
+    the GPU (:class:`pinfeed.CudaError` without one); ``"cpu"`` asks for the host backend.
+
     A Loader cannot be used in a process forked after it was made (a DataLoader worker): make it
     in the child.
     """
@@ -203,7 +232,7 @@ class Loader:
         source: Any,
         batch_size: int,
         *,
-        device: Any = "cuda",
+        device: Any = "auto",
         drop_last: bool = False,
         shuffle: Union[bool, str] = False,
         seed: int = 0,
@@ -228,33 +257,18 @@ class Loader:
         piece_size: Any = "4MiB",
     ) -> None:
         self._pid = os.getpid()
-        if not isinstance(batch_size, numbers.Integral) or isinstance(batch_size, bool):
-            raise TypeError(f"batch_size must be an int, not {type(batch_size).__name__}")
-        if not isinstance(epochs, numbers.Integral) or isinstance(epochs, bool):
-            raise TypeError(f"epochs must be an int, not {type(epochs).__name__}")
         self._source = _open_source(source, dtype, shape, str(reader), tensor)
         name = self._source.name
-        for what, value in (("batch_size", batch_size), ("epochs", epochs), ("prefetch", prefetch)):
-            if value < 0:
-                raise PinfeedValueError(f"{name}: {what} must be at least 1, got {value}")
-        if piece_size is not None and _bytes(piece_size, 0) < 1:
-            raise PinfeedValueError(
-                f"{name}: piece_size must be at least 1 byte (or None), got {piece_size!r}"
-            )
-        if num_threads is not None and num_threads < 1:
-            raise PinfeedValueError(f"{name}: num_threads must be at least 1, got {num_threads}")
         #: ``"none"``, ``"random"``, ``"block"`` or ``"gpu"``.
         self.shuffle: str = shuffle_mode(shuffle)
-        self.seed: int = u64_arg("seed", seed)
         self.block_size, self.block_window = block_args(
             self.shuffle, int(self._source.record_bytes), block_size, block_window
         )
-        self.rank, self.world_size = distributed_defaults(rank, world_size)
-        self.batch_size = int(batch_size)
-        self.drop_last = bool(drop_last)
-        self.epochs = int(epochs)
+        rank, world_size = distributed_defaults(rank, world_size)
         self.raw = bool(raw)
         self.as_torch = bool(as_torch)
+        if self.as_torch:
+            torch_module(_AS_TORCH)  # refused now rather than at the first batch
         self.resident: bool = self.shuffle == "gpu"
 
         src_dtype = dtype_of(self._source.descr)
@@ -266,6 +280,40 @@ class Loader:
         self.dtype: np.dtype = out_dtype
         self.record_shape: tuple[int, ...] = out_shape
         self._export: Export = export_for(out_dtype, out_shape, self.raw)
+        # Every number, size and name is read and checked in Rust, once.
+        self._options = _pinfeed.StreamOptions(
+            self._source,
+            batch_size,
+            export_dtype=self._export.dl_dtype,
+            record_shape=list(self._export.shape),
+            drop_last=drop_last,
+            epochs=epochs,
+            pinned_budget=pinned_budget,
+            device_budget=device_budget,
+            num_threads=num_threads,
+            device=device_name(device),
+            prefetch=prefetch,
+            piece_size=piece_size,
+            transform=self._transform,
+            transform_out_bytes=transform_out_bytes,
+            # direct and uring are ways of reading into the pinned slots, chosen when the
+            # source was opened; only register changes how batches reach the device.
+            reader="register" if reader == "register" else "auto",
+            shuffle=order_kind(self.shuffle),
+            block_size=self.block_size,
+            block_window=self.block_window,
+            seed=seed,
+            rank=rank,
+            world_size=world_size,
+            **({} if self._replicas is None else {"devices": self._replicas}),
+        )
+        opts = self._options
+        self.batch_size: int = opts.batch_size
+        self.drop_last: bool = opts.drop_last
+        self.epochs: int = opts.epochs
+        self.seed: int = opts.seed
+        self.rank: int = opts.rank
+        self.world_size: int = opts.world_size
         self._order: dict[str, Any] = dict(
             drop_last=self.drop_last,
             shuffle=order_kind(self.shuffle),
@@ -274,56 +322,21 @@ class Loader:
             seed=self.seed,
             world_size=self.world_size,
         )
-        self._options: dict[str, Any] = dict(
-            export_dtype=self._export.dl_dtype,
-            record_shape=list(self._export.shape),
-            drop_last=self.drop_last,
-            epochs=self.epochs,
-            pinned_budget=pinned_budget,
-            device_budget=device_budget,
-            num_threads=num_threads,
-            device=device_name(device),
-            prefetch=int(prefetch),
-            piece_bytes=0 if piece_size is None else _bytes(piece_size, 0),  # 0: whole batches
-            transform=self._transform,
-            transform_out_bytes=transform_out_bytes,
-            # direct and uring are ways of reading into the pinned slots, chosen when the
-            # source was opened; only register changes how batches reach the device.
-            reader="register" if reader == "register" else "auto",
-            shuffle=self._order["shuffle"],
-            block_size=self.block_size,
-            block_window=self.block_window,
-            seed=self.seed,
-            rank=self.rank,
-            world_size=self.world_size,
-        )
-        # Records a pass's batches hold on the Rust side: the loader's own, except for the upload.
-        self._stream_batch = self.batch_size
+        # What each pass runs with: the loader's options, but the upload's in GPU-resident mode.
+        self._stream_options = opts
         if self.resident:
             # The upload: every record once, in file order, on one "rank", in batches of a few
             # MiB (a quarter of the pinned budget at most, so the ring keeps several slots)
             # whatever the training batch size; what bounds the resident copy is checked below,
             # not the batches held during the upload.
-            budget = _bytes(pinned_budget, _pinfeed.DEFAULT_PINNED_BUDGET)
             widest = max(
                 int(self._source.record_bytes),
                 transform_out_bytes or 0,
                 self._export_record_bytes(),
             )
-            self._stream_batch = max(1, min(_UPLOAD_BATCH_BYTES, budget // 4) // widest)
-            self._options.update(
-                drop_last=False,
-                epochs=1,
-                device_budget=None,
-                shuffle="none",
-                block_size=None,
-                block_window=None,
-                rank=0,
-                world_size=1,
-            )
-        self._fingerprint: int = _pinfeed.order_fingerprint(
-            int(self._source.num_records), self.batch_size, **self._order
-        )
+            upload_batch = max(1, min(_UPLOAD_BATCH_BYTES, opts.pinned_budget // 4) // widest)
+            self._stream_options = opts.upload(upload_batch)
+        self._fingerprint: int = opts.fingerprint
         # Positions are (epoch, batches of it done). `_received`: what the consumer has been
         # given; `_next_start`: where set_epoch/load_state_dict want the next pass to start;
         # `_pass_epoch`: the epoch the latest pass started at (None before the first).
@@ -331,6 +344,8 @@ class Loader:
         self._next_start: Optional[tuple[int, int]] = None
         self._pass_epoch: Optional[int] = None
         self._pass_id = 0
+        # Set by close(): the pass then running was ended by it (see _Pass).
+        self._closed_pass: Optional[int] = None
         self._stream: Optional[_pinfeed.Stream] = None
         self._resident_data: Any = None
         # (order key, the epoch's index on the resident copy's device, the stream it was
@@ -342,6 +357,7 @@ class Loader:
         self._pending: Optional[_pinfeed.Stream] = self._start((0, 0))
         self._pending_start: tuple[int, int] = (0, 0)
         self.device: str = self._pending.device
+        warn_if_host_fallback(opts.device, self.device)
         if self.device.startswith("cuda") and self._export.view is not None:
             self._pending.close()
             raise PinfeedValueError(
@@ -369,8 +385,7 @@ class Loader:
             # Index buffers are page-locked (copied on asynchronously) only when the ones held
             # at once fit the pinned budget; they are computed after the upload, whose ring has
             # the budget until then. Otherwise they stay pageable.
-            budget = _bytes(pinned_budget, _pinfeed.DEFAULT_PINNED_BUDGET)
-            pin = (_ORDERS_AHEAD + 1) * 8 * self._order_len <= budget
+            pin = (_ORDERS_AHEAD + 1) * 8 * self._order_len <= opts.pinned_budget
             self._orders = _OrdersAhead(_order_filler(self.device, pin), _ORDERS_AHEAD)
         else:
             self._batches_per_epoch = int(self._pending.batches_per_epoch)
@@ -416,15 +431,7 @@ class Loader:
     _replicas: Optional[list[str]] = None
 
     def _start(self, at: tuple[int, int]) -> "_pinfeed.Stream":
-        extra = {} if self._replicas is None else {"devices": self._replicas}
-        stream = _pinfeed.Stream(
-            self._source,
-            self._stream_batch,
-            start_epoch=at[0],
-            start_batches_done=at[1],
-            **self._options,
-            **extra,
-        )
+        stream = _pinfeed.Stream(self._stream_options, start_epoch=at[0], start_batches_done=at[1])
         _live_streams.add(stream)
         return stream
 
@@ -588,7 +595,7 @@ class Loader:
     def _check_resident_budget(self, device_budget: Any, record_bytes: int) -> None:
         need = self.num_records * record_bytes
         if device_budget is not None:
-            budget = _bytes(device_budget, 0)
+            budget = self._options.device_budget
             source = f"device_budget={device_budget!r}"
         elif self.device.startswith("cuda"):
             torch = torch_module()
@@ -680,7 +687,7 @@ class Loader:
     def _resident_batches(self, start: tuple[int, int]) -> Iterator[tuple[int, int, Any]]:
         data, b = self._resident_data, self.batch_size
         cuda = self.device.startswith("cuda")
-        torch = torch_module() if cuda or self.as_torch else None
+        torch = torch_module() if cuda else torch_module(_AS_TORCH) if self.as_torch else None
         for epoch in range(start[0], start[0] + self.epochs):
             index, copied_on = self._resident_index(epoch)
             # Streams this epoch's gathers ran on that are known to see the index.
@@ -702,13 +709,18 @@ class Loader:
                     yield epoch, i, torch.from_numpy(batch) if self.as_torch else batch
 
     def close(self) -> None:
-        """Stops the current pass and frees its pinned memory (batches already out stay valid).
-        In GPU-resident mode it also drops the resident copy; the next iteration uploads again."""
+        """Stops the current pass and frees its pinned memory (batches already out stay valid);
+        asking that pass for another batch then raises :class:`pinfeed.PinfeedError`. A new
+        iteration starts a new pass (in GPU-resident mode, which drops the resident copy here,
+        after uploading again). Not from inside this Loader's own transform: that raises."""
+        if os.getpid() == self._pid:
+            for stream in (self._pending, self._stream):
+                if stream is not None:
+                    stream.close()
         if self._orders is not None:
             self._orders.close()
-        for stream in (self._pending, self._stream):
-            if stream is not None and os.getpid() == self._pid:
-                stream.close()
+        self._pending = None
+        self._closed_pass = self._pass_id
         self._resident_data = None
         self._resident_order = None
 
@@ -874,13 +886,6 @@ class _OrdersAhead:
             thread.join()
 
 
-def _bytes(size: Any, default: int) -> int:
-    """A size given as bytes or as ``"256MiB"``; ``default`` for ``None``."""
-    if size is None:
-        return default
-    return int(_pinfeed.parse_size(size) if isinstance(size, str) else size)
-
-
 def _stream_batches(loader: Loader, stream: "_pinfeed.Stream") -> Iterator[tuple[int, int, Any]]:
     view, as_torch = loader._export.view, loader.as_torch
     for buf in stream:
@@ -902,14 +907,30 @@ class _Pass(Iterator[Any]):
         self._id = pass_id
         self._batches = batches
         self._stream = stream
+        self._finished = False
 
     def __iter__(self) -> "_Pass":
         return self
 
     def __next__(self) -> Any:
-        self._loader._check_fork()
-        epoch, index, batch = next(self._batches)
-        self._loader._received_batch(self._id, epoch, index)
+        loader = self._loader
+        loader._check_fork()
+        if self._finished:
+            raise StopIteration
+        if self._id != loader._pass_id:
+            raise PinfeedError(
+                f"{loader.source_name}: this pass was ended by a newer iteration of the same "
+                "Loader (iter() again, in this thread or another); a Loader runs one pass at a "
+                "time: finish or close() a pass before starting the next"
+            )
+        if self._id == loader._closed_pass:
+            raise PinfeedError(f"{loader.source_name}: this pass was ended by Loader.close()")
+        try:
+            epoch, index, batch = next(self._batches)
+        except StopIteration:
+            self._finished = True
+            raise
+        loader._received_batch(self._id, epoch, index)
         return batch
 
     def __len__(self) -> int:

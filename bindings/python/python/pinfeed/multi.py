@@ -3,10 +3,11 @@ per device, each on its shard, stepped together; or, with ``replicate=True``, on
 every batch is read once and copied to each device."""
 
 from collections.abc import Iterator, Sequence
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
+from . import _pinfeed
 from .errors import PinfeedValueError
-from .loader import Loader, _bytes, device_name
+from .loader import Loader, device_name
 from .order import distributed_defaults, shuffle_mode
 
 
@@ -29,7 +30,8 @@ class MultiLoader:
     device may be named twice. ``shuffle="gpu"`` and ``reader="register"`` are refused.
     ``device_budget`` and ``prefetch`` hold for each device.
 
-    Other keyword arguments go to each :class:`Loader`.
+    ``devices`` is a sequence of device names (or ``torch.device``); a single string is one
+    device. Other keyword arguments go to each :class:`Loader`.
 
     >>> multi = pinfeed.MultiLoader("train.npy", 4096, devices=["cuda:0", "cuda:1"])  # doctest: +SKIP
     >>> for x0, x1 in multi: ...                                                      # doctest: +SKIP
@@ -41,14 +43,15 @@ class MultiLoader:
         source: Any,
         batch_size: int,
         *,
-        devices: Sequence[Any],
+        devices: Union[str, Sequence[Any]],
         replicate: bool = False,
         rank: Optional[int] = None,
         world_size: Optional[int] = None,
         pinned_budget: Any = None,
         **options: Any,
     ) -> None:
-        devices = list(devices)
+        # One name is one device, not a sequence of one-letter names.
+        devices = [devices] if isinstance(devices, str) else list(devices)
         if not devices:
             raise ValueError("MultiLoader needs at least one device")
         rank, world_size = distributed_defaults(rank, world_size)
@@ -76,20 +79,21 @@ class MultiLoader:
                 )
             ]
             return
-        # An equal part of the budget each (Loader's own default when none is given).
-        budget = None if pinned_budget is None else _bytes(pinned_budget, 0) // n
-        self.loaders = [
-            Loader(
-                source,
-                batch_size,
-                device=device,
-                rank=rank * n + i,
-                world_size=world_size * n,
-                pinned_budget=budget,
-                **options,
+        # Each device's shard and part of the budget: pinfeed::device_share's rule.
+        self.loaders = []
+        for i, device in enumerate(devices):
+            r, w, budget = _pinfeed.device_share(rank, world_size, n, i, pinned_budget)
+            self.loaders.append(
+                Loader(
+                    source,
+                    batch_size,
+                    device=device,
+                    rank=r,
+                    world_size=w,
+                    pinned_budget=budget,
+                    **options,
+                )
             )
-            for i, device in enumerate(devices)
-        ]
 
     def __len__(self) -> int:
         return len(self.loaders[0])

@@ -49,7 +49,7 @@ def u64_arg(name: str, value: Any) -> int:
         raise TypeError(f"{name} must be an int, not {type(value).__name__}")
     value = int(value)
     if not 0 <= value <= _U64:
-        raise PinfeedValueError(f"{name} must be in 0 .. 2**64 - 1, got {value}")
+        raise PinfeedValueError(f"{name} must be an int in 0 ..= {_U64}, got {value}")
     return value
 
 
@@ -94,7 +94,8 @@ def _env_int(name: str, default: int) -> int:
 
 
 def distributed_defaults(rank: Optional[int], world_size: Optional[int]) -> tuple[int, int]:
-    """This process's ``(rank, world_size)``: the arguments where given; otherwise
+    """This process's ``(rank, world_size)``: the arguments where given (as given: the Loader
+    checks them); otherwise
     ``torch.distributed``'s when it is initialised; otherwise ``$RANK``/``$WORLD_SIZE``
     (torchrun sets them); otherwise 0 and 1.
 
@@ -102,7 +103,7 @@ def distributed_defaults(rank: Optional[int], world_size: Optional[int]) -> tupl
     been imported, so looking at ``sys.modules`` misses nothing.
     """
     if rank is not None and world_size is not None:
-        return u64_arg("rank", rank), u64_arg("world_size", world_size)
+        return rank, world_size
     dist = sys.modules.get("torch.distributed")
     found: Optional[tuple[int, int]] = None
     if dist is not None:
@@ -115,9 +116,7 @@ def distributed_defaults(rank: Optional[int], world_size: Optional[int]) -> tupl
             found = None
     if found is None:
         found = _env_int("RANK", 0), _env_int("WORLD_SIZE", 1)
-    r = found[0] if rank is None else u64_arg("rank", rank)
-    w = found[1] if world_size is None else u64_arg("world_size", world_size)
-    return r, w
+    return (found[0] if rank is None else rank), (found[1] if world_size is None else world_size)
 
 
 def epoch_order(

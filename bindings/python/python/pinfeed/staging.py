@@ -15,7 +15,7 @@ import numpy as np
 from . import _pinfeed
 from ._arrays import export_for, host_array, is_torch_tensor, materialize
 from .errors import PinfeedError
-from .loader import device_name
+from .loader import device_name, warn_if_host_fallback
 
 __all__ = ["prefetch", "to_device", "pinned", "Prefetcher", "free_staging_memory"]
 
@@ -91,7 +91,9 @@ class _Times:
     """Where a prefetch pipeline's time goes, in seconds per stage: what :meth:`Prefetcher.stats`
     reports. Each field is written by one thread only; a float store is atomic under the GIL."""
 
-    FIELDS = ("fetch_s", "fetch_wait_s", "upload_s", "upload_wait_s", "consumer_wait_s")
+    # The upload thread's waits, apart: for a fetched item (starved) and for room (blocked).
+    FIELDS = ("fetch_s", "fetch_wait_s", "upload_s", "upload_starved_s", "upload_blocked_s")
+    FIELDS += ("consumer_wait_s",)
 
     def __init__(self) -> None:
         self.started = time.perf_counter()
@@ -107,23 +109,37 @@ class _Times:
         """The counters, the rate, and the stage that limits it, in words."""
         elapsed = time.perf_counter() - self.started
         r: dict[str, Any] = {f: getattr(self, f) for f in self.FIELDS}
+        r["upload_wait_s"] = self.upload_starved_s + self.upload_blocked_s
         r.update(items=self.items, bytes=self.bytes, elapsed_s=elapsed)
         r["gbps"] = self.bytes / elapsed / 1e9 if elapsed > 0 else 0.0
-        # The busiest thread sets the pace; a consumer that rarely waits is itself the limit.
-        busy = {"the iterable": self.fetch_s, "the upload": self.upload_s}
-        stage, seconds = max(busy.items(), key=lambda kv: kv[1])
-        if self.items == 0:
-            r["bottleneck"] = "nothing delivered yet"
-        elif self.consumer_wait_s < 0.1 * elapsed:
+        # The loader's rule (pinfeed::bottleneck): the iterable is the producer, the upload
+        # thread the copy stage.
+        kind = _pinfeed.bottleneck(
+            elapsed=elapsed,
+            delivered=self.items,
+            consumer_wait=self.consumer_wait_s,
+            copy_starved=self.upload_starved_s,
+            copy_blocked=self.upload_blocked_s,
+        )
+        busy = (
+            f"(iterable {self.fetch_s:.3f} s, upload {self.upload_s:.3f} s; "
+            f"the consumer waited {self.consumer_wait_s:.3f} s)"
+        )
+        if kind == "consumer":
             r["bottleneck"] = (
                 f"the consumer: it waited {self.consumer_wait_s:.3f} s of {elapsed:.3f} s for batches, "
                 "so the loop body, not the data, sets the pace"
             )
+        elif kind == "read":
+            r["bottleneck"] = (
+                f"the iterable: the upload waited {self.upload_starved_s:.3f} s of "
+                f"{elapsed:.3f} s for items {busy}"
+            )
+        elif kind == "copy":
+            r["bottleneck"] = f"the upload: busy {self.upload_s:.3f} s of {elapsed:.3f} s {busy}"
         else:
             r["bottleneck"] = (
-                f"{stage}: busy {seconds:.3f} s of {elapsed:.3f} s "
-                f"(iterable {self.fetch_s:.3f} s, upload {self.upload_s:.3f} s; "
-                f"the consumer waited {self.consumer_wait_s:.3f} s)"
+                "nothing delivered yet" if self.items == 0 else "too few items to tell"
             )
         return r
 
@@ -214,7 +230,7 @@ def _upload(stager: "_pinfeed.Stager", state: _State) -> None:
         return staged
 
     while True:
-        message = state.get(state.fetched, "upload_wait_s")
+        message = state.get(state.fetched, "upload_starved_s")
         if message is None:
             return
         if message[0] == "item":
@@ -225,7 +241,7 @@ def _upload(stager: "_pinfeed.Stager", state: _State) -> None:
             except BaseException as e:  # re-raised in the consumer, after the items before it
                 message = ("error", e)
             times.add("upload_s", time.perf_counter() - t0)
-        if not state.put(state.staged, message, "upload_wait_s"):
+        if not state.put(state.staged, message, "upload_blocked_s"):
             return
         if message[0] != "item":
             # Nothing after the end or an error is wanted: let the fetch thread go too.
@@ -240,7 +256,7 @@ class Prefetcher(Iterator[Any]):
     def __init__(
         self,
         iterable: Iterable[Any],
-        device: Any = "cuda",
+        device: Any = "auto",
         depth: int = 2,
         pinned_budget: Any = None,
         num_threads: Optional[int] = None,
@@ -249,6 +265,7 @@ class Prefetcher(Iterator[Any]):
             raise ValueError(f"depth must be at least 1, got {depth}")
         self._stager = _pinfeed.Stager(device_name(device), pinned_budget, num_threads)
         self.device: str = self._stager.device
+        warn_if_host_fallback(device_name(device), self.device)
         self._state = _State(depth)
         self._done = False
         self._pid = os.getpid()
@@ -338,7 +355,7 @@ class Prefetcher(Iterator[Any]):
 
 def prefetch(
     iterable: Iterable[Any],
-    device: Any = "cuda",
+    device: Any = "auto",
     depth: int = 2,
     pinned_budget: Any = None,
     *,
@@ -374,7 +391,7 @@ def prefetch(
 
 
 def to_device(
-    x: Any, device: Any = "cuda", pinned_budget: Any = None, *, method: str = "stage"
+    x: Any, device: Any = "auto", pinned_budget: Any = None, *, method: str = "stage"
 ) -> Any:
     """Copies one array (numpy, torch CPU tensor, or anything ``numpy.asarray`` takes) to
     ``device`` without pinning the array for good, with at most ``pinned_budget`` bytes
@@ -403,12 +420,13 @@ _stagers_lock = threading.Lock()
 
 def _shared_stager(device: Any, pinned_budget: Any, method: str = "stage") -> Any:
     # "64MiB" and 64 << 20 are one arena: the key holds the size in bytes.
-    size = _pinfeed.parse_size(pinned_budget) if isinstance(pinned_budget, str) else pinned_budget
+    size = _pinfeed.byte_size(pinned_budget, "pinned_budget")
     key = (device_name(device), repr(size), method)
     with _stagers_lock:
         stager = _stagers.get(key)
         if stager is None:
-            stager = _pinfeed.Stager(key[0], pinned_budget, None, method)
+            stager = _pinfeed.Stager(key[0], size, None, method)
+            warn_if_host_fallback(key[0], stager.device)
             _stagers[key] = stager
         return stager
 

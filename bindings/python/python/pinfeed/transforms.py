@@ -75,8 +75,15 @@ def make_caller(
             # numpy points every array made from these (views, slices, reshapes) at one
             # memoryview of its own; counting references to it tells whether any outlives the call.
             bases = (raw.base, out.base)
-            func(raw, out)
+            returned = func(raw, out)
             del raw, out
+            if returned is not None:
+                raise TypeError(
+                    f"the transform returned a {type(returned).__name__} instead of None: it "
+                    "must write the batch into its `out` argument (out[...] = ...); what it "
+                    "returns is not used"
+                )
+            del returned
             if any(sys.getrefcount(b) > 3 for b in bases):  # `bases`, the loop, the argument
                 raise BufferError(
                     "the transform kept a reference to its raw or out array (or a view of it) "

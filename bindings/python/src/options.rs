@@ -1,0 +1,442 @@
+//! What a loader pass needs, read and checked once: [`StreamOptions`], built by the Python
+//! `Loader` from its keywords. Every rule on those values (ranges, sizes, names) is here or in
+//! the `pinfeed` crate, so Python only translates (a `torch.device` to a name, `True` to
+//! `"random"`) and each rule has one message.
+
+use std::sync::Arc;
+
+use dlpark::ffi::DLDataType;
+use pinfeed::{DeviceSpec, LoaderOptions, OrderSpec, ReaderKind, Shuffle};
+use pyo3::exceptions::PyTypeError;
+use pyo3::prelude::*;
+use pyo3::types::{PyBool, PyDict};
+
+use crate::dlpack::dl_dtype_from_tuple;
+use crate::errors::{value_error, ToPy};
+use crate::loader::Source;
+
+/// The keywords of one constructor, taken one by one; any left over is an error.
+struct Keywords<'py> {
+    dict: Bound<'py, PyDict>,
+    /// The source's name, which every message starts with.
+    source: String,
+}
+
+impl<'py> Keywords<'py> {
+    /// The value of `name`, `None` when absent or `None`.
+    fn take(&self, name: &str) -> PyResult<Option<Bound<'py, PyAny>>> {
+        let value = self.dict.get_item(name)?;
+        if value.is_some() {
+            self.dict.del_item(name)?;
+        }
+        Ok(value.filter(|v| !v.is_none()))
+    }
+
+    /// `name` as messages call it: after the source's name.
+    fn label(&self, name: &str) -> String {
+        format!("{}: {name}", self.source)
+    }
+
+    fn int(&self, name: &str, min: u64, max: u64, default: u64) -> PyResult<u64> {
+        match self.take(name)? {
+            Some(v) => int_arg(&v, &self.label(name), min, max),
+            None => Ok(default),
+        }
+    }
+
+    fn opt_int(&self, name: &str, min: u64, max: u64) -> PyResult<Option<u64>> {
+        self.take(name)?
+            .map(|v| int_arg(&v, &self.label(name), min, max))
+            .transpose()
+    }
+
+    fn usize(&self, name: &str, min: usize, default: usize) -> PyResult<usize> {
+        Ok(self.int(name, min as u64, usize::MAX as u64, default as u64)? as usize)
+    }
+
+    fn flag(&self, name: &str) -> PyResult<bool> {
+        self.take(name)?.map_or(Ok(false), |v| v.is_truthy())
+    }
+
+    fn text(&self, name: &str, default: &str) -> PyResult<String> {
+        self.take(name)?
+            .map_or(Ok(default.to_owned()), |v| v.extract::<String>())
+    }
+
+    /// Fails on a keyword nobody took.
+    fn finish(self, what: &str) -> PyResult<()> {
+        match self.dict.keys().iter().next() {
+            Some(key) => Err(PyTypeError::new_err(format!(
+                "{what} got an unexpected keyword argument {key}"
+            ))),
+            None => Ok(()),
+        }
+    }
+}
+
+/// An int in `min ..= max`, from anything with `__index__` but a bool: a `TypeError` for
+/// another type, a `PinfeedValueError` naming `name` and the range for one out of it.
+pub(crate) fn int_arg(value: &Bound<'_, PyAny>, name: &str, min: u64, max: u64) -> PyResult<u64> {
+    let py = value.py();
+    let index = if value.is_instance_of::<PyBool>() {
+        None
+    } else {
+        py.import("operator")?.call_method1("index", (value,)).ok()
+    };
+    let Some(index) = index else {
+        return Err(PyTypeError::new_err(format!(
+            "{name} must be an int, not {}",
+            value.get_type().name()?
+        )));
+    };
+    match index.extract::<i128>() {
+        Ok(n) if n >= min as i128 && n <= max as i128 => Ok(n as u64),
+        _ => Err(value_error(
+            py,
+            "Config",
+            format!("{name} must be an int in {min} ..= {max}, got {index}"),
+        )),
+    }
+}
+
+/// A size given as an int of bytes or a string such as "256MiB".
+pub(crate) fn size_arg(value: Option<&Bound<'_, PyAny>>, what: &str) -> PyResult<Option<usize>> {
+    let Some(value) = value.filter(|v| !v.is_none()) else {
+        return Ok(None);
+    };
+    if let Ok(text) = value.extract::<String>() {
+        return pinfeed::parse_size(&text)
+            .map_err(|e| pinfeed::LoaderError::Config(format!("{what}: {e}")))
+            .py_err(value.py())
+            .map(Some);
+    }
+    if value.is_instance_of::<PyBool>() || value.call_method0("__index__").is_err() {
+        return Err(PyTypeError::new_err(format!(
+            "{what} must be an int (bytes) or a string such as \"256MiB\""
+        )));
+    }
+    int_arg(value, what, 0, usize::MAX as u64).map(|n| Some(n as usize))
+}
+
+/// A device name: "cpu", "cuda", "cuda:N" or "auto".
+pub(crate) fn device_arg(py: Python<'_>, device: &str) -> PyResult<DeviceSpec> {
+    device
+        .trim()
+        .to_ascii_lowercase()
+        .parse::<DeviceSpec>()
+        .py_err(py)
+}
+
+/// A shuffle name (``"none"``, ``"random"``, ``"block"``) as a [`Shuffle`]; ``"block"`` needs
+/// both sizes (the Python layer picks the defaults, which depend on the record size).
+pub(crate) fn shuffle_arg(
+    py: Python<'_>,
+    name: &str,
+    block: Option<u64>,
+    window: Option<u64>,
+) -> PyResult<Shuffle> {
+    match name {
+        "none" => Ok(Shuffle::None),
+        "random" => Ok(Shuffle::Random),
+        "block" => match (block, window) {
+            (Some(block), Some(window)) => Ok(Shuffle::Block { block, window }),
+            _ => Err(value_error(
+                py,
+                "Config",
+                "block shuffling needs block_size and block_window",
+            )),
+        },
+        other => Err(value_error(
+            py,
+            "Config",
+            format!("unknown shuffle {other:?}: expected \"none\", \"random\" or \"block\""),
+        )),
+    }
+}
+
+/// Everything a pass of a loader needs but where it starts, checked: made once per `Loader`
+/// from its keywords, then given to each [`Stream`](crate::loader::Stream).
+#[pyclass(module = "pinfeed._pinfeed", frozen)]
+pub struct StreamOptions {
+    pub(crate) source: Arc<dyn pinfeed_source::Source>,
+    /// The `pinfeed::Loader`'s options but the transform and the start, set per pass.
+    pub(crate) loader: LoaderOptions,
+    /// A built-in transform spec or a Python callable.
+    pub(crate) transform: Option<Py<PyAny>>,
+    pub(crate) transform_out_bytes: Option<usize>,
+    pub(crate) export_dtype: DLDataType,
+    pub(crate) record_shape: Vec<i64>,
+    /// The devices of a replicated pass (`loader.device` is then not used).
+    pub(crate) replicas: Option<Vec<DeviceSpec>>,
+}
+
+#[pymethods]
+impl StreamOptions {
+    /// Reads and checks the options of a pass over ``source``: ``batch_size``, ``export_dtype``
+    /// (DLPack ``(code, bits, lanes)``) and ``record_shape`` (which must cover a delivered
+    /// record exactly), and the keywords ``drop_last``, ``epochs``, ``pinned_budget``,
+    /// ``device_budget``, ``num_threads``, ``device``, ``prefetch``, ``piece_size`` (``None``:
+    /// whole batches), ``transform``, ``transform_out_bytes``, ``reader``, ``shuffle``,
+    /// ``block_size``, ``block_window``, ``seed``, ``rank``, ``world_size`` and ``devices``
+    /// (device names: each batch is read once and copied to every one of them).
+    #[new]
+    #[pyo3(signature = (source, batch_size, *, export_dtype, record_shape, **options))]
+    fn new(
+        py: Python<'_>,
+        source: &Source,
+        batch_size: &Bound<'_, PyAny>,
+        export_dtype: (u8, u8, u16),
+        record_shape: Vec<i64>,
+        options: Option<Bound<'_, PyDict>>,
+    ) -> PyResult<StreamOptions> {
+        let kw = Keywords {
+            dict: options.map_or_else(|| PyDict::new(py), |d| d.copy().unwrap_or(d)),
+            source: source.inner.name().to_owned(),
+        };
+        let batch_size = int_arg(batch_size, &kw.label("batch_size"), 1, usize::MAX as u64)?;
+        let batch_size = batch_size as usize;
+        let drop_last = kw.flag("drop_last")?;
+        let epochs = kw.int("epochs", 1, u64::MAX, 1)?;
+        let pinned_budget = size_arg(
+            kw.take("pinned_budget")?.as_ref(),
+            &kw.label("pinned_budget"),
+        )?
+        .unwrap_or(pinfeed::DEFAULT_PINNED_BUDGET);
+        let device_budget = size_arg(
+            kw.take("device_budget")?.as_ref(),
+            &kw.label("device_budget"),
+        )?;
+        let num_threads = kw
+            .opt_int("num_threads", 1, usize::MAX as u64)?
+            .map(|n| n as usize);
+        let device = device_arg(py, &kw.text("device", "auto")?)?;
+        let prefetch = kw.usize("prefetch", 1, 4)?;
+        let piece_bytes = match kw.take("piece_size")? {
+            None => None,
+            Some(size) => match size_arg(Some(&size), &kw.label("piece_size"))? {
+                Some(0) | None => {
+                    return Err(value_error(
+                        py,
+                        "Config",
+                        format!(
+                            "{}: piece_size must be at least 1 byte (or None), got {size}",
+                            kw.source
+                        ),
+                    ))
+                }
+                some => some,
+            },
+        };
+        let transform = kw.take("transform")?.map(Bound::unbind);
+        let transform_out_bytes = kw
+            .opt_int("transform_out_bytes", 1, usize::MAX as u64)?
+            .map(|n| n as usize);
+        let reader = kw
+            .text("reader", "auto")?
+            .parse::<ReaderKind>()
+            .py_err(py)?;
+        let block_size = kw.opt_int("block_size", 1, u64::MAX)?;
+        let block_window = kw.opt_int("block_window", 1, u64::MAX)?;
+        let shuffle = shuffle_arg(py, &kw.text("shuffle", "none")?, block_size, block_window)?;
+        let seed = kw.int("seed", 0, u64::MAX, 0)?;
+        let rank = kw.int("rank", 0, u64::MAX, 0)?;
+        let world_size = kw.int("world_size", 1, u64::MAX, 1)?;
+        let replicas = kw
+            .take("devices")?
+            .map(|names| {
+                names
+                    .extract::<Vec<String>>()?
+                    .iter()
+                    .map(|name| device_arg(py, name))
+                    .collect::<PyResult<Vec<_>>>()
+            })
+            .transpose()?;
+        kw.finish("StreamOptions")?;
+        Ok(StreamOptions {
+            source: Arc::clone(&source.inner),
+            loader: LoaderOptions {
+                batch_size,
+                drop_last,
+                epochs,
+                pinned_budget,
+                device_budget,
+                num_threads,
+                device,
+                prefetch,
+                piece_bytes,
+                reader,
+                shuffle,
+                seed,
+                rank,
+                world_size,
+                ..LoaderOptions::default()
+            },
+            transform,
+            transform_out_bytes,
+            export_dtype: dl_dtype_from_tuple(export_dtype),
+            record_shape,
+            replicas,
+        })
+    }
+
+    /// The options of the GPU-resident mode's upload: every record once, in file order, on one
+    /// rank, in batches of ``batch_size``, with no device budget (the resident copy is bounded
+    /// apart).
+    fn upload(&self, py: Python<'_>, batch_size: &Bound<'_, PyAny>) -> PyResult<StreamOptions> {
+        let batch_size = int_arg(batch_size, "batch_size", 1, usize::MAX as u64)? as usize;
+        Ok(StreamOptions {
+            source: Arc::clone(&self.source),
+            loader: LoaderOptions {
+                batch_size,
+                drop_last: false,
+                epochs: 1,
+                device_budget: None,
+                shuffle: Shuffle::None,
+                rank: 0,
+                world_size: 1,
+                ..self.loader.clone()
+            },
+            transform: self.transform.as_ref().map(|t| t.clone_ref(py)),
+            transform_out_bytes: self.transform_out_bytes,
+            export_dtype: self.export_dtype,
+            record_shape: self.record_shape.clone(),
+            replicas: self.replicas.clone(),
+        })
+    }
+
+    /// Records in a batch.
+    #[getter]
+    fn batch_size(&self) -> usize {
+        self.loader.batch_size
+    }
+
+    /// Epochs a pass runs.
+    #[getter]
+    fn epochs(&self) -> u64 {
+        self.loader.epochs
+    }
+
+    /// Whether each epoch's last, partial batch is dropped.
+    #[getter]
+    fn drop_last(&self) -> bool {
+        self.loader.drop_last
+    }
+
+    /// The order's seed.
+    #[getter]
+    fn seed(&self) -> u64 {
+        self.loader.seed
+    }
+
+    /// This rank.
+    #[getter]
+    fn rank(&self) -> u64 {
+        self.loader.rank
+    }
+
+    /// Ranks sharing each epoch.
+    #[getter]
+    fn world_size(&self) -> u64 {
+        self.loader.world_size
+    }
+
+    /// Bytes page-locked at most, per pass.
+    #[getter]
+    fn pinned_budget(&self) -> usize {
+        self.loader.pinned_budget
+    }
+
+    /// Device bytes the batches (or the resident copy) may hold, ``None`` for no bound.
+    #[getter]
+    fn device_budget(&self) -> Option<usize> {
+        self.loader.device_budget
+    }
+
+    /// The device asked for: ``"auto"``, ``"cpu"``, ``"cuda"`` or ``"cuda:N"``.
+    #[getter]
+    fn device(&self) -> String {
+        self.loader.device.to_string()
+    }
+
+    /// The Rust ``OrderSpec::fingerprint()`` of the order: a hash of everything but the rank
+    /// and the epoch that decides which records each batch holds.
+    #[getter]
+    fn fingerprint(&self) -> u64 {
+        order_spec(self.source.num_records(), &self.loader).fingerprint()
+    }
+
+    fn __repr__(&self) -> String {
+        format!("StreamOptions({:?})", self.loader)
+    }
+}
+
+/// The order of a pass with `options` over `num_records` records.
+pub(crate) fn order_spec(num_records: u64, options: &LoaderOptions) -> OrderSpec {
+    OrderSpec {
+        num_records,
+        batch_size: options.batch_size as u64,
+        drop_last: options.drop_last,
+        shuffle: options.shuffle,
+        seed: options.seed,
+        rank: options.rank,
+        world_size: options.world_size,
+    }
+}
+
+/// ``(rank, world_size, pinned_budget)`` of device ``index`` of ``devices`` in rank ``rank`` of
+/// ``world_size`` when the devices split each epoch (``pinfeed::device_share``), the budget
+/// (``None``: the default) divided among the devices.
+#[pyfunction]
+#[pyo3(signature = (rank, world_size, devices, index, pinned_budget=None))]
+pub(crate) fn device_share(
+    py: Python<'_>,
+    rank: &Bound<'_, PyAny>,
+    world_size: &Bound<'_, PyAny>,
+    devices: usize,
+    index: usize,
+    pinned_budget: Option<Bound<'_, PyAny>>,
+) -> PyResult<(u64, u64, Option<usize>)> {
+    let rank = int_arg(rank, "rank", 0, u64::MAX)?;
+    let world_size = int_arg(world_size, "world_size", 1, u64::MAX)?;
+    let share = pinfeed::device_share(rank, world_size, devices, index).py_err(py)?;
+    let budget = size_arg(pinned_budget.as_ref(), "pinned_budget")?.map(|b| b / devices);
+    Ok((share.rank, share.world_size, budget))
+}
+
+/// A byte size given as an int or a string such as ``"256MiB"`` (``None`` stays ``None``),
+/// checked as the loader checks ``what``.
+#[pyfunction]
+#[pyo3(signature = (value, what="size"))]
+pub(crate) fn byte_size(value: Option<Bound<'_, PyAny>>, what: &str) -> PyResult<Option<usize>> {
+    size_arg(value.as_ref(), what)
+}
+
+/// ``"consumer"``, ``"read"`` (the producer: readers, or prefetch's iterable), ``"copy"`` or
+/// ``"unknown"``: the one rule (``pinfeed::bottleneck``) that names what limits a pipeline,
+/// from its wall time, items delivered and where the copy stage and the consumer waited
+/// (seconds).
+#[pyfunction]
+#[pyo3(signature = (*, elapsed, delivered, consumer_wait, copy_starved, copy_blocked))]
+pub(crate) fn bottleneck(
+    elapsed: f64,
+    delivered: u64,
+    consumer_wait: f64,
+    copy_starved: f64,
+    copy_blocked: f64,
+) -> &'static str {
+    let secs = |s: f64| {
+        std::time::Duration::try_from_secs_f64(s.max(0.0)).unwrap_or(std::time::Duration::MAX)
+    };
+    match pinfeed::bottleneck(&pinfeed::StageWaits {
+        elapsed: secs(elapsed),
+        delivered,
+        consumer_wait: secs(consumer_wait),
+        copy_starved: secs(copy_starved),
+        copy_blocked: secs(copy_blocked),
+    }) {
+        pinfeed::Bottleneck::Consumer => "consumer",
+        pinfeed::Bottleneck::Read => "read",
+        pinfeed::Bottleneck::Copy => "copy",
+        _ => "unknown",
+    }
+}
