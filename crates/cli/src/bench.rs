@@ -5,6 +5,8 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use std::io::Write as _;
+
 use anyhow::{bail, Context as _, Result};
 use clap::Args;
 use pinfeed::{
@@ -125,7 +127,7 @@ pub fn run(args: BenchArgs) -> Result<Outcome> {
             rows /= 2;
         }
         if rows != args.rows {
-            eprintln!(
+            note!(
                 "pinfeed bench: {} MB of memory available; using {rows} rows instead of {}",
                 available / 1_000_000,
                 args.rows
@@ -242,7 +244,7 @@ pub fn run(args: BenchArgs) -> Result<Outcome> {
         check_crc(crc32fast::hash(&back), source_crc, name)?;
         let counters = stager.counters();
         if let Some(error) = counters.register_error {
-            eprintln!("{name}: registration failed, staged instead: {error}");
+            note!("{name}: registration failed, staged instead: {error}");
         }
         uploads.push((name, method, whole));
     }
@@ -298,6 +300,7 @@ pub fn run(args: BenchArgs) -> Result<Outcome> {
         (alloc_ms + free_ms) / row_copy_ms.max(1e-9),
     );
 
+    let mut out = crate::output::stdout();
     if args.json {
         let list: Vec<_> = variants
             .iter()
@@ -311,7 +314,8 @@ pub fn run(args: BenchArgs) -> Result<Outcome> {
                 json!({"method": m, "bytes": bytes, "alloc_ms": alloc.as_secs_f64() * 1e3, "free_ms": free.as_secs_f64() * 1e3})
             })
             .collect();
-        println!(
+        writeln!(
+            out,
             "{}",
             json!({
                 "device": device.to_string(),
@@ -328,40 +332,47 @@ pub fn run(args: BenchArgs) -> Result<Outcome> {
                 "verified": true,
                 "why": why,
             })
-        );
+        )?;
     } else {
-        println!(
+        writeln!(out,
             "seed experiment on {device}: {rows} × {} float32 ({:.2} GB), one row ({:.2} MB) per copy, median of {}",
             args.cols,
             total as f64 / 1e9,
             row_bytes as f64 / 1e6,
             args.repeat
-        );
+        )?;
         let width = variants.iter().map(|v| v.what.len()).max().unwrap_or(0);
-        println!(
+        writeln!(
+            out,
             "{:<width$} {:>10} {:>10} {:>8}",
             "variant", "wall ms", "CPU ms", "GB/s"
-        );
+        )?;
         for v in &variants {
-            println!(
+            writeln!(
+                out,
                 "{:<width$} {:>10.1} {:>10.1} {:>8.2}",
                 v.what,
                 v.wall.as_secs_f64() * 1e3,
                 v.cpu.as_secs_f64() * 1e3,
                 v.gbps()
-            );
+            )?;
         }
         for (m, bytes, alloc, free) in &pin_methods {
-            println!(
+            writeln!(
+                out,
                 "page-locking {:.0} MiB with {m}: {:.1} ms, freeing it {:.1} ms",
                 *bytes as f64 / (1u64 << 20) as f64,
                 alloc.as_secs_f64() * 1e3,
                 free.as_secs_f64() * 1e3
-            );
+            )?;
         }
-        println!("every variant delivered bytes equal to the source (CRC-32 {source_crc:#010x})");
-        println!("{why}");
+        writeln!(
+            out,
+            "every variant delivered bytes equal to the source (CRC-32 {source_crc:#010x})"
+        )?;
+        writeln!(out, "{why}")?;
     }
+    out.flush()?;
     Ok(Outcome::Ok)
 }
 

@@ -85,7 +85,7 @@ pub fn run(args: GenArgs) -> Result<Outcome> {
         left -= n as u128;
     }
     writer.finish()?;
-    eprintln!(
+    note!(
         "wrote {}: {} records of {} ({} bytes)",
         args.out.display(),
         args.records,

@@ -15,6 +15,8 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use std::io::Write as _;
+
 use anyhow::{bail, Context as _, Result};
 use clap::Args;
 use pinfeed::DeviceSpec;
@@ -241,11 +243,13 @@ pub fn run(args: DoctorArgs) -> Result<Outcome> {
     }
     report.advice = advise(&report);
 
+    let mut out = crate::output::stdout();
     if args.json {
-        println!("{}", serde_json::to_string(&report)?);
+        writeln!(out, "{}", serde_json::to_string(&report)?)?;
     } else {
-        print!("{}", render(&report, args.path.as_deref()));
+        write!(out, "{}", render(&report, args.path.as_deref()))?;
     }
+    out.flush()?;
     Ok(Outcome::Ok)
 }
 
