@@ -38,10 +38,10 @@ pub struct BenchArgs {
     pinned_budget: String,
     /// pinfeed's reader threads (default: one per core) and the staging arena's copy threads
     /// (default: one per core, at most 8).
-    #[arg(long)]
+    #[arg(long, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     threads: Option<usize>,
     /// Repeat each variant this many times and report the median.
-    #[arg(long, default_value_t = 3)]
+    #[arg(long, default_value_t = 3, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     repeat: usize,
     /// Print one JSON object instead of a table.
     #[arg(long)]

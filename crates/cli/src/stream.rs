@@ -23,7 +23,9 @@ use crate::Outcome;
 
 #[derive(Args, Debug)]
 pub struct StreamArgs {
-    /// A .npy file, or a raw record file with --dtype and --shape.
+    /// The dataset: a .npy file, a .safetensors file (see --tensor), a raw record file (with
+    /// --dtype, and --shape unless the dtype carries it, as in 3,31,31B), or a directory or
+    /// glob (quoted, e.g. 'shards/*.npy') of such files, read as one dataset in name order.
     path: PathBuf,
     /// Records in a batch.
     #[arg(long)]
@@ -46,7 +48,7 @@ pub struct StreamArgs {
     #[arg(long, default_value = "256MiB")]
     pinned_budget: String,
     /// Reader threads (default: one per core, at most 8).
-    #[arg(long)]
+    #[arg(long, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     threads: Option<usize>,
     /// Batches larger than this are read and copied in pieces of about this size, a slot
     /// each, e.g. 4MiB; `whole` keeps each batch in one slot.
@@ -59,13 +61,18 @@ pub struct StreamArgs {
     /// mismatch. Implies --crc.
     #[arg(long)]
     verify: bool,
-    /// Compute the CRC-32 of everything delivered, read back from the device.
+    /// Compute the CRC-32 of everything delivered, read back from the device (`crc32`): every
+    /// byte, batch by batch; with --devices, step by step, each step's batches in device order,
+    /// which equals one device's CRC when the devices split the records evenly (no padding);
+    /// each device's own CRC is in `devices[i].crc32`.
     #[arg(long)]
     crc: bool,
-    /// Element type of a raw record file (see `pinfeed gen --help`), or numpy's `3,31,31B` form.
+    /// Element type of a raw record file (see `pinfeed gen --help`), or numpy's `3,31,31B` form
+    /// (a sub-array dtype: its dims come after --shape's, as in numpy). Raw files need it.
     #[arg(long)]
     dtype: Option<String>,
-    /// Shape of one record of a raw record file, e.g. 3,31,31.
+    /// Shape of one record of a raw record file, e.g. 3,31,31 (with a .npy file, a check of
+    /// its header).
     #[arg(long, value_parser = parse_shape)]
     shape: Option<Shape>,
     /// How the pinned pool is page-locked on CUDA: register (malloc + cuMemHostRegister) or
@@ -131,24 +138,43 @@ pub fn parse_pin_method(text: &str) -> Result<PinMethod> {
     }
 }
 
+/// Opens the dataset at `path`. `dtype` and `shape` describe a raw record file's records, as
+/// numpy's `np.memmap(path, dtype, shape=(n, *shape))` would (the dims of a sub-array dtype
+/// such as `2,3B` come after `shape`); for a file with a header they must agree with it.
 pub fn open_source(
     path: &std::path::Path,
     dtype: Option<&str>,
     shape: Option<&[u64]>,
     read: &ReadOptions,
 ) -> Result<Arc<dyn Source>> {
-    let raw_layout = match (dtype, shape) {
-        (None, None) => None,
-        (dtype, shape) => {
-            let layout = parse_user_dtype(dtype.unwrap_or("u8")).and_then(|(dtype, mut full)| {
-                full.extend(shape.unwrap_or(&[]));
-                Layout::new(dtype, full)
-            });
-            Some(layout.with_context(|| format!("{}: --dtype/--shape", path.display()))?)
-        }
+    let raw_layout = match dtype {
+        None => None,
+        Some(dtype) => Some(
+            parse_user_dtype(dtype)
+                .and_then(|(dtype, sub)| Layout::new(dtype, record_shape(shape, &sub)))
+                .with_context(|| format!("{}: --dtype/--shape", path.display()))?,
+        ),
     };
-    let source: Arc<dyn Source> = Arc::from(open_with(path, raw_layout.clone(), read)?);
-    if let Some(asked) = raw_layout {
+    let source: Arc<dyn Source> = match open_with(path, raw_layout.clone(), read) {
+        Ok(source) => Arc::from(source),
+        // Python refuses to guess the element type of raw records; so does the command.
+        Err(_) if raw_layout.is_none() && shape.is_some() && is_raw(path, read) => bail!(
+            "{}: a raw record file needs --dtype (its element type, e.g. --dtype u8) as well as \
+             --shape",
+            path.display()
+        ),
+        Err(e) => return Err(e.into()),
+    };
+    // Without --dtype, --shape is checked against the header's element type.
+    let asked = match (raw_layout, shape) {
+        (Some(layout), _) => Some(layout),
+        (None, Some(shape)) => Some(
+            Layout::new(source.layout().dtype.clone(), shape.to_vec())
+                .with_context(|| format!("{}: --shape", path.display()))?,
+        ),
+        (None, None) => None,
+    };
+    if let Some(asked) = asked {
         if source.layout() != &asked {
             bail!(
                 "{}: the file's header gives records of {} {:?} ({} bytes), not the --dtype/--shape given, {} {:?} ({} bytes)",
@@ -163,6 +189,21 @@ pub fn open_source(
         }
     }
     Ok(source)
+}
+
+/// The shape of one record: `shape`, then the dims of a sub-array dtype, as numpy orders them
+/// (`np.zeros(4, dtype='2,3B').shape` is `(4, 2, 3)`).
+pub fn record_shape(shape: Option<&[u64]>, subarray: &[u64]) -> Vec<u64> {
+    let mut full = shape.unwrap_or(&[]).to_vec();
+    full.extend(subarray);
+    full
+}
+
+/// Whether `path` opens as raw records when given an element type: a dataset without a header.
+fn is_raw(path: &std::path::Path, read: &ReadOptions) -> bool {
+    parse_user_dtype("u8")
+        .and_then(|(dtype, _)| Layout::new(dtype, Vec::new()))
+        .is_ok_and(|bytes| open_with(path, Some(bytes), read).is_ok())
 }
 
 /// `--reader`: how records reach the device, as the source's read mode and the loader's reader.
@@ -251,9 +292,6 @@ fn prepare(
     Vec<DeviceSpec>,
     Option<String>,
 )> {
-    if args.threads == Some(0) {
-        bail!("--threads must be at least 1");
-    }
     let (mode, reader, why) = reader_choice(&args.reader, &args.path)?;
     let read = ReadOptions {
         mode,
