@@ -227,10 +227,10 @@ fn seed_variants(
     let (pageable, per_row, lock_cost) = match ctx {
         Some(ctx) => {
             let cuda = CudaBench::new(ctx, total as usize)?;
-            let pageable = median_of(args.repeat, || timed(|| cuda.pageable(&tensor, row_bytes)))?;
+            let pageable = median_of(args.repeat, || timed(|| cuda.pageable(tensor, row_bytes)))?;
             cuda.check(source_crc, "pageable")?;
             let per_row = median_of(args.repeat, || {
-                timed(|| cuda.pinned_per_row(&tensor, row_bytes))
+                timed(|| cuda.pinned_per_row(tensor, row_bytes))
             })?;
             cuda.check(source_crc, "pinned_per_batch")?;
             pin_methods = measure_pin_methods(ctx)?;
@@ -240,12 +240,12 @@ fn seed_variants(
             // Touched before any timing: first-touch page faults are not what (a) measures.
             let mut dst = vec![1u8; total as usize];
             let pageable = median_of(args.repeat, || {
-                timed(|| host_pageable(&tensor, &mut dst, row_bytes))
+                timed(|| host_pageable(tensor, &mut dst, row_bytes))
             })?;
             check_crc(crc32fast::hash(&dst), source_crc, "pageable")?;
             dst.fill(0);
             let per_row = median_of(args.repeat, || {
-                timed(|| host_locked_per_row(&tensor, &mut dst, row_bytes))
+                timed(|| host_locked_per_row(tensor, &mut dst, row_bytes))
             })?;
             check_crc(crc32fast::hash(&dst), source_crc, "pinned_per_batch")?;
             ((pageable.0, pageable.1), (per_row.0, per_row.1), per_row.2)
@@ -271,7 +271,7 @@ fn ring_variant(args: &BenchArgs, device: DeviceSpec, t: &Tensor) -> Result<(Dur
     };
     let (dtype, _) = parse_user_dtype("f32")?;
     let layout = Layout::new(dtype, vec![cols as u64])?;
-    let owner = Arc::clone(&tensor);
+    let owner = Arc::clone(tensor);
     // SAFETY: the bytes belong to `tensor`, which `owner` keeps alive and nobody writes.
     let source = Arc::new(unsafe {
         HostBuffer::from_raw(
@@ -322,12 +322,12 @@ fn upload_variants(args: &BenchArgs, device: DeviceSpec, t: &Tensor) -> Result<V
         })?;
         let whole = median_of(args.repeat, || {
             timed(|| {
-                let array = stager.upload(as_bytes(&tensor))?;
+                let array = stager.upload(as_bytes(tensor))?;
                 array.wait_ready()?;
                 Ok(())
             })
         })?;
-        let array = stager.upload(as_bytes(&tensor))?;
+        let array = stager.upload(as_bytes(tensor))?;
         let mut back = vec![0u8; total as usize];
         array.read_back(&mut back)?;
         check_crc(crc32fast::hash(&back), source_crc, name)?;

@@ -228,7 +228,12 @@ pub fn reader_choice(
 }
 
 pub fn run(args: StreamArgs) -> Result<Outcome> {
-    let (source, options, devices, auto_reason) = prepare(&args)?;
+    let Plan {
+        source,
+        options,
+        devices,
+        auto_reason,
+    } = prepare(&args)?;
     if args.devices.is_some() && args.plot.is_some() {
         bail!("--plot draws the stages of one loader; it does not take --devices");
     }
@@ -282,16 +287,18 @@ pub fn run(args: StreamArgs) -> Result<Outcome> {
     Ok(if failed { Outcome::Failed } else { Outcome::Ok })
 }
 
-/// The source, the loader's options and the devices that `args` ask for, and why `--reader
-/// auto` chose what it did.
-fn prepare(
-    args: &StreamArgs,
-) -> Result<(
-    Arc<dyn Source>,
-    LoaderOptions,
-    Vec<DeviceSpec>,
-    Option<String>,
-)> {
+/// What `args` ask to stream, and how.
+struct Plan {
+    source: Arc<dyn Source>,
+    options: LoaderOptions,
+    /// `--device`, or each of `--devices`.
+    devices: Vec<DeviceSpec>,
+    /// Why `--reader auto` chose what it did.
+    auto_reason: Option<String>,
+}
+
+/// The source, the loader's options and the devices that `args` ask for.
+fn prepare(args: &StreamArgs) -> Result<Plan> {
     let (mode, reader, why) = reader_choice(&args.reader, &args.path)?;
     let read = ReadOptions {
         mode,
@@ -333,7 +340,12 @@ fn prepare(
         seed: args.seed,
         ..LoaderOptions::default()
     };
-    Ok((source, options, devices, why))
+    Ok(Plan {
+        source,
+        options,
+        devices,
+        auto_reason: why,
+    })
 }
 
 /// What iterating the loader gathered.
