@@ -8,6 +8,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(clippy::undocumented_unsafe_blocks)]
 
+mod cli;
 mod dlpack;
 mod errors;
 mod fork;
@@ -83,6 +84,7 @@ fn _pinfeed(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<dlpack::DeviceBuffer>()?;
     m.add_class::<stage::Stager>()?;
     m.add_class::<stage::PinnedRegion>()?;
+    m.add_function(wrap_pyfunction!(cli::cli_main, m)?)?;
     m.add_function(wrap_pyfunction!(dlpack_dtype, m)?)?;
     m.add_function(wrap_pyfunction!(parse_dtype, m)?)?;
     m.add_function(wrap_pyfunction!(parse_size, m)?)?;

@@ -5,6 +5,8 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use std::io::Write;
+
 use anyhow::{bail, Context as _, Result};
 use clap::Args;
 use pinfeed::{
@@ -36,10 +38,10 @@ pub struct BenchArgs {
     pinned_budget: String,
     /// pinfeed's reader threads (default: one per core) and the staging arena's copy threads
     /// (default: one per core, at most 8).
-    #[arg(long)]
+    #[arg(long, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     threads: Option<usize>,
     /// Repeat each variant this many times and report the median.
-    #[arg(long, default_value_t = 3)]
+    #[arg(long, default_value_t = 3, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     repeat: usize,
     /// Print one JSON object instead of a table.
     #[arg(long)]
@@ -111,66 +113,151 @@ fn as_bytes(data: &[f32]) -> &[u8] {
     unsafe { std::slice::from_raw_parts(data.as_ptr().cast(), std::mem::size_of_val(data)) }
 }
 
+/// Pin-method costs: the method, the bytes page-locked, allocating and freeing them.
+type PinCosts = Vec<(&'static str, usize, Duration, Duration)>;
+
+/// The tensor every variant moves.
+struct Tensor {
+    data: Arc<Vec<f32>>,
+    rows: usize,
+    row_bytes: usize,
+    total: u64,
+    /// CRC-32 of its bytes, which every variant must deliver.
+    crc: u32,
+}
+
 pub fn run(args: BenchArgs) -> Result<Outcome> {
     if args.rows == 0 || args.cols == 0 {
         bail!("--rows and --cols must be at least 1");
     }
     let device: DeviceSpec = args.device.parse::<DeviceSpec>()?.resolve();
-    let mut rows = args.rows;
-    let row_bytes = args.cols * 4;
-    // The tensor plus a destination as large on the host backend, with room to spare.
-    let copies = if device == DeviceSpec::Cpu { 3 } else { 2 };
-    if let Some(available) = mem_available() {
-        while rows > 1 && (rows * row_bytes * copies) as u64 > available {
-            rows /= 2;
-        }
-        if rows != args.rows {
-            eprintln!(
-                "pinfeed bench: {} MB of memory available; using {rows} rows instead of {}",
-                available / 1_000_000,
-                args.rows
-            );
-        }
-    }
-    let tensor = Arc::new(make_tensor(rows, args.cols));
-    let source_crc = crc32fast::hash(as_bytes(&tensor));
-    let total = (rows * row_bytes) as u64;
-
-    let mut pin_methods = Vec::new();
+    let rows = fit_rows(&args, device);
+    let data = Arc::new(make_tensor(rows, args.cols));
+    let t = Tensor {
+        crc: crc32fast::hash(as_bytes(&data)),
+        data,
+        rows,
+        row_bytes: args.cols * 4,
+        total: (rows * args.cols * 4) as u64,
+    };
     // Held for the whole run: the CUDA context is made once, as in any program that uses the GPU,
     // and stays out of every variant's time (torch's baselines warm up the same way).
     let ctx = match device {
         DeviceSpec::Cuda(ordinal) => Some(Context::new(ordinal)?),
         _ => None,
     };
-    let (pageable, per_row, lock_cost) = match (device, &ctx) {
-        (DeviceSpec::Cuda(_), Some(ctx)) => {
+    let (pageable, per_row, lock_cost, pin_methods) = seed_variants(&args, ctx.as_ref(), &t)?;
+    let ring = ring_variant(&args, device, &t)?;
+    let uploads = upload_variants(&args, device, &t)?;
+    let total = t.total;
+    let seed = [
+        Measured {
+            name: "pageable",
+            what: "(a) pageable copy of each row",
+            wall: pageable.0,
+            cpu: pageable.1,
+            bytes: total,
+        },
+        Measured {
+            name: "pinned_per_batch",
+            what: "(b) page-locked memory allocated for each row",
+            wall: per_row.0,
+            cpu: per_row.1,
+            bytes: total,
+        },
+        Measured {
+            name: "pinfeed",
+            what: "(c) pinfeed ring",
+            wall: ring.0,
+            cpu: ring.1,
+            bytes: total,
+        },
+    ];
+    let variants: Vec<Measured> = seed.into_iter().chain(uploads).collect();
+    let mut out = crate::output::stdout();
+    write_report(
+        &mut out,
+        &args,
+        device,
+        &t,
+        &variants,
+        &lock_cost,
+        &pin_methods,
+    )?;
+    out.flush()?;
+    Ok(Outcome::Ok)
+}
+
+/// `--rows`, halved until the tensor and a destination as large on the host backend fit in the
+/// memory available with room to spare.
+fn fit_rows(args: &BenchArgs, device: DeviceSpec) -> usize {
+    let mut rows = args.rows;
+    let row_bytes = args.cols * 4;
+    let copies = if device == DeviceSpec::Cpu { 3 } else { 2 };
+    if let Some(available) = mem_available() {
+        while rows > 1 && (rows * row_bytes * copies) as u64 > available {
+            rows /= 2;
+        }
+        if rows != args.rows {
+            note!(
+                "pinfeed bench: {} MB of memory available; using {rows} rows instead of {}",
+                available / 1_000_000,
+                args.rows
+            );
+        }
+    }
+    rows
+}
+
+/// Variants (a) and (b) of the seed: `(wall, cpu)` of each, what (b) spent page-locking, and
+/// on a GPU what each pin method costs.
+#[allow(clippy::type_complexity)] // one tuple, taken apart at the one call
+fn seed_variants(
+    args: &BenchArgs,
+    ctx: Option<&Arc<Context>>,
+    t: &Tensor,
+) -> Result<(
+    (Duration, Duration),
+    (Duration, Duration),
+    LockCost,
+    PinCosts,
+)> {
+    let (tensor, row_bytes, total, source_crc) = (&t.data, t.row_bytes, t.total, t.crc);
+    let mut pin_methods = Vec::new();
+    let (pageable, per_row, lock_cost) = match ctx {
+        Some(ctx) => {
             let cuda = CudaBench::new(ctx, total as usize)?;
-            let pageable = median_of(args.repeat, || timed(|| cuda.pageable(&tensor, row_bytes)))?;
+            let pageable = median_of(args.repeat, || timed(|| cuda.pageable(tensor, row_bytes)))?;
             cuda.check(source_crc, "pageable")?;
             let per_row = median_of(args.repeat, || {
-                timed(|| cuda.pinned_per_row(&tensor, row_bytes))
+                timed(|| cuda.pinned_per_row(tensor, row_bytes))
             })?;
             cuda.check(source_crc, "pinned_per_batch")?;
             pin_methods = measure_pin_methods(ctx)?;
             ((pageable.0, pageable.1), (per_row.0, per_row.1), per_row.2)
         }
-        _ => {
+        None => {
             // Touched before any timing: first-touch page faults are not what (a) measures.
             let mut dst = vec![1u8; total as usize];
             let pageable = median_of(args.repeat, || {
-                timed(|| host_pageable(&tensor, &mut dst, row_bytes))
+                timed(|| host_pageable(tensor, &mut dst, row_bytes))
             })?;
             check_crc(crc32fast::hash(&dst), source_crc, "pageable")?;
             dst.fill(0);
             let per_row = median_of(args.repeat, || {
-                timed(|| host_locked_per_row(&tensor, &mut dst, row_bytes))
+                timed(|| host_locked_per_row(tensor, &mut dst, row_bytes))
             })?;
             check_crc(crc32fast::hash(&dst), source_crc, "pinned_per_batch")?;
             ((pageable.0, pageable.1), (per_row.0, per_row.1), per_row.2)
         }
     };
+    Ok((pageable, per_row, lock_cost, pin_methods))
+}
 
+/// Variant (c): every row through a loader's ring, checked untimed afterwards.
+fn ring_variant(args: &BenchArgs, device: DeviceSpec, t: &Tensor) -> Result<(Duration, Duration)> {
+    let (tensor, cols, row_bytes, total, source_crc) =
+        (&t.data, args.cols, t.row_bytes, t.total, t.crc);
     let options = LoaderOptions {
         batch_size: 1,
         device,
@@ -183,8 +270,8 @@ pub fn run(args: BenchArgs) -> Result<Outcome> {
         ..LoaderOptions::default()
     };
     let (dtype, _) = parse_user_dtype("f32")?;
-    let layout = Layout::new(dtype, vec![args.cols as u64])?;
-    let owner = Arc::clone(&tensor);
+    let layout = Layout::new(dtype, vec![cols as u64])?;
+    let owner = Arc::clone(tensor);
     // SAFETY: the bytes belong to `tensor`, which `owner` keeps alive and nobody writes.
     let source = Arc::new(unsafe {
         HostBuffer::from_raw(
@@ -212,9 +299,13 @@ pub fn run(args: BenchArgs) -> Result<Outcome> {
         crc.update(&back);
     }
     check_crc(crc.finalize(), source_crc, "pinfeed")?;
+    Ok((ring.0, ring.1))
+}
 
-    // Not one of the seed's per-row variants: the whole tensor at once, what `pinfeed.to_device`
-    // does, by each upload method (the default, the arena alone, first).
+/// Not one of the seed's per-row variants: the whole tensor at once, what `pinfeed.to_device`
+/// does, by each upload method (the default, the arena alone, first).
+fn upload_variants(args: &BenchArgs, device: DeviceSpec, t: &Tensor) -> Result<Vec<Measured>> {
+    let (tensor, total, source_crc) = (&t.data, t.total, t.crc);
     let mut uploads = Vec::new();
     for (name, method) in [
         ("pinfeed_to_device", UploadMethod::Stage),
@@ -231,63 +322,48 @@ pub fn run(args: BenchArgs) -> Result<Outcome> {
         })?;
         let whole = median_of(args.repeat, || {
             timed(|| {
-                let array = stager.upload(as_bytes(&tensor))?;
+                let array = stager.upload(as_bytes(tensor))?;
                 array.wait_ready()?;
                 Ok(())
             })
         })?;
-        let array = stager.upload(as_bytes(&tensor))?;
+        let array = stager.upload(as_bytes(tensor))?;
         let mut back = vec![0u8; total as usize];
         array.read_back(&mut back)?;
         check_crc(crc32fast::hash(&back), source_crc, name)?;
         let counters = stager.counters();
         if let Some(error) = counters.register_error {
-            eprintln!("{name}: registration failed, staged instead: {error}");
+            note!("{name}: registration failed, staged instead: {error}");
         }
         uploads.push((name, method, whole));
     }
+    Ok(uploads
+        .iter()
+        .map(|&(name, method, (wall, cpu, _))| Measured {
+            name,
+            what: match method {
+                UploadMethod::Both => "whole tensor, arena and registration at once",
+                UploadMethod::Stage => "whole tensor through the staging arena (default)",
+                UploadMethod::Register => "whole tensor registered chunk by chunk in place",
+            },
+            wall,
+            cpu,
+            bytes: total,
+        })
+        .collect())
+}
 
-    let variants = [
-        Measured {
-            name: "pageable",
-            what: "(a) pageable copy of each row",
-            wall: pageable.0,
-            cpu: pageable.1,
-            bytes: total,
-        },
-        Measured {
-            name: "pinned_per_batch",
-            what: "(b) page-locked memory allocated for each row",
-            wall: per_row.0,
-            cpu: per_row.1,
-            bytes: total,
-        },
-        Measured {
-            name: "pinfeed",
-            what: "(c) pinfeed ring",
-            wall: ring.0,
-            cpu: ring.1,
-            bytes: total,
-        },
-    ];
-    let variants: Vec<Measured> = variants
-        .into_iter()
-        .chain(
-            uploads
-                .iter()
-                .map(|&(name, method, (wall, cpu, _))| Measured {
-                    name,
-                    what: match method {
-                        UploadMethod::Both => "whole tensor, arena and registration at once",
-                        UploadMethod::Stage => "whole tensor through the staging arena (default)",
-                        UploadMethod::Register => "whole tensor registered chunk by chunk in place",
-                    },
-                    wall,
-                    cpu,
-                    bytes: total,
-                }),
-        )
-        .collect();
+/// The table, or with --json one object, and why (b) loses.
+fn write_report(
+    out: &mut impl Write,
+    args: &BenchArgs,
+    device: DeviceSpec,
+    t: &Tensor,
+    variants: &[Measured],
+    lock_cost: &LockCost,
+    pin_methods: &PinCosts,
+) -> std::io::Result<()> {
+    let (rows, row_bytes, total) = (t.rows, t.row_bytes, t.total);
     let alloc_ms = lock_cost.alloc.as_secs_f64() * 1e3 / f64::from(lock_cost.count.max(1));
     let free_ms = lock_cost.free.as_secs_f64() * 1e3 / f64::from(lock_cost.count.max(1));
     let row_copy_ms = variants[2].wall.as_secs_f64() * 1e3 / rows as f64;
@@ -311,7 +387,8 @@ pub fn run(args: BenchArgs) -> Result<Outcome> {
                 json!({"method": m, "bytes": bytes, "alloc_ms": alloc.as_secs_f64() * 1e3, "free_ms": free.as_secs_f64() * 1e3})
             })
             .collect();
-        println!(
+        writeln!(
+            out,
             "{}",
             json!({
                 "device": device.to_string(),
@@ -328,41 +405,62 @@ pub fn run(args: BenchArgs) -> Result<Outcome> {
                 "verified": true,
                 "why": why,
             })
-        );
+        )?;
     } else {
-        println!(
-            "seed experiment on {device}: {rows} × {} float32 ({:.2} GB), one row ({:.2} MB) per copy, median of {}",
-            args.cols,
-            total as f64 / 1e9,
-            row_bytes as f64 / 1e6,
-            args.repeat
-        );
-        let width = variants.iter().map(|v| v.what.len()).max().unwrap_or(0);
-        println!(
-            "{:<width$} {:>10} {:>10} {:>8}",
-            "variant", "wall ms", "CPU ms", "GB/s"
-        );
-        for v in &variants {
-            println!(
-                "{:<width$} {:>10.1} {:>10.1} {:>8.2}",
-                v.what,
-                v.wall.as_secs_f64() * 1e3,
-                v.cpu.as_secs_f64() * 1e3,
-                v.gbps()
-            );
-        }
-        for (m, bytes, alloc, free) in &pin_methods {
-            println!(
-                "page-locking {:.0} MiB with {m}: {:.1} ms, freeing it {:.1} ms",
-                *bytes as f64 / (1u64 << 20) as f64,
-                alloc.as_secs_f64() * 1e3,
-                free.as_secs_f64() * 1e3
-            );
-        }
-        println!("every variant delivered bytes equal to the source (CRC-32 {source_crc:#010x})");
-        println!("{why}");
+        write_table(out, args, device, t, variants, pin_methods, &why)?;
     }
-    Ok(Outcome::Ok)
+    Ok(())
+}
+
+/// The text report: a row per variant, the pin methods' costs, and why (b) loses.
+fn write_table(
+    out: &mut impl Write,
+    args: &BenchArgs,
+    device: DeviceSpec,
+    t: &Tensor,
+    variants: &[Measured],
+    pin_methods: &PinCosts,
+    why: &str,
+) -> std::io::Result<()> {
+    let (rows, row_bytes, total, source_crc) = (t.rows, t.row_bytes, t.total, t.crc);
+    writeln!(out,
+        "seed experiment on {device}: {rows} × {} float32 ({:.2} GB), one row ({:.2} MB) per copy, median of {}",
+        args.cols,
+        total as f64 / 1e9,
+        row_bytes as f64 / 1e6,
+        args.repeat
+    )?;
+    let width = variants.iter().map(|v| v.what.len()).max().unwrap_or(0);
+    writeln!(
+        out,
+        "{:<width$} {:>10} {:>10} {:>8}",
+        "variant", "wall ms", "CPU ms", "GB/s"
+    )?;
+    for v in variants {
+        writeln!(
+            out,
+            "{:<width$} {:>10.1} {:>10.1} {:>8.2}",
+            v.what,
+            v.wall.as_secs_f64() * 1e3,
+            v.cpu.as_secs_f64() * 1e3,
+            v.gbps()
+        )?;
+    }
+    for (m, bytes, alloc, free) in pin_methods {
+        writeln!(
+            out,
+            "page-locking {:.0} MiB with {m}: {:.1} ms, freeing it {:.1} ms",
+            *bytes as f64 / (1u64 << 20) as f64,
+            alloc.as_secs_f64() * 1e3,
+            free.as_secs_f64() * 1e3
+        )?;
+    }
+    writeln!(
+        out,
+        "every variant delivered bytes equal to the source (CRC-32 {source_crc:#010x})"
+    )?;
+    writeln!(out, "{why}")?;
+    Ok(())
 }
 
 fn check_crc(got: u32, want: u32, variant: &str) -> Result<()> {

@@ -9,6 +9,7 @@ use pinfeed_source::npy::NpyWriter;
 use pinfeed_source::Layout;
 use rand::{Rng, RngCore, SeedableRng};
 
+use crate::stream::record_shape;
 use crate::Outcome;
 
 #[derive(Args, Debug)]
@@ -18,7 +19,8 @@ pub struct GenArgs {
     /// Number of records.
     #[arg(long)]
     records: u64,
-    /// Shape of one record, e.g. 3,31,31.
+    /// Shape of one record, e.g. 3,31,31; a sub-array --dtype's dims come after it, as in numpy
+    /// (--shape 4 --dtype 2,3B writes records of 4,2,3).
     #[arg(long, default_value = "3,31,31", value_parser = parse_shape)]
     shape: Shape,
     /// Element type: u8, i8, u16, i16, u32, i32, u64, i64, f16, f32, f64 (Rust names: u8 is one
@@ -28,6 +30,9 @@ pub struct GenArgs {
     /// Seed of the random generator; the same seed writes the same file.
     #[arg(long, default_value_t = 0)]
     seed: u64,
+    /// Overwrite an existing file, or write through a symbolic link.
+    #[arg(long)]
+    force: bool,
 }
 
 /// The shape of one record (a newtype, so that clap takes it as one value).
@@ -51,14 +56,14 @@ pub fn parse_shape(text: &str) -> Result<Shape, String> {
 
 pub fn run(args: GenArgs) -> Result<Outcome> {
     let layout = parse_user_dtype(&args.dtype)
-        .and_then(|(dtype, mut shape)| {
-            shape.extend(&args.shape.0);
-            Layout::new(dtype, shape)
+        .and_then(|(dtype, subarray)| {
+            Layout::new(dtype, record_shape(Some(&args.shape.0), &subarray))
         })
         .with_context(|| format!("{}: --dtype/--shape", args.out.display()))?;
     if args.records == 0 {
         anyhow::bail!("{}: --records must be at least 1", args.out.display());
     }
+    refuse_to_overwrite(&args)?;
     let mut writer = NpyWriter::create(&args.out, layout.clone(), args.records)?;
     let record_bytes = layout.record_bytes();
     let total = record_bytes as u128 * args.records as u128;
@@ -85,7 +90,7 @@ pub fn run(args: GenArgs) -> Result<Outcome> {
         left -= n as u128;
     }
     writer.finish()?;
-    eprintln!(
+    note!(
         "wrote {}: {} records of {} ({} bytes)",
         args.out.display(),
         args.records,
@@ -93,6 +98,25 @@ pub fn run(args: GenArgs) -> Result<Outcome> {
         total
     );
     Ok(Outcome::Ok)
+}
+
+/// Without --force, an existing file or a symbolic link at the output path is an error (a
+/// directory is left to the writer, which says so).
+fn refuse_to_overwrite(args: &GenArgs) -> Result<()> {
+    if args.force {
+        return Ok(());
+    }
+    match std::fs::symlink_metadata(&args.out) {
+        Ok(meta) if meta.file_type().is_symlink() => anyhow::bail!(
+            "{} is a symbolic link: pass --force to write through it",
+            args.out.display()
+        ),
+        Ok(meta) if !meta.is_dir() => anyhow::bail!(
+            "{} already exists: pass --force to overwrite it",
+            args.out.display()
+        ),
+        _ => Ok(()),
+    }
 }
 
 fn layout_text(layout: &Layout) -> String {

@@ -1,5 +1,6 @@
 //! `pinfeed stream`: every record of a dataset to the device, with the rate and where time went.
 
+use std::io::{self, Write};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
@@ -9,8 +10,8 @@ use anyhow::{bail, Result};
 use clap::Args;
 use pinfeed::ReaderKind;
 use pinfeed::{
-    parse_size, Batch, BatchRecords, DeviceSpec, Loader, LoaderOptions, MultiLoader, PinMethod,
-    Shuffle, Stats,
+    parse_size, Batch, BatchRecords, DeviceSpec, LoaderOptions, MultiLoader, PinMethod, Shuffle,
+    Stats,
 };
 use pinfeed_source::dtype::parse_user_dtype;
 use pinfeed_source::{open_with, Layout, ReadMode, ReadOptions, Source};
@@ -22,7 +23,9 @@ use crate::Outcome;
 
 #[derive(Args, Debug)]
 pub struct StreamArgs {
-    /// A .npy file, or a raw record file with --dtype and --shape.
+    /// The dataset: a .npy file, a .safetensors file (see --tensor), a raw record file (with
+    /// --dtype, and --shape unless the dtype carries it, as in 3,31,31B), or a directory or
+    /// glob (quoted, e.g. 'shards/*.npy') of such files, read as one dataset in name order.
     path: PathBuf,
     /// Records in a batch.
     #[arg(long)]
@@ -45,7 +48,7 @@ pub struct StreamArgs {
     #[arg(long, default_value = "256MiB")]
     pinned_budget: String,
     /// Reader threads (default: one per core, at most 8).
-    #[arg(long)]
+    #[arg(long, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     threads: Option<usize>,
     /// Batches larger than this are read and copied in pieces of about this size, a slot
     /// each, e.g. 4MiB; `whole` keeps each batch in one slot.
@@ -58,13 +61,18 @@ pub struct StreamArgs {
     /// mismatch. Implies --crc.
     #[arg(long)]
     verify: bool,
-    /// Compute the CRC-32 of everything delivered, read back from the device.
+    /// Compute the CRC-32 of everything delivered, read back from the device (`crc32`): every
+    /// byte, batch by batch; with --devices, step by step, each step's batches in device order,
+    /// which equals one device's CRC when the devices split the records evenly (no padding);
+    /// each device's own CRC is in `devices[i].crc32`.
     #[arg(long)]
     crc: bool,
-    /// Element type of a raw record file (see `pinfeed gen --help`), or numpy's `3,31,31B` form.
+    /// Element type of a raw record file (see `pinfeed gen --help`), or numpy's `3,31,31B` form
+    /// (a sub-array dtype: its dims come after --shape's, as in numpy). Raw files need it.
     #[arg(long)]
     dtype: Option<String>,
-    /// Shape of one record of a raw record file, e.g. 3,31,31.
+    /// Shape of one record of a raw record file, e.g. 3,31,31 (with a .npy file, a check of
+    /// its header).
     #[arg(long, value_parser = parse_shape)]
     shape: Option<Shape>,
     /// How the pinned pool is page-locked on CUDA: register (malloc + cuMemHostRegister) or
@@ -130,24 +138,43 @@ pub fn parse_pin_method(text: &str) -> Result<PinMethod> {
     }
 }
 
+/// Opens the dataset at `path`. `dtype` and `shape` describe a raw record file's records, as
+/// numpy's `np.memmap(path, dtype, shape=(n, *shape))` would (the dims of a sub-array dtype
+/// such as `2,3B` come after `shape`); for a file with a header they must agree with it.
 pub fn open_source(
     path: &std::path::Path,
     dtype: Option<&str>,
     shape: Option<&[u64]>,
     read: &ReadOptions,
 ) -> Result<Arc<dyn Source>> {
-    let raw_layout = match (dtype, shape) {
-        (None, None) => None,
-        (dtype, shape) => {
-            let layout = parse_user_dtype(dtype.unwrap_or("u8")).and_then(|(dtype, mut full)| {
-                full.extend(shape.unwrap_or(&[]));
-                Layout::new(dtype, full)
-            });
-            Some(layout.with_context(|| format!("{}: --dtype/--shape", path.display()))?)
-        }
+    let raw_layout = match dtype {
+        None => None,
+        Some(dtype) => Some(
+            parse_user_dtype(dtype)
+                .and_then(|(dtype, sub)| Layout::new(dtype, record_shape(shape, &sub)))
+                .with_context(|| format!("{}: --dtype/--shape", path.display()))?,
+        ),
     };
-    let source: Arc<dyn Source> = Arc::from(open_with(path, raw_layout.clone(), read)?);
-    if let Some(asked) = raw_layout {
+    let source: Arc<dyn Source> = match open_with(path, raw_layout.clone(), read) {
+        Ok(source) => Arc::from(source),
+        // Python refuses to guess the element type of raw records; so does the command.
+        Err(_) if raw_layout.is_none() && shape.is_some() && is_raw(path, read) => bail!(
+            "{}: a raw record file needs --dtype (its element type, e.g. --dtype u8) as well as \
+             --shape",
+            path.display()
+        ),
+        Err(e) => return Err(e.into()),
+    };
+    // Without --dtype, --shape is checked against the header's element type.
+    let asked = match (raw_layout, shape) {
+        (Some(layout), _) => Some(layout),
+        (None, Some(shape)) => Some(
+            Layout::new(source.layout().dtype.clone(), shape.to_vec())
+                .with_context(|| format!("{}: --shape", path.display()))?,
+        ),
+        (None, None) => None,
+    };
+    if let Some(asked) = asked {
         if source.layout() != &asked {
             bail!(
                 "{}: the file's header gives records of {} {:?} ({} bytes), not the --dtype/--shape given, {} {:?} ({} bytes)",
@@ -162,6 +189,21 @@ pub fn open_source(
         }
     }
     Ok(source)
+}
+
+/// The shape of one record: `shape`, then the dims of a sub-array dtype, as numpy orders them
+/// (`np.zeros(4, dtype='2,3B').shape` is `(4, 2, 3)`).
+pub fn record_shape(shape: Option<&[u64]>, subarray: &[u64]) -> Vec<u64> {
+    let mut full = shape.unwrap_or(&[]).to_vec();
+    full.extend(subarray);
+    full
+}
+
+/// Whether `path` opens as raw records when given an element type: a dataset without a header.
+fn is_raw(path: &std::path::Path, read: &ReadOptions) -> bool {
+    parse_user_dtype("u8")
+        .and_then(|(dtype, _)| Layout::new(dtype, Vec::new()))
+        .is_ok_and(|bytes| open_with(path, Some(bytes), read).is_ok())
 }
 
 /// `--reader`: how records reach the device, as the source's read mode and the loader's reader.
@@ -186,9 +228,77 @@ pub fn reader_choice(
 }
 
 pub fn run(args: StreamArgs) -> Result<Outcome> {
-    if args.threads == Some(0) {
-        bail!("--threads must be at least 1");
+    let Plan {
+        source,
+        options,
+        devices,
+        auto_reason,
+    } = prepare(&args)?;
+    if args.devices.is_some() && args.plot.is_some() {
+        bail!("--plot draws the stages of one loader; it does not take --devices");
     }
+    let (contexts, cuda_init_s) = start_cuda(&devices)?;
+    let cpu_before = cpu_time();
+    let started = Instant::now();
+    // One device is a MultiLoader of one loader: the same loader, rank and budget as
+    // `Loader::new` gives, so that one driver serves every case.
+    let mut loader = if args.replicate {
+        MultiLoader::replicated(Arc::clone(&source), options, &devices)?
+    } else {
+        MultiLoader::new(Arc::clone(&source), options, &devices)?
+    };
+    let delivery = deliver(&args, source.as_ref(), &mut loader, started)?;
+    let seconds = started.elapsed().as_secs_f64();
+    let cpu_seconds = (cpu_time() - cpu_before).as_secs_f64();
+    let stats = loader.stats();
+    if let Some(timeline) = delivery.timeline {
+        draw_plot(&args, timeline, started, &stats, seconds)?;
+    }
+    check_delivered(&args, source.as_ref(), &stats, devices.len())?;
+    let check = args.verify || args.crc;
+    let measured = Measured {
+        seconds,
+        cpu_seconds,
+        cuda_init_s,
+        crc: check.then(|| delivery.crc.finalize()),
+        device_crcs: delivery
+            .device_crcs
+            .into_iter()
+            .map(|crc| check.then(|| crc.finalize()))
+            .collect(),
+        verified: args.verify && delivery.mismatches.is_empty(),
+        auto_reason,
+        devices,
+        stats,
+    };
+    let mut out = crate::output::stdout();
+    if args.json {
+        writeln!(out, "{}", report_json(&args, &measured))?;
+    } else {
+        print_report(&mut out, &args, &measured)?;
+    }
+    out.flush()?;
+    let failed = report_mismatches(
+        source.as_ref(),
+        &delivery.mismatches,
+        measured.stats.batches,
+    );
+    drop(contexts);
+    Ok(if failed { Outcome::Failed } else { Outcome::Ok })
+}
+
+/// What `args` ask to stream, and how.
+struct Plan {
+    source: Arc<dyn Source>,
+    options: LoaderOptions,
+    /// `--device`, or each of `--devices`.
+    devices: Vec<DeviceSpec>,
+    /// Why `--reader auto` chose what it did.
+    auto_reason: Option<String>,
+}
+
+/// The source, the loader's options and the devices that `args` ask for.
+fn prepare(args: &StreamArgs) -> Result<Plan> {
     let (mode, reader, why) = reader_choice(&args.reader, &args.path)?;
     let read = ReadOptions {
         mode,
@@ -204,14 +314,15 @@ pub fn run(args: StreamArgs) -> Result<Outcome> {
     )?;
     let device: DeviceSpec = args.device.parse()?;
     let devices = match &args.devices {
-        Some(names) => Some(
-            names
-                .iter()
-                .map(|name| name.trim().parse::<DeviceSpec>())
-                .collect::<pinfeed::Result<Vec<_>>>()?,
-        ),
-        None => None,
+        Some(names) => names
+            .iter()
+            .map(|name| name.trim().parse::<DeviceSpec>())
+            .collect::<pinfeed::Result<Vec<_>>>()?,
+        None => vec![device],
     };
+    if devices.is_empty() {
+        bail!("--devices: no device given");
+    }
     let options = LoaderOptions {
         batch_size: args.batch_size,
         drop_last: args.drop_last,
@@ -229,116 +340,165 @@ pub fn run(args: StreamArgs) -> Result<Outcome> {
         seed: args.seed,
         ..LoaderOptions::default()
     };
-    if let Some(devices) = devices {
-        return run_multi(&args, source, options, &devices, why.as_deref());
-    }
+    Ok(Plan {
+        source,
+        options,
+        devices,
+        auto_reason: why,
+    })
+}
+
+/// What iterating the loader gathered.
+struct Delivery {
+    /// Every delivered byte, step by step, each step's batches in device order.
+    crc: crc32fast::Hasher,
+    /// Each device's own batches.
+    device_crcs: Vec<crc32fast::Hasher>,
+    mismatches: Vec<String>,
+    timeline: Option<crate::plot::Timeline>,
+}
+
+/// Takes every step from `loader`, reading each batch back from its device for `--crc` and
+/// `--verify`, or else only waiting, at the end, for the last step's copies.
+fn deliver(
+    args: &StreamArgs,
+    source: &dyn Source,
+    loader: &mut MultiLoader,
+    started: Instant,
+) -> Result<Delivery> {
     let check = args.verify || args.crc;
-    let (_contexts, cuda_init_s) = start_cuda(&[device])?;
-    let cpu_before = cpu_time();
-    let started = Instant::now();
-    let mut loader = Loader::new(Arc::clone(&source), options)?;
     let record_bytes = loader.record_bytes();
     let mut crc = crc32fast::Hasher::new();
+    let mut device_crcs = vec![crc32fast::Hasher::new(); loader.devices().len()];
     let mut device_bytes = Vec::new();
     let mut source_bytes = Vec::new();
     let mut mismatches: Vec<String> = Vec::new();
-    let progress = progress_bar(&args, loader.num_batches());
-    let mut last = None;
+    let progress = progress_bar(args, loader.num_batches());
     let mut timeline = args.plot.as_ref().map(|_| crate::plot::Timeline::default());
-    while let Some(batch) = loader.next() {
-        let batch = batch?;
+    let mut last = Vec::new();
+    while let Some(step) = loader.next() {
+        let step = step?;
         progress.inc(1);
         if let Some(timeline) = timeline.as_mut() {
             timeline.sample(started, 0.02, || loader.stats());
         }
-        if batch.seq() % 64 == 0 {
+        if step[0].seq() % 64 == 0 {
+            let step_bytes = step.iter().map(Batch::len_bytes).sum();
             progress.set_message(format!(
                 "{:.2} GB/s",
-                loader_rate(started, &progress, batch.len_bytes())
+                loader_rate(started, &progress, step_bytes)
             ));
         }
-        if check {
+        if !check {
+            // No host synchronisation per batch: dropping a batch frees its memory in stream
+            // order after its copy. Each device's copies finish in order on its stream, so
+            // waiting for its last batch below waits for them all.
+            last = step;
+            continue;
+        }
+        for (device_crc, batch) in device_crcs.iter_mut().zip(&step) {
             device_bytes.resize(batch.len_bytes(), 0);
             batch.read_back(&mut device_bytes)?;
             crc.update(&device_bytes);
+            device_crc.update(&device_bytes);
             if args.verify {
-                mismatches.extend(mismatch(
-                    source.as_ref(),
-                    &batch,
+                let found = mismatch(
+                    source,
+                    batch,
                     record_bytes,
                     &device_bytes,
                     &mut source_bytes,
-                )?);
+                )?;
+                mismatches.extend(found.map(|m| match args.devices {
+                    Some(_) => format!("{}: {m}", batch.device()),
+                    None => m,
+                }));
             }
-        } else {
-            // No host synchronisation per batch: dropping a batch frees its memory in stream
-            // order after its copy. Copies on the one copy stream finish in order, so waiting
-            // for the last batch below waits for them all.
-            last = Some(batch);
         }
     }
-    if let Some(last) = last.take() {
-        last.wait_ready()?;
+    for batch in &last {
+        batch.wait_ready()?;
     }
     progress.finish_and_clear();
-    let seconds = started.elapsed().as_secs_f64();
-    let cpu_seconds = (cpu_time() - cpu_before).as_secs_f64();
-    let stats = loader.stats();
-    if let (Some(timeline), Some(path)) = (timeline.as_mut(), args.plot.as_ref()) {
-        timeline.finish(started, stats.clone());
-        timeline.draw(
-            path,
-            &format!(
-                "{}: {:.2} GB/s to {}, {}",
-                args.path.file_name().map_or_else(
-                    || args.path.display().to_string(),
-                    |n| n.to_string_lossy().into()
-                ),
-                stats.bytes as f64 / seconds / 1e9,
-                stats.device,
-                stats.bottleneck()
+    Ok(Delivery {
+        crc,
+        device_crcs,
+        mismatches,
+        timeline,
+    })
+}
+
+/// `--plot`: the timeline drawn, titled with the file, the rate, the device and the bottleneck.
+fn draw_plot(
+    args: &StreamArgs,
+    mut timeline: crate::plot::Timeline,
+    started: Instant,
+    stats: &Stats,
+    seconds: f64,
+) -> Result<()> {
+    let Some(path) = args.plot.as_ref() else {
+        return Ok(());
+    };
+    timeline.finish(started, stats.clone());
+    timeline.draw(
+        path,
+        &format!(
+            "{}: {:.2} GB/s to {}, {}",
+            args.path.file_name().map_or_else(
+                || args.path.display().to_string(),
+                |n| n.to_string_lossy().into()
             ),
-        )?;
+            stats.bytes as f64 / seconds / 1e9,
+            stats.device,
+            stats.bottleneck()
+        ),
+    )
+}
+
+/// Fails unless every device received what it should: replicated, every record; split, its
+/// shard of every epoch, padded to the same length as ranks are (one device: every record).
+fn check_delivered(
+    args: &StreamArgs,
+    source: &dyn Source,
+    stats: &Stats,
+    devices: usize,
+) -> Result<()> {
+    if args.drop_last {
+        return Ok(());
     }
-    let expected_records = source.num_records() * args.epochs;
-    if !args.drop_last && stats.records != expected_records {
-        bail!(
-            "{}: delivered {} records, expected {}",
-            source.name(),
-            stats.records,
-            expected_records
-        );
-    }
-    let crc_value = check.then(|| crc.finalize());
-    let verified = args.verify && mismatches.is_empty();
-    if args.json {
-        println!(
-            "{}",
-            report_json(
-                &args,
-                &stats,
-                seconds,
-                cpu_seconds,
-                verified,
-                crc_value,
-                cuda_init_s,
-                why.as_deref(),
-            )
-        );
+    let n = source.num_records();
+    let per_device = if args.replicate {
+        n
     } else {
-        print_report(
-            &args,
-            &stats,
-            &stats.device.to_string(),
-            seconds,
-            cpu_seconds,
-            crc_value,
-        );
+        n.div_ceil(devices as u64)
+    } * args.epochs;
+    for d in &stats.devices {
+        if d.records != per_device {
+            bail!(
+                "{}: delivered {} records to {}, expected {per_device}",
+                source.name(),
+                d.records,
+                d.device
+            );
+        }
     }
-    if report_mismatches(source.as_ref(), &mismatches, stats.batches) {
-        return Ok(Outcome::Failed);
-    }
-    Ok(Outcome::Ok)
+    Ok(())
+}
+
+/// What one run measured, for the report.
+struct Measured {
+    stats: Stats,
+    /// The devices as given (`--device`, or each of `--devices`).
+    devices: Vec<DeviceSpec>,
+    seconds: f64,
+    cpu_seconds: f64,
+    cuda_init_s: f64,
+    /// `--crc`: every delivered byte, step by step, each step's batches in device order.
+    crc: Option<u32>,
+    /// `--crc`: each device's own batches.
+    device_crcs: Vec<Option<u32>>,
+    verified: bool,
+    auto_reason: Option<String>,
 }
 
 /// Starts CUDA on each CUDA device in `devices` before the clock, as torch's baselines do: a
@@ -358,10 +518,10 @@ fn start_cuda(devices: &[DeviceSpec]) -> Result<(Vec<Arc<pinfeed_cuda::Context>>
 /// Prints the first mismatches of a `--verify` run and the count; true when there were any.
 fn report_mismatches(source: &dyn Source, mismatches: &[String], batches: u64) -> bool {
     for m in mismatches.iter().take(10) {
-        eprintln!("pinfeed: mismatch in {}: {m}", source.name());
+        note!("pinfeed: mismatch in {}: {m}", source.name());
     }
     if !mismatches.is_empty() {
-        eprintln!(
+        note!(
             "pinfeed: verification failed: {} of {} batches differ from {}",
             mismatches.len(),
             batches,
@@ -406,164 +566,6 @@ fn mismatch(
     )))
 }
 
-/// `--devices`: several devices fed by one process, each on its shard (split) or each with
-/// every batch (`--replicate`); the report gives each device's bytes and rate and the whole's,
-/// and what was read from the source.
-fn run_multi(
-    args: &StreamArgs,
-    source: Arc<dyn Source>,
-    options: LoaderOptions,
-    devices: &[DeviceSpec],
-    auto_reason: Option<&str>,
-) -> Result<Outcome> {
-    if devices.is_empty() {
-        bail!("--devices: no device given");
-    }
-    if args.plot.is_some() {
-        bail!("--plot draws the stages of one loader; it does not take --devices");
-    }
-    let check = args.verify || args.crc;
-    let (contexts, cuda_init_s) = start_cuda(devices)?;
-    let cpu_before = cpu_time();
-    let started = Instant::now();
-    let mut multi = if args.replicate {
-        MultiLoader::replicated(Arc::clone(&source), options, devices)?
-    } else {
-        MultiLoader::new(Arc::clone(&source), options, devices)?
-    };
-    let record_bytes = multi.record_bytes();
-    let mut crcs = vec![crc32fast::Hasher::new(); devices.len()];
-    let mut device_bytes = Vec::new();
-    let mut source_bytes = Vec::new();
-    let mut mismatches: Vec<String> = Vec::new();
-    let progress = progress_bar(args, multi.num_batches());
-    let mut last = Vec::new();
-    for step in multi.by_ref() {
-        let step = step?;
-        progress.inc(1);
-        if check {
-            for (crc, batch) in crcs.iter_mut().zip(&step) {
-                device_bytes.resize(batch.len_bytes(), 0);
-                batch.read_back(&mut device_bytes)?;
-                crc.update(&device_bytes);
-                if args.verify {
-                    let found = mismatch(
-                        source.as_ref(),
-                        batch,
-                        record_bytes,
-                        &device_bytes,
-                        &mut source_bytes,
-                    )?;
-                    mismatches.extend(found.map(|m| format!("{}: {m}", batch.device())));
-                }
-            }
-        } else {
-            // Each device's copies finish in order on its stream: its last batch waits for all.
-            last = step;
-        }
-    }
-    for batch in &last {
-        batch.wait_ready()?;
-    }
-    progress.finish_and_clear();
-    let seconds = started.elapsed().as_secs_f64();
-    let cpu_seconds = (cpu_time() - cpu_before).as_secs_f64();
-    let stats = multi.stats();
-    if !args.drop_last {
-        // Replicated, each device gets every record; split, each its shard of every epoch,
-        // padded to the same length as ranks are.
-        let n = source.num_records();
-        let per_device = if args.replicate {
-            n
-        } else {
-            n.div_ceil(devices.len() as u64)
-        } * args.epochs;
-        for d in &stats.devices {
-            if d.records != per_device {
-                bail!(
-                    "{}: delivered {} records to {}, expected {per_device}",
-                    source.name(),
-                    d.records,
-                    d.device
-                );
-            }
-        }
-    }
-    let crcs: Vec<Option<u32>> = crcs
-        .into_iter()
-        .map(|crc| check.then(|| crc.finalize()))
-        .collect();
-    let verified = args.verify && mismatches.is_empty();
-    let mode = if args.replicate { "replicate" } else { "split" };
-    let names: Vec<String> = devices.iter().map(|d| d.resolve().to_string()).collect();
-    if args.json {
-        let mut report = report_json(
-            args,
-            &stats,
-            seconds,
-            cpu_seconds,
-            verified,
-            None,
-            cuda_init_s,
-            auto_reason,
-        );
-        let per_device: Vec<serde_json::Value> = stats
-            .devices
-            .iter()
-            .zip(&crcs)
-            .map(|(d, crc)| {
-                json!({
-                    "device": d.device.to_string(),
-                    "bytes": d.bytes,
-                    "records": d.records,
-                    "batches": d.batches,
-                    "gbps": d.bytes as f64 / seconds / 1e9,
-                    "device_bytes_peak": d.device_bytes_peak,
-                    "crc32": crc,
-                })
-            })
-            .collect();
-        let fields = report.as_object_mut().expect("the report is an object");
-        fields.insert("device".into(), json!(names.join(",")));
-        fields.insert("mode".into(), json!(mode));
-        fields.insert("devices".into(), json!(per_device));
-        fields.insert("read_bytes".into(), json!(stats.read_bytes));
-        fields.insert(
-            "read_gbps".into(),
-            json!(stats.read_bytes as f64 / seconds / 1e9),
-        );
-        println!("{report}");
-    } else {
-        let target = format!("{} ({mode})", names.join(", "));
-        print_report(args, &stats, &target, seconds, cpu_seconds, None);
-        for (d, crc) in stats.devices.iter().zip(&crcs) {
-            println!(
-                "  {}: {:.3} GB in {} batches, {:.2} GB/s{}",
-                d.device,
-                d.bytes as f64 / 1e9,
-                d.batches,
-                d.bytes as f64 / seconds / 1e9,
-                crc.map_or(String::new(), |c| format!(", crc32 {c:#010x}"))
-            );
-        }
-        println!(
-            "  read {:.3} GB from the source ({:.2} GB/s){}",
-            stats.read_bytes as f64 / 1e9,
-            stats.read_bytes as f64 / seconds / 1e9,
-            if args.replicate {
-                ", once for every device"
-            } else {
-                ", each device its shard"
-            }
-        );
-    }
-    if report_mismatches(source.as_ref(), &mismatches, stats.batches) {
-        return Ok(Outcome::Failed);
-    }
-    drop(contexts);
-    Ok(Outcome::Ok)
-}
-
 /// A progress bar on standard error, hidden for --json and when standard error is not a
 /// terminal (indicatif checks that itself).
 fn progress_bar(args: &StreamArgs, batches: u64) -> indicatif::ProgressBar {
@@ -585,18 +587,11 @@ fn loader_rate(started: Instant, progress: &indicatif::ProgressBar, batch_bytes:
         / 1e9
 }
 
-#[allow(clippy::too_many_arguments)] // one report, built from everything the run measured
-fn report_json(
-    args: &StreamArgs,
-    stats: &Stats,
-    seconds: f64,
-    cpu_seconds: f64,
-    verified: bool,
-    crc: Option<u32>,
-    cuda_init_s: f64,
-    auto_reason: Option<&str>,
-) -> serde_json::Value {
-    json!({
+/// The `--json` report. With `--devices`, also `mode`, `devices` (each device's bytes, rate
+/// and CRC-32), `read_bytes` and `read_gbps`, and `device` lists every device.
+fn report_json(args: &StreamArgs, m: &Measured) -> serde_json::Value {
+    let (stats, seconds) = (&m.stats, m.seconds);
+    let mut report = json!({
         "path": args.path.display().to_string(),
         "device": stats.device.to_string(),
         "bytes": stats.bytes,
@@ -611,9 +606,9 @@ fn report_json(
         "setup_s": stats.startup.as_secs_f64(),
         "streaming_gbps": stats.bytes as f64 / (seconds - stats.startup.as_secs_f64()).max(1e-9) / 1e9,
         "records_per_s": stats.records as f64 / seconds,
-        "cpu_seconds": cpu_seconds,
-        "verified": verified,
-        "crc32": crc,
+        "cpu_seconds": m.cpu_seconds,
+        "verified": m.verified,
+        "crc32": m.crc,
         "pinned_bytes_peak": stats.pinned_bytes_peak,
         "pinned_locked": stats.pinned_locked,
         "pinned_numa": stats.pinned_numa,
@@ -627,14 +622,14 @@ fn report_json(
             _ => stats.reader_description.clone(),
         },
         "reader_kind": stats.reader.to_string(),
-        "reader_auto_reason": auto_reason,
+        "reader_auto_reason": m.auto_reason,
         "piece_size": args.piece_size,
         "slots": stats.slots,
         "slot_bytes": stats.slot_bytes,
         "slots_recycled": stats.slots_recycled,
         "slot_waits": stats.slot_waits,
         "slots_peak_in_use": stats.slots_peak_in_use,
-        "cuda_init_s": cuda_init_s,
+        "cuda_init_s": m.cuda_init_s,
         "stages": {
             "startup_s": stats.startup.as_secs_f64(),
             "read_s": stats.read_time.as_secs_f64(),
@@ -647,40 +642,87 @@ fn report_json(
         },
         "bottleneck": stats.bottleneck().to_string(),
         "explanation": stats.explain(),
-    })
+    });
+    if args.devices.is_some() {
+        add_devices(&mut report, args, m);
+    }
+    report
 }
 
-fn print_report(
-    args: &StreamArgs,
-    stats: &Stats,
-    target: &str,
-    seconds: f64,
-    cpu_seconds: f64,
-    crc: Option<u32>,
-) {
+/// The fields of a `--devices` report.
+fn add_devices(report: &mut serde_json::Value, args: &StreamArgs, m: &Measured) {
+    let (stats, seconds) = (&m.stats, m.seconds);
+    let names: Vec<String> = m.devices.iter().map(|d| d.resolve().to_string()).collect();
+    let per_device: Vec<serde_json::Value> = stats
+        .devices
+        .iter()
+        .zip(&m.device_crcs)
+        .map(|(d, crc)| {
+            json!({
+                "device": d.device.to_string(),
+                "bytes": d.bytes,
+                "records": d.records,
+                "batches": d.batches,
+                "gbps": d.bytes as f64 / seconds / 1e9,
+                "device_bytes_peak": d.device_bytes_peak,
+                "crc32": crc,
+            })
+        })
+        .collect();
+    let fields = report.as_object_mut().expect("the report is an object");
+    fields.insert("device".into(), json!(names.join(",")));
+    fields.insert("mode".into(), json!(mode(args)));
+    fields.insert("devices".into(), json!(per_device));
+    fields.insert("read_bytes".into(), json!(stats.read_bytes));
+    fields.insert(
+        "read_gbps".into(),
+        json!(stats.read_bytes as f64 / seconds / 1e9),
+    );
+}
+
+fn mode(args: &StreamArgs) -> &'static str {
+    if args.replicate {
+        "replicate"
+    } else {
+        "split"
+    }
+}
+
+/// The text report; with `--devices`, a line for each device and one for the source.
+fn print_report(out: &mut impl Write, args: &StreamArgs, m: &Measured) -> io::Result<()> {
+    let (stats, seconds, cpu_seconds) = (&m.stats, m.seconds, m.cpu_seconds);
+    let names: Vec<String> = m.devices.iter().map(|d| d.resolve().to_string()).collect();
+    let target = match args.devices {
+        Some(_) => format!("{} ({})", names.join(", "), mode(args)),
+        None => stats.device.to_string(),
+    };
     let gb = stats.bytes as f64 / 1e9;
-    println!(
+    writeln!(
+        out,
         "{}: {} records in {} batches to {} in {:.3} s",
         args.path.display(),
         stats.records,
         stats.batches,
         target,
         seconds
-    );
-    println!(
+    )?;
+    writeln!(
+        out,
         "  {:.2} GB/s, {:.2} M records/s, {:.3} GB, CPU time {:.3} s",
         gb / seconds,
         stats.records as f64 / seconds / 1e6,
         gb,
         cpu_seconds
-    );
+    )?;
     let startup = stats.startup.as_secs_f64();
-    println!(
+    writeln!(
+        out,
         "  start-up (page-locking the pool, starting threads) {:.3} s; {:.2} GB/s after it",
         startup,
         gb / (seconds - startup).max(1e-9)
-    );
-    println!(
+    )?;
+    writeln!(
+        out,
         "  pinned: {} bytes in {} slots of {} ({}), page-locked allocations after start: {}",
         stats.pinned_bytes_peak,
         stats.slots,
@@ -691,28 +733,61 @@ fn print_report(
             "not page-locked: memory-lock limit too low"
         },
         stats.pinned_allocations_after_start
-    );
-    println!("  pinned NUMA placement: {}", stats.pinned_numa);
-    println!(
+    )?;
+    writeln!(out, "  pinned NUMA placement: {}", stats.pinned_numa)?;
+    writeln!(
+        out,
         "  reader: {} ({} thread(s))",
         stats.reader_description, stats.threads
-    );
-    println!(
+    )?;
+    writeln!(
+        out,
         "  slots: recycled {}, readers waited for a free slot {} times ({:.3} s), peak in use {}",
         stats.slots_recycled,
         stats.slot_waits,
         stats.wait_free_slot.as_secs_f64(),
         stats.slots_peak_in_use
-    );
-    println!("  {}", stats.explain());
-    if let Some(crc) = crc {
-        println!(
+    )?;
+    writeln!(out, "  {}", stats.explain())?;
+    if let Some(crc) = m.crc {
+        writeln!(
+            out,
             "  crc32 {crc:#010x}{}",
             if args.verify {
                 ", verified against the source"
             } else {
                 ""
             }
-        );
+        )?;
     }
+    if args.devices.is_some() {
+        print_devices(out, args, m)?;
+    }
+    Ok(())
+}
+
+fn print_devices(out: &mut impl Write, args: &StreamArgs, m: &Measured) -> io::Result<()> {
+    let (stats, seconds) = (&m.stats, m.seconds);
+    for (d, crc) in stats.devices.iter().zip(&m.device_crcs) {
+        writeln!(
+            out,
+            "  {}: {:.3} GB in {} batches, {:.2} GB/s{}",
+            d.device,
+            d.bytes as f64 / 1e9,
+            d.batches,
+            d.bytes as f64 / seconds / 1e9,
+            crc.map_or(String::new(), |c| format!(", crc32 {c:#010x}"))
+        )?;
+    }
+    writeln!(
+        out,
+        "  read {:.3} GB from the source ({:.2} GB/s){}",
+        stats.read_bytes as f64 / 1e9,
+        stats.read_bytes as f64 / seconds / 1e9,
+        if args.replicate {
+            ", once for every device"
+        } else {
+            ", each device its shard"
+        }
+    )
 }

@@ -18,8 +18,19 @@ pub fn cpu_time() -> Duration {
 
 /// Bytes of memory available for new allocations, from /proc/meminfo.
 pub fn mem_available() -> Option<u64> {
-    let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = meminfo.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    meminfo_bytes(&read_meminfo(), "MemAvailable")
+}
+
+/// The text of /proc/meminfo; empty where there is none.
+pub fn read_meminfo() -> String {
+    std::fs::read_to_string("/proc/meminfo").unwrap_or_default()
+}
+
+/// A `Name:   123 kB` line of /proc/meminfo, in bytes: the one parser of it in the command.
+pub fn meminfo_bytes(meminfo: &str, name: &str) -> Option<u64> {
+    let line = meminfo
+        .lines()
+        .find(|l| l.split(':').next() == Some(name))?;
     let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kib * 1024)
 }
@@ -30,4 +41,20 @@ pub fn peak_rss() -> Option<u64> {
     let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
     let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kib * 1024)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn meminfo_lines_parse() {
+        let meminfo = "MemTotal:       24684084 kB\nMemFree:  1 kB\nMemAvailable:   24269648 kB\n";
+        assert_eq!(meminfo_bytes(meminfo, "MemTotal"), Some(24684084 * 1024));
+        assert_eq!(
+            meminfo_bytes(meminfo, "MemAvailable"),
+            Some(24269648 * 1024)
+        );
+        assert_eq!(meminfo_bytes(meminfo, "Mem"), None);
+    }
 }

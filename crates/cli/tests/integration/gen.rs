@@ -59,3 +59,63 @@ fn records_whose_total_overflows() {
         &[&shown(&path), "overflows 64 bits"],
     );
 }
+
+#[test]
+fn an_existing_file_or_link_needs_force() {
+    let (dir, path) = fixture("g.npy");
+    let p = shown(&path);
+    assert_eq!(pinfeed(["gen", &p, "--records", "3"]).code, Some(0));
+    let before = std::fs::read(&path).unwrap();
+    one_line_error(
+        &pinfeed(["gen", &p, "--records", "5", "--seed", "1"]),
+        &[&p, "already exists", "--force"],
+    );
+    assert_eq!(
+        std::fs::read(&path).unwrap(),
+        before,
+        "overwritten without --force"
+    );
+    let run = pinfeed(["gen", &p, "--records", "5", "--seed", "1", "--force"]);
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    assert_ne!(std::fs::read(&path).unwrap(), before);
+
+    let target = dir.path().join("target.npy");
+    std::fs::write(&target, b"keep").unwrap();
+    let link = dir.path().join("link.npy");
+    std::os::unix::fs::symlink(&target, &link).unwrap();
+    one_line_error(
+        &pinfeed(["gen", &shown(&link), "--records", "3"]),
+        &[&shown(&link), "symbolic link", "--force"],
+    );
+    assert_eq!(std::fs::read(&target).unwrap(), b"keep");
+}
+
+/// numpy puts a sub-array dtype's dims after the shape: `np.zeros(4, dtype='2,3B')` has shape
+/// (4, 2, 3). `gen` writes that, and `stream` reads the same options the same way.
+#[test]
+fn subarray_dims_come_after_the_shape_as_in_numpy() {
+    let (dir, path) = fixture("g.npy");
+    let p = shown(&path);
+    let run = pinfeed([
+        "gen",
+        &p,
+        "--records",
+        "5",
+        "--shape",
+        "4",
+        "--dtype",
+        "2,3B",
+    ]);
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    let shape = crate::common::python(
+        dir.path(),
+        "print(np.load(os.path.join(d, 'g.npy')).shape == (5,) + np.zeros(4, dtype='2,3B').shape)",
+    );
+    assert_eq!(shape.trim(), "True");
+    let agreeing = crate::common::stream(&path, &["--shape", "4", "--dtype", "2,3B"]);
+    assert_eq!(agreeing.code, Some(0), "{}", agreeing.stderr);
+    one_line_error(
+        &crate::common::stream(&path, &["--shape", "2,3", "--dtype", "4B"]),
+        &[&p, "[4, 2, 3]", "[2, 3, 4]"],
+    );
+}

@@ -13,5 +13,6 @@ mod library;
 mod multi;
 mod npy_errors;
 mod options;
+mod output;
 mod raw;
 mod success;

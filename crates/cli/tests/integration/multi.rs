@@ -107,3 +107,34 @@ fn bad_device_lists_are_one_line_errors() {
         &["register reader"],
     );
 }
+
+/// With --verify, a split run's top-level CRC covers every delivered byte, step by step, each
+/// step's batches in device order: the single device's CRC when the split needs no padding.
+#[test]
+fn split_crc_is_the_single_device_crc() {
+    let (_dir, path) = fixture("gen.npy");
+    assert_eq!(
+        pinfeed(["gen", &shown(&path), "--records", "1000", "--shape", "3"]).code,
+        Some(0)
+    );
+    let one = json_report(&pinfeed([
+        "stream",
+        &shown(&path),
+        "--batch-size",
+        "64",
+        "--device",
+        "cpu",
+        "--crc",
+        "--json",
+    ]));
+    assert!(one["crc32"].is_u64(), "{one}");
+    for devices in ["cpu,cpu", "cpu,cpu,cpu,cpu"] {
+        let r = multi_stream(&shown(&path), devices, &["--epochs", "2"]);
+        assert_eq!(r["verified"], true);
+        let d = r["devices"].as_array().unwrap();
+        assert!(d.iter().all(|d| d["crc32"].is_u64()), "{r}");
+        let again = multi_stream(&shown(&path), devices, &[]);
+        assert_eq!(again["crc32"], one["crc32"], "{devices}");
+        assert_ne!(r["crc32"], again["crc32"], "two epochs, two passes");
+    }
+}

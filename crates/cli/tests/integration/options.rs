@@ -169,3 +169,39 @@ fn register_reader_on_the_host_backend() {
         one_line_error(&run, &["register"]);
     }
 }
+
+#[test]
+fn zero_threads_or_repeats_are_refused() {
+    for (args, needle) in [
+        (
+            &["bench", "--device", "cpu", "--repeat", "0"][..],
+            "--repeat",
+        ),
+        (&["bench", "--device", "cpu", "--threads", "0"], "--threads"),
+    ] {
+        one_line_error(&pinfeed(args), &[needle, "0"]);
+    }
+    let (_dir, path) = small_npy();
+    one_line_error(&stream(&path, &["--threads", "0"]), &["--threads", "0"]);
+}
+
+/// `stream --help` names every kind of dataset it takes, and the dtype that carries its shape.
+#[test]
+fn stream_help_names_every_dataset_kind() {
+    let run = pinfeed(["stream", "--help"]);
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    for needle in [
+        ".npy",
+        ".safetensors",
+        "raw record file",
+        "directory",
+        "glob",
+        "3,31,31B",
+    ] {
+        assert!(
+            run.stdout.contains(needle),
+            "{needle:?} missing:\n{}",
+            run.stdout
+        );
+    }
+}

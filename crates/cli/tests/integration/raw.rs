@@ -188,3 +188,13 @@ fn numpy_memmap_records_stream_with_the_comma_dtype() {
     assert_eq!(report["verified"], true);
     assert_eq!(report["crc32"], crc);
 }
+
+/// Python refuses raw records without a dtype; so does the command, rather than guess uint8.
+#[test]
+fn raw_file_with_shape_but_no_dtype() {
+    let (_dir, path) = records_bin();
+    one_line_error(
+        &stream(&path, &["--shape", "4"]),
+        &[&shown(&path), "raw record file", "--dtype"],
+    );
+}
