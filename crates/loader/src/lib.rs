@@ -36,25 +36,25 @@
 #![deny(missing_docs)]
 
 mod backend;
-mod direct;
 mod error;
 mod multi;
 mod order;
 mod pipeline;
 mod pool;
+mod register;
 mod stager;
 mod stats;
 
 use std::sync::Arc;
 
 pub use backend::{CopyFence, CudaFence, DeviceMemory, DeviceSpec};
-pub use direct::{auto_read_mode, ReaderKind};
 pub use error::{LoaderError, Result};
 pub use multi::MultiLoader;
 pub use order::{BatchRecords, EpochOrder, OrderSpec, Position, Shuffle};
 pub use pinfeed_cuda::PinMethod;
 pub use pipeline::{Batch, Loader, Waited};
 pub use pool::{pinned_allocations, release_idle_pinned_memory};
+pub use register::{Reader, ReaderKind, UnknownReader};
 pub use stager::{
     to_device, DeviceArray, PinnedRegion, Stager, StagerOptions, UploadCounters, UploadMethod,
     DEFAULT_MAX_COPY_THREADS, DEFAULT_STAGING_BUDGET,

@@ -287,9 +287,10 @@ class Loader:
             piece_bytes=0 if piece_size is None else _bytes(piece_size, 0),  # 0: whole batches
             transform=self._transform,
             transform_out_bytes=transform_out_bytes,
-            # direct and uring are ways of reading into the pinned slots, chosen when the
-            # source was opened; only register changes how batches reach the device.
-            reader="register" if reader == "register" else "auto",
+            # Parsed once, in Rust: direct, mmap and uring are ways of reading into the pinned
+            # slots, chosen when the source was opened; only register changes how batches
+            # reach the device.
+            reader=str(reader),
             shuffle=self._order["shuffle"],
             block_size=self.block_size,
             block_window=self.block_window,
