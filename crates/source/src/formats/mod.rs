@@ -16,10 +16,11 @@ use crate::{Layout, ReadOptions, Result, Source, SourceError};
 pub mod npy;
 pub(crate) mod raw;
 pub mod safetensors;
+pub(crate) mod text;
 
 /// Every format, in the order files are matched: first by extension, then by
 /// [`Format::sniff`]. Raw records come last: they claim any file no other format does.
-pub static ALL: &[&dyn Format] = &[&npy::Npy, &safetensors::Safetensors, &raw::Raw];
+pub static ALL: &[&dyn Format] = &[&npy::Npy, &safetensors::Safetensors, &text::Text, &raw::Raw];
 
 /// Bytes of a file's start handed to [`Format::sniff`] (fewer for a shorter file): enough for
 /// the `.npy` magic, and for a tar header's `ustar` magic at byte 257.
