@@ -102,28 +102,19 @@ impl Source {
             }
             None => None,
         };
-        let mode = match reader {
-            "auto" => pinfeed::auto_read_mode(&path).0,
-            "pread" | "register" => pinfeed_source::ReadMode::Buffered,
-            "mmap" => pinfeed_source::ReadMode::Mmap,
-            "direct" => pinfeed_source::ReadMode::Direct,
-            "uring" => pinfeed_source::ReadMode::Uring,
-            other => {
-                return Err(value_error(
-                    py,
-                    "Config",
-                    format!(
-                        "unknown reader {other:?}: expected auto, pread, mmap, direct, uring or register"
-                    ),
-                ))
-            }
-        };
+        let reader: pinfeed_source::Reader = reader
+            .parse()
+            .map_err(|e: pinfeed_source::UnknownReader| value_error(py, "Config", e.to_string()))?;
+        let mut format = pinfeed_source::FormatOptions::new();
+        if let Some(tensor) = tensor {
+            format.set("tensor", tensor);
+        }
         let read = pinfeed_source::ReadOptions {
-            mode,
+            reader: py.detach(|| reader.resolve(&path).0),
             read_size: size_arg(read_size.as_ref(), "read_size")?
                 .unwrap_or(pinfeed_source::DEFAULT_READ_SIZE),
             queue_depth: queue_depth.unwrap_or(pinfeed_source::DEFAULT_QUEUE_DEPTH),
-            tensor,
+            format,
         };
         let opened = py.detach(|| pinfeed_source::open_with(&path, layout.clone(), &read));
         let inner: Box<dyn pinfeed_source::Source> = opened.map_err(named).py_err(py)?;

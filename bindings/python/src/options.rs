@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use dlpark::ffi::DLDataType;
-use pinfeed::{DeviceSpec, LoaderOptions, OrderSpec, ReaderKind, Shuffle};
+use pinfeed::{DeviceSpec, LoaderOptions, OrderSpec, Reader, Shuffle};
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyDict};
@@ -233,8 +233,8 @@ impl StreamOptions {
             .map(|n| n as usize);
         let reader = kw
             .text("reader", "auto")?
-            .parse::<ReaderKind>()
-            .py_err(py)?;
+            .parse::<Reader>()
+            .map_err(|e| value_error(py, "Config", e.to_string()))?;
         let block_size = kw.opt_int("block_size", 1, u64::MAX)?;
         let block_window = kw.opt_int("block_window", 1, u64::MAX)?;
         let shuffle = shuffle_arg(py, &kw.text("shuffle", "none")?, block_size, block_window)?;

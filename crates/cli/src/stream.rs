@@ -8,13 +8,12 @@ use std::time::Instant;
 use anyhow::Context as _;
 use anyhow::{bail, Result};
 use clap::Args;
-use pinfeed::ReaderKind;
 use pinfeed::{
     parse_size, Batch, BatchRecords, DeviceSpec, LoaderOptions, MultiLoader, PinMethod, Shuffle,
     Stats,
 };
 use pinfeed_source::dtype::parse_user_dtype;
-use pinfeed_source::{open_with, Layout, ReadMode, ReadOptions, Source};
+use pinfeed_source::{open_with, FormatOptions, Layout, ReadOptions, Reader, Source};
 use serde_json::json;
 
 use crate::gen::{parse_shape, Shape};
@@ -206,27 +205,6 @@ fn is_raw(path: &std::path::Path, read: &ReadOptions) -> bool {
         .is_ok_and(|bytes| open_with(path, Some(bytes), read).is_ok())
 }
 
-/// `--reader`: how records reach the device, as the source's read mode and the loader's reader.
-pub fn reader_choice(
-    text: &str,
-    path: &std::path::Path,
-) -> Result<(ReadMode, ReaderKind, Option<String>)> {
-    Ok(match text {
-        "auto" => {
-            let (mode, why) = pinfeed::auto_read_mode(path);
-            (mode, ReaderKind::Pread, Some(why))
-        }
-        "pread" => (ReadMode::Buffered, ReaderKind::Pread, None),
-        "mmap" => (ReadMode::Mmap, ReaderKind::Pread, None),
-        "direct" => (ReadMode::Direct, ReaderKind::Pread, None),
-        "uring" => (ReadMode::Uring, ReaderKind::Pread, None),
-        "register" => (ReadMode::Buffered, ReaderKind::Register, None),
-        _ => {
-            bail!("unknown reader {text:?}: expected auto, pread, mmap, direct, uring or register")
-        }
-    })
-}
-
 pub fn run(args: StreamArgs) -> Result<Outcome> {
     let Plan {
         source,
@@ -299,12 +277,17 @@ struct Plan {
 
 /// The source, the loader's options and the devices that `args` ask for.
 fn prepare(args: &StreamArgs) -> Result<Plan> {
-    let (mode, reader, why) = reader_choice(&args.reader, &args.path)?;
+    let reader: Reader = args.reader.parse()?;
+    let (source_reader, why) = reader.resolve(&args.path);
+    let mut format = FormatOptions::new();
+    if let Some(tensor) = &args.tensor {
+        format.set("tensor", tensor);
+    }
     let read = ReadOptions {
-        mode,
+        reader: source_reader,
         read_size: parse_size(&args.read_size)?,
         queue_depth: args.queue_depth,
-        tensor: args.tensor.clone(),
+        format,
     };
     let source = open_source(
         &args.path,
@@ -618,7 +601,7 @@ fn report_json(args: &StreamArgs, m: &Measured) -> serde_json::Value {
         "threads": stats.threads,
         "shuffle": args.shuffle,
         "reader": match stats.reader {
-            ReaderKind::Register => "register".to_string(),
+            Reader::Register => "register".to_string(),
             _ => stats.reader_description.clone(),
         },
         "reader_kind": stats.reader.to_string(),

@@ -37,12 +37,12 @@
 
 mod backend;
 mod bottleneck;
-mod direct;
 mod error;
 mod multi;
 mod order;
 mod pipeline;
 mod pool;
+mod register;
 mod stager;
 mod stats;
 
@@ -50,13 +50,13 @@ use std::sync::Arc;
 
 pub use backend::{CopyFence, CudaFence, DeviceMemory, DeviceSpec};
 pub use bottleneck::{bottleneck, StageWaits};
-pub use direct::{auto_read_mode, ReaderKind};
 pub use error::{LoaderError, Result};
 pub use multi::{device_share, DeviceShare, MultiLoader};
 pub use order::{BatchRecords, EpochOrder, OrderSpec, Position, Shuffle};
 pub use pinfeed_cuda::PinMethod;
 pub use pipeline::{Batch, Loader, Waited};
 pub use pool::{pinned_allocations, release_idle_pinned_memory};
+pub use register::{Reader, ReaderKind, UnknownReader};
 pub use stager::{
     to_device, DeviceArray, PinnedRegion, Stager, StagerOptions, UploadCounters, UploadMethod,
     DEFAULT_MAX_COPY_THREADS, DEFAULT_STAGING_BUDGET,

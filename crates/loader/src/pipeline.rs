@@ -26,10 +26,10 @@ use pinfeed_ring::{Claim, Ring};
 use pinfeed_source::{AlignedBuffer, Source};
 
 use crate::backend::{Backend, CopyFence, DeviceBudget, DeviceMemory, DeviceSpec, Landed};
-use crate::direct::{MappedWindows, ReaderKind};
 use crate::error::{LoaderError, Result};
 use crate::order::{BatchRecords, EpochOrder, OrderSpec, Shuffle};
 use crate::pool::{pinned_allocations, PinnedPool};
+use crate::register::{MappedWindows, ReaderKind};
 use crate::stats::{add, get, Counters, Delivered, DeviceStats, Stats};
 use crate::{LoaderOptions, Position, Transform, MAX_SLOTS};
 

@@ -866,7 +866,7 @@ pub fn to_device(src: &[u8], options: StagerOptions) -> Result<DeviceArray> {
 
 /// Bytes of memory this machine has.
 fn mem_total() -> Option<u64> {
-    crate::direct::meminfo("MemTotal")
+    crate::register::meminfo("MemTotal")
 }
 
 /// Existing host memory page-locked in place until dropped: `cuMemHostRegister` on CUDA,

@@ -4,6 +4,25 @@ use std::fmt::Write as _;
 use std::io;
 use std::path::{Path, PathBuf};
 
+/// A path as errors print it: lossy UTF-8 with control characters escaped (`\u{1b}`, `\n`),
+/// so that a file name cannot drive the terminal or forge a line of output. Every error of
+/// pinfeed that prints a path goes through here.
+pub fn escape_path(path: &Path) -> String {
+    let text = path.to_string_lossy();
+    if !text.chars().any(char::is_control) {
+        return text.into_owned();
+    }
+    text.chars()
+        .map(|c| {
+            if c.is_control() {
+                c.escape_default().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
+}
+
 /// Everything that can go wrong while opening, reading or writing a dataset.
 ///
 /// Every message names the file (or "host buffer"), and where it applies the byte offset,
@@ -12,7 +31,7 @@ use std::path::{Path, PathBuf};
 #[non_exhaustive]
 pub enum SourceError {
     /// The file is missing, unreadable, a directory or not a regular file.
-    #[error("cannot open {}: {source}", .path.display())]
+    #[error("cannot open {}: {source}", crate::escape_path(.path))]
     Open {
         /// The path as given.
         path: PathBuf,
@@ -20,7 +39,7 @@ pub enum SourceError {
         source: io::Error,
     },
     /// A read failed with an error other than reaching the end of the file.
-    #[error("cannot read {len} bytes at offset {offset} of {}: {source}", .path.display())]
+    #[error("cannot read {len} bytes at offset {offset} of {}: {source}", crate::escape_path(.path))]
     Read {
         /// The file.
         path: PathBuf,
@@ -35,7 +54,7 @@ pub enum SourceError {
     #[error(
         "{}: expected {expected} bytes at offset {offset} but the file ended after {found} \
          (file shrank while streaming?)",
-        .path.display()
+        crate::escape_path(.path)
     )]
     Truncated {
         /// The file.
@@ -48,7 +67,7 @@ pub enum SourceError {
         found: u64,
     },
     /// The file does not start with a well-formed `.npy` header.
-    #[error("{}: malformed .npy header at byte {offset}: expected {expected}, found {found}", .path.display())]
+    #[error("{}: malformed .npy header at byte {offset}: expected {expected}, found {found}", crate::escape_path(.path))]
     Header {
         /// The file.
         path: PathBuf,
@@ -62,7 +81,7 @@ pub enum SourceError {
     /// The `.npy` file stores its array in Fortran (column-major) order.
     #[error(
         "{}: Fortran order is not supported; save with np.ascontiguousarray",
-        .path.display()
+        crate::escape_path(.path)
     )]
     FortranOrder {
         /// The file.
@@ -79,7 +98,7 @@ pub enum SourceError {
         reason: String,
     },
     /// The array shape in a `.npy` header is unusable.
-    #[error("{}: shape {shape:?} (dtype {descr}): {reason}", .path.display())]
+    #[error("{}: shape {shape:?} (dtype {descr}): {reason}", crate::escape_path(.path))]
     Shape {
         /// The file.
         path: PathBuf,
@@ -105,7 +124,7 @@ pub enum SourceError {
     /// The data after a `.npy` header is shorter or longer than the header promises.
     #[error(
         "{}: header promises {expected} bytes of data from offset {data_offset} but the file holds {found}: {}",
-        .path.display(),
+        crate::escape_path(.path),
         if .found < .expected { "the file is truncated" } else { "extra bytes after the array data" }
     )]
     DataSize {
@@ -142,7 +161,7 @@ pub enum SourceError {
     /// A file that is not `.npy` was opened without a record layout.
     #[error(
         "{}: not a .npy file; give the record dtype and shape for a raw record file",
-        .path.display()
+        crate::escape_path(.path)
     )]
     NotNpy {
         /// The file.
@@ -173,7 +192,7 @@ pub enum SourceError {
         expected: String,
     },
     /// Writing a `.npy` file failed.
-    #[error("cannot write {} at offset {offset}: {source}", .path.display())]
+    #[error("cannot write {} at offset {offset}: {source}", crate::escape_path(.path))]
     Write {
         /// The file.
         path: PathBuf,
@@ -185,7 +204,7 @@ pub enum SourceError {
     /// A `.npy` writer was given more or fewer data bytes than its header promises.
     #[error(
         "{}: header promises {expected} bytes of data but {found} {}",
-        .path.display(),
+        crate::escape_path(.path),
         if .found > .expected { "were offered" } else { "were written before finish" }
     )]
     WriteCount {
@@ -205,7 +224,7 @@ pub enum SourceError {
     },
     /// The tensor asked for is not in a `.safetensors` file, or none was named and the file
     /// holds several.
-    #[error("{}: {}", .path.display(), tensor_message(.wanted.as_deref(), .available))]
+    #[error("{}: {}", crate::escape_path(.path), tensor_message(.wanted.as_deref(), .available))]
     Tensor {
         /// The file.
         path: PathBuf,
@@ -215,7 +234,7 @@ pub enum SourceError {
         available: Vec<String>,
     },
     /// A `.safetensors` header that is malformed or inconsistent with itself or the file.
-    #[error("{}: malformed .safetensors header at byte {offset}: {reason}", .path.display())]
+    #[error("{}: malformed .safetensors header at byte {offset}: {reason}", crate::escape_path(.path))]
     Safetensors {
         /// The file.
         path: PathBuf,
@@ -269,7 +288,7 @@ fn tensor_message(wanted: Option<&str>, available: &[String]) -> String {
 fn loc(path: Option<&Path>) -> String {
     let mut s = String::new();
     if let Some(p) = path {
-        let _ = write!(s, "{}: ", p.display());
+        let _ = write!(s, "{}: ", crate::escape_path(p));
     }
     s
 }

@@ -16,10 +16,11 @@
 //! - [`ShardedSource`]: several files of one layout (a directory or a glob pattern), records
 //!   numbered across them.
 //!
-//! [`open_path`] picks between the two file kinds by the file's magic bytes; [`open_with`] also
-//! opens directories, patterns and `.safetensors` files, and reads as [`ReadOptions`] ask:
-//! buffered `pread`; `pread` for ranges and `memcpy` out of a read-only mapping of the file for
-//! gathers ([`ReadMode::Mmap`]); `O_DIRECT` into aligned buffers
+//! Every file format is a [`Format`] listed in [`formats::ALL`]; [`open_path`] picks one by the
+//! file's extension or first bytes; [`open_with`] also opens directories, patterns and
+//! `.safetensors` files, and reads as [`ReadOptions`] ask ([`Reader`]): buffered `pread`;
+//! `pread` for ranges and `memcpy` out of a read-only mapping of the file for gathers
+//! ([`Reader::Mmap`]); `O_DIRECT` into aligned buffers
 //! ([`Source::read_records_aligned`]); or io_uring with a queue depth; each falling back to
 //! `pread` where the system refuses it and saying so ([`Source::reader_description`]).
 //! [`npy::NpyWriter`] writes `.npy` files. Every failure is a [`SourceError`] naming the file,
@@ -50,29 +51,46 @@ use std::path::Path;
 
 pub mod dtype;
 mod error;
+pub mod formats;
 mod host;
 mod literal;
-mod mapped;
-pub mod npy;
-mod raw;
 mod read;
-mod reader;
+mod readers;
 mod records;
-pub mod safetensors;
 mod shards;
 mod sigbus;
 pub mod tokens;
 
 pub use dtype::DType;
-pub use error::SourceError;
+pub use error::{escape_path, SourceError};
+pub use formats::raw::RawFile;
+pub use formats::{npy, safetensors, Format, FormatOptions};
 pub use host::HostBuffer;
 pub use npy::NpyFile;
-pub use raw::RawFile;
-pub use reader::{
-    AlignedBuffer, ReadMode, ReadOptions, DEFAULT_QUEUE_DEPTH, DEFAULT_READ_SIZE, DIRECT_ALIGN,
+pub use readers::auto::{cached_fraction, meminfo};
+pub use readers::{
+    resolve_auto, AlignedBuffer, ReadOptions, Reader, UnknownReader, DEFAULT_QUEUE_DEPTH,
+    DEFAULT_READ_SIZE, DIRECT_ALIGN,
 };
 pub use safetensors::SafetensorsFile;
 pub use shards::ShardedSource;
+
+pub use sigbus::Guard as MappingGuard;
+
+/// Guards `len` bytes from `start` against `SIGBUS`: a fault there (the mapped file shrank)
+/// leaves a page of zeroes and counts one on the guard ([`MappingGuard::faults`]) instead of
+/// killing the process. An error says why the handler cannot be installed.
+///
+/// # Safety
+///
+/// `start .. start + len` must be a shared mapping of a file owned by the caller, read by
+/// nothing that would misbehave on a page of zeroes, and unmapped only after the guard drops.
+pub unsafe fn guard_mapping(
+    start: *const u8,
+    len: usize,
+) -> std::result::Result<MappingGuard, String> {
+    sigbus::guard(start, len)
+}
 
 /// `Result` with a [`SourceError`].
 pub type Result<T, E = SourceError> = std::result::Result<T, E>;
@@ -325,7 +343,7 @@ pub(crate) fn gather_runs(
     data_offset: u64,
     indices: &[u64],
     dst_len: usize,
-) -> Result<Vec<mapped::GatherRun>> {
+) -> Result<Vec<readers::GatherRun>> {
     check_gather_len(source, indices.len(), dst_len)?;
     runs_of(source, data_offset, indices.iter().copied().zip(0..))
 }
@@ -336,7 +354,7 @@ pub(crate) fn gather_runs_at(
     data_offset: u64,
     records: &[(u64, usize)],
     dst_len: usize,
-) -> Result<Vec<mapped::GatherRun>> {
+) -> Result<Vec<readers::GatherRun>> {
     check_places(source, records, dst_len)?;
     runs_of(source, data_offset, records.iter().copied())
 }
@@ -347,12 +365,12 @@ fn runs_of(
     source: &(impl Source + ?Sized),
     data_offset: u64,
     records: impl Iterator<Item = (u64, usize)>,
-) -> Result<Vec<mapped::GatherRun>> {
+) -> Result<Vec<readers::GatherRun>> {
     let record_bytes = source.layout().record_bytes();
-    let mut runs: Vec<mapped::GatherRun> = Vec::with_capacity(records.size_hint().0);
+    let mut runs: Vec<readers::GatherRun> = Vec::with_capacity(records.size_hint().0);
     for_each_run(records, |first, place, count| {
         check_request(source, first, count * record_bytes)?;
-        runs.push(mapped::GatherRun {
+        runs.push(readers::GatherRun {
             offset: data_offset + first * record_bytes as u64,
             at: place * record_bytes,
             len: count * record_bytes,
@@ -428,99 +446,47 @@ pub(crate) fn check_aligned_request(
 }
 
 /// Opens a dataset file: a `.npy` file when it starts with the `.npy` magic (whatever its
-/// name), otherwise a raw record file of `raw_layout`.
+/// name), otherwise a raw record file of `raw_layout`, or any other format of
+/// [`formats::ALL`] that claims it.
 ///
 /// `raw_layout` is ignored for `.npy` files, whose header gives the layout. A file named
 /// `*.npy` without the magic is reported as a malformed `.npy` header rather than read as raw.
 pub fn open_path(path: impl AsRef<Path>, raw_layout: Option<Layout>) -> Result<Box<dyn Source>> {
-    let path = path.as_ref();
-    let (file, size) = read::open_regular(path)?;
-    open_npy_or_raw(
-        file,
-        path,
-        size,
-        raw_layout.as_ref(),
-        &ReadOptions::default(),
-    )
+    formats::open_file(path.as_ref(), raw_layout.as_ref(), &ReadOptions::default())
 }
 
-/// Like [`open_path`], plus: a directory of `.npy` and `.safetensors` shards or a glob pattern
-/// of shards (a [`ShardedSource`]), `.safetensors` files (a [`SafetensorsFile`], by extension),
-/// and the read mode, read size and queue depth of `options`.
+/// Like [`open_path`], plus: a directory of shards or a glob pattern of shards (a
+/// [`ShardedSource`]), every format of [`formats::ALL`] (`.safetensors` files by extension),
+/// and the reader, read size, queue depth and format options of `options`.
 ///
 /// A path that exists is opened as it is (a directory as shards, a file by its kind); a path
 /// that does not exist and holds `*`, `?` or `[` is a pattern. `raw_layout` describes files that
-/// are neither `.npy` nor `.safetensors`, alone or matched by a pattern.
+/// no format claims, alone or matched by a pattern. [`Reader::Auto`] is resolved once, for
+/// `path` ([`resolve_auto`]).
 pub fn open_with(
     path: impl AsRef<Path>,
     raw_layout: Option<Layout>,
     options: &ReadOptions,
 ) -> Result<Box<dyn Source>> {
     options.check()?;
+    options.format.check()?;
     let path = path.as_ref();
+    let resolved;
+    let options = match options.reader {
+        Reader::Auto => {
+            resolved = ReadOptions {
+                reader: resolve_auto(path).0,
+                ..options.clone()
+            };
+            &resolved
+        }
+        _ => options,
+    };
     let exists = std::fs::metadata(path);
     if exists.as_ref().is_ok_and(|m| m.is_dir()) || (exists.is_err() && shards::is_pattern(path)) {
         return Ok(Box::new(ShardedSource::open(path, raw_layout, options)?));
     }
-    open_file(path, raw_layout.as_ref(), options)
-}
-
-/// One dataset file of any kind, read as `options` ask.
-pub(crate) fn open_file(
-    path: &Path,
-    raw_layout: Option<&Layout>,
-    options: &ReadOptions,
-) -> Result<Box<dyn Source>> {
-    let (file, size) = read::open_regular(path)?;
-    if has_extension(path, "safetensors") {
-        return Ok(Box::new(SafetensorsFile::from_file(
-            file, path, size, options,
-        )?));
-    }
-    if let Some(tensor) = &options.tensor {
-        return Err(SourceError::Options {
-            reason: format!(
-                "{}: the tensor option ({tensor:?}) applies to .safetensors files only",
-                path.display()
-            ),
-        });
-    }
-    open_npy_or_raw(file, path, size, raw_layout, options)
-}
-
-/// The `.npy` file `file` when it starts with the `.npy` magic or is named `*.npy`, otherwise a
-/// raw record file of `raw_layout`; read as `options` ask.
-fn open_npy_or_raw(
-    file: std::fs::File,
-    path: &Path,
-    size: u64,
-    raw_layout: Option<&Layout>,
-    options: &ReadOptions,
-) -> Result<Box<dyn Source>> {
-    let mut magic = [0u8; 6];
-    let n = size.min(magic.len() as u64) as usize;
-    read::read_exact_at(&file, path, 0, &mut magic[..n])?;
-    if npy::has_magic(&magic[..n]) || has_extension(path, "npy") {
-        let mut npy = NpyFile::from_file(file, path, size)?;
-        npy.set_reader(options)?;
-        return Ok(Box::new(npy));
-    }
-    match raw_layout {
-        Some(layout) => {
-            let mut raw = RawFile::from_file(file, path, size, layout.clone())?;
-            raw.set_reader(options)?;
-            Ok(Box::new(raw))
-        }
-        None => Err(SourceError::NotNpy {
-            path: path.to_path_buf(),
-        }),
-    }
-}
-
-/// Whether the file name ends in `.ext`, in any case.
-fn has_extension(path: &Path, ext: &str) -> bool {
-    path.extension()
-        .is_some_and(|e| e.eq_ignore_ascii_case(ext))
+    formats::open_file(path, raw_layout.as_ref(), options)
 }
 
 #[cfg(test)]

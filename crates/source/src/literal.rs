@@ -214,6 +214,10 @@ impl Parser<'_> {
                 Value::Str(self.string()?)
             }
             Some('0'..='9') => Value::Int(self.int()?),
+            // The only integers in a header are sizes, offsets and dimensions.
+            Some('-') if matches!(self.s[self.pos + 1..].chars().next(), Some('0'..='9')) => {
+                return Err(self.err("a non-negative integer (a negative dimension or size)"));
+            }
             Some(c) if c.is_ascii_alphabetic() || c == '_' => {
                 let start = self.pos;
                 while matches!(self.peek(), Some(c) if c.is_ascii_alphanumeric() || c == '_') {
@@ -556,5 +560,11 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn negative_integers_are_named_negative_dimensions() {
+        let e = parse("{'shape': (-3,)}").unwrap_err();
+        assert!(e.expected.contains("negative dimension"), "{e:?}");
     }
 }

@@ -1,11 +1,12 @@
 //! What every file source shares: records of one layout from a byte offset of one file, read
-//! through a [`Reader`]. `NpyFile`, `RawFile` and `SafetensorsFile` differ only in how they find
+//! through a [`FileReader`]. `NpyFile`, `RawFile` and `SafetensorsFile` differ only in how they find
 //! the layout and the offset; each holds a [`FileRecords`] and delegates `Source` to it.
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
-use crate::reader::{ReadOptions, Reader};
+use crate::readers::{self, FileReader};
+use crate::ReadOptions;
 use crate::{check_aligned_request, check_request, FileRegion, Layout, Result, Source};
 
 /// `num_records` records of `layout`, record `i` at byte `data_offset + i * record_bytes` of
@@ -18,7 +19,7 @@ pub(crate) struct FileRecords {
     pub(crate) layout: Layout,
     pub(crate) num_records: u64,
     pub(crate) data_offset: u64,
-    pub(crate) reader: Reader,
+    pub(crate) reader: Box<dyn FileReader>,
 }
 
 impl FileRecords {
@@ -33,17 +34,17 @@ impl FileRecords {
         FileRecords {
             file,
             path: path.to_path_buf(),
-            name: path.display().to_string(),
+            name: crate::escape_path(path),
             layout,
             num_records,
             data_offset,
-            reader: Reader::buffered(),
+            reader: readers::pread(),
         }
     }
 
     /// Reads as `options` ask from now on (O_DIRECT, io_uring, their fallbacks).
     pub(crate) fn set_reader(&mut self, options: &ReadOptions) -> Result<()> {
-        self.reader = Reader::new(&self.file, &self.path, options)?;
+        self.reader = readers::for_file(&self.file, &self.path, options)?;
         Ok(())
     }
 
@@ -100,7 +101,7 @@ impl Source for FileRecords {
     }
 
     fn reader_description(&self) -> String {
-        self.reader.description()
+        self.reader.describe()
     }
 
     fn file(&self) -> Option<FileRegion<'_>> {

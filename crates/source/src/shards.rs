@@ -4,10 +4,11 @@
 //! zero-padded numbers, `part-00002` before `part-00010`), and records are numbered across them
 //! in that order.
 
+use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
-use crate::reader::ReadOptions;
+use crate::ReadOptions;
 use crate::{check_request, Layout, Result, Source, SourceError};
 
 /// Records of several files of one layout, numbered across the files in order.
@@ -40,7 +41,7 @@ impl ShardedSource {
     ) -> Result<ShardedSource> {
         let path = path.as_ref();
         options.check()?;
-        let dataset = path.display().to_string();
+        let dataset = crate::escape_path(path);
         let is_dir = path.is_dir();
         let files = if is_dir {
             list_directory(path)?
@@ -49,7 +50,10 @@ impl ShardedSource {
         };
         if files.is_empty() {
             let reason = if is_dir {
-                "the directory holds no .npy or .safetensors files".to_owned()
+                format!(
+                    "the directory holds no {} files",
+                    crate::formats::shard_extensions()
+                )
             } else {
                 "no file matches this pattern".to_owned()
             };
@@ -57,7 +61,7 @@ impl ShardedSource {
         }
         let shards = files
             .iter()
-            .map(|f| crate::open_file(f, raw_layout.as_ref(), options))
+            .map(|f| crate::formats::open_file(f, raw_layout.as_ref(), options))
             .collect::<Result<Vec<_>>>()?;
         ShardedSource::from_sources(dataset, shards)
     }
@@ -298,8 +302,12 @@ fn open_err(path: &Path, source: std::io::Error) -> SourceError {
     }
 }
 
-/// Regular files in `dir` whose names match `keep`, hidden ones skipped, sorted by name.
-fn list(dir: &Path, keep: impl Fn(&[u8]) -> bool) -> Result<Vec<PathBuf>> {
+/// Files in `dir` whose names match `keep`, hidden ones skipped, sorted by name.
+///
+/// A matching entry that is not a regular file (a broken symbolic link, a link loop, a FIFO, a
+/// socket; a directory too when `dirs_too` is false) is refused with its name rather than
+/// skipped: streaming the other shards alone would silently drop its records.
+fn list(dir: &Path, dirs_too: bool, keep: impl Fn(&[u8]) -> bool) -> Result<Vec<PathBuf>> {
     let mut files = Vec::new();
     for entry in std::fs::read_dir(dir).map_err(|e| open_err(dir, e))? {
         let entry = entry.map_err(|e| open_err(dir, e))?;
@@ -309,8 +317,16 @@ fn list(dir: &Path, keep: impl Fn(&[u8]) -> bool) -> Result<Vec<PathBuf>> {
         }
         // Follows symbolic links: a link to a shard is a shard.
         let path = entry.path();
-        if std::fs::metadata(&path).is_ok_and(|m| m.is_file()) {
+        let meta = std::fs::metadata(&path).map_err(|e| open_err(&path, e))?;
+        if meta.is_file() {
             files.push(path);
+        } else if !(meta.is_dir() && dirs_too) {
+            let what = if meta.is_dir() {
+                "a directory named like a shard"
+            } else {
+                "not a regular file"
+            };
+            return Err(open_err(&path, std::io::Error::other(what)));
         }
     }
     files.sort_by(|a, b| a.file_name().cmp(&b.file_name()));
@@ -318,14 +334,13 @@ fn list(dir: &Path, keep: impl Fn(&[u8]) -> bool) -> Result<Vec<PathBuf>> {
 }
 
 fn list_directory(dir: &Path) -> Result<Vec<PathBuf>> {
-    list(dir, |name| {
-        let lower = name.to_ascii_lowercase();
-        !name.starts_with(b".") && (lower.ends_with(b".npy") || lower.ends_with(b".safetensors"))
+    list(dir, false, |name| {
+        !name.starts_with(b".") && crate::formats::is_shard_name(Path::new(OsStr::from_bytes(name)))
     })
 }
 
 fn list_pattern(path: &Path) -> Result<Vec<PathBuf>> {
-    let dataset = path.display().to_string();
+    let dataset = crate::escape_path(path);
     let (Some(dir), Some(pattern)) = (path.parent(), path.file_name()) else {
         return Err(SourceError::NoShards {
             dataset,
@@ -344,7 +359,7 @@ fn list_pattern(path: &Path) -> Result<Vec<PathBuf>> {
         dir
     };
     let pattern = pattern.as_bytes();
-    list(dir, |name| {
+    list(dir, true, |name| {
         (pattern.starts_with(b".") || !name.starts_with(b".")) && glob_match(pattern, name)
     })
 }

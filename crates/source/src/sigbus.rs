@@ -60,7 +60,7 @@ static PAGE: AtomicUsize = AtomicUsize::new(4096);
 pub(crate) static TEST_GUARDS: Mutex<()> = Mutex::new(());
 
 /// A registered mapping; released on drop, which must come before the mapping is unmapped.
-pub(crate) struct Guard {
+pub struct Guard {
     entry: &'static Entry,
 }
 
@@ -74,7 +74,7 @@ impl std::fmt::Debug for Guard {
 
 impl Guard {
     /// Faults inside the mapping so far; each left a page of zeroes where file data was.
-    pub(crate) fn faults(&self) -> u64 {
+    pub fn faults(&self) -> u64 {
         self.entry.faults.load(Ordering::SeqCst)
     }
 }
@@ -200,6 +200,8 @@ extern "C" fn on_sigbus(
             // Counted before the page changes: a thread that reads the zeroes after the
             // replacement then also sees the count.
             entry.faults.fetch_add(1, Ordering::SeqCst);
+            // A raw mmap, not memmap2: only a MAP_FIXED replacement of one page, made inside a
+            // signal handler (async-signal-safe, no allocation), does what is needed here.
             // SAFETY: the page lies inside a live mapping of ours (registered entries are
             // unregistered before their mapping goes), which nothing but our copies reads;
             // replacing it with zeroes changes what those copies read, and they check the count.

@@ -296,9 +296,9 @@ class Loader:
             piece_size=piece_size,
             transform=self._transform,
             transform_out_bytes=transform_out_bytes,
-            # direct and uring are ways of reading into the pinned slots, chosen when the
-            # source was opened; only register changes how batches reach the device.
-            reader="register" if reader == "register" else "auto",
+            # Parsed once, in Rust: only register changes how batches reach the device; the
+            # others are ways of reading into the pinned slots, chosen when the source opened.
+            reader=str(reader),
             shuffle=order_kind(self.shuffle),
             block_size=self.block_size,
             block_window=self.block_window,

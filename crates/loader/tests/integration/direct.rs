@@ -111,14 +111,14 @@ fn auto_uses_slots_on_the_host_backend() {
 /// refuse O_DIRECT.
 #[test]
 fn direct_and_uring_readers_are_byte_exact_through_the_loader() {
-    use pinfeed_source::{open_with, ReadMode, ReadOptions};
+    use pinfeed_source::{open_with, ReadOptions, Reader};
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
     let (_, data) = npy_file(&dir, 2000, vec![3, 31, 31], 5);
     let path = dir.path().join("d5.npy");
-    for mode in [ReadMode::Direct, ReadMode::Uring, ReadMode::Buffered] {
+    for mode in [Reader::Direct, Reader::Uring, Reader::Pread] {
         for read_size in [4096, 1 << 20] {
             let read = ReadOptions {
-                mode,
+                reader: mode,
                 read_size,
                 ..ReadOptions::default()
             };

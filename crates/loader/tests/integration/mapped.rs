@@ -1,4 +1,4 @@
-//! The mapped gather (`ReadMode::Mmap`): shuffled batches copied out of a mapping of the file
+//! The mapped gather (`Reader::Mmap`): shuffled batches copied out of a mapping of the file
 //! deliver exactly the bytes `pread` delivers, in every order and batching, across shards; and
 //! a file that shrinks under the mapping is an error at the consumer, never a `SIGBUS`.
 
@@ -9,7 +9,7 @@ use std::sync::Arc;
 use pinfeed::{Loader, LoaderOptions, Shuffle};
 use pinfeed_source::dtype::parse_user_dtype;
 use pinfeed_source::npy::NpyWriter;
-use pinfeed_source::{open_with, Layout, ReadMode, ReadOptions, Source};
+use pinfeed_source::{open_with, Layout, ReadOptions, Reader, Source};
 use rand::{RngCore, SeedableRng};
 
 use crate::common::host_options;
@@ -35,9 +35,9 @@ fn write_npy(dir: &Path, sizes: &[usize]) -> Vec<u8> {
     data
 }
 
-fn open(path: &Path, mode: ReadMode) -> Arc<dyn Source> {
+fn open(path: &Path, mode: Reader) -> Arc<dyn Source> {
     let read = ReadOptions {
-        mode,
+        reader: mode,
         ..ReadOptions::default()
     };
     Arc::from(open_with(path, None, &read).unwrap())
@@ -97,9 +97,9 @@ fn mapped_and_pread_gathers_deliver_the_same_bytes() {
             // 1000 and 8 divide 2000 records; 333 and 1999 do not.
             for batch in [1000, 333, 8, 1999] {
                 let (pread, pread_reader) =
-                    stream(open(path, ReadMode::Buffered), &data, shuffle, batch);
+                    stream(open(path, Reader::Pread), &data, shuffle, batch);
                 let (mapped, mapped_reader) =
-                    stream(open(path, ReadMode::Mmap), &data, shuffle, batch);
+                    stream(open(path, Reader::Mmap), &data, shuffle, batch);
                 let case = format!("{what}, {shuffle:?}, batches of {batch}");
                 assert_eq!(pread_reader, "pread", "{case}");
                 // The mapping was made and used: a refusal would say "pread (mmap refused: ..)".
@@ -118,7 +118,7 @@ fn a_file_shrinking_under_the_mapping_is_an_error_at_the_consumer() {
     let dir = tempfile::tempdir().unwrap();
     let data = write_npy(dir.path(), &[N]);
     let path = dir.path().join("part-00.npy");
-    let source = open(&path, ReadMode::Mmap);
+    let source = open(&path, Reader::Mmap);
     let data_offset = source.file().unwrap().data_offset;
     let options = LoaderOptions {
         shuffle: Shuffle::Random,

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use pinfeed::{Loader, LoaderOptions, Shuffle};
-use pinfeed_source::{open_with, ReadMode, ReadOptions, Source};
+use pinfeed_source::{open_with, ReadOptions, Reader, Source};
 
 use crate::common::{host_options, random_source};
 use crate::direct::npy_file;
@@ -123,14 +123,9 @@ fn pieces_are_byte_exact_from_files_by_every_read_mode() {
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
     let (_, data) = npy_file(&dir, 2000, vec![3, 31, 31], 14);
     let path = dir.path().join("d14.npy");
-    for mode in [
-        ReadMode::Direct,
-        ReadMode::Uring,
-        ReadMode::Buffered,
-        ReadMode::Mmap,
-    ] {
+    for mode in [Reader::Direct, Reader::Uring, Reader::Pread, Reader::Mmap] {
         let read = ReadOptions {
-            mode,
+            reader: mode,
             ..ReadOptions::default()
         };
         let source: Arc<dyn Source> = Arc::from(open_with(&path, None, &read).unwrap());

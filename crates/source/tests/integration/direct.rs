@@ -3,9 +3,7 @@
 
 use std::fs::OpenOptions;
 
-use pinfeed_source::{
-    open_with, AlignedBuffer, NpyFile, ReadMode, ReadOptions, Source, SourceError,
-};
+use pinfeed_source::{open_with, AlignedBuffer, NpyFile, ReadOptions, Reader, Source, SourceError};
 
 use crate::util::{check_aligned_reads, crcs, direct_granted, disk_dir, python};
 
@@ -30,9 +28,9 @@ base.tofile(os.path.join(d, 'raw.bin'))
 emit(base)
 "#;
 
-fn options(mode: ReadMode) -> ReadOptions {
+fn options(mode: Reader) -> ReadOptions {
     ReadOptions {
-        mode,
+        reader: mode,
         ..ReadOptions::default()
     }
 }
@@ -57,11 +55,11 @@ fn every_first_and_count_matches_buffered_reads() {
         let header = NpyFile::open(&path).unwrap().header().clone();
         assert_eq!(header.version, version, "{file}");
         offsets.push(header.data_offset);
-        for mode in [ReadMode::Direct, ReadMode::Buffered] {
+        for mode in [Reader::Direct, Reader::Pread] {
             let src = open_with(&path, None, &options(mode)).unwrap();
             assert_eq!(src.num_records(), N);
             assert_eq!(src.layout().record_bytes(), 2883);
-            if mode == ReadMode::Direct {
+            if mode == Reader::Direct {
                 direct_granted(src.as_ref());
             } else {
                 assert_eq!(
@@ -87,7 +85,7 @@ fn every_first_and_count_matches_buffered_reads() {
     let raw = open_with(
         dir.path().join("raw.bin"),
         Some(layout),
-        &options(ReadMode::Direct),
+        &options(Reader::Direct),
     )
     .unwrap();
     direct_granted(raw.as_ref());
@@ -99,7 +97,7 @@ fn direct_read_of_a_shrunk_file_is_truncated() {
     let dir = disk_dir();
     python(dir.path(), FIXTURES);
     let path = dir.path().join("v2.npy");
-    for mode in [ReadMode::Direct, ReadMode::Uring] {
+    for mode in [Reader::Direct, Reader::Uring] {
         std::fs::copy(&path, dir.path().join("s.npy")).unwrap();
         let shrunk = dir.path().join("s.npy");
         let src = open_with(&shrunk, None, &options(mode)).unwrap();
@@ -134,7 +132,7 @@ fn tmpfs_falls_back_and_says_so() {
         dir.path(),
         "np.save(os.path.join(d, 'a.npy'), np.arange(5000, dtype='<u2').reshape(1000, 5))",
     );
-    let src = open_with(dir.path().join("a.npy"), None, &options(ReadMode::Direct)).unwrap();
+    let src = open_with(dir.path().join("a.npy"), None, &options(Reader::Direct)).unwrap();
     let granted = direct_granted(src.as_ref());
     eprintln!("tmpfs: {} (granted: {granted})", src.reader_description());
     let reference: Vec<u8> = (0u16..5000).flat_map(|v| v.to_le_bytes()).collect();

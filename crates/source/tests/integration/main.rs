@@ -9,6 +9,7 @@ mod raw_files;
 mod safetensors_files;
 mod shards;
 mod shrink;
+mod text_files;
 mod uring;
 mod util;
 mod writer;

@@ -7,7 +7,7 @@
 use std::io::Write;
 use std::process::Command;
 
-use pinfeed_source::{open_with, AlignedBuffer, DType, Layout, ReadMode, ReadOptions};
+use pinfeed_source::{open_with, AlignedBuffer, DType, Layout, ReadOptions, Reader};
 
 use crate::util::disk_dir;
 
@@ -94,7 +94,7 @@ fn stream_child() {
     let start = rss();
     let layout = Layout::new(DType::uint8(), vec![RECORD as u64]).unwrap();
     let options = ReadOptions {
-        mode: ReadMode::Direct,
+        reader: Reader::Direct,
         ..ReadOptions::default()
     };
     let src = open_with(&path, Some(layout), &options).unwrap();

@@ -1,7 +1,7 @@
 //! `.safetensors` files written by the `safetensors` Python library (`pip install
 //! safetensors`), one tensor read as records, alone and as shards.
 
-use pinfeed_source::{open_with, ReadMode, ReadOptions, SafetensorsFile, SourceError};
+use pinfeed_source::{open_with, FormatOptions, ReadOptions, Reader, SafetensorsFile, SourceError};
 
 use crate::util::{
     check_against_numpy, check_aligned_reads, crcs, direct_granted, disk_dir, python, write_indices,
@@ -21,10 +21,12 @@ fn python_st(dir: &std::path::Path, body: &str) -> String {
     )
 }
 
-fn options(tensor: Option<&str>, mode: ReadMode) -> ReadOptions {
+fn options(tensor: Option<&str>, mode: Reader) -> ReadOptions {
     ReadOptions {
-        mode,
-        tensor: tensor.map(str::to_owned),
+        reader: mode,
+        format: tensor
+            .map(|t| FormatOptions::new().with("tensor", t))
+            .unwrap_or_default(),
         ..ReadOptions::default()
     }
 }
@@ -72,13 +74,13 @@ fn each_tensor_matches_numpy() {
     let lines: Vec<&str> = out.lines().collect();
     let path = dir.path().join("many.safetensors");
     for (i, (name, _, shape, dtype)) in cases.iter().enumerate() {
-        for mode in [ReadMode::Buffered, ReadMode::Direct, ReadMode::Uring] {
+        for mode in [Reader::Pread, Reader::Direct, Reader::Uring] {
             let src = open_with(&path, None, &options(Some(name), mode)).unwrap();
             assert_eq!(&src.layout().shape, shape, "{name}");
             assert_eq!(src.layout().dtype.to_string(), *dtype, "{name}");
             // The data offset is 8 + header length + begin: not aligned to anything.
             assert!(src.file().unwrap().data_offset > 8);
-            if mode == ReadMode::Direct {
+            if mode == Reader::Direct {
                 direct_granted(src.as_ref());
             }
             check_against_numpy(src.as_ref(), N, &idx, crcs(lines[i]));
@@ -87,7 +89,7 @@ fn each_tensor_matches_numpy() {
             check_aligned_reads(src.as_ref(), &all);
         }
     }
-    let st = SafetensorsFile::open(&path, &options(Some("emb"), ReadMode::Buffered)).unwrap();
+    let st = SafetensorsFile::open(&path, &options(Some("emb"), Reader::Pread)).unwrap();
     assert_eq!((st.tensor(), st.safetensors_dtype()), ("emb", "F16"));
 }
 
@@ -100,7 +102,7 @@ fn missing_and_ambiguous_tensors_name_the_available_ones() {
          save_file({'only': np.arange(N * 3, dtype=np.uint16).reshape(N, 3)}, os.path.join(d, 'one.safetensors'))",
     );
     let two = dir.path().join("two.safetensors");
-    let e = open_with(&two, None, &options(Some("z"), ReadMode::Buffered)).unwrap_err();
+    let e = open_with(&two, None, &options(Some("z"), Reader::Pread)).unwrap_err();
     assert!(matches!(e, SourceError::Tensor { .. }), "{e:?}");
     let msg = e.to_string();
     assert!(
@@ -109,7 +111,7 @@ fn missing_and_ambiguous_tensors_name_the_available_ones() {
             && msg.contains("two.safetensors"),
         "{msg}"
     );
-    let msg = open_with(&two, None, &options(None, ReadMode::Buffered))
+    let msg = open_with(&two, None, &options(None, Reader::Pread))
         .unwrap_err()
         .to_string();
     assert!(
@@ -134,7 +136,7 @@ fn missing_and_ambiguous_tensors_name_the_available_ones() {
     let e = open_with(
         dir.path().join("a.npy"),
         None,
-        &options(Some("x"), ReadMode::Buffered),
+        &options(Some("x"), Reader::Pread),
     )
     .unwrap_err();
     assert!(matches!(e, SourceError::Options { .. }), "{e:?}");
@@ -180,7 +182,7 @@ fn safetensors_shards_of_one_tensor() {
          for i, p in enumerate(parts):\n    save_file({'feat': p, 'id': np.arange(len(p))}, os.path.join(d, 'part-%d.safetensors' % i))\n\
          emit(np.concatenate(parts))",
     );
-    for mode in [ReadMode::Buffered, ReadMode::Direct] {
+    for mode in [Reader::Pread, Reader::Direct] {
         let src = open_with(dir.path(), None, &options(Some("feat"), mode)).unwrap();
         assert_eq!(src.layout().record_bytes(), 60);
         check_against_numpy(src.as_ref(), N, &idx, crcs(&out));
@@ -189,7 +191,7 @@ fn safetensors_shards_of_one_tensor() {
         check_aligned_reads(src.as_ref(), &all);
     }
     let pattern = dir.path().join("part-*.safetensors");
-    let src = open_with(&pattern, None, &options(Some("feat"), ReadMode::Buffered)).unwrap();
+    let src = open_with(&pattern, None, &options(Some("feat"), Reader::Pread)).unwrap();
     check_against_numpy(src.as_ref(), N, &idx, crcs(&out));
     // Without a name, each shard holds two tensors: the error names the first shard.
     let e = open_with(&pattern, None, &ReadOptions::default()).unwrap_err();

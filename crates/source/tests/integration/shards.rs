@@ -1,8 +1,6 @@
 //! Directories and glob patterns of `.npy` shards read as one dataset.
 
-use pinfeed_source::{
-    open_with, NpyFile, ReadMode, ReadOptions, ShardedSource, Source, SourceError,
-};
+use pinfeed_source::{open_with, NpyFile, ReadOptions, Reader, ShardedSource, Source, SourceError};
 
 use crate::util::{
     check_against_numpy, check_aligned_reads, crcs, direct_granted, disk_dir, python, write_indices,
@@ -59,15 +57,15 @@ fn a_pattern_reads_as_one_dataset_through_o_direct() {
     let idx = write_indices(dir.path(), N);
     let out = crcs(&python(dir.path(), SHARDS));
     let pattern = dir.path().join("shard-*.npy");
-    for mode in [ReadMode::Direct, ReadMode::Uring] {
+    for mode in [Reader::Direct, Reader::Uring] {
         let options = ReadOptions {
-            mode,
+            reader: mode,
             read_size: 4096,
             ..ReadOptions::default()
         };
         let src = open_with(&pattern, None, &options).unwrap();
         assert_eq!(src.name(), pattern.display().to_string());
-        if mode == ReadMode::Direct {
+        if mode == Reader::Direct {
             direct_granted(src.as_ref());
         }
         check_against_numpy(src.as_ref(), N, &idx, out);
@@ -92,7 +90,7 @@ fn a_directory_gathers_through_mappings() {
     let idx = write_indices(dir.path(), N);
     let out = crcs(&python(dir.path(), SHARDS));
     let options = ReadOptions {
-        mode: ReadMode::Mmap,
+        reader: Reader::Mmap,
         ..ReadOptions::default()
     };
     let src = open_with(dir.path(), None, &options).unwrap();

@@ -2,7 +2,7 @@
 
 use std::fs::OpenOptions;
 
-use pinfeed_source::{DType, Layout, NpyFile, RawFile, ReadMode, ReadOptions, Source, SourceError};
+use pinfeed_source::{DType, Layout, NpyFile, RawFile, ReadOptions, Reader, Source, SourceError};
 
 use crate::util::{names_path, python};
 
@@ -64,7 +64,7 @@ fn mapped_gather_of_a_shrunk_file_is_truncated() {
     let bytes: Vec<u8> = (0..64 * 1000).map(|i| (i % 253) as u8).collect();
     std::fs::write(&path, &bytes).unwrap();
     let options = ReadOptions {
-        mode: ReadMode::Mmap,
+        reader: Reader::Mmap,
         ..ReadOptions::default()
     };
     let layout = Layout::new(DType::uint8(), vec![64]).unwrap();

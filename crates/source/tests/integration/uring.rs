@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use pinfeed_source::{open_with, AlignedBuffer, DType, Layout, ReadMode, ReadOptions, Source};
+use pinfeed_source::{open_with, AlignedBuffer, DType, Layout, ReadOptions, Reader, Source};
 
 use crate::util::{check_aligned_reads, disk_dir};
 
@@ -79,10 +79,10 @@ fn same_bytes_as_pread_for_every_read_size_and_depth() {
     for read_size in [4096, 3000, 64 << 10, 1 << 20] {
         for depth in [1, 4, 32] {
             let options = ReadOptions {
-                mode: ReadMode::Uring,
+                reader: Reader::Uring,
                 read_size,
                 queue_depth: depth,
-                tensor: None,
+                format: Default::default(),
             };
             let src = open_with(&path, Some(layout()), &options).unwrap();
             uring_granted(src.as_ref(), depth);
@@ -107,10 +107,10 @@ fn every_first_and_count_through_the_ring() {
     std::fs::write(&path, reference).unwrap();
     // Pieces of one block, so every read of more than one block goes through the ring.
     let options = ReadOptions {
-        mode: ReadMode::Uring,
+        reader: Reader::Uring,
         read_size: 4096,
         queue_depth: 3,
-        tensor: None,
+        format: Default::default(),
     };
     let src = open_with(&path, Some(layout()), &options).unwrap();
     uring_granted(src.as_ref(), 3);
@@ -123,10 +123,10 @@ fn several_threads_share_one_source() {
     let path = dir.path().join("records.bin");
     let bytes = write_fixture(&path);
     let options = ReadOptions {
-        mode: ReadMode::Uring,
+        reader: Reader::Uring,
         read_size: 16 << 10,
         queue_depth: 8,
-        tensor: None,
+        format: Default::default(),
     };
     let src = open_with(&path, Some(layout()), &options).unwrap();
     uring_granted(src.as_ref(), 8);
@@ -174,7 +174,7 @@ fn gathers_through_the_ring_equal_pread() {
             &path,
             Some(layout()),
             &ReadOptions {
-                mode: ReadMode::Uring,
+                reader: Reader::Uring,
                 queue_depth: depth,
                 ..ReadOptions::default()
             },

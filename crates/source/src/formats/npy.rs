@@ -12,8 +12,8 @@ use std::path::{Path, PathBuf};
 use crate::dtype::DType;
 use crate::literal::{self, Node, Value};
 use crate::read::{open_regular, read_exact_at};
-use crate::reader::ReadOptions;
 use crate::records::{delegate_source_to_records, FileRecords};
+use crate::ReadOptions;
 use crate::{Layout, Result, SourceError};
 
 /// The first six bytes of every `.npy` file.
@@ -435,7 +435,7 @@ impl NpyFile {
         read_exact_at(&file, path, 0, &mut buf)?;
         let header = Header::parse(&buf, path)?;
         let layout = header.layout().map_err(|e| e.with_path(path))?;
-        let name = path.display().to_string();
+        let name = crate::escape_path(path);
         if header.num_records() == 0 {
             return Err(SourceError::Empty { name });
         }
@@ -509,7 +509,7 @@ impl NpyWriter {
             .map_err(|e| e.with_path(path))?;
         if num_records == 0 {
             return Err(SourceError::Empty {
-                name: path.display().to_string(),
+                name: crate::escape_path(path),
             });
         }
         let Some(expected) = num_records.checked_mul(layout.record_bytes() as u64) else {
@@ -580,6 +580,32 @@ impl NpyWriter {
             offset,
             source,
         })
+    }
+}
+
+/// The `.npy` format: files named `*.npy` or starting with the `.npy` magic, whatever their
+/// name (a file named `*.npy` without the magic is reported as a malformed header rather than
+/// read as raw).
+#[derive(Debug)]
+pub struct Npy;
+
+impl super::Format for Npy {
+    fn name(&self) -> &'static str {
+        "npy"
+    }
+
+    fn extensions(&self) -> &'static [&'static str] {
+        &["npy"]
+    }
+
+    fn sniff(&self, head: &[u8]) -> bool {
+        has_magic(head)
+    }
+
+    fn open(&self, open: super::OpenFile<'_>) -> Result<Box<dyn crate::Source>> {
+        let mut npy = NpyFile::from_file(open.file, open.path, open.size)?;
+        npy.set_reader(open.options)?;
+        Ok(Box::new(npy))
     }
 }
 

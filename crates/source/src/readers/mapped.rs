@@ -9,11 +9,52 @@
 
 use std::fs::File;
 use std::path::Path;
-use std::ptr::NonNull;
 
-use crate::read::read_exact_at;
+use std::sync::OnceLock;
+
+use super::pread::pread_runs;
+use super::FileReader;
 use crate::sigbus::{self, Guard};
 use crate::Result;
+
+/// `pread` for ranges of records; gathers copy out of a mapping of the file's record bytes,
+/// made at the first gather.
+#[derive(Debug, Default)]
+pub(crate) struct Mapped {
+    /// The mapping, or why the file could not be mapped.
+    mapped: OnceLock<std::result::Result<MappedFile, String>>,
+}
+
+impl FileReader for Mapped {
+    /// "mmap gather, pread ranges", or the fallback with its reason: "pread (mmap refused:
+    /// ...)", "pread (mmap gather stopped: ...)".
+    fn describe(&self) -> String {
+        match self.mapped.get() {
+            Some(Err(why)) => format!("pread (mmap refused: {why})"),
+            Some(Ok(map)) if map.faulted() => {
+                "pread (mmap gather stopped: the file shrank while mapped)".to_owned()
+            }
+            _ => "mmap gather, pread ranges".to_owned(),
+        }
+    }
+
+    fn gather(
+        &self,
+        file: &File,
+        path: &Path,
+        data: std::ops::Range<u64>,
+        runs: &[GatherRun],
+        dst: &mut [u8],
+    ) -> Result<()> {
+        let mapped = self
+            .mapped
+            .get_or_init(|| MappedFile::new(file, data).map_err(|e| e.to_string()));
+        match mapped {
+            Ok(map) => map.gather(file, path, runs, dst),
+            Err(_) => pread_runs(file, path, runs, dst),
+        }
+    }
+}
 
 /// One run of a gather: `len` bytes from byte `offset` of the file to `dst[at .. at + len]`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -26,27 +67,13 @@ pub(crate) struct GatherRun {
 /// Bytes `offset .. offset + len` of a file, mapped read-only and shared.
 #[derive(Debug)]
 pub(crate) struct MappedFile {
-    // Field order is drop order: the guard is released before `Drop` unmaps.
+    // Field order is drop order: the guard is released before the mapping is unmapped.
     guard: Guard,
-    /// Start of the mapping: page-aligned, `len` bytes, mapped until drop.
-    ptr: NonNull<u8>,
-    len: usize,
+    /// The mapping: page-aligned, mapped until drop. Only ever read through raw pointers
+    /// (`gather`), never as a slice: another process may change or truncate the file.
+    map: memmap2::Mmap,
     /// File offset of the first mapped byte; a multiple of the page size.
     offset: u64,
-}
-
-// SAFETY: the mapping is only read, through raw pointers, and owned by this value; nothing in
-// it is tied to a thread.
-unsafe impl Send for MappedFile {}
-// SAFETY: concurrent reads of a read-only mapping are data-race free.
-unsafe impl Sync for MappedFile {}
-
-impl Drop for MappedFile {
-    fn drop(&mut self) {
-        // SAFETY: `ptr .. ptr + len` is our mapping (field invariant), and no copy can be in
-        // progress: copies borrow `self`.
-        unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
-    }
 }
 
 impl MappedFile {
@@ -68,42 +95,23 @@ impl MappedFile {
                 data.end
             )));
         }
-        // SAFETY: a new read-only shared mapping of a descriptor we hold; nothing else is at
-        // the address the kernel picks.
-        let raw = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ,
-                libc::MAP_SHARED,
-                std::os::fd::AsRawFd::as_raw_fd(file),
-                offset as libc::off_t,
-            )
-        };
-        if raw == libc::MAP_FAILED {
-            return Err(std::io::Error::last_os_error());
-        }
-        let ptr = NonNull::new(raw.cast::<u8>()).expect("mmap never returns null on success");
+        // SAFETY: a read-only shared mapping of a descriptor we hold. The file may change or
+        // shrink under it: the mapping is only copied from with raw pointers (never borrowed as
+        // `&[u8]`), and faults past a shrunk end are caught by the guard below.
+        let map = unsafe {
+            memmap2::MmapOptions::new()
+                .offset(offset)
+                .len(len)
+                .map(file)
+        }?;
         // No MADV_RANDOM: on a page-cached file advice changes nothing measurable, and on a cold
         // one that fits in memory the kernel's read-around (which it stops by itself after
         // many misses without hits) made faulting gathers 3 to 8 times faster than page-sized
         // faults, and faster than `pread` (docs/BENCHMARKS.md). No MAP_POPULATE either: it
         // would read a cold file whole at open, and faults (mapping 16 pages each) cost the
         // first epoch of a cached one nothing measurable.
-        let guard = match sigbus::guard(ptr.as_ptr(), len) {
-            Ok(guard) => guard,
-            Err(why) => {
-                // SAFETY: the mapping made above, unused.
-                unsafe { libc::munmap(raw, len) };
-                return Err(std::io::Error::other(why));
-            }
-        };
-        Ok(MappedFile {
-            guard,
-            ptr,
-            len,
-            offset,
-        })
+        let guard = sigbus::guard(map.as_ptr(), map.len()).map_err(std::io::Error::other)?;
+        Ok(MappedFile { guard, map, offset })
     }
 
     /// Whether a copy out of the mapping has faulted: its pages may then hold zeroes in place
@@ -133,7 +141,8 @@ impl MappedFile {
                 .offset
                 .checked_sub(self.offset)
                 .map(|from| from as usize);
-            let inside = from.is_some_and(|from| from <= self.len && run.len <= self.len - from);
+            let len = self.map.len();
+            let inside = from.is_some_and(|from| from <= len && run.len <= len - from);
             assert!(
                 inside && run.at <= dst.len() && run.len <= dst.len() - run.at,
                 "a gather run outside the mapping or the destination: {run:?}"
@@ -147,7 +156,7 @@ impl MappedFile {
             // checks below catch.
             unsafe {
                 std::ptr::copy_nonoverlapping(
-                    self.ptr.as_ptr().add(from),
+                    self.map.as_ptr().add(from),
                     dst.as_mut_ptr().add(run.at),
                     run.len,
                 );
@@ -161,19 +170,6 @@ impl MappedFile {
             _ => pread_runs(file, path, runs, dst),
         }
     }
-}
-
-/// One `pread` per run.
-pub(crate) fn pread_runs(
-    file: &File,
-    path: &Path,
-    runs: &[GatherRun],
-    dst: &mut [u8],
-) -> Result<()> {
-    for run in runs {
-        read_exact_at(file, path, run.offset, &mut dst[run.at..run.at + run.len])?;
-    }
-    Ok(())
 }
 
 #[cfg(test)]

@@ -17,8 +17,8 @@ use std::path::Path;
 
 use crate::dtype::DType;
 use crate::read::{open_regular, read_exact_at};
-use crate::reader::ReadOptions;
 use crate::records::{delegate_source_to_records, FileRecords};
+use crate::ReadOptions;
 use crate::{Layout, Result, SourceError};
 
 /// Headers longer than this are refused before anything is allocated for them (the
@@ -59,7 +59,7 @@ pub struct SafetensorsFile {
 }
 
 impl SafetensorsFile {
-    /// Opens `path` and finds the tensor `options.tensor` (or the only one), to be read as
+    /// Opens `path` and finds the tensor named by the format option `tensor` (or the only one), to be read as
     /// `options` ask.
     pub fn open(path: impl AsRef<Path>, options: &ReadOptions) -> Result<SafetensorsFile> {
         let path = path.as_ref();
@@ -123,7 +123,8 @@ impl SafetensorsFile {
             .cloned()
             .collect();
         available.sort();
-        let tensor = match &options.tensor {
+        let wanted = options.format.get(TENSOR).map(str::to_owned);
+        let tensor = match &wanted {
             Some(wanted) if available.contains(wanted) => wanted.clone(),
             None if available.len() == 1 => available[0].clone(),
             wanted => {
@@ -197,7 +198,7 @@ impl SafetensorsFile {
                 ),
             ));
         }
-        let name = path.display().to_string();
+        let name = crate::escape_path(path);
         if records == 0 {
             return Err(SourceError::Empty { name });
         }
@@ -238,6 +239,33 @@ impl SafetensorsFile {
 
 delegate_source_to_records!(SafetensorsFile);
 
+/// The format option naming the tensor whose first dimension counts the records.
+pub const TENSOR: &str = "tensor";
+
+/// The `.safetensors` format, by extension; option `tensor=NAME` picks the tensor (`None`
+/// takes the file's only tensor; an error lists the names when there are several).
+#[derive(Debug)]
+pub struct Safetensors;
+
+impl super::Format for Safetensors {
+    fn name(&self) -> &'static str {
+        "safetensors"
+    }
+
+    fn extensions(&self) -> &'static [&'static str] {
+        &["safetensors"]
+    }
+
+    fn option_keys(&self) -> &'static [&'static str] {
+        &[TENSOR]
+    }
+
+    fn open(&self, open: super::OpenFile<'_>) -> Result<Box<dyn crate::Source>> {
+        let file = SafetensorsFile::from_file(open.file, open.path, open.size, open.options)?;
+        Ok(Box::new(file))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -260,7 +288,9 @@ mod tests {
         let p = dir.path().join("t.safetensors");
         std::fs::write(&p, bytes).unwrap();
         let options = ReadOptions {
-            tensor: tensor.map(str::to_owned),
+            format: tensor
+                .map(|t| crate::FormatOptions::new().with("tensor", t))
+                .unwrap_or_default(),
             ..ReadOptions::default()
         };
         SafetensorsFile::open(&p, &options)

@@ -4,8 +4,8 @@ use std::fs::File;
 use std::path::Path;
 
 use crate::read::open_regular;
-use crate::reader::ReadOptions;
 use crate::records::{delegate_source_to_records, FileRecords};
+use crate::ReadOptions;
 use crate::{Layout, Result, SourceError};
 
 /// A headerless file of fixed-size records, such as one written by
@@ -28,7 +28,7 @@ impl RawFile {
     pub(crate) fn from_file(file: File, path: &Path, size: u64, layout: Layout) -> Result<RawFile> {
         // Fields are public, so a layout may not have come through `Layout::new`.
         let layout = Layout::new(layout.dtype, layout.shape).map_err(|e| e.with_path(path))?;
-        let name = path.display().to_string();
+        let name = crate::escape_path(path);
         let record_bytes = layout.record_bytes();
         let trailing = size % record_bytes as u64;
         if trailing != 0 {
@@ -71,3 +71,28 @@ impl RawFile {
 }
 
 delegate_source_to_records!(RawFile);
+
+/// Raw records: any file no other format claims, read with the layout the user gives.
+#[derive(Debug)]
+pub(crate) struct Raw;
+
+impl super::Format for Raw {
+    fn name(&self) -> &'static str {
+        "raw"
+    }
+
+    fn extensions(&self) -> &'static [&'static str] {
+        &[]
+    }
+
+    fn open(&self, open: super::OpenFile<'_>) -> Result<Box<dyn crate::Source>> {
+        let Some(layout) = open.layout else {
+            return Err(SourceError::NotNpy {
+                path: open.path.to_path_buf(),
+            });
+        };
+        let mut raw = RawFile::from_file(open.file, open.path, open.size, layout.clone())?;
+        raw.set_reader(open.options)?;
+        Ok(Box::new(raw))
+    }
+}

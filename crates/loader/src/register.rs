@@ -1,4 +1,4 @@
-//! The direct path: batches copied to the device straight from a read-only mapping of a
+//! The register reader: batches copied to the device straight from a read-only mapping of a
 //! page-cached file, with no CPU copy.
 //!
 //! The file is mapped once. Its data is cut into windows of `window` bytes; a registrar thread
@@ -26,126 +26,16 @@ const PAGE: usize = 4096;
 /// several fit in a modest budget.
 pub(crate) const MAX_WINDOW: usize = 64 << 20;
 
-/// How records reach the device.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum ReaderKind {
-    /// `Pread`: on the H200 machine it streamed a page-cached file at about 43 GB/s with 8
-    /// threads against about 16 GB/s for `Register`, whose registration runs at about 23 GB/s
-    /// (docs/BENCHMARKS.md). `Register` costs far less CPU time, so it stays available.
-    #[default]
-    Auto,
-    /// Readers copy records into pinned slots, reading files as the source was opened to
-    /// read them (`pread`, the mapped gather of [`ReadMode::Mmap`](pinfeed_source::ReadMode),
-    /// `O_DIRECT`, io_uring).
-    Pread,
-    /// Copies straight from a registered read-only mapping of the file.
-    Register,
-}
+/// How records reach the device: the source crate's one reader type. The loader branches on
+/// [`Reader::Register`] for this module's path and hands every other reader to the source;
+/// `Auto` reads into slots.
+pub use pinfeed_source::{Reader, UnknownReader};
 
-impl std::str::FromStr for ReaderKind {
-    type Err = LoaderError;
-    fn from_str(s: &str) -> Result<Self> {
-        match s {
-            "auto" => Ok(ReaderKind::Auto),
-            // The mapped gather is the source's business: the loader's readers fill slots
-            // either way.
-            "pread" | "mmap" => Ok(ReaderKind::Pread),
-            "register" => Ok(ReaderKind::Register),
-            _ => Err(LoaderError::Config(format!(
-                "unknown reader {s:?}: expected auto, pread, mmap or register"
-            ))),
-        }
-    }
-}
-
-impl std::fmt::Display for ReaderKind {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            ReaderKind::Auto => "auto",
-            ReaderKind::Pread => "pread",
-            ReaderKind::Register => "register",
-        })
-    }
-}
-
-/// Fraction of a file's pages in the page cache, sampled with `mincore` over its mapping.
-pub(crate) fn cached_fraction(region: &FileRegion<'_>) -> Option<f64> {
-    let len = region.file.metadata().ok()?.len() as usize;
-    if len == 0 {
-        return None;
-    }
-    // SAFETY: a read-only shared mapping we only pass to mincore; nothing reads through it.
-    let map = unsafe { memmap2::Mmap::map(region.file) }.ok()?;
-    let pages = len.div_ceil(PAGE);
-    let mut resident = vec![0u8; pages];
-    // SAFETY: `map` covers `len` bytes from a page-aligned address and `resident` has one byte
-    // per page of it.
-    let ok = unsafe { libc::mincore(map.as_ptr() as *mut _, len, resident.as_mut_ptr()) } == 0;
-    ok.then(|| resident.iter().filter(|&&r| r & 1 == 1).count() as f64 / pages as f64)
-}
-
-/// How `--reader auto` reads a file, and why: through the page cache when the file is mostly in
-/// it or fits comfortably in memory (the next epoch then reads from memory), with `pread` for
-/// ranges and the mapped gather ([`ReadMode::Mmap`](pinfeed_source::ReadMode)) for shuffled
-/// batches, which moved records 2.5 times faster than a `pread` per record when cached and
-/// faster still when not (docs/BENCHMARKS.md); `O_DIRECT` when it is cold and larger than half
-/// the memory available, where the page cache would only churn and copy twice.
-pub fn auto_read_mode(path: &std::path::Path) -> (pinfeed_source::ReadMode, String) {
-    use pinfeed_source::ReadMode;
-    let Ok(file) = std::fs::File::open(path) else {
-        return (ReadMode::Buffered, "not a single file".into());
-    };
-    let Ok(meta) = file.metadata() else {
-        return (ReadMode::Buffered, "size unknown".into());
-    };
-    if !meta.is_file() {
-        return (ReadMode::Buffered, "not a single file".into());
-    }
-    let region = FileRegion {
-        file: &file,
-        path,
-        data_offset: 0,
-    };
-    let cached = cached_fraction(&region).unwrap_or(0.0);
-    let available = meminfo("MemAvailable").unwrap_or(u64::MAX);
-    if cached >= 0.5 {
-        (
-            ReadMode::Mmap,
-            format!("{:.0}% page-cached", cached * 100.0),
-        )
-    } else if meta.len() > available / 2 {
-        (
-            ReadMode::Direct,
-            format!(
-                "{:.0}% page-cached and {:.1} GB against {:.1} GB of memory available",
-                cached * 100.0,
-                meta.len() as f64 / 1e9,
-                available as f64 / 1e9
-            ),
-        )
-    } else {
-        (
-            ReadMode::Mmap,
-            format!("fits in memory ({:.0}% page-cached now)", cached * 100.0),
-        )
-    }
-}
+/// The former name of [`Reader`], the same type.
+pub type ReaderKind = Reader;
 
 /// A `/proc/meminfo` figure in bytes (`"MemTotal"`, `"MemAvailable"`).
-pub(crate) fn meminfo(key: &str) -> Option<u64> {
-    let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let kib: u64 = meminfo
-        .lines()
-        .find(|l| {
-            l.strip_prefix(key)
-                .is_some_and(|rest| rest.starts_with(':'))
-        })?
-        .split_whitespace()
-        .nth(1)?
-        .parse()
-        .ok()?;
-    Some(kib * 1024)
-}
+pub(crate) use pinfeed_source::meminfo;
 
 /// A page-locked window, unlocked on drop.
 enum WindowLock {
@@ -169,7 +59,12 @@ impl Drop for WindowLock {
 pub(crate) struct MappedWindows {
     // Field order is drop order: locks are released before the mapping goes.
     locks: Vec<Mutex<Option<WindowLock>>>,
+    /// Turns the `SIGBUS` of a copy from a page past a shrunk file's end into a page of zeroes
+    /// and a count, which `lock` checks; released before the mapping goes.
+    guard: pinfeed_source::MappingGuard,
     map: memmap2::Mmap,
+    /// The file, for checking at each window that it still holds every byte of it.
+    file: std::fs::File,
     path: PathBuf,
     ctx: Option<Arc<Context>>,
     window: usize,
@@ -177,6 +72,8 @@ pub(crate) struct MappedWindows {
     first_window: u64,
     pub(crate) windows_per_epoch: u64,
     data_offset: u64,
+    /// Bytes of records from `data_offset`.
+    data_len: u64,
 }
 
 impl MappedWindows {
@@ -218,6 +115,22 @@ impl MappedWindows {
                 data_end
             )));
         }
+        let shrank = |e| {
+            LoaderError::Config(format!(
+                "{}: cannot guard the mapping against the file shrinking: {e}",
+                pinfeed_source::escape_path(region.path)
+            ))
+        };
+        // SAFETY: our own shared mapping of the file, which the guard (a field dropped before
+        // `map`) never outlives; copies from it are checked at each window (`lock`).
+        let guard =
+            unsafe { pinfeed_source::guard_mapping(map.as_ptr(), map.len()) }.map_err(shrank)?;
+        let file = region.file.try_clone().map_err(|e| {
+            LoaderError::Source(pinfeed_source::SourceError::Open {
+                path: region.path.to_path_buf(),
+                source: e,
+            })
+        })?;
         let first_window = region.data_offset / window as u64;
         let last_window = (data_end - 1) / window as u64;
         let windows_per_epoch = last_window - first_window + 1;
@@ -227,13 +140,16 @@ impl MappedWindows {
         let slots = slots.min(usize::try_from(windows_per_epoch).unwrap_or(usize::MAX));
         let windows = MappedWindows {
             locks: (0..slots).map(|_| Mutex::new(None)).collect(),
+            guard,
             map,
+            file,
             path: region.path.to_path_buf(),
             ctx,
             window,
             first_window,
             windows_per_epoch,
             data_offset: region.data_offset,
+            data_len: data_end - region.data_offset,
         };
         Ok(Some(windows))
     }
@@ -259,6 +175,7 @@ impl MappedWindows {
     /// The caller holds the ring's claim on `slot`, so no copy reads the old window any more.
     pub(crate) fn lock(&self, slot: usize, seq: u64) -> Result<usize> {
         let (start, end) = self.range(seq);
+        self.check_size(end)?;
         let mut held = self.locks[slot].lock().unwrap_or_else(|p| p.into_inner());
         *held = None;
         // The mapping is page-aligned and `start` a multiple of the page size; the range ends at
@@ -309,10 +226,64 @@ impl MappedWindows {
         out
     }
 
+    /// Checks that the file still holds the data up to byte `end` of the mapping and that no
+    /// copy from the mapping has faulted: a file truncated while streaming is an error naming
+    /// it, as with the other readers, and not a `SIGBUS` (locking or copying pages past the
+    /// end of the file faults).
+    fn check_size(&self, end: usize) -> Result<()> {
+        let data_end = self.data_offset + self.windows_data_len();
+        let need = (end as u64).min(data_end);
+        let size = self.file.metadata().map(|m| m.len()).unwrap_or(0);
+        if size < need || self.guard.faults() != 0 {
+            return Err(LoaderError::Source(
+                pinfeed_source::SourceError::Truncated {
+                    path: self.path.clone(),
+                    offset: size.min(need),
+                    expected: need,
+                    found: size,
+                },
+            ));
+        }
+        Ok(())
+    }
+
+    /// Bytes of records in the file, from the first record.
+    fn windows_data_len(&self) -> u64 {
+        self.data_len
+    }
+
     /// Drops every lock; called once no copy may read any window.
     pub(crate) fn unlock_all(&self) {
         for lock in &self.locks {
             *lock.lock().unwrap_or_else(|p| p.into_inner()) = None;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_file_truncated_while_streaming_is_an_error_naming_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("data\x1b[31m.bin");
+        std::fs::write(&path, vec![7u8; 4 * PAGE]).unwrap();
+        let layout = pinfeed_source::Layout::new(pinfeed_source::DType::uint8(), vec![64]).unwrap();
+        let source = pinfeed_source::open_path(&path, Some(layout)).unwrap();
+        let region = source.file().unwrap();
+        let windows = MappedWindows::new(source.as_ref(), region, PAGE, 4 * PAGE, None)
+            .unwrap()
+            .unwrap();
+        windows.lock(0, 0).unwrap();
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_len(10)
+            .unwrap();
+        let e = windows.lock(1, 1).unwrap_err().to_string();
+        assert!(e.contains("data\\u{1b}[31m.bin"), "{e}");
+        windows.unlock_all();
     }
 }
