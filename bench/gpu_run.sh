@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
-# One call on the GPU machine: builds nothing, checks correctness, times pinfeed beside the
-# torch baselines, writes JSON under $OUT. Prepare the carried folder first, on a machine with
-# Rust: `bench/prepare_device.sh` (binaries, test binaries, wheel into .device-carry/).
+# The benchmark harness, run on the GPU machine: builds nothing, checks correctness, times pinfeed
+# beside the torch baselines, writes JSON and text under $OUT for bench/report.py. Prepare the
+# carried folder first, on a machine with Rust: `bench/prepare_device.sh` (binaries, test
+# binaries, wheel into .device-carry/). bench/README.md lists what each section measures.
 #
-#   bash bench/gpu_run.sh [tests] [rust] [torch] [python] [bigcached] [bigcold] [soakstart] [soakwait]
-#   (default: tests rust torch python; the 40 GB file and the 10-minute soak only when named)
+#   bash bench/gpu_run.sh [SECTION...]   (default: tests rust torch python)
+#   sections: tests rust torch python bigcached bigsweep bigcold legacysoak soakstart soakwait
+#   env: SKIP_DOCTOR=1 (no doctor/copy_path in `rust`), PYBENCH_SECTIONS=seed,loaders,...,sweep,
+#        PYBENCH_ONLY=1 (no torchrun/tests in `python`), SOAK_SECONDS, LEGACY_SOAK_SECONDS, BIGDIR
 set -uo pipefail
 C=.device-carry
 OUT=${OUT:-/tmp/pinfeed-out}
@@ -158,6 +161,12 @@ if want bigcold; then
     drop_caches
     $C/pinfeed stream "$BIG" --batch-size 4096 --reader direct --json > "$OUT/big_cold.json"
     python3 -c "import json; r=json.load(open('$OUT/big_cold.json')); print('cold', r['reader'], round(r['gbps'],3), 'GB/s, bytes', r['bytes'], 'pinned peak', r['pinned_bytes_peak'], 'peak rss', r['peak_rss_bytes'], r['bottleneck'])"
+fi
+
+if want legacysoak && ls $C/*.whl >/dev/null 2>&1; then
+    echo "== Python Loader soak on torch's default stream (${LEGACY_SOAK_SECONDS:-120} s)"
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site $C/*.whl
+    PYTHONPATH=/tmp/site python3 bench/legacy_soak.py "${LEGACY_SOAK_SECONDS:-120}" 2>&1 | tee "$OUT/legacy_soak.txt"
 fi
 
 if want soakstart; then

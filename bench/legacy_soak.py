@@ -1,5 +1,5 @@
 """A GPU soak of the Python Loader on torch's default (legacy) stream, whose released batch memory
-the copy thread seals in groups (see DeviceBufferCache in crates/loader/src/backend.rs).
+the copy thread seals in groups (the backend's DeviceBufferCache).
 
 For SECONDS, loaders of alternating batch sizes (1 MiB and 800 KiB, so an epoch ends on a short
 batch and the device cache holds buffers of three sizes) stream a 256 MiB host array to the GPU;

@@ -2,12 +2,11 @@
 # Builds the Python wheel of another revision into .device-carry/NAME/ for an A/B run on the GPU
 # machine (run bench/prepare_device.sh first: it empties .device-carry/). The revision is built
 # in a worktree of its own with a cargo target of its own: a target shared with another checkout
-# can hand maturin a stale library (the seventh session's first negative control held the old
-# code that way).
+# can hand maturin a library built from another revision.
 #
 #   bench/prepare_ab.sh REV [NAME]      (NAME defaults to "old")
 #   then on the GPU machine: pip install --target /tmp/site-NAME .device-carry/NAME/*.whl and
-#   run each probe once per build, interleaved (e.g. bench/batch_probe.py NAME --sizes 1,4).
+#   run each probe once per build, interleaved (e.g. bench/probes/batch_probe.py NAME --sizes 1,4).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REV=${1:?usage: bench/prepare_ab.sh REV [NAME]}

@@ -268,7 +268,7 @@ def loaders(npy, batch_size, pinfeed_bin):
 
 def batch_sizes(pinfeed_bin, repeat=3):
     """Batches of 1 MiB to 256 MiB against a plain pinned copy_ of the same size, in the same
-    run (issue 6: each at least 85% of the pinned rate): pinfeed.Loader over a host array (with
+    run (the target: each at least 85% of the pinned rate): pinfeed.Loader over a host array (with
     4 MiB pieces, the default, and with whole-batch slots), and `pinfeed stream` over a
     page-cached file of the same bytes (no Python per batch; rate after start-up)."""
     out = []

@@ -52,6 +52,7 @@ def main():
         "big_dd": load(f"{d}/big_dd.txt"),
         "big_cold": load(f"{d}/big_cold.json"),
         "soak_log": load(f"{d}/soak.log"),
+        "legacy_soak": load(f"{d}/legacy_soak.txt"),
         "multi": load(f"{d}/multi.jsonl"),
         "big_sweep": load(f"{d}/big_sweep.jsonl"),
         "copy_rates": load(f"{d}/copy_rates.txt"),

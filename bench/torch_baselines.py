@@ -1,4 +1,4 @@
-"""The torch baselines of REFERENCE.md, measured in the same run as pinfeed.
+"""The torch baselines pinfeed is measured against, in the same run as pinfeed.
 
 python3 bench/torch_baselines.py --npy DATA.npy [--rows 1024 --cols 655360] --out results.json
 

@@ -2,7 +2,7 @@
 it once per build (interleaved) to compare two builds on one machine. A probe, not part of the
 tables.
 
-PYTHONPATH=SITE python3 bench/batch_probe.py LABEL [--threads 8,12,16] [--sizes 1,4,16,64,256]
+PYTHONPATH=SITE python3 bench/probes/batch_probe.py LABEL [--threads 8,12,16] [--sizes 1,4,16,64,256]
     [--prefetch 4,16,64] [--rounds 3]
 """
 

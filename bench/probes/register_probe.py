@@ -1,6 +1,6 @@
 """Does page-locking a pageable source in place scale with threads? A probe, not part of the tables.
 
-python3 bench/register_probe.py [--rows 1024 --cols 655360]
+python3 bench/probes/register_probe.py [--rows 1024 --cols 655360]
 
 The seed tensor (2.68 GB of float32, pageable, touched) is cut into page-aligned chunks; T
 threads take chunks from a shared counter and, for each, `cuMemHostRegister`, (optionally) copy

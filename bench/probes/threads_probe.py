@@ -2,7 +2,7 @@
 threads, two interleaved rounds, beside torch's best per-row variant in the same process. A
 probe, not part of the tables.
 
-PYTHONPATH=SITE:bench python3 bench/threads_probe.py [--threads 6,8,10,12,16] [--rounds 2]
+PYTHONPATH=SITE:bench python3 bench/probes/threads_probe.py [--threads 6,8,10,12,16] [--rounds 2]
 """
 
 import argparse

@@ -1,7 +1,7 @@
 """Where prefetch(DataLoader) loses time against the DataLoader alone, and what 1 MiB batches
 spend per batch: a probe, not part of the tables.
 
-PYTHONPATH=/tmp/site:bench python3 bench/prefetch_probe.py DATA.npy PINFEED_BIN
+PYTHONPATH=SITE:bench python3 bench/probes/prefetch_probe.py DATA.npy PINFEED_BIN
 """
 
 import json
