@@ -61,7 +61,9 @@ pub struct OrderSpec {
 }
 
 impl OrderSpec {
-    fn validate(&self) -> Result<()> {
+    /// Checks the rank, world size, batch size and block shuffle; the error names the one out
+    /// of range.
+    pub fn validate(&self) -> Result<()> {
         let fail = |message: String| Err(LoaderError::Config(message));
         if self.world_size == 0 {
             return fail("world size must be at least 1".into());
@@ -177,6 +179,28 @@ impl Position {
         self.epoch
             .checked_mul(batches_per_epoch)?
             .checked_add(self.batches_done)
+    }
+
+    /// The last epoch a run may reach with `batches_per_epoch` batches an epoch: every batch
+    /// up to the end of it has a delivery number ([`seq`](Position::seq)) that fits in 64 bits.
+    /// Past it the numbers would wrap and the run would deliver another epoch's batches.
+    pub fn last_epoch_allowed(batches_per_epoch: u64) -> u64 {
+        (u64::MAX / batches_per_epoch.max(1)).saturating_sub(1)
+    }
+
+    /// Checks that a run of `epochs` epochs from this position stays within
+    /// [`last_epoch_allowed`](Position::last_epoch_allowed); the error names that epoch.
+    pub fn check_epochs(self, epochs: u64, batches_per_epoch: u64) -> Result<()> {
+        let allowed = Position::last_epoch_allowed(batches_per_epoch);
+        let last = self.epoch.checked_add(epochs.saturating_sub(1));
+        match last {
+            Some(last) if last <= allowed => Ok(()),
+            _ => Err(LoaderError::Config(format!(
+                "epoch {} (+ {epochs} epoch(s)) is out of range: with {batches_per_epoch} \
+                 batches an epoch the largest epoch allowed is {allowed}",
+                self.epoch
+            ))),
+        }
     }
 }
 
@@ -1304,6 +1328,27 @@ mod tests {
         )
         .unwrap();
         assert_eq!(order.num_batches(), 0);
+    }
+
+    #[test]
+    fn epochs_whose_batch_numbers_overflow_are_refused() {
+        let at = |epoch| Position {
+            epoch,
+            batches_done: 0,
+        };
+        assert_eq!(Position::last_epoch_allowed(1), u64::MAX - 1);
+        let bpe = 1000;
+        let allowed = Position::last_epoch_allowed(bpe);
+        assert!(at(allowed).check_epochs(1, bpe).is_ok());
+        assert!(at(allowed)
+            .seq(bpe)
+            .and_then(|s| s.checked_add(bpe))
+            .is_some());
+        let err = at(allowed + 1).check_epochs(1, bpe).unwrap_err();
+        assert!(err.to_string().contains(&allowed.to_string()), "{err}");
+        assert!(at(allowed).check_epochs(2, bpe).is_err());
+        assert!(at(0).check_epochs(u64::MAX, bpe).is_err());
+        assert!(at(u64::MAX).check_epochs(1, 1).is_err());
     }
 
     #[test]

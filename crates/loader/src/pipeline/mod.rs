@@ -21,8 +21,9 @@ mod plan;
 mod reader;
 
 pub use batch::Batch;
-use plan::{BatchSpec, Pieces, Plan};
+use plan::{BatchSpec, Pieces, Plan, SlotLayout};
 
+use std::sync::atomic::AtomicU64;
 use std::sync::mpsc::{self, Receiver};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -34,10 +35,10 @@ use pinfeed_source::Source;
 use crate::backend::{Backend, CopyFence, DeviceBudget, DeviceSpec};
 use crate::direct::{MappedWindows, ReaderKind};
 use crate::error::{LoaderError, Result};
-use crate::order::Shuffle;
+use crate::order::{OrderSpec, Shuffle};
 use crate::pool::{pinned_allocations, PinnedPool};
 use crate::stats::{add, get, Counters, Delivered, DeviceStats, Stats};
-use crate::{LoaderOptions, Transform, MAX_SLOTS};
+use crate::{LoaderOptions, Transform};
 
 /// A filled slot: which piece of which batch, and the offset of its first byte in the slot.
 struct SlotContents {
@@ -95,7 +96,8 @@ struct Shared {
     /// Time `Loader::new` took before the threads started (mostly page-locking the pool).
     startup: Duration,
     threads: usize,
-    pinned_allocations_at_start: u64,
+    /// The process's page-locked allocations when the loader finished starting.
+    pinned_allocations_at_start: AtomicU64,
 }
 
 impl Shared {
@@ -206,75 +208,8 @@ impl Loader {
         make_backends: impl FnOnce() -> Result<Vec<Arc<Backend>>>,
     ) -> Result<Loader> {
         let begun = Instant::now();
-        let name = source.name().to_string();
-        let plan = Plan::new(source.num_records(), &options, &name)?;
-        let record_bytes = source.layout().record_bytes();
-        let out_record_bytes = options
-            .transform
-            .as_ref()
-            .map_or(record_bytes, |t| t.output_record_bytes());
-        if out_record_bytes == 0 {
-            return Err(LoaderError::Config(
-                "the transform's output records are 0 bytes long".into(),
-            ));
-        }
-        let batch_bytes = out_record_bytes
-            .checked_mul(options.batch_size)
-            .ok_or_else(|| LoaderError::Config("batch size × record size overflows".into()))?;
-        // Without a transform, readers read straight into the slot, so it holds what the
-        // source's aligned reads need (O_DIRECT reads whole aligned blocks around the records).
-        // Slots are page-aligned (and aligned as the source needs): what O_DIRECT reads need, and
-        // what keeps copies aligned.
-        let align = source.alignment().max(4096);
-        // Large batches go in pieces, each its own slot (see `LoaderOptions::piece_bytes`).
-        let pieces = if options.transform.is_some() || options.reader == ReaderKind::Register {
-            Pieces::new(options.batch_size, out_record_bytes, None)
-        } else {
-            Pieces::new(options.batch_size, out_record_bytes, options.piece_bytes)
-        };
-        let read_span = if options.transform.is_some() {
-            batch_bytes
-        } else {
-            source
-                .aligned_span(pieces.records)
-                .max(pieces.records * out_record_bytes)
-        };
-        let slot_bytes = read_span
-            .checked_next_multiple_of(align)
-            .ok_or_else(|| LoaderError::Config("batch too large".into()))?;
-        let fits = options.pinned_budget / slot_bytes;
-        if fits < 2 {
-            return Err(LoaderError::BudgetTooSmall {
-                budget: options.pinned_budget,
-                slot_bytes,
-                fits,
-                batch_size: options.batch_size,
-                record_bytes: out_record_bytes,
-                needed: 2 * slot_bytes,
-            });
-        }
-        let total = plan.total();
-        let units = total
-            .checked_mul(pieces.per_batch)
-            .ok_or_else(|| LoaderError::Config(format!("{} epochs is too many", options.epochs)))?;
-        let threads = options
-            .num_threads
-            .unwrap_or_else(|| {
-                std::thread::available_parallelism()
-                    .map_or(4, |n| n.get())
-                    .min(8)
-            })
-            .max(1);
-        // Enough slots for every reader to hold one, the copy engine a few and the rest queued;
-        // more would only lock more memory (and take longer to lock at start-up).
-        let slots = fits
-            .min(MAX_SLOTS)
-            .min(2 * threads + 6)
-            .min(usize::try_from(units).unwrap_or(usize::MAX).max(2));
-        if options.prefetch == 0 {
-            return Err(LoaderError::Config("prefetch must be at least 1".into()));
-        }
-
+        let plan = Plan::new(source.num_records(), &options, source.name())?;
+        let layout = SlotLayout::new(source.as_ref(), &options, &plan)?;
         let backends = make_backends()?;
         if backends.is_empty() {
             return Err(LoaderError::Config("no device given".into()));
@@ -292,18 +227,18 @@ impl Loader {
             &source,
             &options,
             &backends[0],
-            batch_bytes,
-            slot_bytes,
-            slots,
+            layout.batch_bytes,
+            layout.slot_bytes,
+            layout.slots,
         )?;
         let (ring_slots, ring_total) = match &staging {
-            Staging::Slots(pool) => (pool.slots(), units),
+            Staging::Slots(pool) => (pool.slots(), layout.units),
             Staging::Windows(windows) => {
                 (windows.slots(), windows.windows_per_epoch * options.epochs)
             }
         };
         let registrar = matches!(staging, Staging::Windows(_));
-        let threads = if registrar { 1 } else { threads };
+        let threads = if registrar { 1 } else { layout.threads };
         let shared = Arc::new(Shared {
             ring: Ring::new(ring_slots, ring_total),
             staging,
@@ -314,25 +249,30 @@ impl Loader {
             source,
             transform: options.transform.clone(),
             plan,
-            out_record_bytes,
+            out_record_bytes: layout.out_record_bytes,
             error: Mutex::new(None),
             counters: Counters::default(),
             slot_contents: (0..ring_slots).map(|_| Mutex::new(None)).collect(),
-            pieces,
+            pieces: layout.pieces,
             started: Instant::now(),
             startup: begun.elapsed(),
             threads,
-            pinned_allocations_at_start: pinned_allocations(),
+            pinned_allocations_at_start: AtomicU64::new(pinned_allocations()),
         });
+        Loader::spawn(shared, depth)
+    }
 
+    /// Starts the reader (or registrar) threads and the copy thread of `shared`, handing batches
+    /// over through a channel `depth` deep.
+    fn spawn(shared: Arc<Shared>, depth: usize) -> Result<Loader> {
         let (tx, rx) = mpsc::sync_channel(depth);
         let mut loader = Loader {
             shared: Arc::clone(&shared),
             batches: Some(rx),
-            threads: Vec::with_capacity(threads + 1),
+            threads: Vec::with_capacity(shared.threads + 1),
             finished: false,
         };
-        for i in 0..threads {
+        for i in 0..shared.threads {
             let shared = Arc::clone(&shared);
             let handle = std::thread::Builder::new()
                 .name(format!("pinfeed-read-{i}"))
@@ -358,6 +298,20 @@ impl Loader {
             })?;
         loader.threads.push(copier);
         Ok(loader)
+    }
+
+    /// Counts page-locked allocations from now on, not from this loader's start: for loaders
+    /// started together (one per device), whose pools are all made before any of them runs.
+    pub(crate) fn count_allocations_from_now(&self) {
+        self.shared
+            .pinned_allocations_at_start
+            .store(pinned_allocations(), std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// The order this loader's batches follow ([`OrderSpec::fingerprint`] to check a saved
+    /// position against).
+    pub fn order_spec(&self) -> &OrderSpec {
+        &self.shared.plan.spec
     }
 
     /// Batches per epoch.
@@ -444,8 +398,10 @@ impl Loader {
             pinned_bytes_peak: ring.capacity * s.staging.slot_bytes(),
             pinned_locked: s.staging.locked(),
             pinned_numa: s.staging.numa_placement(),
-            pinned_allocations_after_start: pinned_allocations()
-                .saturating_sub(s.pinned_allocations_at_start),
+            pinned_allocations_after_start: pinned_allocations().saturating_sub(
+                s.pinned_allocations_at_start
+                    .load(std::sync::atomic::Ordering::Relaxed),
+            ),
             slots_recycled: ring.recycled,
             slot_waits: ring.claims_waited,
             slots_peak_in_use: ring.peak_in_use,

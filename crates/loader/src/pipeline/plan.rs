@@ -5,7 +5,10 @@ use std::sync::{Arc, Mutex};
 
 use crate::error::{LoaderError, Result};
 use crate::order::{BatchRecords, EpochOrder, OrderSpec};
-use crate::LoaderOptions;
+use pinfeed_source::Source;
+
+use crate::direct::ReaderKind;
+use crate::{LoaderOptions, MAX_SLOTS};
 
 /// Which records each batch holds: the epochs' orders, from the resume position on.
 ///
@@ -16,6 +19,9 @@ pub(super) struct Plan {
     pub(super) batches_per_epoch: u64,
     pub(super) first_global: u64,
     pub(super) total: u64,
+    /// Records in the largest batch: the batch size, or one rank's records of an epoch when
+    /// those are fewer.
+    pub(super) largest_batch: usize,
     /// The orders of the epochs in use, newest last: readers may work on two epochs at once,
     /// and a shuffled order is worth computing once.
     pub(super) orders: Mutex<VecDeque<Arc<EpochOrder>>>,
@@ -45,21 +51,8 @@ impl Plan {
         options: &LoaderOptions,
         source_name: &str,
     ) -> Result<Plan> {
-        if options.batch_size == 0 {
-            return Err(LoaderError::Config("batch size must be at least 1".into()));
-        }
-        if options.epochs == 0 {
-            return Err(LoaderError::Config("epochs must be at least 1".into()));
-        }
-        let spec = OrderSpec {
-            num_records,
-            batch_size: options.batch_size as u64,
-            drop_last: options.drop_last,
-            shuffle: options.shuffle,
-            seed: options.seed,
-            rank: options.rank,
-            world_size: options.world_size,
-        };
+        options.validate()?;
+        let spec = options.order_spec(num_records);
         let (first, remaining) = EpochOrder::resume(&spec, options.start).map_err(|e| match e {
             LoaderError::Config(m) => LoaderError::Config(format!("{source_name}: {m}")),
             other => other,
@@ -72,16 +65,27 @@ impl Plan {
                 if options.drop_last { " with drop_last" } else { "" }
             )));
         }
-        let total = batches_per_epoch
-            .checked_mul(options.epochs)
-            .map(|all| all - remaining.start)
-            .ok_or_else(|| LoaderError::Config(format!("{} epochs is too many", options.epochs)))?;
+        options
+            .start
+            .check_epochs(options.epochs, batches_per_epoch)
+            .map_err(|e| match e {
+                LoaderError::Config(m) => LoaderError::Config(format!("{source_name}: {m}")),
+                other => other,
+            })?;
+        // Checked above: every batch of the run has a 64-bit number counted from epoch 0.
+        let total = batches_per_epoch * options.epochs - remaining.start;
         let first_global = options.start.epoch * batches_per_epoch + remaining.start;
+        // A batch never holds more than one rank's records of an epoch, whatever the batch
+        // size asked: slots are sized for this, not for `batch_size`.
+        let largest_batch = usize::try_from(first.num_records())
+            .unwrap_or(usize::MAX)
+            .min(options.batch_size);
         Ok(Plan {
             spec,
             batches_per_epoch,
             first_global,
             total,
+            largest_batch,
             orders: Mutex::new(VecDeque::from([Arc::new(first)])),
         })
     }
@@ -165,12 +169,107 @@ impl Pieces {
     }
 }
 
+/// How the pinned memory is cut: the size of a slot, how many, and how batches map onto them.
+pub(super) struct SlotLayout {
+    /// Bytes of one record as delivered (after the transform).
+    pub(super) out_record_bytes: usize,
+    /// Bytes of the largest batch as delivered.
+    pub(super) batch_bytes: usize,
+    pub(super) pieces: Pieces,
+    pub(super) slot_bytes: usize,
+    pub(super) slots: usize,
+    /// Slots' worth of work over the run: pieces of every batch.
+    pub(super) units: u64,
+    /// Reader threads.
+    pub(super) threads: usize,
+}
+
+impl SlotLayout {
+    /// Sizes the slots for `plan`'s batches of `source` within the options' pinned budget.
+    pub(super) fn new(
+        source: &dyn Source,
+        options: &LoaderOptions,
+        plan: &Plan,
+    ) -> Result<SlotLayout> {
+        let batch_size = plan.largest_batch;
+        let record_bytes = source.layout().record_bytes();
+        let out_record_bytes = options
+            .transform
+            .as_ref()
+            .map_or(record_bytes, |t| t.output_record_bytes());
+        if out_record_bytes == 0 {
+            return Err(LoaderError::Config(
+                "the transform's output records are 0 bytes long".into(),
+            ));
+        }
+        let batch_bytes = out_record_bytes
+            .checked_mul(batch_size)
+            .ok_or_else(|| LoaderError::Config("batch size × record size overflows".into()))?;
+        // Without a transform, readers read straight into the slot, so it holds what the
+        // source's aligned reads need (O_DIRECT reads whole aligned blocks around the records).
+        // Slots are page-aligned (and aligned as the source needs): what O_DIRECT reads need, and
+        // what keeps copies aligned.
+        let align = source.alignment().max(4096);
+        // Large batches go in pieces, each its own slot (see `LoaderOptions::piece_bytes`).
+        let pieces = if options.transform.is_some() || options.reader == ReaderKind::Register {
+            Pieces::new(batch_size, out_record_bytes, None)
+        } else {
+            Pieces::new(batch_size, out_record_bytes, options.piece_bytes)
+        };
+        let read_span = if options.transform.is_some() {
+            batch_bytes
+        } else {
+            source
+                .aligned_span(pieces.records)
+                .max(pieces.records * out_record_bytes)
+        };
+        let slot_bytes = read_span
+            .checked_next_multiple_of(align)
+            .ok_or_else(|| LoaderError::Config("batch too large".into()))?;
+        let fits = options.pinned_budget / slot_bytes;
+        if fits < 2 {
+            return Err(LoaderError::BudgetTooSmall {
+                budget: options.pinned_budget,
+                slot_bytes,
+                fits,
+                batch_size,
+                record_bytes: out_record_bytes,
+                needed: 2 * slot_bytes,
+            });
+        }
+        let units = plan
+            .total()
+            .checked_mul(pieces.per_batch)
+            .ok_or_else(|| LoaderError::Config(format!("{} epochs is too many", options.epochs)))?;
+        let threads = options.num_threads.unwrap_or_else(|| {
+            std::thread::available_parallelism()
+                .map_or(4, |n| n.get())
+                .min(8)
+        });
+        // Enough slots for every reader to hold one, the copy engine a few and the rest queued;
+        // more would only lock more memory (and take longer to lock at start-up).
+        let slots = fits
+            .min(MAX_SLOTS)
+            .min(2 * threads + 6)
+            .min(usize::try_from(units).unwrap_or(usize::MAX).max(2));
+        Ok(SlotLayout {
+            out_record_bytes,
+            batch_bytes,
+            pieces,
+            slot_bytes,
+            slots,
+            units,
+            threads,
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::Position;
 
-    pub(super) fn options(batch_size: usize, drop_last: bool, epochs: u64) -> LoaderOptions {
+    fn options(batch_size: usize, drop_last: bool, epochs: u64) -> LoaderOptions {
         LoaderOptions {
             batch_size,
             drop_last,

@@ -76,9 +76,7 @@ fn fill(
         None if count == 0 => 0,
         None => read_batch(source, &spec.records, records.clone(), slot)?,
         Some(transform) => {
-            let span = source
-                .aligned_span(shared.plan.spec.batch_size as usize)
-                .max(raw_len);
+            let span = source.aligned_span(shared.plan.largest_batch).max(raw_len);
             let buf = match scratch {
                 Some(buf) if buf.len() >= span => buf,
                 _ => scratch.insert(AlignedBuffer::new(span, source.alignment())),
