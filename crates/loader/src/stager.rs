@@ -26,7 +26,7 @@ use std::sync::{mpsc, Arc, Condvar, Mutex};
 use pinfeed_cuda::{Context, PinMethod, Registration};
 
 use crate::backend::{Backend, CopyFence, DeviceBudget, DeviceSpec, Landed};
-use crate::error::{LoaderError, Result};
+use crate::error::{panic_message, LoaderError, Result};
 use crate::pool::{count_pinned_allocation, PinnedPool};
 use crate::DeviceData;
 
@@ -436,8 +436,11 @@ impl Stager {
                 plan.abandon();
             }
             let returned = match register {
-                Some(lane) => lane.join().unwrap_or_else(|_| {
-                    Err(LoaderError::Config("the register lane panicked".into()))
+                Some(lane) => lane.join().unwrap_or_else(|panic| {
+                    Err(LoaderError::Worker {
+                        thread: "register lane",
+                        message: panic_message(panic.as_ref()),
+                    })
                 }),
                 None => Ok(Vec::new()),
             };
@@ -937,10 +940,10 @@ impl PinnedRegion {
             _ => {
                 // SAFETY: the caller guarantees the range is mapped.
                 if unsafe { libc::mlock(ptr.cast(), len) } != 0 {
-                    let source = std::io::Error::last_os_error();
-                    return Err(LoaderError::Config(format!(
-                        "cannot page-lock {len} bytes: {source} (the memory-lock limit, `ulimit -l`, may be too low)"
-                    )));
+                    return Err(LoaderError::Lock {
+                        bytes: len,
+                        source: std::io::Error::last_os_error(),
+                    });
                 }
                 RegionLock::Host { ptr, len }
             }

@@ -109,7 +109,9 @@ impl HostCopyEngine {
         self.jobs
             .as_ref()
             .and_then(|jobs| jobs.send(job).ok())
-            .ok_or_else(|| LoaderError::Config("the host copy engine has stopped".into()))?;
+            .ok_or(LoaderError::Closed {
+                what: "host copy engine",
+            })?;
         Ok(CopyFence::Host(done))
     }
 }

@@ -11,7 +11,7 @@ use pinfeed_source::{AlignedBuffer, Source};
 
 use super::plan::BatchSpec;
 use super::{Shared, SlotContents, Staging};
-use crate::error::{LoaderError, Result};
+use crate::error::{panic_message, LoaderError, Result};
 use crate::order::BatchRecords;
 use crate::stats::add;
 
@@ -36,12 +36,10 @@ pub(super) fn read_loop(shared: &Shared) {
                 return;
             }
             Err(panic) => {
-                let message = panic
-                    .downcast_ref::<&str>()
-                    .map(|s| s.to_string())
-                    .or_else(|| panic.downcast_ref::<String>().cloned())
-                    .unwrap_or_else(|| "unknown panic".into());
-                shared.fail(LoaderError::ReaderPanicked(message));
+                shared.fail(LoaderError::Worker {
+                    thread: "reader",
+                    message: panic_message(panic.as_ref()),
+                });
                 shared.ring.fill_abandoned(claim);
                 return;
             }
