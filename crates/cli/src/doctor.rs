@@ -271,12 +271,12 @@ fn open_gpu(device: DeviceSpec) -> std::result::Result<Arc<Context>, String> {
     };
     let describe = |e: CudaError| match e {
         // The library's list of every name it tried is noise here.
-        CudaError::NoDriver { detail } if detail.starts_with("none of") => {
+        CudaError::NoDriver { tried, .. } if !tried.is_empty() => {
             "no CUDA driver: libcuda.so.1 could not be loaded (install the NVIDIA driver, or put \
              its libcuda.so.1 on LD_LIBRARY_PATH)"
                 .to_owned()
         }
-        CudaError::NoDriver { detail } => format!("no CUDA driver: {detail}"),
+        CudaError::NoDriver { detail, .. } => format!("no CUDA driver: {detail}"),
         other => format!("CUDA unusable: {other}"),
     };
     match pinfeed_cuda::probe() {

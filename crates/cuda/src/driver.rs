@@ -33,12 +33,15 @@ pub(crate) fn ensure_loaded() -> Result<()> {
     if driver_present() {
         return Ok(());
     }
-    let names = cudarc::get_lib_name_candidates("cuda");
+    let mut tried: Vec<String> = Vec::new();
+    for name in cudarc::get_lib_name_candidates("cuda") {
+        if !tried.contains(&name) {
+            tried.push(name);
+        }
+    }
     Err(CudaError::NoDriver {
-        detail: format!(
-            "none of {} could be loaded; install the NVIDIA driver or put its libcuda.so.1 on LD_LIBRARY_PATH",
-            names.join(", ")
-        ),
+        detail: "libcuda.so.1".into(),
+        tried,
     })
 }
 
@@ -84,9 +87,10 @@ pub(crate) fn init() -> Result<usize> {
         sys::CUresult::CUDA_ERROR_NO_DEVICE => return Ok(0),
         sys::CUresult::CUDA_ERROR_STUB_LIBRARY => {
             return Err(CudaError::NoDriver {
-                detail: "the libcuda that was loaded is the toolkit's stub, not a driver; put the \
-                         driver's libcuda.so.1 first on LD_LIBRARY_PATH"
+                detail: "the libcuda.so.1 loaded is the toolkit's stub: put the driver's first on \
+                         LD_LIBRARY_PATH"
                     .into(),
+                tried: Vec::new(),
             })
         }
         other => return check("cuInit", other).map(|()| 0),
