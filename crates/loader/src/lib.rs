@@ -59,7 +59,7 @@ pub use stager::{
     to_device, DeviceArray, PinnedRegion, Stager, StagerOptions, UploadCounters, UploadMethod,
     DEFAULT_MAX_COPY_THREADS, DEFAULT_STAGING_BUDGET,
 };
-pub use stats::{Bottleneck, DeviceStats, Stats};
+pub use stats::{Bottleneck, DeviceStats, StageTimes, Stats};
 
 /// Anything delivered into device memory: a loader's [`Batch`] or a [`Stager`]'s
 /// [`DeviceArray`]. What the Python bindings export through DLPack.
