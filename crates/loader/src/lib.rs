@@ -44,6 +44,7 @@ mod pipeline;
 mod pool;
 mod stager;
 mod stats;
+pub mod system;
 
 use std::sync::Arc;
 

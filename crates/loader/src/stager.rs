@@ -867,11 +867,6 @@ pub fn to_device(src: &[u8], options: StagerOptions) -> Result<DeviceArray> {
     Ok(array)
 }
 
-/// Bytes of memory this machine has.
-fn mem_total() -> Option<u64> {
-    crate::direct::meminfo("MemTotal")
-}
-
 /// Existing host memory page-locked in place until dropped: `cuMemHostRegister` on CUDA,
 /// `mlock` on the host backend.
 pub struct PinnedRegion {
@@ -923,7 +918,7 @@ impl PinnedRegion {
                 "cannot page-lock an empty range".into(),
             ));
         }
-        if let Some(total) = mem_total() {
+        if let Some(total) = crate::system::mem_total() {
             if len as u64 > total / 2 {
                 return Err(LoaderError::PinTooLarge {
                     bytes: len as u64,
@@ -1196,7 +1191,7 @@ mod pin_limit_tests {
 
     #[test]
     fn pinning_more_than_half_the_machine_is_refused_with_advice() {
-        let total = mem_total().expect("/proc/meminfo");
+        let total = crate::system::mem_total().expect("/proc/meminfo");
         // Nothing is touched: the range is checked before any lock.
         let len = (total / 2 + 4096) as usize;
         let mut one = [0u8; 1];
