@@ -44,6 +44,9 @@ pub struct PinnedMemory {
     len: usize,
     method: PinMethod,
     placement: NumaPlacement,
+    /// The mapping of [`PinMethod::Register`] memory, unmapped in Drop after it is
+    /// unregistered; `None` for `cuMemHostAlloc` memory.
+    mapping: Option<memmap2::MmapMut>,
 }
 
 // SAFETY: the allocation is plain process memory owned by this value, not tied to a thread; the
@@ -63,6 +66,7 @@ impl PinnedMemory {
         }
         let _current = ctx.enter()?;
         let mut placement = numa::decide(numa::online_node_count(), ctx.numa_node());
+        let mut mapping = None;
         let ptr = match method {
             PinMethod::HostAlloc => {
                 if let NumaPlacement::GpuNode(_) = placement {
@@ -79,27 +83,24 @@ impl PinnedMemory {
                 p.cast::<u8>()
             }
             PinMethod::Register => {
-                let (p, placed) =
+                let (mut map, placed) =
                     numa::map_placed(bytes, placement).map_err(|source| CudaError::Os {
                         call: "mmap",
                         bytes,
                         source,
                     })?;
                 placement = placed;
-                let p = p.cast::<c_void>();
-                // SAFETY: `p .. p + bytes` is the mapping just made. Failure only means the
-                // child would inherit it, which is not worth failing the allocation for.
-                let _ = unsafe { libc::madvise(p, bytes, libc::MADV_DONTFORK) };
+                // Failure only means the child would inherit it, which is not worth failing the
+                // allocation for.
+                let _ = map.advise(memmap2::Advice::DontFork);
+                let p = map.as_mut_ptr().cast::<c_void>();
                 // SAFETY: the range is mapped read-write for `bytes` and stays mapped until Drop
-                // unregisters it first; our context is current (guard).
-                let status = unsafe {
+                // unregisters it first; our context is current (guard). On failure `map` is
+                // unmapped unregistered.
+                check("cuMemHostRegister", unsafe {
                     sys::cuMemHostRegister_v2(p, bytes, sys::CU_MEMHOSTREGISTER_PORTABLE)
-                };
-                if let Err(e) = check("cuMemHostRegister", status) {
-                    // SAFETY: the mapping is ours and was not registered.
-                    unsafe { libc::munmap(p, bytes) };
-                    return Err(e);
-                }
+                })?;
+                mapping = Some(map);
                 p.cast::<u8>()
             }
         };
@@ -110,6 +111,7 @@ impl PinnedMemory {
             len: bytes,
             method,
             placement,
+            mapping,
         })
     }
 
@@ -164,9 +166,8 @@ impl Drop for PinnedMemory {
                     // owner guarantees no copy still uses it (type docs).
                     let _ = unsafe { sys::cuMemHostUnregister(self.ptr.cast()) };
                 }
-                // SAFETY: the mapping of `len` bytes at `ptr` was made in `alloc`, is unmapped
-                // once, here, and no reference into it outlives `self`.
-                unsafe { libc::munmap(self.ptr.cast(), self.len) };
+                // Unmapped only now that it is unregistered.
+                drop(self.mapping.take());
             }
         }
     }
