@@ -3,10 +3,11 @@
 use std::ffi::c_void;
 use std::sync::Arc;
 
+use cudarc::driver::result;
 use cudarc::driver::sys::{self, CUdeviceptr};
 
 use crate::context::Context;
-use crate::driver::check;
+use crate::driver::{check, named};
 use crate::error::{CudaError, Result};
 use crate::numa::{self, NumaPlacement};
 use crate::stream::Stream;
@@ -74,11 +75,10 @@ impl PinnedMemory {
                         "cuMemHostAlloc memory is placed by the driver".into(),
                     );
                 }
-                let mut p: *mut c_void = std::ptr::null_mut();
-                // SAFETY: our context is current (guard); `p` is a valid out-pointer. Flags:
-                // portable only, deliberately not write-combined (the CPU writes and may read it).
-                check("cuMemHostAlloc", unsafe {
-                    sys::cuMemHostAlloc(&mut p, bytes, sys::CU_MEMHOSTALLOC_PORTABLE)
+                // SAFETY: our context is current (guard). Flags: portable only, deliberately not
+                // write-combined (the CPU writes and may read it).
+                let p = named("cuMemHostAlloc", unsafe {
+                    result::malloc_host(bytes, sys::CU_MEMHOSTALLOC_PORTABLE)
                 })?;
                 p.cast::<u8>()
             }
@@ -157,7 +157,7 @@ impl Drop for PinnedMemory {
                 let _current = self.ctx.enter();
                 // SAFETY: `ptr` came from cuMemHostAlloc and is freed once, here; the owner
                 // guarantees no copy still uses it (type docs).
-                let _ = unsafe { sys::cuMemFreeHost(self.ptr.cast()) };
+                let _ = unsafe { result::free_host(self.ptr.cast()) };
             }
             PinMethod::Register => {
                 if owner {
@@ -224,6 +224,7 @@ impl Registration {
         }
         // SAFETY: the range is mapped for `len` bytes by this function's contract; our context is
         // current (guard).
+        // cudarc's `result` layer has no `cuMemHostRegister` (nor `cuMemHostUnregister`).
         check("cuMemHostRegister", unsafe {
             sys::cuMemHostRegister_v2(ptr.cast(), len, flags)
         })?;
@@ -315,6 +316,8 @@ pub unsafe fn memcpy_htod_async(
     let _current = stream.context().enter()?;
     // SAFETY: validity of both ranges until completion is this function's contract; the stream is
     // live (borrowed).
+    // Not `result::memcpy_htod_async`: it takes a slice, and a slice over a slot the copy
+    // engine reads while readers fill its neighbours is more than this raw range promises.
     check("cuMemcpyHtoDAsync", unsafe {
         sys::cuMemcpyHtoDAsync_v2(dst, src.cast(), len, stream.raw())
     })
@@ -338,6 +341,7 @@ pub unsafe fn memcpy_dtoh_async(
     let _current = stream.context().enter()?;
     // SAFETY: validity of both ranges until completion is this function's contract; the stream is
     // live (borrowed).
+    // Not `result::memcpy_dtoh_async`: it takes a slice (see `memcpy_htod_async`).
     check("cuMemcpyDtoHAsync", unsafe {
         sys::cuMemcpyDtoHAsync_v2(dst.cast(), src, len, stream.raw())
     })
@@ -359,7 +363,7 @@ pub unsafe fn memcpy_dtod_async(
     }
     let _current = stream.context().enter()?;
     // SAFETY: validity of both ranges until completion is this function's contract.
-    check("cuMemcpyDtoDAsync", unsafe {
-        sys::cuMemcpyDtoDAsync_v2(dst, src, len, stream.raw())
+    named("cuMemcpyDtoDAsync", unsafe {
+        result::memcpy_dtod_async(dst, src, len, stream.raw())
     })
 }
