@@ -1,13 +1,14 @@
 //! The copy thread: takes filled slots in sequence order, issues their copies to every device
 //! and hands finished batches to the consumer.
 
+use std::collections::VecDeque;
 use std::sync::mpsc::SyncSender;
 use std::sync::Arc;
 use std::time::Instant;
 
 use super::plan::BatchSpec;
 use super::{Batch, Shared, SlotContents, Staging, Target};
-use crate::backend::{CopyFence, DeviceMemory, Landed};
+use crate::backend::{Backend, CopyFence, DeviceMemory, Landed};
 use crate::direct::MappedWindows;
 use crate::error::{LoaderError, Result};
 use crate::pool::PinnedPool;
@@ -86,14 +87,8 @@ fn copy_slots(shared: &Arc<Shared>, pool: &PinnedPool, batches: &SyncSender<Resu
             .expect("a filled slot has its contents recorded");
         let (seq, piece) = pieces.split(unit);
         if let Some(spec) = spec {
-            // The batch's first piece: its device memory, whole, on every device.
-            let on = shared
-                .targets
-                .iter()
-                .map(|t| Ok((t.backend.alloc(spec.count * rb, &t.budget)?, None)))
-                .collect::<Result<Vec<_>>>();
-            match on {
-                Ok(on) => current = Some(Assembling { spec, on }),
+            match Assembling::new(shared, spec) {
+                Ok(batch) => current = Some(batch),
                 Err(e) => {
                     shared.fail(e);
                     break;
@@ -138,28 +133,55 @@ fn copy_slots(shared: &Arc<Shared>, pool: &PinnedPool, batches: &SyncSender<Resu
         }
         add(&shared.counters.copy_issue_ns, started.elapsed());
         if piece + 1 == pieces.per_batch {
-            let Assembling { spec, on } = current.take().expect("assembled above");
-            let len = spec.count * rb;
-            for (target, (memory, last)) in on.into_iter().enumerate() {
-                // Copies to one device finish in the order they were issued (one stream; one
-                // host copy thread), so the batch is complete there when its last copy is.
-                let ready = match last {
-                    Some(fence) => fence,
-                    None => match shared.targets[target].backend.completed_fence() {
-                        Ok(fence) => fence,
-                        Err(e) => {
-                            shared.fail(e);
-                            return;
-                        }
-                    },
-                };
-                let place = (seq, Arc::clone(&spec), len);
-                if !deliver(shared, batches, target, place, memory, ready) {
-                    return;
-                }
+            let batch = current.take().expect("assembled above");
+            if !deliver_assembled(shared, batches, seq, batch) {
+                return;
             }
         }
     }
+}
+
+impl Assembling {
+    /// A batch's first piece has come: its device memory, whole, on every device.
+    fn new(shared: &Shared, spec: Arc<BatchSpec>) -> Result<Assembling> {
+        let bytes = spec.count * shared.out_record_bytes;
+        let on = shared
+            .targets
+            .iter()
+            .map(|t| Ok((t.backend.alloc(bytes, &t.budget)?, None)))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Assembling { spec, on })
+    }
+}
+
+/// Hands batch `seq`, whose every copy has been issued, to the consumer on each device in turn;
+/// false when the consumer went away or a fence could not be made (the error recorded).
+fn deliver_assembled(
+    shared: &Shared,
+    batches: &SyncSender<Result<Batch>>,
+    seq: u64,
+    Assembling { spec, on }: Assembling,
+) -> bool {
+    let len = spec.count * shared.out_record_bytes;
+    for (target, (memory, last)) in on.into_iter().enumerate() {
+        // Copies to one device finish in the order they were issued (one stream; one host copy
+        // thread), so the batch is complete there when its last copy is.
+        let ready = match last {
+            Some(fence) => fence,
+            None => match shared.targets[target].backend.completed_fence() {
+                Ok(fence) => fence,
+                Err(e) => {
+                    shared.fail(e);
+                    return false;
+                }
+            },
+        };
+        let place = (seq, Arc::clone(&spec), len);
+        if !deliver(shared, batches, target, place, memory, ready) {
+            return false;
+        }
+    }
+    true
 }
 
 /// Issues the copy of `len` bytes at `src` to `offset` of the batch's memory on every device,
@@ -206,17 +228,11 @@ fn copy_windows(
         backend, budget, ..
     } = &shared.targets[0];
     let record_bytes = shared.source.layout().record_bytes() as u64;
-    // Windows held by the copy thread, oldest first: (window seq, slot, fence of the last copy
-    // that read it).
-    let mut held: std::collections::VecDeque<(u64, usize, Option<CopyFence>)> = Default::default();
-    let mut next_window = 0u64;
-    let release = |slot: usize, fence: Option<CopyFence>| -> Result<()> {
-        let fence = match fence {
-            Some(fence) => fence,
-            None => backend.completed_fence()?,
-        };
-        shared.ring.copy_issued(slot, fence);
-        Ok(())
+    let mut held = HeldWindows {
+        shared,
+        backend,
+        held: VecDeque::new(),
+        next: 0,
     };
     let outcome = (|| -> Result<bool> {
         for seq in 0..shared.plan.total() {
@@ -227,24 +243,9 @@ fn copy_windows(
             let pieces = windows.pieces(a, a + len as u64);
             // Window sequence numbers count from the loader's first epoch, as the ring's do.
             let epoch_base = (spec.epoch - shared.plan.first_epoch()) * windows.windows_per_epoch;
-            let first_needed = epoch_base + pieces[0].0;
-            let last_needed = epoch_base + pieces[pieces.len() - 1].0;
-            while held.front().is_some_and(|h| h.0 < first_needed) {
-                let (_, slot, fence) = held.pop_front().expect("checked");
-                release(slot, fence)?;
-            }
-            while next_window <= last_needed {
-                let Some(slot) = shared.ring.next_filled(next_window) else {
-                    return Ok(false);
-                };
-                if next_window < first_needed {
-                    // No batch reads it (a resumed epoch starts past it): give it straight back,
-                    // or the held windows could fill the ring and stall the registrar.
-                    release(slot, None)?;
-                } else {
-                    held.push_back((next_window, slot, None));
-                }
-                next_window += 1;
+            let needed = epoch_base + pieces[0].0..=epoch_base + pieces[pieces.len() - 1].0;
+            if !held.hold(&needed)? {
+                return Ok(false);
             }
             let mut memory = backend.alloc(len, budget)?;
             let mut fence = None;
@@ -255,12 +256,7 @@ fn copy_windows(
                 fence = Some(unsafe { backend.copy(src, &mut memory, offset, piece_len) }?);
             }
             let fence = fence.expect("a batch has at least one piece");
-            for h in held
-                .iter_mut()
-                .filter(|h| h.0 >= first_needed && h.0 <= last_needed)
-            {
-                h.2 = Some(fence.clone());
-            }
+            held.read_by(&needed, &fence);
             add(&shared.counters.copy_issue_ns, started.elapsed());
             if !deliver(
                 shared,
@@ -276,10 +272,68 @@ fn copy_windows(
         Ok(true)
     })();
     // Release what is still held so that `drain` waits for it and the registrar can finish.
-    for (_, slot, fence) in held.drain(..) {
-        let _ = release(slot, fence);
-    }
+    held.release_all();
     if let Err(e) = outcome {
         shared.fail(e);
+    }
+}
+
+/// The windows of the mapped file the copy thread holds, oldest first, and the next one to
+/// take from the ring.
+struct HeldWindows<'a> {
+    shared: &'a Shared,
+    backend: &'a Backend,
+    /// (window seq, slot, fence of the last copy that read it).
+    held: VecDeque<(u64, usize, Option<CopyFence>)>,
+    next: u64,
+}
+
+impl HeldWindows<'_> {
+    /// Gives a window's slot back to the ring once `fence` (or, with none, everything issued so
+    /// far) completes.
+    fn release(&self, slot: usize, fence: Option<CopyFence>) -> Result<()> {
+        let fence = match fence {
+            Some(fence) => fence,
+            None => self.backend.completed_fence()?,
+        };
+        self.shared.ring.copy_issued(slot, fence);
+        Ok(())
+    }
+
+    /// Gives back the windows before `needed` and takes from the ring every window up to its
+    /// end; false when the ring shut down.
+    fn hold(&mut self, needed: &std::ops::RangeInclusive<u64>) -> Result<bool> {
+        while self.held.front().is_some_and(|h| h.0 < *needed.start()) {
+            let (_, slot, fence) = self.held.pop_front().expect("checked");
+            self.release(slot, fence)?;
+        }
+        while self.next <= *needed.end() {
+            let Some(slot) = self.shared.ring.next_filled(self.next) else {
+                return Ok(false);
+            };
+            if self.next < *needed.start() {
+                // No batch reads it (a resumed epoch starts past it): give it straight back,
+                // or the held windows could fill the ring and stall the registrar.
+                self.release(slot, None)?;
+            } else {
+                self.held.push_back((self.next, slot, None));
+            }
+            self.next += 1;
+        }
+        Ok(true)
+    }
+
+    /// Records that the copy ending in `fence` read the windows `needed`.
+    fn read_by(&mut self, needed: &std::ops::RangeInclusive<u64>, fence: &CopyFence) {
+        for h in self.held.iter_mut().filter(|h| needed.contains(&h.0)) {
+            h.2 = Some(fence.clone());
+        }
+    }
+
+    /// Gives every window still held back to the ring.
+    fn release_all(&mut self) {
+        for (_, slot, fence) in std::mem::take(&mut self.held) {
+            let _ = self.release(slot, fence);
+        }
     }
 }
