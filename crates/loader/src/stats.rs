@@ -91,7 +91,7 @@ impl StageTimes {
             return Bottleneck::Unknown;
         }
         let share = |d: Duration| d.as_secs_f64() / wall;
-        let copier_blocked = self.copy_blocked.map_or(true, |d| share(d) > 0.1);
+        let copier_blocked = self.copy_blocked.is_none_or(|d| share(d) > 0.1);
         if share(self.consumer_wait) < 0.1 && copier_blocked {
             Bottleneck::Consumer
         } else if share(self.copy_starved) > 0.25 {
