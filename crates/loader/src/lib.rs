@@ -248,8 +248,8 @@ impl std::fmt::Debug for LoaderOptions {
 impl LoaderOptions {
     /// Checks the options that make sense on their own, before any source or device is
     /// touched; each error names the option, the value and what is allowed. What depends on the
-    /// source (a batch larger than the dataset with `drop_last`, the pinned budget against the
-    /// record size) is checked when the loader starts.
+    /// source (a batch larger than the dataset with `drop_last`, the pinned budget, 0 included,
+    /// against the slot size, with the budget that would do) is checked when the loader starts.
     pub fn validate(&self) -> Result<()> {
         let fail = |message: String| Err(LoaderError::Config(message));
         if self.batch_size == 0 {
@@ -269,9 +269,6 @@ impl LoaderOptions {
                 "piece size must be at least 1 byte (or None to keep each batch in one slot)"
                     .into(),
             );
-        }
-        if self.pinned_budget == 0 {
-            return fail("pinned budget must be at least 1 byte".into());
         }
         self.order_spec(0).validate()
     }
@@ -341,7 +338,7 @@ mod tests {
     #[test]
     fn options_are_validated_with_a_message_naming_the_option() {
         assert!(LoaderOptions::default().validate().is_ok());
-        let cases: [(LoaderOptions, &str); 8] = [
+        let cases: [(LoaderOptions, &str); 7] = [
             (
                 LoaderOptions {
                     batch_size: 0,
@@ -376,13 +373,6 @@ mod tests {
                     ..LoaderOptions::default()
                 },
                 "piece size",
-            ),
-            (
-                LoaderOptions {
-                    pinned_budget: 0,
-                    ..LoaderOptions::default()
-                },
-                "pinned budget",
             ),
             (
                 LoaderOptions {
