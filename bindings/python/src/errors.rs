@@ -158,9 +158,12 @@ pub(crate) fn loader_error(e: &LoaderError) -> Raised {
         }
         LoaderError::DeviceBudget { .. } => (Kind::Memory, "DeviceBudget", None),
         LoaderError::PinTooLarge { .. } => (Kind::Memory, "PinTooLarge", None),
-        LoaderError::ReaderPanicked(_) => (Kind::Base, "ReaderPanicked", None),
+        LoaderError::Worker { .. } => (Kind::Base, "Worker", None),
         LoaderError::Transform { .. } => (Kind::Base, "Transform", None),
         LoaderError::Thread { source, .. } => (Kind::Os, "Thread", source.raw_os_error()),
+        LoaderError::Closed { .. } => (Kind::Base, "Closed", None),
+        LoaderError::Io { source, .. } => (Kind::Os, "Io", source.raw_os_error()),
+        LoaderError::Lock { source, .. } => (Kind::Memory, "Lock", source.raw_os_error()),
         _ => (Kind::Base, "Loader", None),
     };
     Raised {

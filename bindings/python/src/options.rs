@@ -384,8 +384,8 @@ pub(crate) fn order_spec(num_records: u64, options: &LoaderOptions) -> OrderSpec
 }
 
 /// ``(rank, world_size, pinned_budget)`` of device ``index`` of ``devices`` in rank ``rank`` of
-/// ``world_size`` when the devices split each epoch (``pinfeed::device_share``), the budget
-/// (``None``: the default) divided among the devices.
+/// ``world_size`` when the devices split each epoch: ``pinfeed::DeviceShare::split``, the
+/// process's budget (``None``: the default) divided among the devices.
 #[pyfunction]
 #[pyo3(signature = (rank, world_size, devices, index, pinned_budget=None))]
 pub(crate) fn device_share(
@@ -395,12 +395,13 @@ pub(crate) fn device_share(
     devices: usize,
     index: usize,
     pinned_budget: Option<Bound<'_, PyAny>>,
-) -> PyResult<(u64, u64, Option<usize>)> {
+) -> PyResult<(u64, u64, usize)> {
     let rank = int_arg(rank, "rank", 0, u64::MAX)?;
     let world_size = int_arg(world_size, "world_size", 1, u64::MAX)?;
-    let share = pinfeed::device_share(rank, world_size, devices, index).py_err(py)?;
-    let budget = size_arg(pinned_budget.as_ref(), "pinned_budget")?.map(|b| b / devices);
-    Ok((share.rank, share.world_size, budget))
+    let budget = size_arg(pinned_budget.as_ref(), "pinned_budget")?
+        .unwrap_or(pinfeed::DEFAULT_PINNED_BUDGET);
+    let share = pinfeed::DeviceShare::split(rank, world_size, budget, devices, index).py_err(py)?;
+    Ok((share.rank, share.world_size, share.pinned_budget))
 }
 
 /// A byte size given as an int or a string such as ``"256MiB"`` (``None`` stays ``None``),
@@ -412,7 +413,7 @@ pub(crate) fn byte_size(value: Option<Bound<'_, PyAny>>, what: &str) -> PyResult
 }
 
 /// ``"consumer"``, ``"read"`` (the producer: readers, or prefetch's iterable), ``"copy"`` or
-/// ``"unknown"``: the one rule (``pinfeed::bottleneck``) that names what limits a pipeline,
+/// ``"unknown"``: the one rule (``pinfeed::StageTimes::bottleneck``) that names what limits a pipeline,
 /// from its wall time, items delivered and where the copy stage and the consumer waited
 /// (seconds).
 #[pyfunction]
@@ -427,13 +428,14 @@ pub(crate) fn bottleneck(
     let secs = |s: f64| {
         std::time::Duration::try_from_secs_f64(s.max(0.0)).unwrap_or(std::time::Duration::MAX)
     };
-    match pinfeed::bottleneck(&pinfeed::StageWaits {
+    let times = pinfeed::StageTimes {
         elapsed: secs(elapsed),
-        delivered,
+        items: delivered,
         consumer_wait: secs(consumer_wait),
         copy_starved: secs(copy_starved),
-        copy_blocked: secs(copy_blocked),
-    }) {
+        copy_blocked: Some(secs(copy_blocked)),
+    };
+    match times.bottleneck() {
         pinfeed::Bottleneck::Consumer => "consumer",
         pinfeed::Bottleneck::Read => "read",
         pinfeed::Bottleneck::Copy => "copy",

@@ -19,8 +19,9 @@ use pinfeed_source::{HostBuffer, Layout};
 use rand::{Rng, SeedableRng};
 use serde_json::json;
 
-use crate::usage::{cpu_time, mem_available};
+use crate::usage::cpu_time;
 use crate::Outcome;
+use pinfeed::system::mem_available;
 
 #[derive(Args, Debug)]
 pub struct BenchArgs {

@@ -3,9 +3,10 @@
 use std::ffi::{c_char, c_int, CStr};
 use std::sync::{Arc, OnceLock};
 
+use cudarc::driver::result;
 use cudarc::driver::sys::{self, CUcontext, CUdevice, CUdevice_attribute};
 
-use crate::driver::{check, check_pid, current_pid, init};
+use crate::driver::{check, check_pid, current_pid, init, named};
 use crate::error::{CudaError, Result};
 
 /// The primary context of one device, retained for as long as this value lives.
@@ -52,7 +53,7 @@ impl Drop for CurrentGuard {
         if self.changed {
             // SAFETY: `prev` was current on this thread when the guard was made (or null, which
             // unbinds); the guard never leaves this thread (it is !Send).
-            let _ = unsafe { sys::cuCtxSetCurrent(self.prev) };
+            let _ = unsafe { result::ctx::set_current(self.prev) };
         }
     }
 }
@@ -69,16 +70,11 @@ impl Context {
         }
         let ordinal_c =
             c_int::try_from(ordinal).map_err(|_| CudaError::NoDevice { ordinal, count })?;
-        let mut dev: CUdevice = 0;
-        // SAFETY: cuInit succeeded (init); `dev` is a valid out-pointer; the ordinal is in range.
-        check("cuDeviceGet", unsafe {
-            sys::cuDeviceGet(&mut dev, ordinal_c)
-        })?;
-        let mut ctx: CUcontext = std::ptr::null_mut();
-        // SAFETY: `dev` is a valid device handle; `ctx` is a valid out-pointer. The retain is
-        // balanced by the release in Drop.
-        check("cuDevicePrimaryCtxRetain", unsafe {
-            sys::cuDevicePrimaryCtxRetain(&mut ctx, dev)
+        // cuInit succeeded (init) and the ordinal is in range.
+        let dev = named("cuDeviceGet", result::device::get(ordinal_c))?;
+        // SAFETY: `dev` came from cuDeviceGet. The retain is balanced by the release in Drop.
+        let ctx = named("cuDevicePrimaryCtxRetain", unsafe {
+            result::primary_ctx::retain(dev)
         })?;
         Ok(Arc::new(Context {
             ctx,
@@ -96,17 +92,17 @@ impl Context {
     pub fn bind(&self) -> Result<()> {
         self.check_fork()?;
         // SAFETY: `self.ctx` is a live retained context (field invariant) in this process.
-        check("cuCtxSetCurrent", unsafe { sys::cuCtxSetCurrent(self.ctx) })
+        named("cuCtxSetCurrent", unsafe {
+            result::ctx::set_current(self.ctx)
+        })
     }
 
     /// Makes the context current until the guard drops, then restores the previous one.
     pub(crate) fn enter(&self) -> Result<CurrentGuard> {
         self.check_fork()?;
-        let mut prev: CUcontext = std::ptr::null_mut();
-        // SAFETY: `prev` is a valid out-pointer; the driver is initialised (we hold a context).
-        check("cuCtxGetCurrent", unsafe {
-            sys::cuCtxGetCurrent(&mut prev)
-        })?;
+        // The driver is initialised (we hold a context); none current is a null handle.
+        let prev =
+            named("cuCtxGetCurrent", result::ctx::get_current())?.unwrap_or(std::ptr::null_mut());
         if prev == self.ctx {
             return Ok(CurrentGuard {
                 prev,
@@ -114,7 +110,9 @@ impl Context {
             });
         }
         // SAFETY: `self.ctx` is a live retained context (field invariant).
-        check("cuCtxSetCurrent", unsafe { sys::cuCtxSetCurrent(self.ctx) })?;
+        named("cuCtxSetCurrent", unsafe {
+            result::ctx::set_current(self.ctx)
+        })?;
         Ok(CurrentGuard {
             prev,
             changed: true,
@@ -149,6 +147,7 @@ impl Context {
     /// The device's marketing name (`NVIDIA H200`).
     pub fn name(&self) -> Result<String> {
         self.check_fork()?;
+        // Not `result::device::get_name`: it panics on a name without a NUL in 128 bytes.
         let mut buf = [0 as c_char; 256];
         // SAFETY: `buf` is writable for the length passed; `self.dev` is a valid device.
         check("cuDeviceGetName", unsafe {
@@ -180,23 +179,17 @@ impl Context {
     /// `(free, total)` device memory in bytes.
     pub fn mem_info(&self) -> Result<(usize, usize)> {
         let _current = self.enter()?;
-        let (mut free, mut total) = (0usize, 0usize);
-        // SAFETY: our context is current (guard); both out-pointers are valid.
-        check("cuMemGetInfo", unsafe {
-            sys::cuMemGetInfo_v2(&mut free, &mut total)
-        })?;
-        Ok((free, total))
+        // Our context is current (guard).
+        named("cuMemGetInfo", result::mem_get_info())
     }
 
     /// One device attribute (`cuDeviceGetAttribute`).
     pub fn attribute(&self, attr: CUdevice_attribute) -> Result<i32> {
         self.check_fork()?;
-        let mut value: c_int = 0;
-        // SAFETY: `value` is a valid out-pointer; `self.dev` is a valid device.
-        check("cuDeviceGetAttribute", unsafe {
-            sys::cuDeviceGetAttribute(&mut value, attr, self.dev)
-        })?;
-        Ok(value)
+        // SAFETY: `self.dev` came from cuDeviceGet.
+        named("cuDeviceGetAttribute", unsafe {
+            result::device::get_attribute(self.dev, attr)
+        })
     }
 }
 
@@ -208,7 +201,7 @@ impl Drop for Context {
         }
         // SAFETY: balances the retain in `new`; every object using the context holds an
         // `Arc<Context>`, so none is left when this runs.
-        let _ = unsafe { sys::cuDevicePrimaryCtxRelease_v2(self.dev) };
+        let _ = unsafe { result::primary_ctx::release(self.dev) };
     }
 }
 

@@ -6,6 +6,7 @@
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::OnceLock;
 
+use cudarc::driver::result::{self, DriverError};
 use cudarc::driver::sys;
 
 use crate::error::{CudaError, Result};
@@ -33,12 +34,15 @@ pub(crate) fn ensure_loaded() -> Result<()> {
     if driver_present() {
         return Ok(());
     }
-    let names = cudarc::get_lib_name_candidates("cuda");
+    let mut tried: Vec<String> = Vec::new();
+    for name in cudarc::get_lib_name_candidates("cuda") {
+        if !tried.contains(&name) {
+            tried.push(name);
+        }
+    }
     Err(CudaError::NoDriver {
-        detail: format!(
-            "none of {} could be loaded; install the NVIDIA driver or put its libcuda.so.1 on LD_LIBRARY_PATH",
-            names.join(", ")
-        ),
+        detail: "libcuda.so.1".into(),
+        tried,
     })
 }
 
@@ -55,7 +59,19 @@ pub(crate) fn check_pid(owner: i32) -> Result<()> {
     }
 }
 
-/// Turns a `CUresult` into `Ok` or [`CudaError::Driver`] naming `call`.
+/// Turns what a function of cudarc's `result` layer returned into this crate's error, naming
+/// `call`: the `result` functions make the driver call and check it, and the name is what a
+/// user needs to see in the message.
+pub(crate) fn named<T>(
+    call: &'static str,
+    result: std::result::Result<T, DriverError>,
+) -> Result<T> {
+    result.map_err(|e| CudaError::from_driver(call, e.0))
+}
+
+/// Turns a `CUresult` into `Ok` or [`CudaError::Driver`] naming `call`: for the driver calls
+/// cudarc's `result` layer has no function for, or one that differs (a slice where a raw
+/// address is needed, another symbol version).
 pub(crate) fn check(call: &'static str, result: sys::CUresult) -> Result<()> {
     if result == sys::CUresult::CUDA_SUCCESS {
         Ok(())
@@ -76,27 +92,22 @@ pub(crate) fn init() -> Result<usize> {
         // CUDA_ERROR_NOT_INITIALIZED (or worse); say what happened instead.
         check_pid(first)?;
     }
-    // SAFETY: the library is loaded (ensure_loaded); cuInit takes no pointers and may be called
-    // any number of times.
-    let status = unsafe { sys::cuInit(0) };
-    match status {
-        sys::CUresult::CUDA_SUCCESS => {}
-        sys::CUresult::CUDA_ERROR_NO_DEVICE => return Ok(0),
-        sys::CUresult::CUDA_ERROR_STUB_LIBRARY => {
+    // The library is loaded (ensure_loaded); cuInit may be called any number of times.
+    match result::init() {
+        Ok(()) => {}
+        Err(DriverError(sys::CUresult::CUDA_ERROR_NO_DEVICE)) => return Ok(0),
+        Err(DriverError(sys::CUresult::CUDA_ERROR_STUB_LIBRARY)) => {
             return Err(CudaError::NoDriver {
-                detail: "the libcuda that was loaded is the toolkit's stub, not a driver; put the \
-                         driver's libcuda.so.1 first on LD_LIBRARY_PATH"
+                detail: "the libcuda.so.1 loaded is the toolkit's stub: put the driver's first on \
+                         LD_LIBRARY_PATH"
                     .into(),
+                tried: Vec::new(),
             })
         }
-        other => return check("cuInit", other).map(|()| 0),
+        Err(other) => return named("cuInit", Err(other)),
     }
     let _ = INIT_PID.compare_exchange(0, current_pid(), Ordering::AcqRel, Ordering::Acquire);
-    let mut count: std::ffi::c_int = 0;
-    // SAFETY: cuInit succeeded; `count` is a valid out-pointer for the call.
-    check("cuDeviceGetCount", unsafe {
-        sys::cuDeviceGetCount(&mut count)
-    })?;
+    let count = named("cuDeviceGetCount", result::device::get_count())?;
     Ok(usize::try_from(count).unwrap_or(0))
 }
 

@@ -10,11 +10,17 @@ use cudarc::driver::sys;
 #[non_exhaustive]
 pub enum CudaError {
     /// The driver library (`libcuda.so.1`) could not be loaded, or it is a stub with no driver
-    /// behind it.
-    #[error("no CUDA driver (libcuda.so.1 not found): {detail}")]
+    /// behind it. The message is one line: what is missing and the fix; the library names that
+    /// were tried are in `tried` (for a verbose report).
+    #[error(
+        "no CUDA driver found ({detail}): install the NVIDIA driver, or use device=\"cpu\" / --device cpu"
+    )]
     NoDriver {
-        /// Which names were searched, or what the stub answered.
+        /// What is missing: `libcuda.so.1`, or that the library loaded is the toolkit's stub.
         detail: String,
+        /// The library names searched, in order, each once (empty when a library loaded but
+        /// was a stub).
+        tried: Vec<String>,
     },
 
     /// The requested device ordinal does not exist.
@@ -92,6 +98,15 @@ impl CudaError {
         }
     }
 
+    /// The driver library names searched before giving up ([`CudaError::NoDriver`]); empty for
+    /// any other error.
+    pub fn tried(&self) -> &[String] {
+        match self {
+            CudaError::NoDriver { tried, .. } => tried,
+            _ => &[],
+        }
+    }
+
     /// Whether `cuMemHostRegister` refused a range because (part of) it is already page-locked.
     pub fn is_already_registered(&self) -> bool {
         self.driver_code() == Some(sys::CUresult::CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED as i32)
@@ -161,10 +176,17 @@ mod tests {
             "cuMemHostRegister failed: CUDA_ERROR_INVALID_VALUE (invalid argument)"
         );
         assert_eq!(e.driver_code(), Some(1));
-        let e = CudaError::NoDriver { detail: "x".into() };
-        assert!(e
-            .to_string()
-            .starts_with("no CUDA driver (libcuda.so.1 not found): "));
+        let tried: Vec<String> = ["libcuda.so", "libcuda.so.1"].map(String::from).into();
+        let e = CudaError::NoDriver {
+            detail: "libcuda.so.1".into(),
+            tried: tried.clone(),
+        };
+        assert_eq!(
+            e.to_string(),
+            "no CUDA driver found (libcuda.so.1): install the NVIDIA driver, or use \
+             device=\"cpu\" / --device cpu"
+        );
+        assert_eq!(e.tried(), tried.as_slice());
         let e = CudaError::Forked {
             parent: 1,
             child: 2,

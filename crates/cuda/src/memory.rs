@@ -3,10 +3,11 @@
 use std::ffi::c_void;
 use std::sync::Arc;
 
+use cudarc::driver::result;
 use cudarc::driver::sys::{self, CUdeviceptr};
 
 use crate::context::Context;
-use crate::driver::check;
+use crate::driver::{check, named};
 use crate::error::{CudaError, Result};
 use crate::numa::{self, NumaPlacement};
 use crate::stream::Stream;
@@ -44,6 +45,9 @@ pub struct PinnedMemory {
     len: usize,
     method: PinMethod,
     placement: NumaPlacement,
+    /// The mapping of [`PinMethod::Register`] memory, unmapped in Drop after it is
+    /// unregistered; `None` for `cuMemHostAlloc` memory.
+    mapping: Option<memmap2::MmapMut>,
 }
 
 // SAFETY: the allocation is plain process memory owned by this value, not tied to a thread; the
@@ -63,6 +67,7 @@ impl PinnedMemory {
         }
         let _current = ctx.enter()?;
         let mut placement = numa::decide(numa::online_node_count(), ctx.numa_node());
+        let mut mapping = None;
         let ptr = match method {
             PinMethod::HostAlloc => {
                 if let NumaPlacement::GpuNode(_) = placement {
@@ -70,36 +75,32 @@ impl PinnedMemory {
                         "cuMemHostAlloc memory is placed by the driver".into(),
                     );
                 }
-                let mut p: *mut c_void = std::ptr::null_mut();
-                // SAFETY: our context is current (guard); `p` is a valid out-pointer. Flags:
-                // portable only, deliberately not write-combined (the CPU writes and may read it).
-                check("cuMemHostAlloc", unsafe {
-                    sys::cuMemHostAlloc(&mut p, bytes, sys::CU_MEMHOSTALLOC_PORTABLE)
+                // SAFETY: our context is current (guard). Flags: portable only, deliberately not
+                // write-combined (the CPU writes and may read it).
+                let p = named("cuMemHostAlloc", unsafe {
+                    result::malloc_host(bytes, sys::CU_MEMHOSTALLOC_PORTABLE)
                 })?;
                 p.cast::<u8>()
             }
             PinMethod::Register => {
-                let (p, placed) =
+                let (mut map, placed) =
                     numa::map_placed(bytes, placement).map_err(|source| CudaError::Os {
                         call: "mmap",
                         bytes,
                         source,
                     })?;
                 placement = placed;
-                let p = p.cast::<c_void>();
-                // SAFETY: `p .. p + bytes` is the mapping just made. Failure only means the
-                // child would inherit it, which is not worth failing the allocation for.
-                let _ = unsafe { libc::madvise(p, bytes, libc::MADV_DONTFORK) };
+                // Failure only means the child would inherit it, which is not worth failing the
+                // allocation for.
+                let _ = map.advise(memmap2::Advice::DontFork);
+                let p = map.as_mut_ptr().cast::<c_void>();
                 // SAFETY: the range is mapped read-write for `bytes` and stays mapped until Drop
-                // unregisters it first; our context is current (guard).
-                let status = unsafe {
+                // unregisters it first; our context is current (guard). On failure `map` is
+                // unmapped unregistered.
+                check("cuMemHostRegister", unsafe {
                     sys::cuMemHostRegister_v2(p, bytes, sys::CU_MEMHOSTREGISTER_PORTABLE)
-                };
-                if let Err(e) = check("cuMemHostRegister", status) {
-                    // SAFETY: the mapping is ours and was not registered.
-                    unsafe { libc::munmap(p, bytes) };
-                    return Err(e);
-                }
+                })?;
+                mapping = Some(map);
                 p.cast::<u8>()
             }
         };
@@ -110,6 +111,7 @@ impl PinnedMemory {
             len: bytes,
             method,
             placement,
+            mapping,
         })
     }
 
@@ -155,7 +157,7 @@ impl Drop for PinnedMemory {
                 let _current = self.ctx.enter();
                 // SAFETY: `ptr` came from cuMemHostAlloc and is freed once, here; the owner
                 // guarantees no copy still uses it (type docs).
-                let _ = unsafe { sys::cuMemFreeHost(self.ptr.cast()) };
+                let _ = unsafe { result::free_host(self.ptr.cast()) };
             }
             PinMethod::Register => {
                 if owner {
@@ -164,9 +166,8 @@ impl Drop for PinnedMemory {
                     // owner guarantees no copy still uses it (type docs).
                     let _ = unsafe { sys::cuMemHostUnregister(self.ptr.cast()) };
                 }
-                // SAFETY: the mapping of `len` bytes at `ptr` was made in `alloc`, is unmapped
-                // once, here, and no reference into it outlives `self`.
-                unsafe { libc::munmap(self.ptr.cast(), self.len) };
+                // Unmapped only now that it is unregistered.
+                drop(self.mapping.take());
             }
         }
     }
@@ -223,6 +224,7 @@ impl Registration {
         }
         // SAFETY: the range is mapped for `len` bytes by this function's contract; our context is
         // current (guard).
+        // cudarc's `result` layer has no `cuMemHostRegister` (nor `cuMemHostUnregister`).
         check("cuMemHostRegister", unsafe {
             sys::cuMemHostRegister_v2(ptr.cast(), len, flags)
         })?;
@@ -314,6 +316,8 @@ pub unsafe fn memcpy_htod_async(
     let _current = stream.context().enter()?;
     // SAFETY: validity of both ranges until completion is this function's contract; the stream is
     // live (borrowed).
+    // Not `result::memcpy_htod_async`: it takes a slice, and a slice over a slot the copy
+    // engine reads while readers fill its neighbours is more than this raw range promises.
     check("cuMemcpyHtoDAsync", unsafe {
         sys::cuMemcpyHtoDAsync_v2(dst, src.cast(), len, stream.raw())
     })
@@ -337,6 +341,7 @@ pub unsafe fn memcpy_dtoh_async(
     let _current = stream.context().enter()?;
     // SAFETY: validity of both ranges until completion is this function's contract; the stream is
     // live (borrowed).
+    // Not `result::memcpy_dtoh_async`: it takes a slice (see `memcpy_htod_async`).
     check("cuMemcpyDtoHAsync", unsafe {
         sys::cuMemcpyDtoHAsync_v2(dst.cast(), src, len, stream.raw())
     })
@@ -358,7 +363,7 @@ pub unsafe fn memcpy_dtod_async(
     }
     let _current = stream.context().enter()?;
     // SAFETY: validity of both ranges until completion is this function's contract.
-    check("cuMemcpyDtoDAsync", unsafe {
-        sys::cuMemcpyDtoDAsync_v2(dst, src, len, stream.raw())
+    named("cuMemcpyDtoDAsync", unsafe {
+        result::memcpy_dtod_async(dst, src, len, stream.raw())
     })
 }

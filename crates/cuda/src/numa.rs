@@ -160,60 +160,49 @@ pub fn mbind_preferred(ptr: *mut u8, len: usize, node: u32) -> io::Result<()> {
 pub(crate) fn map_placed(
     bytes: usize,
     placement: NumaPlacement,
-) -> io::Result<(*mut u8, NumaPlacement)> {
+) -> io::Result<(memmap2::MmapMut, NumaPlacement)> {
     // Without a node to bind to, the pages are populated by mmap itself, as before placement
     // existed (the path measured on one-node machines). With one, no MAP_POPULATE: the pages
     // would be placed before `mbind` could say where.
     let bind = matches!(placement, NumaPlacement::GpuNode(_));
-    let populate_flag = if bind { 0 } else { libc::MAP_POPULATE };
-    // SAFETY: a fresh anonymous private mapping aliases nothing; the arguments are valid for
-    // mmap, and failure is checked below.
-    let p = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            bytes,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | populate_flag,
-            -1,
-            0,
-        )
-    };
-    if p == libc::MAP_FAILED {
-        return Err(io::Error::last_os_error());
+    let mut options = memmap2::MmapOptions::new();
+    options.len(bytes);
+    if !bind {
+        options.populate();
     }
-    let ptr = p.cast::<u8>();
+    let mut map = options.map_anon()?;
     let placement = match placement {
-        NumaPlacement::GpuNode(node) => match mbind_preferred(ptr, bytes, node) {
+        NumaPlacement::GpuNode(node) => match mbind_preferred(map.as_mut_ptr(), bytes, node) {
             Ok(()) => NumaPlacement::GpuNode(node),
             Err(e) => NumaPlacement::NotPlaced(format!("mbind to node {node} failed: {e}")),
         },
         other => other,
     };
     if bind {
-        populate(ptr, bytes);
+        populate(&mut map);
     }
-    Ok((ptr, placement))
+    Ok((map, placement))
 }
 
 /// Faults in every page of the mapping, so no fault lands on the hot path (what MAP_POPULATE
 /// did). `MADV_POPULATE_WRITE` needs Linux 5.14; older kernels answer `EINVAL`, and then each
 /// page is written once. Any other failure is left for the caller's registration to report, as
 /// MAP_POPULATE's would have been.
-fn populate(ptr: *mut u8, len: usize) {
-    // SAFETY: `ptr .. ptr + len` is a private anonymous read-write mapping owned by the caller;
-    // populating it changes no byte (fresh pages are zero).
-    let rc = unsafe { libc::madvise(ptr.cast(), len, libc::MADV_POPULATE_WRITE) };
-    if rc == 0 || io::Error::last_os_error().raw_os_error() != Some(libc::EINVAL) {
-        return;
+fn populate(map: &mut memmap2::MmapMut) {
+    match map.advise(memmap2::Advice::PopulateWrite) {
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {}
+        _ => return,
     }
     // SAFETY: sysconf has no preconditions.
     let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) })
         .ok()
         .filter(|&p| p > 0)
         .unwrap_or(4096);
-    for offset in (0..len).step_by(page) {
-        // SAFETY: `offset < len`, inside the caller's fresh mapping, which nothing else uses
-        // yet; writing the zero it already holds changes nothing but faults the page in.
+    let ptr = map.as_mut_ptr();
+    for offset in (0..map.len()).step_by(page) {
+        // SAFETY: `offset < len`, inside the mapping borrowed mutably here; writing the zero a
+        // fresh page holds changes nothing but faults the page in (volatile, so that the write
+        // is not left out).
         unsafe { ptr.add(offset).write_volatile(0) };
     }
 }
@@ -325,7 +314,8 @@ mod tests {
     #[test]
     fn mbind_prefers_node_zero_on_a_real_mapping() {
         let len = 4 << 20;
-        let (ptr, placement) = map_placed(len, NumaPlacement::OneNode).expect("mmap");
+        let (mut map, placement) = map_placed(len, NumaPlacement::OneNode).expect("mmap");
+        let ptr = map.as_mut_ptr();
         assert_eq!(placement, NumaPlacement::OneNode);
         assert_eq!(policy_at(ptr).expect("get_mempolicy"), libc::MPOL_DEFAULT);
         match mbind_preferred(ptr, len, 0) {
@@ -337,21 +327,16 @@ mod tests {
                 assert_eq!(policy_at(ptr).expect("get_mempolicy"), libc::MPOL_PREFERRED);
                 // The same through the allocation path: bound before the pages are touched,
                 // and the pages are there and zero.
-                let (placed, placement) = map_placed(len, NumaPlacement::GpuNode(0)).expect("mmap");
+                let (mut placed, placement) =
+                    map_placed(len, NumaPlacement::GpuNode(0)).expect("mmap");
                 assert_eq!(placement, NumaPlacement::GpuNode(0));
                 assert_eq!(
-                    policy_at(placed).expect("get_mempolicy"),
+                    policy_at(placed.as_mut_ptr()).expect("get_mempolicy"),
                     libc::MPOL_PREFERRED
                 );
-                // SAFETY: the mapping is ours, `len` bytes, read-write, and nothing else uses it.
-                let bytes = unsafe { std::slice::from_raw_parts_mut(placed, len) };
-                assert!(bytes.iter().all(|&b| b == 0));
-                bytes[len - 1] = 7;
-                // SAFETY: the mapping made above, unmapped once; `bytes` is not used again.
-                unsafe { libc::munmap(placed.cast(), len) };
+                assert!(placed.iter().all(|&b| b == 0));
+                placed[len - 1] = 7;
             }
         }
-        // SAFETY: the mapping made above, unmapped once.
-        unsafe { libc::munmap(ptr.cast(), len) };
     }
 }

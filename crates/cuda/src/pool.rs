@@ -2,13 +2,14 @@
 
 use std::sync::Arc;
 
+use cudarc::driver::result;
 use cudarc::driver::sys::{
-    self, CUdevice_attribute, CUdeviceptr, CUmemAllocationHandleType, CUmemAllocationType,
+    CUdevice_attribute, CUdeviceptr, CUmemAllocationHandleType, CUmemAllocationType,
     CUmemLocationType, CUmemPoolProps, CUmemPool_attribute, CUmemoryPool,
 };
 
 use crate::context::Context;
-use crate::driver::check;
+use crate::driver::named;
 use crate::error::{CudaError, Result};
 use crate::stream::{Stream, StreamInner};
 
@@ -49,11 +50,10 @@ impl DevicePool {
         props.handleTypes = CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_NONE;
         props.location.type_ = CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
         props.location.id = ctx.device();
-        let mut raw: CUmemoryPool = std::ptr::null_mut();
         // SAFETY: `props` is a fully initialised struct of the layout cudarc generated for the
-        // CUDA version we build for; `raw` is a valid out-pointer; our context is current.
-        check("cuMemPoolCreate", unsafe {
-            sys::cuMemPoolCreate(&mut raw, &props)
+        // CUDA version we build for; our context is current.
+        let raw = named("cuMemPoolCreate", unsafe {
+            result::mem_pool::create(&props)
         })?;
         let pool = DevicePool {
             ctx: Arc::clone(ctx),
@@ -62,8 +62,8 @@ impl DevicePool {
         let mut threshold: u64 = u64::MAX;
         // SAFETY: the pool is live; RELEASE_THRESHOLD takes a pointer to a cuuint64_t, which
         // `threshold` is for the duration of the call. On failure `pool` drops and is destroyed.
-        check("cuMemPoolSetAttribute", unsafe {
-            sys::cuMemPoolSetAttribute(
+        named("cuMemPoolSetAttribute", unsafe {
+            result::mem_pool::set_attribute(
                 pool.raw,
                 CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
                 (&mut threshold as *mut u64).cast(),
@@ -91,10 +91,9 @@ impl DevicePool {
         let mut ptr: CUdeviceptr = 0;
         if bytes > 0 {
             let _current = self.ctx.enter()?;
-            // SAFETY: the pool and stream are live and of the same device; `ptr` is a valid
-            // out-pointer.
-            check("cuMemAllocFromPoolAsync", unsafe {
-                sys::cuMemAllocFromPoolAsync(&mut ptr, bytes, self.raw, stream.raw())
+            // SAFETY: the pool and stream are live and of the same device.
+            ptr = named("cuMemAllocFromPoolAsync", unsafe {
+                result::mem_pool::alloc_async(self.raw, bytes, stream.raw())
             })?;
         }
         Ok(DeviceBuffer {
@@ -120,8 +119,8 @@ impl DevicePool {
     pub fn trim_to(&self, keep: usize) -> Result<()> {
         let _current = self.ctx.enter()?;
         // SAFETY: the pool is live (field invariant).
-        check("cuMemPoolTrimTo", unsafe {
-            sys::cuMemPoolTrimTo(self.raw, keep)
+        named("cuMemPoolTrimTo", unsafe {
+            result::mem_pool::trim_to(self.raw, keep)
         })
     }
 
@@ -129,8 +128,8 @@ impl DevicePool {
         let _current = self.ctx.enter()?;
         let mut value: u64 = 0;
         // SAFETY: the pool is live; these attributes write one cuuint64_t to `value`.
-        check("cuMemPoolGetAttribute", unsafe {
-            sys::cuMemPoolGetAttribute(self.raw, attr, (&mut value as *mut u64).cast())
+        named("cuMemPoolGetAttribute", unsafe {
+            result::mem_pool::get_attribute(self.raw, attr, (&mut value as *mut u64).cast())
         })?;
         Ok(value)
     }
@@ -159,7 +158,7 @@ impl Drop for DevicePool {
         let _current = self.ctx.enter();
         // SAFETY: the pool is live and no buffer of it remains (each holds an Arc of the pool);
         // frees still pending on streams are allowed, the driver finishes them first.
-        let _ = unsafe { sys::cuMemPoolDestroy(self.raw) };
+        let _ = unsafe { result::mem_pool::destroy(self.raw) };
     }
 }
 
@@ -227,8 +226,8 @@ impl DeviceBuffer {
         let _current = stream.context().enter()?;
         // SAFETY: `ptr` is a live allocation of the pool (field invariant), freed once: on
         // success it is zeroed so Drop skips it.
-        check("cuMemFreeAsync", unsafe {
-            sys::cuMemFreeAsync(self.ptr, stream.raw())
+        named("cuMemFreeAsync", unsafe {
+            result::free_async(self.ptr, stream.raw())
         })?;
         self.ptr = 0;
         Ok(())
@@ -245,6 +244,6 @@ impl Drop for DeviceBuffer {
         };
         // SAFETY: `ptr` is a live allocation of the pool (field invariant), freed once, here, on
         // the stream it was allocated on, which the Arc keeps alive.
-        let _ = unsafe { sys::cuMemFreeAsync(self.ptr, self.stream.raw) };
+        let _ = unsafe { result::free_async(self.ptr, self.stream.raw) };
     }
 }

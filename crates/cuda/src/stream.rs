@@ -2,10 +2,12 @@
 
 use std::sync::{Arc, Mutex, OnceLock};
 
-use cudarc::driver::sys::{self, CUevent, CUevent_flags, CUstream, CUstream_flags};
+use cudarc::driver::result::{self, DriverError};
+use cudarc::driver::sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT;
+use cudarc::driver::sys::{self, CUevent, CUevent_flags, CUstream};
 
 use crate::context::Context;
-use crate::driver::{check, has_symbol};
+use crate::driver::{check, has_symbol, named};
 use crate::error::{CudaError, Result};
 
 /// The stream handle and what keeps it valid; shared by [`Stream`] clones and the
@@ -36,8 +38,8 @@ impl Drop for StreamInner {
         // last owner. Synchronising first means host memory the stream still reads is not
         // freed under it by whoever drops next.
         unsafe {
-            let _ = sys::cuStreamSynchronize(self.raw);
-            let _ = sys::cuStreamDestroy_v2(self.raw);
+            let _ = result::stream::synchronize(self.raw);
+            let _ = result::stream::destroy(self.raw);
         }
     }
 }
@@ -57,11 +59,11 @@ impl Stream {
     /// Creates a non-blocking stream in `ctx`.
     pub fn new(ctx: &Arc<Context>) -> Result<Stream> {
         let _current = ctx.enter()?;
-        let mut raw: CUstream = std::ptr::null_mut();
-        // SAFETY: our context is current (guard); `raw` is a valid out-pointer.
-        check("cuStreamCreate", unsafe {
-            sys::cuStreamCreate(&mut raw, CUstream_flags::CU_STREAM_NON_BLOCKING as u32)
-        })?;
+        // Our context is current (guard).
+        let raw = named(
+            "cuStreamCreate",
+            result::stream::create(result::stream::StreamKind::NonBlocking),
+        )?;
         Ok(Stream {
             inner: Arc::new(StreamInner {
                 ctx: Arc::clone(ctx),
@@ -91,8 +93,8 @@ impl Stream {
         let _current = self.inner.ctx.enter()?;
         // SAFETY: both handles are live (owned by `self` and `ev`); flags 0 is the only defined
         // value.
-        check("cuStreamWaitEvent", unsafe {
-            sys::cuStreamWaitEvent(self.inner.raw, ev.raw, 0)
+        named("cuStreamWaitEvent", unsafe {
+            result::stream::wait_event(self.inner.raw, ev.raw, CU_EVENT_WAIT_DEFAULT)
         })
     }
 
@@ -100,8 +102,8 @@ impl Stream {
     pub fn synchronize(&self) -> Result<()> {
         let _current = self.inner.ctx.enter()?;
         // SAFETY: `raw` is a live stream (field invariant).
-        check("cuStreamSynchronize", unsafe {
-            sys::cuStreamSynchronize(self.inner.raw)
+        named("cuStreamSynchronize", unsafe {
+            result::stream::synchronize(self.inner.raw)
         })
     }
 }
@@ -145,8 +147,8 @@ impl ForeignStream {
         let _current = ctx.enter()?;
         // SAFETY: the stream handle is valid by `from_raw`'s contract; the event is live (owned by
         // `ev`).
-        check("cuStreamWaitEvent", unsafe {
-            sys::cuStreamWaitEvent(self.0, ev.raw, 0)
+        named("cuStreamWaitEvent", unsafe {
+            result::stream::wait_event(self.0, ev.raw, CU_EVENT_WAIT_DEFAULT)
         })
     }
 }
@@ -174,6 +176,7 @@ impl Event {
     fn with_flags(ctx: &Arc<Context>, flags: u32) -> Result<Event> {
         let _current = ctx.enter()?;
         let mut raw: CUevent = std::ptr::null_mut();
+        // Not `result::event::create`: it takes one flag, these are several or-ed together.
         // SAFETY: our context is current (guard); `raw` is a valid out-pointer.
         check("cuEventCreate", unsafe {
             sys::cuEventCreate(&mut raw, flags)
@@ -237,8 +240,8 @@ impl Event {
         let _current = self.ctx.enter()?;
         // SAFETY: the event is live (field invariant); the stream is valid by this function's
         // contract.
-        check("cuEventRecord", unsafe {
-            sys::cuEventRecord(self.raw, stream)
+        named("cuEventRecord", unsafe {
+            result::event::record(self.raw, stream)
         })
     }
 
@@ -247,10 +250,10 @@ impl Event {
     pub fn query(&self) -> Result<bool> {
         self.ctx.check_fork()?;
         // SAFETY: the event is live (field invariant); the call needs no current context.
-        match unsafe { sys::cuEventQuery(self.raw) } {
-            sys::CUresult::CUDA_SUCCESS => Ok(true),
-            sys::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
-            other => check("cuEventQuery", other).map(|()| false),
+        match unsafe { result::event::query(self.raw) } {
+            Ok(()) => Ok(true),
+            Err(DriverError(sys::CUresult::CUDA_ERROR_NOT_READY)) => Ok(false),
+            Err(other) => named("cuEventQuery", Err(other)),
         }
     }
 
@@ -258,8 +261,8 @@ impl Event {
     pub fn synchronize(&self) -> Result<()> {
         self.ctx.check_fork()?;
         // SAFETY: the event is live (field invariant).
-        check("cuEventSynchronize", unsafe {
-            sys::cuEventSynchronize(self.raw)
+        named("cuEventSynchronize", unsafe {
+            result::event::synchronize(self.raw)
         })
     }
 
@@ -278,6 +281,7 @@ impl Event {
         }
         let _current = start.ctx.enter()?;
         let mut ms = 0f32;
+        // Not `result::event::elapsed`: it calls the older `cuEventElapsedTime` symbol.
         // SAFETY: both events are live (field invariant); `ms` is a valid out-pointer.
         check("cuEventElapsedTime", unsafe {
             sys::cuEventElapsedTime_v2(&mut ms, start.raw, end.raw)
@@ -298,7 +302,7 @@ impl Drop for Event {
         }
         // SAFETY: the event is live and owned (field invariant). Destroying an event whose work is
         // still pending is allowed: the driver releases it once that work completes.
-        let _ = unsafe { sys::cuEventDestroy_v2(self.raw) };
+        let _ = unsafe { result::event::destroy(self.raw) };
     }
 }
 
@@ -380,7 +384,7 @@ impl Drop for EventPool {
             .drain(..)
         {
             // SAFETY: the pool owns the handle (field invariant); nothing else can use it.
-            let _ = unsafe { sys::cuEventDestroy_v2(raw) };
+            let _ = unsafe { result::event::destroy(raw) };
         }
     }
 }

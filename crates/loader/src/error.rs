@@ -11,7 +11,9 @@ pub enum LoaderError {
     /// A CUDA driver call failed, or there is no driver or device.
     #[error(transparent)]
     Cuda(#[from] CudaError),
-    /// An option is out of range; the message says which and why.
+    /// An option is out of range, or an argument does not fit what it is used with; the
+    /// message says which and why. Only for what the caller can fix by asking differently:
+    /// faults met while running have variants of their own.
     #[error("{0}")]
     Config(String),
     /// The pinned budget cannot hold the two slots the ring needs.
@@ -67,9 +69,39 @@ pub enum LoaderError {
         /// Memory of the machine.
         total: u64,
     },
-    /// A reader thread panicked; the panic message is kept.
-    #[error("a reader thread panicked: {0}")]
-    ReaderPanicked(String),
+    /// A thread of the loader or the stager panicked; the panic message is kept.
+    #[error("the {thread} thread panicked: {message}")]
+    Worker {
+        /// Which thread: `reader`, `register lane`, ...
+        thread: &'static str,
+        /// The panic's message.
+        message: String,
+    },
+    /// A part of the pipeline stopped before the work handed to it was done (it failed, or
+    /// the loader is shutting down).
+    #[error("the {what} has stopped")]
+    Closed {
+        /// What stopped.
+        what: &'static str,
+    },
+    /// Reading or mapping a file failed while running.
+    #[error("{}: {source}", pinfeed_source::escape_path(path))]
+    Io {
+        /// The file.
+        path: std::path::PathBuf,
+        /// What the operating system said.
+        source: std::io::Error,
+    },
+    /// Host memory could not be page-locked.
+    #[error(
+        "cannot page-lock {bytes} bytes: {source} (the memory-lock limit, `ulimit -l`, may be too low)"
+    )]
+    Lock {
+        /// The size asked for.
+        bytes: usize,
+        /// What the operating system said.
+        source: std::io::Error,
+    },
     /// A transform reported an error.
     #[error("transform failed on batch {seq}: {message}")]
     Transform {
@@ -90,3 +122,39 @@ pub enum LoaderError {
 
 /// `Result` with a [`LoaderError`].
 pub type Result<T, E = LoaderError> = std::result::Result<T, E>;
+
+/// The message of a panic's payload (`&str` or `String`; anything else is "unknown panic").
+pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "unknown panic".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn runtime_faults_name_what_failed() {
+        let worker = LoaderError::Worker {
+            thread: "reader",
+            message: "boom".into(),
+        };
+        assert_eq!(worker.to_string(), "the reader thread panicked: boom");
+        let closed = LoaderError::Closed {
+            what: "host copy engine",
+        };
+        assert_eq!(closed.to_string(), "the host copy engine has stopped");
+        let io = LoaderError::Io {
+            path: "/data/x.npy".into(),
+            source: std::io::Error::from_raw_os_error(libc::EIO),
+        };
+        assert!(io.to_string().starts_with("/data/x.npy: "), "{io}");
+        let payload: Box<dyn std::any::Any + Send> = Box::new(String::from("dynamic"));
+        assert_eq!(panic_message(payload.as_ref()), "dynamic");
+        let payload: Box<dyn std::any::Any + Send> = Box::new(7);
+        assert_eq!(panic_message(payload.as_ref()), "unknown panic");
+    }
+}

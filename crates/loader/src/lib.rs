@@ -36,7 +36,6 @@
 #![deny(missing_docs)]
 
 mod backend;
-mod bottleneck;
 mod error;
 mod multi;
 mod order;
@@ -49,19 +48,19 @@ mod stats;
 use std::sync::Arc;
 
 pub use backend::{CopyFence, CudaFence, DeviceMemory, DeviceSpec};
-pub use bottleneck::{bottleneck, StageWaits};
 pub use error::{LoaderError, Result};
-pub use multi::{device_share, DeviceShare, MultiLoader};
+pub use multi::{DeviceShare, MultiLoader};
 pub use order::{BatchRecords, EpochOrder, OrderSpec, Position, Shuffle};
 pub use pinfeed_cuda::PinMethod;
+pub use pinfeed_source::system;
 pub use pipeline::{Batch, Loader, Waited};
 pub use pool::{pinned_allocations, release_idle_pinned_memory};
-pub use register::{Reader, ReaderKind, UnknownReader};
+pub use register::{Reader, UnknownReader};
 pub use stager::{
     to_device, DeviceArray, PinnedRegion, Stager, StagerOptions, UploadCounters, UploadMethod,
     DEFAULT_MAX_COPY_THREADS, DEFAULT_STAGING_BUDGET,
 };
-pub use stats::{Bottleneck, DeviceStats, Stats};
+pub use stats::{Bottleneck, DeviceStats, StageTimes, Stats};
 
 /// Anything delivered into device memory: a loader's [`Batch`] or a [`Stager`]'s
 /// [`DeviceArray`]. What the Python bindings export through DLPack.
@@ -184,7 +183,7 @@ pub struct LoaderOptions {
     pub transform: Option<Arc<dyn Transform>>,
     /// How records reach the device: through pinned slots, or straight from a registered
     /// mapping of a page-cached file.
-    pub reader: ReaderKind,
+    pub reader: Reader,
     /// The order of records in each epoch.
     pub shuffle: Shuffle,
     /// Seed of shuffled orders; the order is a pure function of (seed, epoch).
@@ -212,7 +211,7 @@ impl Default for LoaderOptions {
             prefetch: 4,
             piece_bytes: Some(DEFAULT_PIECE_BYTES),
             transform: None,
-            reader: ReaderKind::Auto,
+            reader: Reader::Auto,
             shuffle: Shuffle::None,
             seed: 0,
             rank: 0,
@@ -243,6 +242,49 @@ impl std::fmt::Debug for LoaderOptions {
             .field("world_size", &self.world_size)
             .field("start", &self.start)
             .finish()
+    }
+}
+
+impl LoaderOptions {
+    /// Checks the options that make sense on their own, before any source or device is
+    /// touched; each error names the option, the value and what is allowed. What depends on the
+    /// source (a batch larger than the dataset with `drop_last`, the pinned budget, 0 included,
+    /// against the slot size, with the budget that would do) is checked when the loader starts.
+    pub fn validate(&self) -> Result<()> {
+        let fail = |message: String| Err(LoaderError::Config(message));
+        if self.batch_size == 0 {
+            return fail("batch size must be at least 1".into());
+        }
+        if self.epochs == 0 {
+            return fail("epochs must be at least 1".into());
+        }
+        if self.prefetch == 0 {
+            return fail("prefetch must be at least 1".into());
+        }
+        if self.num_threads == Some(0) {
+            return fail("reader threads must be at least 1 (or None for one per core)".into());
+        }
+        if self.piece_bytes == Some(0) {
+            return fail(
+                "piece size must be at least 1 byte (or None to keep each batch in one slot)"
+                    .into(),
+            );
+        }
+        self.order_spec(0).validate()
+    }
+
+    /// The order these options give a dataset of `num_records` records: what
+    /// [`OrderSpec::fingerprint`] hashes to check a saved [`Position`] against.
+    pub fn order_spec(&self, num_records: u64) -> OrderSpec {
+        OrderSpec {
+            num_records,
+            batch_size: self.batch_size as u64,
+            drop_last: self.drop_last,
+            shuffle: self.shuffle,
+            seed: self.seed,
+            rank: self.rank,
+            world_size: self.world_size,
+        }
     }
 }
 
@@ -291,6 +333,109 @@ mod tests {
         assert!(parse_size("12 parsecs").is_err());
         assert!(parse_size("").is_err());
         assert!(parse_size("1e300").is_err());
+    }
+
+    #[test]
+    fn options_are_validated_with_a_message_naming_the_option() {
+        assert!(LoaderOptions::default().validate().is_ok());
+        let cases: [(LoaderOptions, &str); 7] = [
+            (
+                LoaderOptions {
+                    batch_size: 0,
+                    ..LoaderOptions::default()
+                },
+                "batch size",
+            ),
+            (
+                LoaderOptions {
+                    epochs: 0,
+                    ..LoaderOptions::default()
+                },
+                "epochs",
+            ),
+            (
+                LoaderOptions {
+                    prefetch: 0,
+                    ..LoaderOptions::default()
+                },
+                "prefetch",
+            ),
+            (
+                LoaderOptions {
+                    num_threads: Some(0),
+                    ..LoaderOptions::default()
+                },
+                "threads",
+            ),
+            (
+                LoaderOptions {
+                    piece_bytes: Some(0),
+                    ..LoaderOptions::default()
+                },
+                "piece size",
+            ),
+            (
+                LoaderOptions {
+                    world_size: 0,
+                    ..LoaderOptions::default()
+                },
+                "world size",
+            ),
+            (
+                LoaderOptions {
+                    rank: 2,
+                    world_size: 2,
+                    ..LoaderOptions::default()
+                },
+                "rank 2",
+            ),
+        ];
+        for (options, named) in cases {
+            match options.validate() {
+                Err(LoaderError::Config(message)) => {
+                    assert!(
+                        message.contains(named),
+                        "{message:?} does not name {named:?}"
+                    )
+                }
+                other => panic!("{options:?} gave {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn the_order_spec_is_the_options_order() {
+        let options = LoaderOptions {
+            batch_size: 7,
+            drop_last: true,
+            shuffle: Shuffle::Random,
+            seed: 3,
+            rank: 1,
+            world_size: 4,
+            ..LoaderOptions::default()
+        };
+        let spec = options.order_spec(100);
+        assert_eq!(
+            (
+                spec.num_records,
+                spec.batch_size,
+                spec.drop_last,
+                spec.seed,
+                spec.rank,
+                spec.world_size
+            ),
+            (100, 7, true, 3, 1, 4)
+        );
+        assert_eq!(spec.shuffle, Shuffle::Random);
+    }
+
+    #[test]
+    fn sizes_parse_with_spaces_and_any_case() {
+        assert_eq!(parse_size(" 2 GiB ").unwrap(), 2 << 30);
+        assert_eq!(parse_size("64KB").unwrap(), 64 << 10);
+        assert_eq!(parse_size("3b").unwrap(), 3);
+        assert!(parse_size("-1").is_err());
+        assert!(parse_size("MiB").is_err());
     }
 
     #[test]

@@ -25,7 +25,66 @@ use pinfeed_source::Source;
 
 use crate::backend::Backend;
 use crate::error::{LoaderError, Result};
-use crate::{Batch, DeviceSpec, Loader, LoaderOptions, ReaderKind, Stats, Waited};
+use crate::{Batch, DeviceSpec, Loader, LoaderOptions, Reader, Stats, Waited};
+
+/// What one device of a split [`MultiLoader`] streams: device `index` of `devices` in the
+/// process of rank `r` among `world_size` is rank `r * devices + index` of
+/// `world_size * devices`, with an equal part of the process's pinned budget.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DeviceShare {
+    /// The device's rank among every device of every process.
+    pub rank: u64,
+    /// Devices of every process together.
+    pub world_size: u64,
+    /// The device's part of the pinned budget.
+    pub pinned_budget: usize,
+}
+
+impl DeviceShare {
+    /// The share of device `index` of `devices` under `options` (its `rank`, `world_size` and
+    /// `pinned_budget`).
+    pub fn of(options: &LoaderOptions, devices: usize, index: usize) -> Result<DeviceShare> {
+        DeviceShare::split(
+            options.rank,
+            options.world_size,
+            options.pinned_budget,
+            devices,
+            index,
+        )
+    }
+
+    /// The share of device `index` of `devices` in the process of rank `rank` among
+    /// `world_size`, with `pinned_budget` for the whole process.
+    pub fn split(
+        rank: u64,
+        world_size: u64,
+        pinned_budget: usize,
+        devices: usize,
+        index: usize,
+    ) -> Result<DeviceShare> {
+        if devices == 0 {
+            return Err(LoaderError::Config("no device given".into()));
+        }
+        if index >= devices {
+            return Err(LoaderError::Config(format!(
+                "device {index} is out of range for {devices} device(s)"
+            )));
+        }
+        let n = devices as u64;
+        let world_size = world_size
+            .checked_mul(n)
+            .ok_or_else(|| LoaderError::Config("world size × devices overflows".into()))?;
+        let rank = rank
+            .checked_mul(n)
+            .and_then(|r| r.checked_add(index as u64))
+            .ok_or_else(|| LoaderError::Config("rank × devices overflows".into()))?;
+        Ok(DeviceShare {
+            rank,
+            world_size,
+            pinned_budget: pinned_budget / devices,
+        })
+    }
+}
 
 /// What feeds the devices.
 #[derive(Debug)]
@@ -35,43 +94,6 @@ enum Feed {
     /// One loader whose batches are each copied to every device; its channel carries the
     /// batches of a step one after the other, in device order.
     Replicated(Loader),
-}
-
-/// The shard one device of a process streams when the devices split each epoch: device `index`
-/// of `devices` in rank `rank` of `world_size` is rank `rank * devices + index` of
-/// `world_size * devices`. (Its pinned budget is the process's divided by `devices`.)
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct DeviceShare {
-    /// The device's rank among all devices of all processes.
-    pub rank: u64,
-    /// Devices of all processes.
-    pub world_size: u64,
-}
-
-/// The [`DeviceShare`] of device `index` of `devices` in rank `rank` of `world_size`.
-pub fn device_share(
-    rank: u64,
-    world_size: u64,
-    devices: usize,
-    index: usize,
-) -> Result<DeviceShare> {
-    if devices == 0 {
-        return Err(LoaderError::Config("no device given".into()));
-    }
-    if index >= devices {
-        return Err(LoaderError::Config(format!(
-            "device {index} of {devices}: there is no such device"
-        )));
-    }
-    let n = devices as u64;
-    let overflow = || LoaderError::Config("world size × devices overflows".into());
-    Ok(DeviceShare {
-        rank: rank
-            .checked_mul(n)
-            .and_then(|r| r.checked_add(index as u64))
-            .ok_or_else(overflow)?,
-        world_size: world_size.checked_mul(n).ok_or_else(overflow)?,
-    })
 }
 
 /// Batches for several devices at once; iterating yields one batch per device.
@@ -100,19 +122,24 @@ impl MultiLoader {
             .iter()
             .enumerate()
             .map(|(i, &device)| {
-                let share = device_share(options.rank, options.world_size, devices.len(), i)?;
+                let share = DeviceShare::of(&options, devices.len(), i)?;
                 Loader::new(
                     Arc::clone(&source),
                     LoaderOptions {
                         device,
                         rank: share.rank,
                         world_size: share.world_size,
-                        pinned_budget: options.pinned_budget / devices.len(),
+                        pinned_budget: share.pinned_budget,
                         ..options.clone()
                     },
                 )
             })
             .collect::<Result<Vec<_>>>()?;
+        // Each loader counted page-locked allocations from its own start, before the next
+        // device's pool was made: count from when all of them have started.
+        for loader in &loaders {
+            loader.count_allocations_from_now();
+        }
         Ok(MultiLoader::with_feed(Feed::Split(loaders), devices.len()))
     }
 
@@ -282,7 +309,7 @@ fn replicated_loader(
     devices: usize,
     make_backends: impl FnOnce() -> Result<Vec<Arc<Backend>>>,
 ) -> Result<Loader> {
-    if options.reader == ReaderKind::Register && devices > 1 {
+    if options.reader == Reader::Register && devices > 1 {
         return Err(LoaderError::Config(
             "the register reader feeds one device; replicating to several needs --reader pread (or auto)".into(),
         ));
@@ -308,6 +335,28 @@ mod tests {
     use crate::backend::CopyGate;
     use pinfeed_source::dtype::parse_user_dtype;
     use pinfeed_source::{HostBuffer, Layout};
+
+    #[test]
+    fn device_i_of_rank_r_is_shard_r_times_n_plus_i_with_an_equal_budget() {
+        let share = DeviceShare::split(2, 4, 1000, 3, 1).unwrap();
+        assert_eq!(
+            share,
+            DeviceShare {
+                rank: 7,
+                world_size: 12,
+                pinned_budget: 333
+            }
+        );
+        // Every shard of the world is some device of some process, once.
+        let mut ranks: Vec<u64> = (0..4)
+            .flat_map(|r| (0..3).map(move |i| DeviceShare::split(r, 4, 0, 3, i).unwrap().rank))
+            .collect();
+        ranks.sort_unstable();
+        assert_eq!(ranks, (0..12).collect::<Vec<_>>());
+        assert!(DeviceShare::split(0, 1, 1, 0, 0).is_err());
+        assert!(DeviceShare::split(0, 1, 1, 2, 2).is_err());
+        assert!(DeviceShare::split(0, u64::MAX, 1, 2, 0).is_err());
+    }
 
     fn source(records: usize, record_bytes: usize) -> (Arc<dyn Source>, Vec<u8>) {
         let data: Vec<u8> = (0..records * record_bytes)
@@ -387,7 +436,7 @@ mod tests {
     fn replication_refuses_what_it_cannot_do() {
         let (source, _) = source(10, 8);
         let register = LoaderOptions {
-            reader: ReaderKind::Register,
+            reader: Reader::Register,
             ..LoaderOptions::default()
         };
         let devices = [DeviceSpec::Cpu, DeviceSpec::Cpu];

@@ -24,8 +24,12 @@ pub(crate) fn count_pinned_allocation() {
 /// Host memory that the host backend uses as its "pinned" pool: an anonymous mapping,
 /// page-locked with `mlock` when the memory-lock limit allows it.
 pub(crate) struct HostMapping {
+    /// Unmapped (and so unlocked) on drop; the pool is dropped only after the ring drained, so
+    /// no copy reads it any more.
+    _map: memmap2::MmapMut,
+    /// The mapping's first byte, taken once through `&mut` so that slots may be written
+    /// through it; valid while `map` lives (moving `map` does not move the mapping).
     ptr: *mut u8,
-    len: usize,
     locked: bool,
 }
 
@@ -39,43 +43,21 @@ impl HostMapping {
     /// Maps `len` bytes (populated, so no page fault lands on the hot path) and tries to lock
     /// them; `lock` false skips the attempt.
     pub(crate) fn new(len: usize, lock: bool) -> Result<HostMapping> {
-        // SAFETY: an anonymous private mapping with no address hint has no preconditions.
-        let ptr = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_POPULATE,
-                -1,
-                0,
-            )
-        };
-        if ptr == libc::MAP_FAILED {
-            return Err(LoaderError::HostMemory {
-                bytes: len,
-                source: std::io::Error::last_os_error(),
-            });
-        }
-        // SAFETY: `ptr .. ptr + len` was just mapped by us.
-        let locked = lock && unsafe { libc::mlock(ptr, len) } == 0;
+        let mut map = memmap2::MmapOptions::new()
+            .len(len)
+            .populate()
+            .map_anon()
+            .map_err(|source| LoaderError::HostMemory { bytes: len, source })?;
+        let locked = lock && map.lock().is_ok();
         if locked {
             count_pinned_allocation();
         }
+        let ptr = map.as_mut_ptr();
         Ok(HostMapping {
-            ptr: ptr.cast(),
-            len,
+            _map: map,
+            ptr,
             locked,
         })
-    }
-}
-
-impl Drop for HostMapping {
-    fn drop(&mut self) {
-        // SAFETY: we own the mapping; the pool is dropped only after the ring drained, so no copy
-        // reads it any more. munmap also releases the lock.
-        unsafe {
-            libc::munmap(self.ptr.cast(), self.len);
-        }
     }
 }
 

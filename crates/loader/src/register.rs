@@ -31,12 +31,6 @@ pub(crate) const MAX_WINDOW: usize = 64 << 20;
 /// `Auto` reads into slots.
 pub use pinfeed_source::{Reader, UnknownReader};
 
-/// The former name of [`Reader`], the same type.
-pub type ReaderKind = Reader;
-
-/// A `/proc/meminfo` figure in bytes (`"MemTotal"`, `"MemAvailable"`).
-pub(crate) use pinfeed_source::meminfo;
-
 /// A page-locked window, unlocked on drop.
 enum WindowLock {
     Cuda(#[allow(dead_code)] Registration),
@@ -108,18 +102,20 @@ impl MappedWindows {
         let data_end =
             region.data_offset + source.num_records() * source.layout().record_bytes() as u64;
         if (map.len() as u64) < data_end {
-            return Err(LoaderError::Config(format!(
-                "{}: the file is {} bytes, shorter than its {} bytes of records (did it shrink?)",
-                region.path.display(),
-                map.len(),
-                data_end
-            )));
+            return Err(LoaderError::Source(
+                pinfeed_source::SourceError::Truncated {
+                    path: region.path.to_path_buf(),
+                    offset: 0,
+                    expected: data_end,
+                    found: map.len() as u64,
+                },
+            ));
         }
-        let shrank = |e| {
-            LoaderError::Config(format!(
-                "{}: cannot guard the mapping against the file shrinking: {e}",
-                pinfeed_source::escape_path(region.path)
-            ))
+        let shrank = |e: String| LoaderError::Io {
+            path: region.path.to_path_buf(),
+            source: std::io::Error::other(format!(
+                "cannot guard the mapping against the file shrinking: {e}"
+            )),
         };
         // SAFETY: our own shared mapping of the file, which the guard (a field dropped before
         // `map`) never outlives; copies from it are checked at each window (`lock`).
@@ -186,12 +182,15 @@ impl MappedWindows {
             Some(ctx) => {
                 // SAFETY: the range lies inside our mapping, which outlives the lock (field
                 // order); registration is read-only as the mapping is.
-                let registration = unsafe { Registration::new(ctx, ptr, len, true) }.map_err(|e| {
-                    LoaderError::Config(format!(
-                        "{}: cannot register bytes {start}..{end} of the file for direct copies: {e}",
-                        self.path.display()
-                    ))
-                })?;
+                let registration =
+                    unsafe { Registration::new(ctx, ptr, len, true) }.map_err(|e| {
+                        LoaderError::Io {
+                            path: self.path.clone(),
+                            source: std::io::Error::other(format!(
+                                "cannot register bytes {start}..{end} for direct copies: {e}"
+                            )),
+                        }
+                    })?;
                 WindowLock::Cuda(registration)
             }
             None => {

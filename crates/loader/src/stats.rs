@@ -59,6 +59,76 @@ impl fmt::Display for Bottleneck {
     }
 }
 
+/// Where the stages of a pipeline waited: a producer (the loader's readers, or the iterable of
+/// a Python `prefetch`), a copy stage (the loader's copy thread, or `prefetch`'s upload thread)
+/// and the consumer. What [`StageTimes::bottleneck`], the one rule for both, judges from.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StageTimes {
+    /// Wall time the pipeline has run.
+    pub elapsed: Duration,
+    /// Items (batches) handed to the consumer.
+    pub items: u64,
+    /// Time the consumer waited for an item.
+    pub consumer_wait: Duration,
+    /// Time the copy stage waited for the producer's next item.
+    pub copy_starved: Duration,
+    /// Time the copy stage waited for the consumer to take an item (its queue was full);
+    /// `None` where that wait is not told apart from `copy_starved`.
+    pub copy_blocked: Option<Duration>,
+}
+
+impl StageTimes {
+    /// Which stage limits the pipeline, judged from where the stages waited.
+    ///
+    /// A consumer that rarely waits (under 10% of the time), while the copy stage waits for it
+    /// (over 10%, when that is known), is the bottleneck itself. Otherwise a copy stage that
+    /// waits for the producer over a quarter of the time means the producer is behind
+    /// ([`Bottleneck::Read`]); else the copy stage is ([`Bottleneck::Copy`]). Fewer than two
+    /// items tell nothing ([`Bottleneck::Unknown`]).
+    pub fn bottleneck(&self) -> Bottleneck {
+        let wall = self.elapsed.as_secs_f64();
+        if self.items < 2 || wall <= 0.0 {
+            return Bottleneck::Unknown;
+        }
+        let share = |d: Duration| d.as_secs_f64() / wall;
+        let copier_blocked = self.copy_blocked.is_none_or(|d| share(d) > 0.1);
+        if share(self.consumer_wait) < 0.1 && copier_blocked {
+            Bottleneck::Consumer
+        } else if share(self.copy_starved) > 0.25 {
+            Bottleneck::Read
+        } else {
+            Bottleneck::Copy
+        }
+    }
+
+    /// One line that starts with the stage [`bottleneck`](StageTimes::bottleneck) names
+    /// (`the consumer`, `producer` or `copier`) and gives the waits behind the verdict;
+    /// `nothing delivered yet` before the first item.
+    pub fn explain(&self, producer: &str, copier: &str) -> String {
+        let (wall, waited) = (self.elapsed.as_secs_f64(), self.consumer_wait.as_secs_f64());
+        let starved = self.copy_starved.as_secs_f64();
+        match self.bottleneck() {
+            Bottleneck::Unknown if self.items == 0 => "nothing delivered yet".to_string(),
+            Bottleneck::Unknown => format!(
+                "too few items ({}) to tell what limits the pipeline",
+                self.items
+            ),
+            Bottleneck::Consumer => format!(
+                "the consumer: it waited {waited:.3} s of {wall:.3} s for data, so the loop body, \
+                 not the data, sets the pace"
+            ),
+            Bottleneck::Read => format!(
+                "{producer}: {copier} waited {starved:.3} s of {wall:.3} s for it (the consumer \
+                 waited {waited:.3} s)"
+            ),
+            Bottleneck::Copy => format!(
+                "{copier}: it waited only {starved:.3} s of {wall:.3} s for {producer}, and the \
+                 consumer waited {waited:.3} s"
+            ),
+        }
+    }
+}
+
 /// What one device received.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DeviceStats {
@@ -98,7 +168,7 @@ pub struct Stats {
     /// Reader threads (the one registrar thread for the register reader).
     pub threads: usize,
     /// How records reached the device.
-    pub reader: crate::ReaderKind,
+    pub reader: crate::Reader,
     /// How the source reads, in words: `pread`, `O_DIRECT`, `io_uring (depth 32)`, a fallback
     /// with its reason, or the register reader's mapping.
     pub reader_description: String,
@@ -193,19 +263,20 @@ impl Stats {
         self.bytes as f64 / self.elapsed.as_secs_f64().max(1e-9) / 1e9
     }
 
-    /// Which stage limits the loader.
-    ///
-    /// The consumer that rarely waits is the bottleneck itself. Otherwise the copy thread waiting
-    /// for filled slots means readers are behind, and readers waiting for free slots while the
-    /// copy thread is never short of work means the copy engine is.
-    pub fn bottleneck(&self) -> Bottleneck {
-        crate::bottleneck(&crate::StageWaits {
+    /// The waits the bottleneck is judged from (see [`StageTimes`]).
+    pub fn stage_times(&self) -> StageTimes {
+        StageTimes {
             elapsed: self.elapsed,
-            delivered: self.batches,
+            items: self.batches,
             consumer_wait: self.consumer_wait,
             copy_starved: self.wait_filled,
-            copy_blocked: self.wait_consumer,
-        })
+            copy_blocked: Some(self.wait_consumer),
+        }
+    }
+
+    /// Which stage limits the loader: [`StageTimes::bottleneck`] of its waits.
+    pub fn bottleneck(&self) -> Bottleneck {
+        self.stage_times().bottleneck()
     }
 
     /// One sentence on what limits the loader and by how much.
@@ -229,5 +300,53 @@ impl Stats {
             ),
             Bottleneck::Unknown => "too few batches to tell what limits the loader".to_string(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn times(consumer_wait: f64, copy_starved: f64, copy_blocked: Option<f64>) -> StageTimes {
+        StageTimes {
+            elapsed: Duration::from_secs(10),
+            items: 100,
+            consumer_wait: Duration::from_secs_f64(consumer_wait),
+            copy_starved: Duration::from_secs_f64(copy_starved),
+            copy_blocked: copy_blocked.map(Duration::from_secs_f64),
+        }
+    }
+
+    #[test]
+    fn the_stage_everyone_waits_for_is_the_bottleneck() {
+        // A consumer that never waits, while the copy thread waits for it.
+        assert_eq!(
+            times(0.5, 0.0, Some(8.0)).bottleneck(),
+            Bottleneck::Consumer
+        );
+        // ... unless the copy thread does not wait for it either: then look upstream.
+        assert_eq!(times(0.5, 5.0, Some(0.5)).bottleneck(), Bottleneck::Read);
+        // A copy wait that is not told apart counts as waiting for the consumer.
+        assert_eq!(times(0.5, 5.0, None).bottleneck(), Bottleneck::Consumer);
+        assert_eq!(times(6.0, 5.0, Some(0.0)).bottleneck(), Bottleneck::Read);
+        assert_eq!(times(6.0, 1.0, Some(0.0)).bottleneck(), Bottleneck::Copy);
+        let one = StageTimes {
+            items: 1,
+            ..times(6.0, 5.0, None)
+        };
+        assert_eq!(one.bottleneck(), Bottleneck::Unknown);
+    }
+
+    #[test]
+    fn explanations_start_with_the_stage_named() {
+        let name = |t: StageTimes| t.explain("the iterable", "the upload");
+        assert!(name(times(0.5, 0.0, None)).starts_with("the consumer: "));
+        assert!(name(times(6.0, 5.0, None)).starts_with("the iterable: the upload waited 5.000 s"));
+        assert!(name(times(6.0, 1.0, None)).starts_with("the upload: "));
+        let none = StageTimes {
+            items: 0,
+            ..times(6.0, 1.0, None)
+        };
+        assert_eq!(name(none), "nothing delivered yet");
     }
 }

@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use pinfeed::{pinned_allocations, DeviceSpec, Loader, LoaderOptions};
+use pinfeed::{pinned_allocations, DeviceSpec, Loader, LoaderOptions, MultiLoader};
 use pinfeed_source::dtype::parse_user_dtype;
 use pinfeed_source::{HostBuffer, Layout};
 
@@ -13,7 +13,8 @@ use pinfeed_source::{HostBuffer, Layout};
 fn no_page_locked_allocation_after_start() {
     let (dtype, _) = parse_user_dtype("u8").unwrap();
     let layout = Layout::new(dtype, vec![64]).unwrap();
-    let source = Arc::new(HostBuffer::from_vec(vec![7u8; 5_000 * 64], layout).unwrap());
+    let source: Arc<dyn pinfeed_source::Source> =
+        Arc::new(HostBuffer::from_vec(vec![7u8; 5_000 * 64], layout).unwrap());
     let options = LoaderOptions {
         batch_size: 50,
         epochs: 5,
@@ -24,7 +25,7 @@ fn no_page_locked_allocation_after_start() {
         ..LoaderOptions::default()
     };
     let before = pinned_allocations();
-    let mut loader = Loader::new(source, options).unwrap();
+    let mut loader = Loader::new(Arc::clone(&source), options.clone()).unwrap();
     let at_start = pinned_allocations();
     let stats = loader.stats();
     assert_eq!(
@@ -44,4 +45,38 @@ fn no_page_locked_allocation_after_start() {
         "page-locked memory allocated after start"
     );
     assert_eq!(loader.stats().pinned_allocations_after_start, 0);
+    drop(loader);
+
+    // Several devices: split (a loader, and a pool, per device) and replicated (one pool).
+    let devices = [DeviceSpec::Cpu, DeviceSpec::Cpu];
+    for replicate in [false, true] {
+        let (source, options) = (Arc::clone(&source), options.clone());
+        let mut multi = if replicate {
+            MultiLoader::replicated(source, options, &devices)
+        } else {
+            MultiLoader::new(source, options, &devices)
+        }
+        .unwrap();
+        let at_start = pinned_allocations();
+        let stats = multi.stats();
+        assert!(
+            stats.pinned_locked,
+            "the pools were not locked: nothing was counted"
+        );
+        assert_eq!(
+            stats.pinned_allocations_after_start, 0,
+            "replicate={replicate}: counted at start"
+        );
+        let mut steps = 0;
+        for step in multi.by_ref() {
+            step.unwrap();
+            steps += 1;
+        }
+        assert_eq!(steps, if replicate { 500 } else { 250 });
+        assert_eq!(pinned_allocations(), at_start, "replicate={replicate}");
+        assert_eq!(multi.stats().pinned_allocations_after_start, 0);
+        for loader in multi.loaders() {
+            assert_eq!(loader.stats().pinned_allocations_after_start, 0);
+        }
+    }
 }

@@ -59,6 +59,7 @@ mod readers;
 mod records;
 mod shards;
 mod sigbus;
+pub mod system;
 pub mod tokens;
 
 pub use dtype::DType;
@@ -67,7 +68,7 @@ pub use formats::raw::RawFile;
 pub use formats::{npy, safetensors, Format, FormatOptions};
 pub use host::HostBuffer;
 pub use npy::NpyFile;
-pub use readers::auto::{cached_fraction, meminfo};
+pub use readers::auto::cached_fraction;
 pub use readers::{
     resolve_auto, AlignedBuffer, ReadOptions, Reader, UnknownReader, DEFAULT_QUEUE_DEPTH,
     DEFAULT_READ_SIZE, DIRECT_ALIGN,

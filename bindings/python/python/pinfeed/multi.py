@@ -79,7 +79,7 @@ class MultiLoader:
                 )
             ]
             return
-        # Each device's shard and part of the budget: pinfeed::device_share's rule.
+        # Each device's shard and part of the budget: pinfeed::DeviceShare's rule.
         self.loaders = []
         for i, device in enumerate(devices):
             r, w, budget = _pinfeed.device_share(rank, world_size, n, i, pinned_budget)

@@ -7,8 +7,6 @@ use std::sync::Arc;
 use pinfeed::DeviceSpec;
 use pinfeed_cuda::{numa, CUdevice_attribute, Context, CudaError};
 
-use crate::usage::{meminfo_bytes, read_meminfo};
-
 use super::{GpuFacts, Host, Link, LinkState};
 
 /// The context to examine, or one line saying why there is none.
@@ -20,12 +18,12 @@ pub(super) fn open_gpu(device: DeviceSpec) -> std::result::Result<Arc<Context>, 
     };
     let describe = |e: CudaError| match e {
         // The library's list of every name it tried is noise here.
-        CudaError::NoDriver { detail } if detail.starts_with("none of") => {
+        CudaError::NoDriver { tried, .. } if !tried.is_empty() => {
             "no CUDA driver: libcuda.so.1 could not be loaded (install the NVIDIA driver, or put \
              its libcuda.so.1 on LD_LIBRARY_PATH)"
                 .to_owned()
         }
-        CudaError::NoDriver { detail } => format!("no CUDA driver: {detail}"),
+        CudaError::NoDriver { detail, .. } => format!("no CUDA driver: {detail}"),
         other => format!("CUDA unusable: {other}"),
     };
     match pinfeed_cuda::probe() {
@@ -42,13 +40,12 @@ pub(super) fn open_gpu(device: DeviceSpec) -> std::result::Result<Arc<Context>, 
 }
 
 pub(super) fn host_facts() -> Host {
-    let meminfo = read_meminfo();
     let (memlock_bytes, memlock_unlimited) = memlock_limit();
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
     Host {
         cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
-        mem_total_bytes: meminfo_bytes(&meminfo, "MemTotal"),
-        mem_available_bytes: meminfo_bytes(&meminfo, "MemAvailable"),
+        mem_total_bytes: pinfeed::system::mem_total(),
+        mem_available_bytes: pinfeed::system::mem_available(),
         memlock_bytes,
         memlock_unlimited,
         // SAFETY: geteuid has no preconditions and cannot fail.

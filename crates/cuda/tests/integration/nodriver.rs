@@ -9,7 +9,18 @@ fn probe_and_context_fail_typed_without_driver() {
         return;
     }
     match probe() {
-        Err(CudaError::NoDriver { detail }) => assert!(detail.contains("libcuda.so.1"), "{detail}"),
+        Err(e @ CudaError::NoDriver { .. }) => {
+            let message = e.to_string();
+            assert!(message.contains("libcuda.so.1"), "{message}");
+            assert!(!message.contains('\n') && message.len() < 160, "{message}");
+            assert!(message.contains("--device cpu"), "{message}");
+            let tried = e.tried();
+            assert!(tried.iter().any(|n| n == "libcuda.so.1"), "{tried:?}");
+            let mut unique = tried.to_vec();
+            unique.sort();
+            unique.dedup();
+            assert_eq!(unique.len(), tried.len(), "a name tried twice: {tried:?}");
+        }
         other => panic!("expected NoDriver, got {other:?}"),
     }
     match Context::new(0) {

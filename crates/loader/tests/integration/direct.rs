@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use pinfeed::{Loader, LoaderOptions, ReaderKind};
+use pinfeed::{Loader, LoaderOptions, Reader};
 use pinfeed_source::dtype::parse_user_dtype;
 use pinfeed_source::npy::NpyWriter;
 use pinfeed_source::{open_path, Layout, Source};
@@ -41,7 +41,7 @@ fn register_reader_is_byte_exact_across_window_boundaries() {
         (3000, 64 << 20, 1, false),
     ] {
         let options = LoaderOptions {
-            reader: ReaderKind::Register,
+            reader: Reader::Register,
             pinned_budget: budget,
             epochs,
             drop_last,
@@ -49,7 +49,7 @@ fn register_reader_is_byte_exact_across_window_boundaries() {
         };
         let loader = Loader::new(Arc::clone(&source), options).unwrap();
         let stats = loader.stats();
-        assert_eq!(stats.reader, ReaderKind::Register);
+        assert_eq!(stats.reader, Reader::Register);
         assert!(
             stats.pinned_bytes_peak <= budget,
             "budget {budget}: {stats:?}"
@@ -75,7 +75,7 @@ fn register_reader_refuses_what_it_cannot_do() {
     let dir = tempfile::tempdir().unwrap();
     let (source, _) = npy_file(&dir, 100, vec![1000], 2);
     let tiny = LoaderOptions {
-        reader: ReaderKind::Register,
+        reader: Reader::Register,
         pinned_budget: 210_000,
         ..host_options(100)
     };
@@ -85,7 +85,7 @@ fn register_reader_refuses_what_it_cannot_do() {
     let err = Loader::new(
         host,
         LoaderOptions {
-            reader: ReaderKind::Register,
+            reader: Reader::Register,
             ..host_options(2)
         },
     )
@@ -98,7 +98,7 @@ fn auto_uses_slots_on_the_host_backend() {
     let dir = tempfile::tempdir().unwrap();
     let (source, data) = npy_file(&dir, 500, vec![64], 4);
     let mut loader = Loader::new(source, host_options(64)).unwrap();
-    assert_eq!(loader.stats().reader, ReaderKind::Pread);
+    assert_eq!(loader.stats().reader, Reader::Pread);
     let mut bytes = Vec::new();
     for batch in loader.by_ref() {
         bytes.extend_from_slice(batch.unwrap().host_bytes().unwrap().unwrap());
@@ -165,7 +165,7 @@ fn register_reader_resumes_at_later_epochs_and_mid_epoch() {
     let (source, data) = npy_file(&dir, 3000, vec![3, 31, 31], 6);
     for (epoch, done) in [(1, 0), (3, 0), (0, 5), (2, 11)] {
         let options = LoaderOptions {
-            reader: ReaderKind::Register,
+            reader: Reader::Register,
             pinned_budget: 1 << 20,
             epochs: 2,
             start: pinfeed::Position {

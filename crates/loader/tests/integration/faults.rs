@@ -62,13 +62,14 @@ fn a_fault_in_one_piece_of_a_batch_fails_the_batch() {
 fn a_panicking_reader_becomes_an_error() {
     let (_, err) = run_faulty(true);
     match err {
-        LoaderError::ReaderPanicked(message) => {
+        LoaderError::Worker { thread, message } => {
+            assert_eq!(thread, "reader");
             assert!(
                 message.contains("injected panic at record 555"),
                 "{message}"
             )
         }
-        other => panic!("expected ReaderPanicked, got {other:?}"),
+        other => panic!("expected a Worker error, got {other:?}"),
     }
 }
 

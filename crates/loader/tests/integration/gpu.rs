@@ -86,19 +86,19 @@ fn gpu_held_batches_stay_intact_while_the_ring_cycles() {
 #[test]
 #[ignore = "needs a CUDA device"]
 fn gpu_register_reader_is_byte_exact() {
-    use pinfeed::ReaderKind;
+    use pinfeed::Reader;
 
     let dir = tempfile::tempdir().unwrap();
     let (source, data) = crate::direct::npy_file(&dir, 50_000, vec![3, 31, 31], 23);
     for (batch_size, budget) in [(1024, 256 << 20), (777, 8 << 20), (50_000, 1 << 30)] {
         let options = LoaderOptions {
-            reader: ReaderKind::Register,
+            reader: Reader::Register,
             pinned_budget: budget,
             epochs: 2,
             ..cuda_options(batch_size)
         };
         let mut loader = Loader::new(Arc::clone(&source), options).unwrap();
-        assert_eq!(loader.stats().reader, ReaderKind::Register);
+        assert_eq!(loader.stats().reader, Reader::Register);
         assert_eq!(
             delivered_crc(&mut loader),
             crc32fast::hash(&data.repeat(2)),

@@ -77,3 +77,69 @@ fn device_budget_is_enforced() {
     );
     assert!(loader.device_bytes_held() <= 25_000);
 }
+
+/// A batch size far beyond the dataset gives one batch of every record, at once: slots are
+/// sized for the records that exist, not for empty pieces of the batch asked for.
+#[test]
+fn a_batch_larger_than_the_dataset_holds_the_dataset_and_ends_at_once() {
+    let (source, data) = random_source(10, 4, 12);
+    for batch_size in [10_000_000_000_000usize, 11, usize::MAX] {
+        let started = std::time::Instant::now();
+        let options = LoaderOptions {
+            epochs: 2,
+            ..host_options(batch_size)
+        };
+        let loader = Loader::new(Arc::clone(&source), options).unwrap();
+        assert_eq!(loader.num_batches(), 2);
+        let (bytes, batches) = crate::common::collect(loader);
+        assert_eq!(batches, vec![(0, 0, 10), (1, 0, 10)], "batch {batch_size}");
+        assert_eq!(bytes, [data.clone(), data.clone()].concat());
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(5),
+            "batch {batch_size} took {:?}",
+            started.elapsed()
+        );
+    }
+    // With a shuffle and two ranks: each rank's one batch holds its 5 records.
+    let options = LoaderOptions {
+        shuffle: pinfeed::Shuffle::Random,
+        world_size: 2,
+        rank: 1,
+        ..host_options(1 << 40)
+    };
+    let (_, batches) = crate::common::collect(Loader::new(source, options).unwrap());
+    assert_eq!(batches.len(), 1);
+    assert_eq!(batches[0].2, 5);
+}
+
+#[test]
+fn a_piece_size_of_zero_is_refused() {
+    let (source, _) = random_source(10, 4, 13);
+    let options = LoaderOptions {
+        piece_bytes: Some(0),
+        ..host_options(4)
+    };
+    let err = Loader::new(source, options).unwrap_err();
+    assert!(matches!(err, LoaderError::Config(_)), "{err:?}");
+    assert!(err.to_string().contains("piece size"), "{err}");
+}
+
+/// A resume position so far on that batch numbers from epoch 0 pass 64 bits is refused,
+/// naming the largest epoch allowed, instead of wrapping round to another epoch's order.
+#[test]
+fn epochs_past_64_bit_batch_numbers_are_refused() {
+    let (source, _) = random_source(10, 4, 14);
+    let at = |epoch| LoaderOptions {
+        start: pinfeed::Position {
+            epoch,
+            batches_done: 0,
+        },
+        ..host_options(4)
+    };
+    // 3 batches an epoch.
+    let allowed = pinfeed::Position::last_epoch_allowed(3);
+    assert!(Loader::new(Arc::clone(&source), at(allowed)).is_ok());
+    let err = Loader::new(source, at(allowed + 1)).unwrap_err();
+    assert!(matches!(err, LoaderError::Config(_)), "{err:?}");
+    assert!(err.to_string().contains(&allowed.to_string()), "{err}");
+}

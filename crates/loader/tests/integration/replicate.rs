@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use pinfeed::{
-    DeviceSpec, Loader, LoaderError, LoaderOptions, MultiLoader, ReaderKind, Shuffle, Waited,
+    DeviceSpec, Loader, LoaderError, LoaderOptions, MultiLoader, Reader, Shuffle, Waited,
 };
 use pinfeed_source::Source;
 
@@ -278,7 +278,7 @@ fn bad_replication_options_are_errors_not_panics() {
     let (source, _) = random_source(100, 1000, 37);
     let devices = [DeviceSpec::Cpu; 2];
     let register = LoaderOptions {
-        reader: ReaderKind::Register,
+        reader: Reader::Register,
         ..host_options(10)
     };
     let err = MultiLoader::replicated(Arc::clone(&source), register, &devices).unwrap_err();

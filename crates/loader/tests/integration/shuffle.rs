@@ -227,3 +227,32 @@ fn several_devices_in_one_process_split_the_epoch() {
         );
     }
 }
+
+/// The loader's order is the one its options name: the fingerprint a checkpoint keeps can be
+/// taken from either, and does not depend on the rank.
+#[test]
+fn the_loaders_order_spec_is_its_options_order() {
+    let source = numbered(100);
+    let options = |rank| LoaderOptions {
+        shuffle: Shuffle::Random,
+        seed: 11,
+        rank,
+        world_size: 2,
+        ..host_options(8)
+    };
+    let loader = Loader::new(Arc::clone(&source), options(1)).unwrap();
+    assert_eq!(loader.order_spec(), &options(1).order_spec(100));
+    assert_eq!(loader.order_spec().rank, 1);
+    assert_eq!(
+        loader.order_spec().fingerprint(),
+        options(0).order_spec(100).fingerprint()
+    );
+    let other_seed = LoaderOptions {
+        seed: 12,
+        ..options(1)
+    };
+    assert_ne!(
+        loader.order_spec().fingerprint(),
+        other_seed.order_spec(100).fingerprint()
+    );
+}

@@ -33,7 +33,7 @@ pub fn resolve_auto(path: &Path) -> (Reader, String) {
         return not_one_file();
     }
     let cached = cached_fraction(&file).unwrap_or(0.0);
-    let available = meminfo("MemAvailable").unwrap_or(u64::MAX);
+    let available = crate::system::mem_available().unwrap_or(u64::MAX);
     if cached >= 0.5 {
         (Reader::Mmap, format!("{:.0}% page-cached", cached * 100.0))
     } else if meta.len() > available / 2 {
@@ -70,22 +70,6 @@ pub fn cached_fraction(file: &std::fs::File) -> Option<f64> {
     ok.then(|| resident.iter().filter(|&&r| r & 1 == 1).count() as f64 / pages as f64)
 }
 
-/// A `/proc/meminfo` figure in bytes (`"MemTotal"`, `"MemAvailable"`).
-pub fn meminfo(key: &str) -> Option<u64> {
-    let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let kib: u64 = meminfo
-        .lines()
-        .find(|l| {
-            l.strip_prefix(key)
-                .is_some_and(|rest| rest.starts_with(':'))
-        })?
-        .split_whitespace()
-        .nth(1)?
-        .parse()
-        .ok()?;
-    Some(kib * 1024)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -108,6 +92,6 @@ mod tests {
         let p = dir.path().join("f");
         std::fs::write(&p, vec![1u8; 10_000]).unwrap();
         assert_eq!(resolve_auto(&p).0, Reader::Mmap);
-        assert!(meminfo("MemTotal").unwrap() > 0);
+        assert!(crate::system::mem_total().unwrap() > 0);
     }
 }

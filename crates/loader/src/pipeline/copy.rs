@@ -1,0 +1,339 @@
+//! The copy thread: takes filled slots in sequence order, issues their copies to every device
+//! and hands finished batches to the consumer.
+
+use std::collections::VecDeque;
+use std::sync::mpsc::SyncSender;
+use std::sync::Arc;
+use std::time::Instant;
+
+use super::plan::BatchSpec;
+use super::{Batch, Shared, SlotContents, Staging, Target};
+use crate::backend::{Backend, CopyFence, DeviceMemory, Landed};
+use crate::error::{LoaderError, Result};
+use crate::pool::PinnedPool;
+use crate::register::MappedWindows;
+use crate::stats::add;
+
+pub(super) fn copy_loop(shared: &Arc<Shared>, batches: SyncSender<Result<Batch>>) {
+    // Every call into the driver makes its device's context current itself; binding the first
+    // saves the switch for the common case of one device.
+    if let Some(ctx) = shared.backend().context() {
+        if let Err(e) = ctx.bind() {
+            shared.fail(e.into());
+        }
+    }
+    match &shared.staging {
+        Staging::Slots(pool) => copy_slots(shared, pool, &batches),
+        Staging::Windows(windows) => copy_windows(shared, windows, &batches),
+    }
+    if let Some(e) = shared.take_error() {
+        let _ = batches.send(Err(e));
+    }
+}
+
+/// Hands a batch on device `target` whose copy was issued to the consumer; false when the
+/// consumer went away.
+fn deliver(
+    shared: &Shared,
+    batches: &SyncSender<Result<Batch>>,
+    target: usize,
+    (seq, spec, len): (u64, Arc<BatchSpec>, usize),
+    memory: DeviceMemory,
+    ready: CopyFence,
+) -> bool {
+    let batch = Batch {
+        seq,
+        spec,
+        len,
+        target,
+        landed: Landed {
+            ready,
+            memory,
+            backend: Arc::clone(&shared.targets[target].backend),
+        },
+    };
+    let handed = Instant::now();
+    if batches.send(Ok(batch)).is_err() {
+        return false;
+    }
+    add(&shared.counters.wait_consumer_ns, handed.elapsed());
+    true
+}
+
+/// A batch being assembled by the copy thread: its place, and on each device its memory and
+/// the fence of the last copy issued into it.
+struct Assembling {
+    spec: Arc<BatchSpec>,
+    on: Vec<(DeviceMemory, Option<CopyFence>)>,
+}
+
+fn copy_slots(shared: &Arc<Shared>, pool: &PinnedPool, batches: &SyncSender<Result<Batch>>) {
+    let pieces = shared.pieces;
+    let rb = shared.out_record_bytes;
+    let mut current: Option<Assembling> = None;
+    for unit in 0..shared.plan.total() * pieces.per_batch {
+        let Some(slot) = shared.ring.next_filled(unit) else {
+            break;
+        };
+        let started = Instant::now();
+        let SlotContents {
+            spec,
+            records,
+            offset,
+        } = shared.slot_contents[slot]
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+            .expect("a filled slot has its contents recorded");
+        let (seq, piece) = pieces.split(unit);
+        if let Some(spec) = spec {
+            match Assembling::new(shared, spec) {
+                Ok(batch) => current = Some(batch),
+                Err(e) => {
+                    shared.fail(e);
+                    break;
+                }
+            }
+        }
+        let batch = current
+            .as_mut()
+            .expect("the first piece of a batch comes before the others");
+        let (fence, failed) = if records.is_empty() {
+            // Nothing to copy: the slot is free as soon as the copies before it are done.
+            match shared.backend().completed_fence() {
+                Ok(fence) => (Some(fence), None),
+                Err(e) => (None, Some(e)),
+            }
+        } else {
+            let src = pool.slot_ptr(slot).wrapping_add(offset);
+            // SAFETY: the slot stays `Filled` (untouched by readers) until `copy_issued`, after
+            // which the ring keeps it out of the free list until this fence, that of every copy
+            // issued out of it, completes; each destination lies inside the batch's memory on
+            // its device (records `lo .. hi` of its `count`), disjoint from every other piece's,
+            // and the batch is not read before its last fence there; the reader left the piece
+            // at `offset .. offset + len`, inside the slot.
+            unsafe {
+                copy_to_every_device(
+                    shared,
+                    src,
+                    &mut batch.on,
+                    records.start * rb,
+                    records.len() * rb,
+                )
+            }
+        };
+        // Copies already issued read the slot even when a later one failed: the ring must wait
+        // for them before the pool can go.
+        if let Some(fence) = fence {
+            shared.ring.copy_issued(slot, fence);
+        }
+        if let Some(e) = failed {
+            shared.fail(e);
+            break;
+        }
+        add(&shared.counters.copy_issue_ns, started.elapsed());
+        if piece + 1 == pieces.per_batch {
+            let batch = current.take().expect("assembled above");
+            if !deliver_assembled(shared, batches, seq, batch) {
+                return;
+            }
+        }
+    }
+}
+
+impl Assembling {
+    /// A batch's first piece has come: its device memory, whole, on every device.
+    fn new(shared: &Shared, spec: Arc<BatchSpec>) -> Result<Assembling> {
+        let bytes = spec.count * shared.out_record_bytes;
+        let on = shared
+            .targets
+            .iter()
+            .map(|t| Ok((t.backend.alloc(bytes, &t.budget)?, None)))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Assembling { spec, on })
+    }
+}
+
+/// Hands batch `seq`, whose every copy has been issued, to the consumer on each device in turn;
+/// false when the consumer went away or a fence could not be made (the error recorded).
+fn deliver_assembled(
+    shared: &Shared,
+    batches: &SyncSender<Result<Batch>>,
+    seq: u64,
+    Assembling { spec, on }: Assembling,
+) -> bool {
+    let len = spec.count * shared.out_record_bytes;
+    for (target, (memory, last)) in on.into_iter().enumerate() {
+        // Copies to one device finish in the order they were issued (one stream; one host copy
+        // thread), so the batch is complete there when its last copy is.
+        let ready = match last {
+            Some(fence) => fence,
+            None => match shared.targets[target].backend.completed_fence() {
+                Ok(fence) => fence,
+                Err(e) => {
+                    shared.fail(e);
+                    return false;
+                }
+            },
+        };
+        let place = (seq, Arc::clone(&spec), len);
+        if !deliver(shared, batches, target, place, memory, ready) {
+            return false;
+        }
+    }
+    true
+}
+
+/// Issues the copy of `len` bytes at `src` to `offset` of the batch's memory on every device,
+/// each on its own device's stream, and returns the fence of all the copies issued, and the
+/// error that stopped the rest if one did.
+///
+/// # Safety
+/// As for [`Backend::copy`], for every device: `src` stays unwritten until the fence returned
+/// completes, and no device's memory is read before its copy's fence.
+unsafe fn copy_to_every_device(
+    shared: &Shared,
+    src: *const u8,
+    on: &mut [(DeviceMemory, Option<CopyFence>)],
+    offset: usize,
+    len: usize,
+) -> (Option<CopyFence>, Option<LoaderError>) {
+    let mut fences = Vec::with_capacity(on.len());
+    for (target, (memory, last)) in shared.targets.iter().zip(on) {
+        // SAFETY: forwarded from this function's contract.
+        match unsafe { target.backend.copy(src, memory, offset, len) } {
+            Ok(fence) => {
+                *last = Some(fence.clone());
+                fences.push(fence);
+            }
+            Err(e) => {
+                return (
+                    (!fences.is_empty()).then(|| CopyFence::all(fences)),
+                    Some(e),
+                )
+            }
+        }
+    }
+    (Some(CopyFence::all(fences)), None)
+}
+
+/// Copies each batch straight from the windows of the mapped file it lies in, to the one device
+/// (`MultiLoader::replicated` refuses the register reader).
+fn copy_windows(
+    shared: &Arc<Shared>,
+    windows: &MappedWindows,
+    batches: &SyncSender<Result<Batch>>,
+) {
+    let Target {
+        backend, budget, ..
+    } = &shared.targets[0];
+    let record_bytes = shared.source.layout().record_bytes() as u64;
+    let mut held = HeldWindows {
+        shared,
+        backend,
+        held: VecDeque::new(),
+        next: 0,
+    };
+    let outcome = (|| -> Result<bool> {
+        for seq in 0..shared.plan.total() {
+            let started = Instant::now();
+            let spec = shared.plan.batch(seq)?;
+            let len = spec.count * shared.out_record_bytes;
+            let a = spec.first() * record_bytes;
+            let pieces = windows.pieces(a, a + len as u64);
+            // Window sequence numbers count from the loader's first epoch, as the ring's do.
+            let epoch_base = (spec.epoch - shared.plan.first_epoch()) * windows.windows_per_epoch;
+            let needed = epoch_base + pieces[0].0..=epoch_base + pieces[pieces.len() - 1].0;
+            if !held.hold(&needed)? {
+                return Ok(false);
+            }
+            let mut memory = backend.alloc(len, budget)?;
+            let mut fence = None;
+            for &(_, src, offset, piece_len) in &pieces {
+                // SAFETY: the window holding `src .. src + piece_len` is locked and stays so
+                // until the fence of this copy (or a later one) completes; the destination range
+                // is inside `memory`, which nobody reads before the fence.
+                fence = Some(unsafe { backend.copy(src, &mut memory, offset, piece_len) }?);
+            }
+            let fence = fence.expect("a batch has at least one piece");
+            held.read_by(&needed, &fence);
+            add(&shared.counters.copy_issue_ns, started.elapsed());
+            if !deliver(
+                shared,
+                batches,
+                0,
+                (seq, Arc::new(spec), len),
+                memory,
+                fence,
+            ) {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    })();
+    // Release what is still held so that `drain` waits for it and the registrar can finish.
+    held.release_all();
+    if let Err(e) = outcome {
+        shared.fail(e);
+    }
+}
+
+/// The windows of the mapped file the copy thread holds, oldest first, and the next one to
+/// take from the ring.
+struct HeldWindows<'a> {
+    shared: &'a Shared,
+    backend: &'a Backend,
+    /// (window seq, slot, fence of the last copy that read it).
+    held: VecDeque<(u64, usize, Option<CopyFence>)>,
+    next: u64,
+}
+
+impl HeldWindows<'_> {
+    /// Gives a window's slot back to the ring once `fence` (or, with none, everything issued so
+    /// far) completes.
+    fn release(&self, slot: usize, fence: Option<CopyFence>) -> Result<()> {
+        let fence = match fence {
+            Some(fence) => fence,
+            None => self.backend.completed_fence()?,
+        };
+        self.shared.ring.copy_issued(slot, fence);
+        Ok(())
+    }
+
+    /// Gives back the windows before `needed` and takes from the ring every window up to its
+    /// end; false when the ring shut down.
+    fn hold(&mut self, needed: &std::ops::RangeInclusive<u64>) -> Result<bool> {
+        while self.held.front().is_some_and(|h| h.0 < *needed.start()) {
+            let (_, slot, fence) = self.held.pop_front().expect("checked");
+            self.release(slot, fence)?;
+        }
+        while self.next <= *needed.end() {
+            let Some(slot) = self.shared.ring.next_filled(self.next) else {
+                return Ok(false);
+            };
+            if self.next < *needed.start() {
+                // No batch reads it (a resumed epoch starts past it): give it straight back,
+                // or the held windows could fill the ring and stall the registrar.
+                self.release(slot, None)?;
+            } else {
+                self.held.push_back((self.next, slot, None));
+            }
+            self.next += 1;
+        }
+        Ok(true)
+    }
+
+    /// Records that the copy ending in `fence` read the windows `needed`.
+    fn read_by(&mut self, needed: &std::ops::RangeInclusive<u64>, fence: &CopyFence) {
+        for h in self.held.iter_mut().filter(|h| needed.contains(&h.0)) {
+            h.2 = Some(fence.clone());
+        }
+    }
+
+    /// Gives every window still held back to the ring.
+    fn release_all(&mut self) {
+        for (_, slot, fence) in std::mem::take(&mut self.held) {
+            let _ = self.release(slot, fence);
+        }
+    }
+}

@@ -1,0 +1,331 @@
+//! Which records each batch holds, and how a batch is cut into slots.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+
+use crate::error::{LoaderError, Result};
+use crate::order::{BatchRecords, EpochOrder, OrderSpec};
+use pinfeed_source::Source;
+
+use crate::register::Reader;
+use crate::{LoaderOptions, MAX_SLOTS};
+
+/// Which records each batch holds: the epochs' orders, from the resume position on.
+///
+/// Sequence number `seq` is global batch `first_global + seq`, that is batch
+/// `(first_global + seq) % batches_per_epoch` of epoch `(first_global + seq) / batches_per_epoch`.
+pub(super) struct Plan {
+    pub(super) spec: OrderSpec,
+    pub(super) batches_per_epoch: u64,
+    pub(super) first_global: u64,
+    pub(super) total: u64,
+    /// Records in the largest batch: the batch size, or one rank's records of an epoch when
+    /// those are fewer.
+    pub(super) largest_batch: usize,
+    /// The orders of the epochs in use, newest last: readers may work on two epochs at once,
+    /// and a shuffled order is worth computing once.
+    pub(super) orders: Mutex<VecDeque<Arc<EpochOrder>>>,
+}
+
+/// One batch's place in the plan.
+#[derive(Clone, Debug)]
+pub(super) struct BatchSpec {
+    pub(super) epoch: u64,
+    pub(super) index: u64,
+    pub(super) records: BatchRecords,
+    pub(super) count: usize,
+}
+
+impl BatchSpec {
+    pub(super) fn first(&self) -> u64 {
+        match &self.records {
+            BatchRecords::Range { first, .. } => *first,
+            BatchRecords::Indices(indices) => indices[0],
+        }
+    }
+}
+
+impl Plan {
+    pub(super) fn new(
+        num_records: u64,
+        options: &LoaderOptions,
+        source_name: &str,
+    ) -> Result<Plan> {
+        options.validate()?;
+        let spec = options.order_spec(num_records);
+        let (first, remaining) = EpochOrder::resume(&spec, options.start).map_err(|e| match e {
+            LoaderError::Config(m) => LoaderError::Config(format!("{source_name}: {m}")),
+            other => other,
+        })?;
+        let batches_per_epoch = first.num_batches();
+        if batches_per_epoch == 0 {
+            return Err(LoaderError::Config(format!(
+                "{source_name}: batch size {} leaves no batch to deliver from {num_records} records{}",
+                options.batch_size,
+                if options.drop_last { " with drop_last" } else { "" }
+            )));
+        }
+        options
+            .start
+            .check_epochs(options.epochs, batches_per_epoch)
+            .map_err(|e| match e {
+                LoaderError::Config(m) => LoaderError::Config(format!("{source_name}: {m}")),
+                other => other,
+            })?;
+        // Checked above: every batch of the run has a 64-bit number counted from epoch 0.
+        let total = batches_per_epoch * options.epochs - remaining.start;
+        let first_global = options.start.epoch * batches_per_epoch + remaining.start;
+        // A batch never holds more than one rank's records of an epoch, whatever the batch
+        // size asked: slots are sized for this, not for `batch_size`.
+        let largest_batch = usize::try_from(first.num_records())
+            .unwrap_or(usize::MAX)
+            .min(options.batch_size);
+        Ok(Plan {
+            spec,
+            batches_per_epoch,
+            first_global,
+            total,
+            largest_batch,
+            orders: Mutex::new(VecDeque::from([Arc::new(first)])),
+        })
+    }
+
+    pub(super) fn total(&self) -> u64 {
+        self.total
+    }
+
+    /// The epoch of the first batch this plan delivers.
+    pub(super) fn first_epoch(&self) -> u64 {
+        self.first_global / self.batches_per_epoch
+    }
+
+    pub(super) fn order(&self, epoch: u64) -> Result<Arc<EpochOrder>> {
+        let mut orders = self.orders.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(order) = orders.iter().find(|o| o.epoch() == epoch) {
+            return Ok(Arc::clone(order));
+        }
+        // Computed under the lock: other readers need the same epoch and would only wait.
+        let order = Arc::new(EpochOrder::new(&self.spec, epoch)?);
+        orders.push_back(Arc::clone(&order));
+        if orders.len() > 2 {
+            orders.pop_front();
+        }
+        Ok(order)
+    }
+
+    pub(super) fn batch(&self, seq: u64) -> Result<BatchSpec> {
+        let global = self.first_global + seq;
+        let (epoch, index) = (
+            global / self.batches_per_epoch,
+            global % self.batches_per_epoch,
+        );
+        let records = self.order(epoch)?.batch(index);
+        let count = records.len() as usize;
+        Ok(BatchSpec {
+            epoch,
+            index,
+            records,
+            count,
+        })
+    }
+}
+
+/// How batches are cut into pieces, a slot each: unit `u` of the ring is piece
+/// `u % per_batch` of batch `u / per_batch`, holding the batch's records
+/// `piece × records .. (piece + 1) × records` (fewer, or none, in a short last batch).
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Pieces {
+    pub(super) per_batch: u64,
+    pub(super) records: usize,
+}
+
+impl Pieces {
+    /// Pieces of at most `piece_bytes` (at least one record each) for batches of `batch_size`
+    /// records of `record_bytes`; one piece a batch when `piece_bytes` is `None`.
+    pub(super) fn new(
+        batch_size: usize,
+        record_bytes: usize,
+        piece_bytes: Option<usize>,
+    ) -> Pieces {
+        let records = match piece_bytes {
+            Some(bytes) => (bytes / record_bytes.max(1)).clamp(1, batch_size),
+            None => batch_size,
+        };
+        Pieces {
+            per_batch: batch_size.div_ceil(records) as u64,
+            records,
+        }
+    }
+
+    /// The batch a unit belongs to, and which piece of it the unit is.
+    pub(super) fn split(&self, unit: u64) -> (u64, u64) {
+        (unit / self.per_batch, unit % self.per_batch)
+    }
+
+    /// Records `lo .. hi` of a batch of `count` records that piece `piece` holds.
+    pub(super) fn range(&self, piece: u64, count: usize) -> std::ops::Range<usize> {
+        let lo = (piece as usize * self.records).min(count);
+        lo..(lo + self.records).min(count)
+    }
+}
+
+/// How the pinned memory is cut: the size of a slot, how many, and how batches map onto them.
+pub(super) struct SlotLayout {
+    /// Bytes of one record as delivered (after the transform).
+    pub(super) out_record_bytes: usize,
+    /// Bytes of the largest batch as delivered.
+    pub(super) batch_bytes: usize,
+    pub(super) pieces: Pieces,
+    pub(super) slot_bytes: usize,
+    pub(super) slots: usize,
+    /// Slots' worth of work over the run: pieces of every batch.
+    pub(super) units: u64,
+    /// Reader threads.
+    pub(super) threads: usize,
+}
+
+impl SlotLayout {
+    /// Sizes the slots for `plan`'s batches of `source` within the options' pinned budget.
+    pub(super) fn new(
+        source: &dyn Source,
+        options: &LoaderOptions,
+        plan: &Plan,
+    ) -> Result<SlotLayout> {
+        let batch_size = plan.largest_batch;
+        let record_bytes = source.layout().record_bytes();
+        let out_record_bytes = options
+            .transform
+            .as_ref()
+            .map_or(record_bytes, |t| t.output_record_bytes());
+        if out_record_bytes == 0 {
+            return Err(LoaderError::Config(
+                "the transform's output records are 0 bytes long".into(),
+            ));
+        }
+        let batch_bytes = out_record_bytes
+            .checked_mul(batch_size)
+            .ok_or_else(|| LoaderError::Config("batch size × record size overflows".into()))?;
+        // Without a transform, readers read straight into the slot, so it holds what the
+        // source's aligned reads need (O_DIRECT reads whole aligned blocks around the records).
+        // Slots are page-aligned (and aligned as the source needs): what O_DIRECT reads need, and
+        // what keeps copies aligned.
+        let align = source.alignment().max(4096);
+        // Large batches go in pieces, each its own slot (see `LoaderOptions::piece_bytes`).
+        let pieces = if options.transform.is_some() || options.reader == Reader::Register {
+            Pieces::new(batch_size, out_record_bytes, None)
+        } else {
+            Pieces::new(batch_size, out_record_bytes, options.piece_bytes)
+        };
+        let read_span = if options.transform.is_some() {
+            batch_bytes
+        } else {
+            source
+                .aligned_span(pieces.records)
+                .max(pieces.records * out_record_bytes)
+        };
+        let slot_bytes = read_span
+            .checked_next_multiple_of(align)
+            .ok_or_else(|| LoaderError::Config("batch too large".into()))?;
+        let fits = options.pinned_budget / slot_bytes;
+        if fits < 2 {
+            return Err(LoaderError::BudgetTooSmall {
+                budget: options.pinned_budget,
+                slot_bytes,
+                fits,
+                batch_size,
+                record_bytes: out_record_bytes,
+                needed: 2 * slot_bytes,
+            });
+        }
+        let units = plan
+            .total()
+            .checked_mul(pieces.per_batch)
+            .ok_or_else(|| LoaderError::Config(format!("{} epochs is too many", options.epochs)))?;
+        let threads = options.num_threads.unwrap_or_else(|| {
+            std::thread::available_parallelism()
+                .map_or(4, |n| n.get())
+                .min(8)
+        });
+        // Enough slots for every reader to hold one, the copy engine a few and the rest queued;
+        // more would only lock more memory (and take longer to lock at start-up).
+        let slots = fits
+            .min(MAX_SLOTS)
+            .min(2 * threads + 6)
+            .min(usize::try_from(units).unwrap_or(usize::MAX).max(2));
+        Ok(SlotLayout {
+            out_record_bytes,
+            batch_bytes,
+            pieces,
+            slot_bytes,
+            slots,
+            units,
+            threads,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Position;
+
+    fn options(batch_size: usize, drop_last: bool, epochs: u64) -> LoaderOptions {
+        LoaderOptions {
+            batch_size,
+            drop_last,
+            epochs,
+            ..LoaderOptions::default()
+        }
+    }
+
+    #[test]
+    pub(super) fn plan_keeps_or_drops_the_last_partial_batch() {
+        let keep = Plan::new(10, &options(4, false, 2), "x").unwrap();
+        assert_eq!(keep.total(), 6);
+        let last = keep.batch(2).unwrap();
+        assert_eq!(
+            (last.epoch, last.index, last.first(), last.count),
+            (0, 2, 8, 2)
+        );
+        let second_epoch = keep.batch(3).unwrap();
+        assert_eq!((second_epoch.epoch, second_epoch.first()), (1, 0));
+        let drop = Plan::new(10, &options(4, true, 1), "x").unwrap();
+        assert_eq!(drop.total(), 2);
+        assert_eq!(drop.batch(1).unwrap().count, 4);
+    }
+
+    #[test]
+    pub(super) fn plan_resumes_mid_epoch() {
+        let mut o = options(4, false, 2);
+        o.start = Position {
+            epoch: 0,
+            batches_done: 2,
+        };
+        let plan = Plan::new(10, &o, "x").unwrap();
+        assert_eq!(
+            plan.total(),
+            4,
+            "one batch left of epoch 0, three of epoch 1"
+        );
+        let b = plan.batch(0).unwrap();
+        assert_eq!((b.epoch, b.index, b.first()), (0, 2, 8));
+        assert_eq!(plan.batch(1).unwrap().epoch, 1);
+    }
+
+    #[test]
+    pub(super) fn plan_rejects_impossible_batching() {
+        assert!(Plan::new(10, &options(0, false, 1), "x").is_err());
+        assert!(Plan::new(10, &options(4, false, 0), "x").is_err());
+        let Err(err) = Plan::new(3, &options(4, true, 1), "data.npy") else {
+            panic!("a batch larger than the dataset with drop_last was accepted");
+        };
+        assert!(err.to_string().contains("data.npy"), "{err}");
+        assert!(Plan::new(10, &options(11, false, 1), "x").is_ok());
+        let mut past_end = options(4, false, 1);
+        past_end.start = Position {
+            epoch: 0,
+            batches_done: 4,
+        };
+        assert!(Plan::new(10, &past_end, "x").is_err());
+    }
+}
