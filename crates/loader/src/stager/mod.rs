@@ -52,7 +52,7 @@ const PAGE: usize = 4096;
 const MAX_REGISTER_CHUNK: usize = 32 << 20;
 
 /// The smallest chunk worth registering: below this a `memcpy` is cheaper than the driver calls
-/// (0.8 ms to register 2.5 MiB on the H200 machine, REFERENCE.md).
+/// (page-locking a few MiB costs most of a millisecond on the H200 machine; docs/BENCHMARKS.md).
 const MIN_REGISTER_CHUNK: usize = 4 << 20;
 
 /// Copies from an already page-locked source are issued in pieces of at most this size.

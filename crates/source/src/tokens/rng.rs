@@ -1,5 +1,5 @@
 //! The counter-based generator behind token sampling: SplitMix64 and its mixing function,
-//! the same as the loader's record order uses (`crates/loader/src/order.rs`), so that both are
+//! the same as the loader's record order uses (`crates/loader/src/order/`), so that both are
 //! pinned by the same reference outputs. Saved positions rely on these exact functions.
 
 const GOLDEN_GAMMA: u64 = 0x9e37_79b9_7f4a_7c15;

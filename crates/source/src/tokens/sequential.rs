@@ -28,7 +28,7 @@ impl WindowBatch {
 }
 
 /// Consecutive windows in order, split across ranks by the loader's rule for records in file
-/// order (`EpochOrder` with `Shuffle::None` in `crates/loader/src/order.rs`), with windows as
+/// order (`EpochOrder` with `Shuffle::None` in `crates/loader/src/order/`), with windows as
 /// records:
 ///
 /// - each rank gets `m` windows an epoch: `ceil(N / world_size)` without `drop_last` (the
