@@ -152,7 +152,8 @@ fn empty_directories_and_patterns_are_errors() {
     let e = open_with(dir.path(), None, &ReadOptions::default()).unwrap_err();
     assert!(matches!(e, SourceError::NoShards { .. }), "{e:?}");
     assert!(
-        e.to_string().contains("no .npy or .safetensors files"),
+        e.to_string()
+            .contains("no .npy, .safetensors or .pftxt files"),
         "{e}"
     );
     assert!(
