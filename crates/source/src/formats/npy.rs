@@ -283,6 +283,15 @@ impl Header {
         for d in dims {
             match d.value {
                 Value::Int(n) => shape.push(n),
+                Value::Neg(n) => {
+                    let found = format!("the negative dimension -{n}");
+                    return Err(header_err(
+                        path,
+                        at(d.at),
+                        "a dimension of 0 or more",
+                        &found,
+                    ));
+                }
                 ref other => return Err(header_err(path, at(d.at), "an integer", other.kind())),
             }
         }
@@ -737,6 +746,11 @@ mod tests {
             b"{'descr': '<f4', 'fortran_order': False, 'shape': (3, 'a')}",
         ));
         assert_eq!(e.0, 10 + 54);
+        let e = header_error(&file_with(
+            1,
+            b"{'descr': '<f4', 'fortran_order': False, 'shape': (2, -3)}",
+        ));
+        assert_eq!((e.0, e.2.as_str()), (10 + 54, "the negative dimension -3"));
         let e = header_error(&file_with(1, b"['descr']"));
         assert_eq!(e.1, "a dict");
         // Latin-1 byte 0xe9 is one byte in the file though two in the decoded text.
