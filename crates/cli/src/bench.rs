@@ -9,6 +9,7 @@ use std::io::Write;
 
 use anyhow::{bail, Context as _, Result};
 use clap::Args;
+use memmap2::MmapMut;
 use pinfeed::{
     parse_size, DeviceData, DeviceSpec, Loader, LoaderOptions, PinMethod, Stager, StagerOptions,
     UploadMethod, DEFAULT_STAGING_BUDGET,
@@ -354,6 +355,11 @@ fn upload_variants(args: &BenchArgs, device: DeviceSpec, t: &Tensor) -> Result<V
         .collect())
 }
 
+/// Said before the table when there is no GPU, so that no one reads host rows as PCIe rates.
+pub const HOST_BACKEND: &str = "host backend: no GPU here; the 'device' is host memory and the copy \
+    engine a memcpy thread, so these rows measure CPU copies, not PCIe: the slot-to-device copy that \
+    a GPU's DMA engine makes without the CPU is one more CPU memcpy here";
+
 /// The table, or with --json one object, and why (b) loses.
 fn write_report(
     out: &mut impl Write,
@@ -393,6 +399,7 @@ fn write_report(
             "{}",
             json!({
                 "device": device.to_string(),
+                "backend": if matches!(device, DeviceSpec::Cuda(_)) { "cuda" } else { "host" },
                 "rows": rows,
                 "cols": args.cols,
                 "row_bytes": row_bytes,
@@ -408,6 +415,9 @@ fn write_report(
             })
         )?;
     } else {
+        if !matches!(device, DeviceSpec::Cuda(_)) {
+            writeln!(out, "{HOST_BACKEND}")?;
+        }
         write_table(out, args, device, t, variants, pin_methods, &why)?;
     }
     Ok(())
@@ -490,41 +500,20 @@ fn host_locked_per_row(tensor: &[f32], dst: &mut [u8], row_bytes: usize) -> Resu
         .zip(dst.chunks_mut(row_bytes))
     {
         let t = Instant::now();
-        // SAFETY: an anonymous private mapping has no preconditions.
-        let ptr = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                row_bytes,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        if ptr == libc::MAP_FAILED {
-            return Err(std::io::Error::last_os_error()).context("mmap of a row buffer");
-        }
-        // SAFETY: `ptr .. ptr + row_bytes` was just mapped.
-        if unsafe { libc::mlock(ptr, row_bytes) } != 0 {
-            let e = std::io::Error::last_os_error();
-            // SAFETY: unmapping what we mapped.
-            unsafe { libc::munmap(ptr, row_bytes) };
-            return Err(e).context(format!(
+        let mut locked = MmapMut::map_anon(row_bytes).context("mmap of a row buffer")?;
+        locked.lock().with_context(|| {
+            format!(
                 "mlock of one {row_bytes}-byte row (raise the memory-lock limit with `ulimit -l`)"
-            ));
-        }
+            )
+        })?;
         cost.alloc += t.elapsed();
         cost.count += 1;
-        // SAFETY: the mapping holds `row_bytes` bytes, and `src` is `row_bytes` long.
-        let locked = unsafe { std::slice::from_raw_parts_mut(ptr.cast::<u8>(), src.len()) };
         locked.copy_from_slice(src);
-        dst.copy_from_slice(locked);
+        dst.copy_from_slice(&locked);
         let t = Instant::now();
-        // SAFETY: unlocking and unmapping what we mapped; `locked` is not used after.
-        unsafe {
-            libc::munlock(ptr, row_bytes);
-            libc::munmap(ptr, row_bytes);
-        }
+        // Unmapping unlocks too, but the unlock is part of what (b) pays and is timed alike.
+        locked.unlock().context("munlock of a row buffer")?;
+        drop(locked);
         cost.free += t.elapsed();
     }
     Ok(cost)

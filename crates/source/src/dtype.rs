@@ -272,110 +272,150 @@ fn structured(node: &Node, depth: usize) -> Result<(Value, usize), String> {
     let mut out = Vec::with_capacity(fields.len());
     let mut total: usize = 0;
     for (i, field) in fields.iter().enumerate() {
-        let Value::Tuple(parts) = &field.value else {
-            return Err(format!(
-                "field {i}: expected a tuple (name, format[, shape]), found {}",
-                field.value.kind()
-            ));
-        };
-        if !(2..=3).contains(&parts.len()) {
-            return Err(format!(
-                "field {i}: expected a tuple (name, format[, shape]), found {} items",
-                parts.len()
-            ));
-        }
-        let name = match &parts[0].value {
-            Value::Str(n) => n,
-            Value::Tuple(t) if t.len() == 2 => match (&t[0].value, &t[1].value) {
-                (Value::Str(_), Value::Str(n)) => n,
-                _ => {
-                    return Err(format!(
-                        "field {i}: a (title, name) pair must hold two strings"
-                    ))
-                }
-            },
-            other => {
-                return Err(format!(
-                    "field {i}: expected a name or (title, name), found {}",
-                    other.kind()
-                ))
-            }
-        };
-        if !name.is_empty() && !names.insert(name.clone()) {
-            return Err(format!("duplicate field name {name:?}"));
-        }
-        let (format, size) = match &parts[1].value {
-            Value::Str(t) => {
-                let d = parse_typestr(t).map_err(|e| format!("field {name:?}: {e}"))?;
-                let inner = d.descr[1..d.descr.len() - 1].to_owned();
-                (Value::Str(inner), d.itemsize)
-            }
-            Value::List(_) => {
-                structured(&parts[1], depth + 1).map_err(|e| format!("field {name:?}: {e}"))?
-            }
-            other => {
-                return Err(format!(
-                    "field {name:?}: expected a typestring or list of fields, found {}",
-                    other.kind()
-                ))
-            }
-        };
-        let mut canon = vec![
-            parts[0].clone(),
-            Node {
-                at: parts[1].at,
-                value: format,
-            },
-        ];
-        let mut count: usize = 1;
-        if let Some(shape) = parts.get(2) {
-            let dims: Vec<u64> = match &shape.value {
-                Value::Int(n) => vec![*n],
-                Value::Tuple(t) => t
-                    .iter()
-                    .map(|d| match d.value {
-                        Value::Int(n) => Ok(n),
-                        ref other => Err(format!(
-                            "field {name:?}: shape holds {}, not an integer",
-                            other.kind()
-                        )),
-                    })
-                    .collect::<Result<_, _>>()?,
-                other => {
-                    return Err(format!(
-                        "field {name:?}: expected a shape tuple, found {}",
-                        other.kind()
-                    ))
-                }
-            };
-            for &d in &dims {
-                count = usize::try_from(d)
-                    .ok()
-                    .and_then(|d| count.checked_mul(d))
-                    .ok_or_else(|| format!("field {name:?}: shape {dims:?} overflows"))?;
-            }
-            let tuple = dims
-                .iter()
-                .map(|&d| Node {
-                    at: shape.at,
-                    value: Value::Int(d),
-                })
-                .collect();
-            canon.push(Node {
-                at: shape.at,
-                value: Value::Tuple(tuple),
-            });
-        }
-        total = size
-            .checked_mul(count)
-            .and_then(|s| total.checked_add(s))
+        let (canon, size) = structured_field(i, field, depth, &mut names)?;
+        total = total
+            .checked_add(size)
             .ok_or_else(|| "structured dtype size overflows".to_owned())?;
-        out.push(Node {
-            at: field.at,
-            value: Value::Tuple(canon),
-        });
+        out.push(canon);
     }
     Ok((Value::List(out), total))
+}
+
+/// Checks field `i`, `(name, format[, shape])`, whose name must not be in `names` yet; returns
+/// it canonical and its size in bytes.
+fn structured_field(
+    i: usize,
+    field: &Node,
+    depth: usize,
+    names: &mut HashSet<String>,
+) -> Result<(Node, usize), String> {
+    let Value::Tuple(parts) = &field.value else {
+        return Err(format!(
+            "field {i}: expected a tuple (name, format[, shape]), found {}",
+            field.value.kind()
+        ));
+    };
+    if !(2..=3).contains(&parts.len()) {
+        return Err(format!(
+            "field {i}: expected a tuple (name, format[, shape]), found {} items",
+            parts.len()
+        ));
+    }
+    let name = field_name(i, &parts[0])?;
+    if !name.is_empty() && !names.insert(name.to_owned()) {
+        return Err(format!("duplicate field name {name:?}"));
+    }
+    let in_field = |e: String| format!("field {name:?}: {e}");
+    let (format, mut size) = field_format(&parts[1], depth).map_err(in_field)?;
+    let mut canon = vec![
+        parts[0].clone(),
+        Node {
+            at: parts[1].at,
+            value: format,
+        },
+    ];
+    if let Some(shape) = parts.get(2) {
+        let (shape, count) = sub_array_shape(shape).map_err(in_field)?;
+        size = size
+            .checked_mul(count)
+            .ok_or_else(|| "structured dtype size overflows".to_owned())?;
+        canon.push(shape);
+    }
+    Ok((
+        Node {
+            at: field.at,
+            value: Value::Tuple(canon),
+        },
+        size,
+    ))
+}
+
+/// A field's name: a string, or the name of a `(title, name)` pair.
+fn field_name(i: usize, node: &Node) -> Result<&str, String> {
+    match &node.value {
+        Value::Str(n) => Ok(n),
+        Value::Tuple(t) if t.len() == 2 => match (&t[0].value, &t[1].value) {
+            (Value::Str(_), Value::Str(n)) => Ok(n),
+            _ => Err(format!(
+                "field {i}: a (title, name) pair must hold two strings"
+            )),
+        },
+        other => Err(format!(
+            "field {i}: expected a name or (title, name), found {}",
+            other.kind()
+        )),
+    }
+}
+
+/// A field's format, canonical, and its size: a typestring, a list of fields, or numpy's
+/// sub-array pair `(format, shape)`, which numpy writes for a field whose dtype is itself a
+/// sub-array (`[('c', ('<f8', (5,)), (2,))]` is a (2, 5) float64 field).
+fn field_format(node: &Node, depth: usize) -> Result<(Value, usize), String> {
+    match &node.value {
+        Value::Str(t) => {
+            let d = parse_typestr(t)?;
+            let inner = d.descr[1..d.descr.len() - 1].to_owned();
+            Ok((Value::Str(inner), d.itemsize))
+        }
+        Value::List(_) => structured(node, depth + 1),
+        Value::Tuple(pair) if pair.len() == 2 => {
+            if depth > MAX_FIELD_DEPTH {
+                return Err(format!(
+                    "sub-arrays nest more than {MAX_FIELD_DEPTH} levels deep"
+                ));
+            }
+            let (inner, size) = field_format(&pair[0], depth + 1)?;
+            let (shape, count) = sub_array_shape(&pair[1])?;
+            let size = size
+                .checked_mul(count)
+                .ok_or_else(|| "sub-array size overflows".to_owned())?;
+            let inner = Node {
+                at: pair[0].at,
+                value: inner,
+            };
+            Ok((Value::Tuple(vec![inner, shape]), size))
+        }
+        other => Err(format!(
+            "expected a typestring, a list of fields or a (format, shape) sub-array, found {}",
+            other.kind()
+        )),
+    }
+}
+
+/// A sub-array shape (`(2, 3)` or `2`) as a canonical tuple, and its element count.
+fn sub_array_shape(shape: &Node) -> Result<(Node, usize), String> {
+    let dims: Vec<u64> = match &shape.value {
+        Value::Int(n) => vec![*n],
+        Value::Tuple(t) => t
+            .iter()
+            .map(|d| match d.value {
+                Value::Int(n) => Ok(n),
+                Value::Neg(n) => Err(format!("negative dimension -{n} in a sub-array shape")),
+                ref other => Err(format!("shape holds {}, not an integer", other.kind())),
+            })
+            .collect::<Result<_, _>>()?,
+        Value::Neg(n) => return Err(format!("negative dimension -{n} in a sub-array shape")),
+        other => return Err(format!("expected a shape tuple, found {}", other.kind())),
+    };
+    let mut count: usize = 1;
+    for &d in &dims {
+        count = usize::try_from(d)
+            .ok()
+            .and_then(|d| count.checked_mul(d))
+            .ok_or_else(|| format!("shape {dims:?} overflows"))?;
+    }
+    let tuple = dims
+        .iter()
+        .map(|&d| Node {
+            at: shape.at,
+            value: Value::Int(d),
+        })
+        .collect();
+    let node = Node {
+        at: shape.at,
+        value: Value::Tuple(tuple),
+    };
+    Ok((node, count))
 }
 
 /// What [`parse_user_dtype`] accepts, for its error message.
@@ -383,11 +423,11 @@ const ACCEPTED: &str = "expected a Rust name (u8 i8 u16 i16 u32 i32 u64 i64 f16 
     a numpy name (uint8 int8 uint16 int16 uint32 int32 uint64 int64 float16 float32 float64 complex64 \
     complex128 bool), a numpy typestring with its byte order ('<f4', '|u1', '<u8', '|S16', '<U8', '|V4', \
     '<M8[ns]'), a numpy character code (B b H h I i L l Q q e f d F D ?), any of these after numpy's \
-    comma sub-array shape ('3,31,31B'), or a structured descr list (\"[('x', '<f4'), ('y', '|u1', (3,))]\")";
+    sub-array shape ('3,31,31B' or '(3,31,31)B'), or a structured descr list (\"[('x', '<f4'), ('y', '|u1', (3,))]\")";
 
 /// Parses a dtype typed by a user (command line, raw files): returns the element dtype and the
-/// leading per-record shape given by numpy's comma sub-array form (`"3,31,31B"` gives `uint8`
-/// and `[3, 31, 31]`; `"f32"` gives `float32` and `[]`).
+/// leading per-record shape given by numpy's sub-array forms (`"3,31,31B"` and `"(3,31,31)B"`
+/// give `uint8` and `[3, 31, 31]`; `"f32"` gives `float32` and `[]`).
 ///
 /// Rust names mean what they mean in Rust (`u8` is one byte); numpy typestrings must carry their
 /// byte order (`'<u8'` is numpy's 8-byte unsigned integer) so that the two cannot be confused.
@@ -401,28 +441,74 @@ pub fn parse_user_dtype(s: &str) -> Result<(DType, Vec<u64>)> {
     if t.starts_with('[') {
         return DType::from_descr_literal(t).map(|d| (d, Vec::new()));
     }
-    // numpy's `3,31,31B`: a comma-separated shape glued to an element type.
-    let shape_end = t
-        .find(|c: char| !(c.is_ascii_digit() || c == ','))
-        .unwrap_or(t.len());
-    let (shape_text, name) = t.split_at(shape_end);
-    let mut shape = Vec::new();
-    if !shape_text.is_empty() {
-        for part in shape_text.split(',') {
-            let d = part.parse::<u64>().map_err(|_| {
-                fail(format!(
-                    "cannot read the sub-array shape {shape_text:?}; {ACCEPTED}"
-                ))
-            })?;
-            shape.push(d);
-        }
-    }
+    let (shape, name) = split_sub_array(t).map_err(fail)?;
     if name.contains(',') {
         return Err(fail(format!(
             "comma-separated structured dtypes are not supported; give a descr list instead; {ACCEPTED}"
         )));
     }
-    let typestr = match name {
+    let typestr = match user_name_typestr(name) {
+        Some(t) => t,
+        None if name.starts_with(['<', '>', '|', '=', '!']) => name,
+        None if parse_typestr(name).is_ok() => {
+            return Err(fail(format!(
+                "{name:?} looks like a numpy typestring without a byte order, which is ambiguous next to \
+                 Rust names (numpy 'u8' is 8 bytes, Rust u8 is 1); write it with its byte order, e.g. '<{name}' \
+                 or '|{name}'"
+            )))
+        }
+        None => return Err(fail(ACCEPTED.to_owned())),
+    };
+    let dtype = parse_typestr(typestr).map_err(|e| fail(format!("{e}; {ACCEPTED}")))?;
+    Ok((dtype, shape))
+}
+
+/// Splits numpy's sub-array shape off the front of a user dtype: `3,31,31B` (a comma-separated
+/// shape glued to the element type) or `(3,31,31)B`; returns the shape and the element type.
+fn split_sub_array(t: &str) -> Result<(Vec<u64>, &str), String> {
+    let (shape_text, name) = if let Some(rest) = t.strip_prefix('(') {
+        let Some(close) = rest.find(')') else {
+            return Err(format!(
+                "the sub-array shape {t:?} has no closing ')'; {ACCEPTED}"
+            ));
+        };
+        let inner = rest[..close].trim();
+        // `(3,)` is a one-dimensional shape, `()` none.
+        (
+            inner.strip_suffix(',').unwrap_or(inner),
+            rest[close + 1..].trim_start(),
+        )
+    } else {
+        let end = t
+            .find(|c: char| !(c.is_ascii_digit() || c == ',' || c == '-'))
+            .unwrap_or(t.len());
+        t.split_at(end)
+    };
+    if shape_text.is_empty() {
+        return Ok((Vec::new(), name));
+    }
+    let mut shape = Vec::new();
+    for part in shape_text.split(',') {
+        let part = part.trim();
+        if part
+            .strip_prefix('-')
+            .is_some_and(|d| d.parse::<u64>().is_ok())
+        {
+            return Err(format!(
+                "negative dimension {part} in the sub-array shape {shape_text:?}"
+            ));
+        }
+        let d = part
+            .parse::<u64>()
+            .map_err(|_| format!("cannot read the sub-array shape {shape_text:?}; {ACCEPTED}"))?;
+        shape.push(d);
+    }
+    Ok((shape, name))
+}
+
+/// The typestring for a Rust name, numpy name or numpy character code.
+fn user_name_typestr(name: &str) -> Option<&'static str> {
+    Some(match name {
         "u8" | "uint8" | "B" | "ubyte" => "|u1",
         "i8" | "int8" | "b" | "byte" => "|i1",
         "u16" | "uint16" | "H" | "ushort" => "<u2",
@@ -438,18 +524,8 @@ pub fn parse_user_dtype(s: &str) -> Result<(DType, Vec<u64>)> {
         "complex64" | "F" => "<c8",
         "complex128" | "D" => "<c16",
         "bool" | "bool_" | "?" => "|b1",
-        n if n.starts_with(['<', '>', '|', '=', '!']) => n,
-        n if parse_typestr(n).is_ok() => {
-            return Err(fail(format!(
-                "{n:?} looks like a numpy typestring without a byte order, which is ambiguous next to \
-                 Rust names (numpy 'u8' is 8 bytes, Rust u8 is 1); write it with its byte order, e.g. '<{n}' \
-                 or '|{n}'"
-            )))
-        }
-        _ => return Err(fail(ACCEPTED.to_owned())),
-    };
-    let dtype = parse_typestr(typestr).map_err(|e| fail(format!("{e}; {ACCEPTED}")))?;
-    Ok((dtype, shape))
+        _ => return None,
+    })
 }
 
 #[cfg(test)]
@@ -521,6 +597,20 @@ mod tests {
             "[(('title', 'x'), '<f8', (2,)), ('n', [('p', '<i2', (2, 3)), ('q', '|b1')])]"
         );
         assert_eq!(descr("[('é名', '<i4')]").itemsize, 4);
+        // A field whose format is a sub-array pair, as numpy writes it; nested pairs and int
+        // shapes too.
+        let d = descr("[('c', ('<f8', (5,)), (2,))]");
+        assert_eq!(
+            (d.itemsize, d.descr.as_str()),
+            (80, "[('c', ('<f8', (5,)), (2,))]")
+        );
+        let d = descr("[('c', (('|u1', 3), (2, 2)))]");
+        assert_eq!(
+            (d.itemsize, d.descr.as_str()),
+            (12, "[('c', (('|u1', (3,)), (2, 2)))]")
+        );
+        let d = descr("[('s', ([('x', '<f4')], (2,)))]");
+        assert_eq!(d.itemsize, 8);
         assert_eq!(descr("[]").itemsize, 0);
     }
 
@@ -549,6 +639,12 @@ mod tests {
         assert!(descr_err("[('a', 5)]").contains("typestring"));
         assert!(descr_err("[('a', '<f4', ('x',))]").contains("not an integer"));
         assert!(descr_err("[(1, '<f4')]").contains("name"));
+        assert!(descr_err("[('c', ('<f8', (-5,)), (2,))]").contains("negative dimension -5"));
+        assert!(descr_err("[('c', '<f8', (2, -1))]").contains("negative dimension -1"));
+        assert!(descr_err("[('c', '<f8', -2)]").contains("negative dimension -2"));
+        assert!(descr_err("[('c', ('<f8',))]").contains("(format, shape) sub-array"));
+        assert!(descr_err("[('c', ('<f8', (2**70,)))]").contains("malformed"));
+        assert!(descr_err("[('c', ('<f8', (4294967296,)), (4294967296,))]").contains("overflows"));
         assert!(descr_err("5").contains("found an integer"));
         assert!(descr_err("{'a': 1}").contains("found a dict"));
         assert!(descr_err("[('a', '<f4')").contains("malformed literal at byte"));
@@ -586,6 +682,12 @@ mod tests {
         assert_eq!(user("3,31,31B"), ("'|u1'".into(), 1, vec![3, 31, 31]));
         assert_eq!(user(" 7f32 "), ("'<f4'".into(), 4, vec![7]));
         assert_eq!(user("2,2<f8"), ("'<f8'".into(), 8, vec![2, 2]));
+        // numpy's parenthesised form, as in np.dtype('(2,5)<f4'), means the same as '2,5<f4'.
+        assert_eq!(user("(2,5)<f4"), user("2,5<f4"));
+        assert_eq!(user("(2,5)<f4"), ("'<f4'".into(), 4, vec![2, 5]));
+        assert_eq!(user("( 2 , 5 ) u8"), ("'|u1'".into(), 1, vec![2, 5]));
+        assert_eq!(user("(3,)B"), ("'|u1'".into(), 1, vec![3]));
+        assert_eq!(user("()f32"), ("'<f4'".into(), 4, vec![]));
         assert_eq!(
             user("[('x', '<f4'), ('y', '|u1', (3,))]"),
             ("[('x', '<f4'), ('y', '|u1', (3,))]".into(), 7, vec![])
@@ -607,13 +709,18 @@ mod tests {
             "3,,3B",
             "3,31,31",
             "99999999999999999999B",
-            "(3,3)u1",
             "garbage",
+            "(3,3B",
+            "(3,x)B",
         ] {
             assert!(err(s).contains("expected a Rust name"), "{s}: {}", err(s));
         }
         assert!(err("u4").contains("without a byte order"));
         assert!(err("f8").contains("without a byte order"));
+        assert!(err("(3,3)u1").contains("without a byte order"));
+        for s in ["-3,4B", "(2,-5)<f4", "4,-1,2f32"] {
+            assert!(err(s).contains("negative dimension -"), "{s}: {}", err(s));
+        }
         assert!(err("i4,f8").contains("comma-separated structured"));
         assert!(err(">f4").contains("big-endian"));
         assert!(err("|O").contains("object"));

@@ -4,12 +4,12 @@
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
-use std::os::unix::io::AsRawFd;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result};
+use memmap2::{MmapMut, MmapOptions};
 use pinfeed::PinMethod;
 use pinfeed_cuda::{Context, CudaError, DevicePool, Event, PinnedMemory, Registration, Stream};
 
@@ -219,17 +219,16 @@ fn measure_batch(ctx: &Arc<Context>, b: &Buffers<'_>, timer: &mut CopyTimer) -> 
         drop(memory);
         free.push(ms_since(t));
     }
-    let mut buffer = Mapping::new(BATCH_BYTES).context("mmap of a batch buffer")?;
-    buffer.as_mut_slice().fill(1);
+    let mut buffer = MmapMut::map_anon(BATCH_BYTES).context("mmap of a batch buffer")?;
+    buffer[..].fill(1);
     let mut register = Vec::new();
     let mut unregister = Vec::new();
     for _ in 0..5 {
         let t = Instant::now();
         // SAFETY: the mapping is ours, read-write, and outlives the registration, which no copy
         // uses.
-        let registration = unsafe {
-            Registration::new(ctx, buffer.as_mut_slice().as_mut_ptr(), BATCH_BYTES, false)?
-        };
+        let registration =
+            unsafe { Registration::new(ctx, buffer[..].as_mut_ptr(), BATCH_BYTES, false)? };
         register.push(ms_since(t));
         let t = Instant::now();
         drop(registration);
@@ -252,61 +251,14 @@ fn measure_batch(ctx: &Arc<Context>, b: &Buffers<'_>, timer: &mut CopyTimer) -> 
 }
 
 /// An anonymous private mapping: page-aligned, as O_DIRECT and `mlock` want it.
-struct Mapping {
-    /// Invariant: `len` bytes at `ptr` are mapped read-write until Drop, and only this value
-    /// hands out references into them.
-    ptr: *mut u8,
-    len: usize,
-}
-
-impl Mapping {
-    fn new(len: usize) -> io::Result<Mapping> {
-        // SAFETY: a fresh anonymous private mapping aliases nothing; failure is checked below.
-        let ptr = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        if ptr == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(Mapping {
-            ptr: ptr.cast(),
-            len,
-        })
-    }
-
-    fn as_mut_slice(&mut self) -> &mut [u8] {
-        // SAFETY: mapped read-write for `len` bytes (field invariant); `&mut self` makes this
-        // the only reference.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
-    }
-}
-
-impl Drop for Mapping {
-    fn drop(&mut self) {
-        // SAFETY: unmapping what `new` mapped, once; no reference outlives `self`.
-        unsafe { libc::munmap(self.ptr.cast(), self.len) };
-    }
-}
-
 /// Fresh mapping + `mlock` of `len` bytes, then `munlock` + `munmap`: `(lock ms, unlock ms)`.
 fn mlock_once(len: usize) -> io::Result<(f64, f64)> {
     let t = Instant::now();
-    let mapping = Mapping::new(len)?;
-    // SAFETY: the range is the mapping just made.
-    if unsafe { libc::mlock(mapping.ptr.cast(), len) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
+    let mapping = MmapMut::map_anon(len)?;
+    mapping.lock()?;
     let lock = ms_since(t);
     let t = Instant::now();
-    // SAFETY: unlocking what we locked; the mapping is unmapped right after.
-    unsafe { libc::munlock(mapping.ptr.cast(), len) };
+    mapping.unlock()?;
     drop(mapping);
     Ok((lock, ms_since(t)))
 }
@@ -380,28 +332,17 @@ fn cached_fraction(file: &File, offset: u64, len: u64) -> io::Result<f64> {
     let mut at = start;
     while at < end {
         let window = (end - at).min(WINDOW) as usize;
-        // SAFETY: a read-only shared mapping of an open file aliases no Rust memory; failure is
-        // checked below. The mapping is never read, only passed to mincore.
-        let ptr = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                window,
-                libc::PROT_READ,
-                libc::MAP_SHARED,
-                file.as_raw_fd(),
-                at as libc::off_t,
-            )
-        };
-        if ptr == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
+        // SAFETY: another process may change the file under a shared mapping, which would break
+        // a `&[u8]` over it; this one is never read, only passed to mincore, so nothing observes
+        // such a change. memmap2 unmaps it when dropped.
+        let mapping = unsafe { MmapOptions::new().offset(at).len(window).map(file)? };
+        let ptr = mapping.as_ptr().cast_mut().cast::<libc::c_void>();
         let pages = window.div_ceil(page as usize);
         // SAFETY: `ptr .. ptr + window` is the mapping just made (page-aligned); `vec` holds at
         // least one byte for each of its pages.
         let status = unsafe { libc::mincore(ptr, window, vec.as_mut_ptr()) };
         let error = io::Error::last_os_error();
-        // SAFETY: unmapping what we mapped.
-        unsafe { libc::munmap(ptr, window) };
+        drop(mapping);
         if status != 0 {
             return Err(error);
         }
@@ -465,8 +406,8 @@ pub(super) fn measure_file(path: &Path, file: &File) -> Result<FileReport> {
     {
         Err(e) => report.direct_refused = Some(format!("O_DIRECT open refused: {e}")),
         Ok(direct) => {
-            let mut buf = Mapping::new(4 << 20).context("mmap of a read buffer")?;
-            match read_pass(&direct, buf.as_mut_slice(), direct_len, None) {
+            let mut buf = MmapMut::map_anon(4 << 20).context("mmap of a read buffer")?;
+            match read_pass(&direct, &mut buf[..], direct_len, None) {
                 Ok(rate) => report.direct = Some(rate),
                 Err(e) => report.direct_refused = Some(format!("O_DIRECT read refused: {e}")),
             }

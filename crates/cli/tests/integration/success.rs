@@ -153,6 +153,23 @@ fn bench_json_names_the_three_variants() {
 }
 
 #[test]
+fn bench_on_the_host_backend_says_so() {
+    let args = [
+        "bench", "--device", "cpu", "--rows", "8", "--cols", "4096", "--repeat", "1",
+    ];
+    let run = pinfeed(args);
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    let first = run.stdout.lines().next().unwrap_or_default();
+    assert!(
+        first.starts_with("host backend: no GPU here;") && first.contains("not PCIe"),
+        "{}",
+        run.stdout
+    );
+    let run = pinfeed(args.iter().copied().chain(["--json"]));
+    assert_eq!(json_report(&run)["backend"], "host");
+}
+
+#[test]
 fn stream_plot_writes_a_png() {
     let (dir, path) = fixture("plot.npy");
     let run = pinfeed(["gen", &shown(&path), "--records", "20000", "--shape", "256"]);

@@ -181,23 +181,7 @@ impl Header {
     fn parse_text(raw: &[u8], pre: &Preamble, path: &Path) -> Result<Header> {
         let start = pre.header_start;
         let utf8 = pre.version.0 >= 3;
-        let text: String = if utf8 {
-            match std::str::from_utf8(raw) {
-                Ok(s) => s.to_owned(),
-                Err(e) => {
-                    let bad = raw.get(e.valid_up_to()).copied().unwrap_or(0);
-                    return Err(header_err(
-                        path,
-                        start + e.valid_up_to() as u64,
-                        "UTF-8 text (version 3.0 header)",
-                        format!("byte 0x{bad:02x}"),
-                    ));
-                }
-            }
-        } else {
-            // Latin-1: every byte is the code point of the same value.
-            raw.iter().map(|&b| char::from(b)).collect()
-        };
+        let text = decode_text(raw, start, utf8, path)?;
         // Offsets inside `text` are UTF-8 byte offsets; in a latin-1 file one char is one byte.
         let at = |i: usize| -> u64 {
             let n = if utf8 {
@@ -212,47 +196,7 @@ impl Header {
         let Value::Dict(items) = &root.value else {
             return Err(header_err(path, at(root.at), "a dict", root.value.kind()));
         };
-        let (mut descr, mut fortran, mut shape): (Option<&Node>, Option<&Node>, Option<&Node>) =
-            (None, None, None);
-        for (key, value) in items {
-            let slot = match &key.value {
-                Value::Str(k) if k == "descr" => &mut descr,
-                Value::Str(k) if k == "fortran_order" => &mut fortran,
-                Value::Str(k) if k == "shape" => &mut shape,
-                other => {
-                    let mut found = String::new();
-                    literal::repr(other, &mut found);
-                    return Err(header_err(
-                        path,
-                        at(key.at),
-                        "only the keys 'descr', 'fortran_order' and 'shape'",
-                        format!("key {found}"),
-                    ));
-                }
-            };
-            if slot.is_some() {
-                let mut found = String::new();
-                literal::repr(&key.value, &mut found);
-                return Err(header_err(
-                    path,
-                    at(key.at),
-                    "each key once",
-                    format!("a second {found}"),
-                ));
-            }
-            *slot = Some(value);
-        }
-        let missing = |k: &str| {
-            header_err(
-                path,
-                at(root.at),
-                format!("the key '{k}'"),
-                "a dict without it",
-            )
-        };
-        let descr_node = descr.ok_or_else(|| missing("descr"))?;
-        let fortran_node = fortran.ok_or_else(|| missing("fortran_order"))?;
-        let shape_node = shape.ok_or_else(|| missing("shape"))?;
+        let [descr_node, fortran_node, shape_node] = header_keys(items, &root, path, &at)?;
 
         let descr = DType::from_node(descr_node).map_err(|e| e.with_path(path))?;
         let fortran_order = match fortran_node.value {
@@ -279,13 +223,7 @@ impl Header {
                 shape_node.value.kind(),
             ));
         };
-        let mut shape = Vec::with_capacity(dims.len());
-        for d in dims {
-            match d.value {
-                Value::Int(n) => shape.push(n),
-                ref other => return Err(header_err(path, at(d.at), "an integer", other.kind())),
-            }
-        }
+        let shape = dimensions(dims, path, &at)?;
         let shape_err = |reason| SourceError::Shape {
             path: path.to_path_buf(),
             shape: shape.clone(),
@@ -609,6 +547,101 @@ impl super::Format for Npy {
     }
 }
 
+/// A header's text: UTF-8 from version 3.0, Latin-1 before; `start` is its offset in the file.
+fn decode_text(raw: &[u8], start: u64, utf8: bool, path: &Path) -> Result<String> {
+    Ok(if utf8 {
+        match std::str::from_utf8(raw) {
+            Ok(s) => s.to_owned(),
+            Err(e) => {
+                let bad = raw.get(e.valid_up_to()).copied().unwrap_or(0);
+                return Err(header_err(
+                    path,
+                    start + e.valid_up_to() as u64,
+                    "UTF-8 text (version 3.0 header)",
+                    format!("byte 0x{bad:02x}"),
+                ));
+            }
+        }
+    } else {
+        // Latin-1: every byte is the code point of the same value.
+        raw.iter().map(|&b| char::from(b)).collect()
+    })
+}
+
+/// The values of the header dict's three keys, `descr`, `fortran_order` and `shape`, each
+/// present once and no other key; `at` maps a text offset to a file offset.
+fn header_keys<'a>(
+    items: &'a [(Node, Node)],
+    root: &Node,
+    path: &Path,
+    at: &dyn Fn(usize) -> u64,
+) -> Result<[&'a Node; 3]> {
+    let (mut descr, mut fortran, mut shape): (Option<&Node>, Option<&Node>, Option<&Node>) =
+        (None, None, None);
+    for (key, value) in items {
+        let slot = match &key.value {
+            Value::Str(k) if k == "descr" => &mut descr,
+            Value::Str(k) if k == "fortran_order" => &mut fortran,
+            Value::Str(k) if k == "shape" => &mut shape,
+            other => {
+                let mut found = String::new();
+                literal::repr(other, &mut found);
+                return Err(header_err(
+                    path,
+                    at(key.at),
+                    "only the keys 'descr', 'fortran_order' and 'shape'",
+                    format!("key {found}"),
+                ));
+            }
+        };
+        if slot.is_some() {
+            let mut found = String::new();
+            literal::repr(&key.value, &mut found);
+            return Err(header_err(
+                path,
+                at(key.at),
+                "each key once",
+                format!("a second {found}"),
+            ));
+        }
+        *slot = Some(value);
+    }
+    let missing = |k: &str| {
+        header_err(
+            path,
+            at(root.at),
+            format!("the key '{k}'"),
+            "a dict without it",
+        )
+    };
+    let descr_node = descr.ok_or_else(|| missing("descr"))?;
+    let fortran_node = fortran.ok_or_else(|| missing("fortran_order"))?;
+    let shape_node = shape.ok_or_else(|| missing("shape"))?;
+
+    Ok([descr_node, fortran_node, shape_node])
+}
+
+/// The shape tuple's dimensions, each an integer of 0 or more.
+fn dimensions(dims: &[Node], path: &Path, at: &dyn Fn(usize) -> u64) -> Result<Vec<u64>> {
+    let mut shape = Vec::with_capacity(dims.len());
+    for d in dims {
+        match d.value {
+            Value::Int(n) => shape.push(n),
+            Value::Neg(n) => {
+                let found = format!("the negative dimension -{n}");
+                return Err(header_err(
+                    path,
+                    at(d.at),
+                    "a dimension of 0 or more",
+                    &found,
+                ));
+            }
+            ref other => return Err(header_err(path, at(d.at), "an integer", other.kind())),
+        }
+    }
+    Ok(shape)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -737,6 +770,11 @@ mod tests {
             b"{'descr': '<f4', 'fortran_order': False, 'shape': (3, 'a')}",
         ));
         assert_eq!(e.0, 10 + 54);
+        let e = header_error(&file_with(
+            1,
+            b"{'descr': '<f4', 'fortran_order': False, 'shape': (2, -3)}",
+        ));
+        assert_eq!((e.0, e.2.as_str()), (10 + 54, "the negative dimension -3"));
         let e = header_error(&file_with(1, b"['descr']"));
         assert_eq!(e.1, "a dict");
         // Latin-1 byte 0xe9 is one byte in the file though two in the decoded text.

@@ -64,6 +64,24 @@ fn structured_with_subarray_and_padding() {
     assert!(src.layout().shape.is_empty());
 }
 
+/// numpy writes a field whose dtype is itself a sub-array as a nested pair: field `c` of
+/// `[('c', ('<f8', (5,)), (2,))]` holds (2, 5) float64 values.
+#[test]
+fn nested_subarray_field() {
+    let src = check(
+        "n.npy",
+        "dt = np.dtype([('c', ('<f8', (5,)), (2,))])\n\
+         assert dt.descr == [('c', ('<f8', (5,)), (2,))], dt.descr\n\
+         arr = np.zeros(N, dt)\n\
+         arr['c'] = rng.random((N, 2, 5))\n\
+         np.save(os.path.join(d, 'n.npy'), arr); emit(arr)",
+    );
+    let dt = &src.header().descr;
+    assert_eq!(dt.itemsize, 2 * 5 * 8);
+    assert_eq!(dt.descr, "[('c', ('<f8', (5,)), (2,))]");
+    assert_eq!(src.layout().record_bytes(), 80);
+}
+
 #[test]
 fn write_array_version_1() {
     let src = check(
