@@ -5,9 +5,11 @@
 # binaries, wheel into .device-carry/). bench/README.md lists what each section measures.
 #
 #   bash bench/gpu_run.sh [SECTION...]   (default: tests rust torch python)
-#   sections: tests rust torch python bigcached bigsweep bigcold legacysoak soakstart soakwait
+#   sections: tests rust torch python pytests ab tokens bigcached bigsweep bigcold legacysoak
+#             soakstart soakwait
 #   env: SKIP_DOCTOR=1 (no doctor/copy_path in `rust`), PYBENCH_SECTIONS=seed,loaders,...,sweep,
-#        PYBENCH_ONLY=1 (no torchrun/tests in `python`), SOAK_SECONDS, LEGACY_SOAK_SECONDS, BIGDIR
+#        PYBENCH_ONLY=1 (no torchrun/tests in `python`), SOAK_SECONDS, LEGACY_SOAK_SECONDS, BIGDIR,
+#        AB_ROUNDS (default 3), TOKENS_ARGS (extra arguments of tokens_bench.py)
 set -uo pipefail
 C=.device-carry
 OUT=${OUT:-/tmp/pinfeed-out}
@@ -29,7 +31,7 @@ if want tests; then
     done
 fi
 
-if [ ! -f "$DATA" ] && { want rust || want torch || want python; }; then
+if [ ! -f "$DATA" ] && { want rust || want torch || want python || want ab; }; then
     $C/pinfeed gen "$DATA" --records $RECORDS --shape 3,31,31 --dtype u8 --seed 1
     cat "$DATA" > /dev/null   # page-cached from here on
 fi
@@ -161,6 +163,30 @@ if want bigcold; then
     drop_caches
     $C/pinfeed stream "$BIG" --batch-size 4096 --reader direct --json > "$OUT/big_cold.json"
     python3 -c "import json; r=json.load(open('$OUT/big_cold.json')); print('cold', r['reader'], round(r['gbps'],3), 'GB/s, bytes', r['bytes'], 'pinned peak', r['pinned_bytes_peak'], 'peak rss', r['peak_rss_bytes'], r['bottleneck'])"
+fi
+
+install_wheel() {  # DIR WHEEL...: an installed pinfeed in DIR
+    local dir=$1; shift
+    python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$dir" "$@"
+}
+
+if want pytests && ls $C/*.whl >/dev/null 2>&1; then
+    echo "== Python GPU tests"
+    install_wheel /tmp/site $C/*.whl
+    PYTHONPATH=/tmp/site timeout 300 python3 -m pytest -q -p no:cacheprovider bindings/python/tests --gpu 2>&1 | tail -6 | tee "$OUT/python_gpu_tests.txt"
+fi
+
+if want ab && ls $C/old/*.whl $C/*.whl >/dev/null 2>&1; then
+    echo "== A/B: the wheel of bench/prepare_ab.sh's revision (old) against this one (new)"
+    install_wheel /tmp/site-old $C/old/*.whl && install_wheel /tmp/site $C/*.whl
+    timeout 500 python3 bench/ab.py --build old=/tmp/site-old --build new=/tmp/site --rounds "${AB_ROUNDS:-3}" \
+        --npy "$DATA" --out "$OUT/ab.json" 2>&1 | tail -8
+fi
+
+if want tokens && ls $C/*.whl >/dev/null 2>&1; then
+    echo "== Token batches: TokenLoader against nanoGPT's get_batch, and a GPT training loop"
+    install_wheel /tmp/site $C/*.whl
+    PYTHONPATH=/tmp/site timeout 500 python3 bench/tokens_bench.py --out "$OUT/tokens.json" ${TOKENS_ARGS:-} 2>&1 | tail -24
 fi
 
 if want legacysoak && ls $C/*.whl >/dev/null 2>&1; then
