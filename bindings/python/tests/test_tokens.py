@@ -256,16 +256,16 @@ def test_bad_input_is_one_line_naming_the_file(tmp_path):
     cases.append((short, dict(dtype="uint16", sample="documents"), "short.bin", "Megatron"))
     idx = (MEGATRON / "uint16.idx").read_bytes()
     bin_ = (MEGATRON / "uint16.bin").read_bytes()
-    for label, data, b in [
-        ("magic", b"XXIDIDX\0\0" + idx[9:], bin_),
-        ("version", idx[:9] + (2).to_bytes(8, "little") + idx[17:], bin_),
-        ("dtype code", idx[:17] + b"\x06" + idx[18:], bin_),
-        ("past its .bin", idx, bin_[:-4]),
+    for label, data, b, what in [
+        ("magic", b"XXIDIDX\0\0" + idx[9:], bin_, "magic"),
+        ("version", idx[:9] + (2).to_bytes(8, "little") + idx[17:], bin_, "version"),
+        ("dtype", idx[:17] + b"\x06" + idx[18:], bin_, "dtype"),
+        ("truncated", idx, bin_[:-4], "runs past"),
     ]:
-        prefix = tmp_path / label.replace(" ", "_")
+        prefix = tmp_path / label
         prefix.with_suffix(".idx").write_bytes(data)
         prefix.with_suffix(".bin").write_bytes(b)
-        cases.append((prefix.with_suffix(".bin"), {}, prefix.name + ".", None))
+        cases.append((prefix.with_suffix(".bin"), {}, f"{label}.idx", what))
     for path, kw, names, what in cases:
         with pytest.raises(pinfeed.PinfeedError) as e:
             cpu_loader(path, 16, 2, **kw)
@@ -273,8 +273,18 @@ def test_bad_input_is_one_line_naming_the_file(tmp_path):
         assert names in message and "\n" not in message, message
         if what is not None:
             assert what in message, message
-    with pytest.raises(pinfeed.PinfeedValueError, match="65535"):
-        cpu_loader(MEGATRON / "uint16", 70000, 1, sample="documents")
+    # One document of 70 002 uint16 tokens, in megatron-core's .idx layout.
+    long = tmp_path / "long"
+    np.zeros(70_002, dtype=np.uint16).tofile(long.with_suffix(".bin"))
+    header = b"MMIDIDX\0\0" + (1).to_bytes(8, "little") + bytes([8])
+    counts = (1).to_bytes(8, "little") + (2).to_bytes(8, "little")
+    index = np.array([70_002], "<i4").tobytes() + np.array([0], "<i8").tobytes()
+    long.with_suffix(".idx").write_bytes(
+        header + counts + index + np.array([0, 1], "<i8").tobytes()
+    )
+    cpu_loader(long, 65_534, 1, sample="documents")
+    with pytest.raises(pinfeed.PinfeedValueError, match="long.idx.*at most 65535"):
+        cpu_loader(long, 65_535, 1, sample="documents")
     with pytest.raises(pinfeed.PinfeedValueError, match="unknown sample"):
         cpu_loader(short, 4, 1, dtype="uint16", sample="shuffled")
 
