@@ -15,6 +15,7 @@ mod fork;
 mod loader;
 mod options;
 mod stage;
+mod tokens;
 mod transform;
 
 use std::sync::{Mutex, MutexGuard};
@@ -95,5 +96,6 @@ fn _pinfeed(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(options::device_share, m)?)?;
     m.add_function(wrap_pyfunction!(options::byte_size, m)?)?;
     m.add_function(wrap_pyfunction!(options::bottleneck, m)?)?;
+    tokens::register(m)?;
     Ok(())
 }

@@ -33,12 +33,14 @@ from .loader import Loader
 from .multi import MultiLoader
 from .order import epoch_order
 from .staging import Prefetcher, free_staging_memory, pinned, prefetch, to_device
+from .tokens import TokenLoader
 from .transforms import Transform
 
 __all__ = [
     "MultiLoader",
     "free_staging_memory",
     "Loader",
+    "TokenLoader",
     "epoch_order",
     "prefetch",
     "Prefetcher",

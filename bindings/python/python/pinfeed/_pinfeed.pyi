@@ -275,3 +275,16 @@ def epoch_order(
     epoch: int,
     out: _ArrayT,
 ) -> tuple[_ArrayT, int]: ...
+def open_tokens(
+    path: Union[str, PathLike[str]],
+    *,
+    seq_len: int,
+    batch_size: int,
+    dtype: str | None = None,
+    sample: str = "random",
+    seed: int = 0,
+    steps: int | None = None,
+    world_size: int = 1,
+    epoch: int = 0,
+) -> tuple[Source, str, int]: ...
+def token_offsets(seed: int, epoch: int, num_offsets: int, first: int, count: int) -> list[int]: ...

@@ -91,6 +91,8 @@ def _open_source(
     reader: str = "auto",
     tensor: Optional[str] = None,
 ) -> "_pinfeed.Source":
+    if isinstance(source, _pinfeed.Source):  # opened already, e.g. by pinfeed.TokenLoader
+        return source
     if isinstance(source, (str, os.PathLike)):
         path = os.fspath(source)
         if isinstance(path, bytes):

@@ -163,8 +163,12 @@ impl DocumentPlan {
     }
 }
 
-/// The windows of a [`DocumentPlan`] as the records of a [`Source`]: record `w` is window `w`,
-/// `seq_len + 1` tokens at the dataset's width. Its document ids come from the plan.
+/// The windows of a [`DocumentPlan`] as the records of a [`Source`]: record `w` is window `w`'s
+/// `seq_len + 1` tokens at the dataset's width, followed by `seq_len + 1` little-endian uint16
+/// segment ids, the ordinal of each token's document within the window (`0, 0, 0, 1, 1, 2,
+/// ...`), so the ids travel with the tokens in the same slot and reach the device in the same
+/// copy. The layout is bytes (`uint8`, `(seq_len + 1) × (width + 2)` of them): the consumer
+/// views the two parts. Requires `seq_len + 1 <= 65535`.
 #[derive(Debug)]
 pub struct DocumentWindows {
     plan: DocumentPlan,
@@ -172,11 +176,25 @@ pub struct DocumentWindows {
     name: String,
 }
 
+/// The largest window whose segment ordinals fit in uint16.
+const MAX_WINDOW: u64 = u16::MAX as u64;
+
 impl DocumentWindows {
-    /// The windows of `plan`.
+    /// The windows of `plan`; errors when `seq_len + 1` is over 65535 (segment ids are uint16).
     pub fn new(plan: DocumentPlan) -> Result<DocumentWindows> {
         let name = plan.dataset.idx_path().display().to_string();
-        let layout = Layout::new(plan.dataset.dtype().dtype(), vec![plan.seq_len + 1])
+        let window = plan.seq_len + 1;
+        if window > MAX_WINDOW {
+            return Err(invalid(
+                name,
+                format!(
+                    "document windows of seq_len + 1 = {window} tokens are too long: segment ids \
+                     are uint16, so seq_len + 1 must be at most {MAX_WINDOW}"
+                ),
+            ));
+        }
+        let bytes = window * (plan.dataset.dtype().width() as u64 + 2);
+        let layout = Layout::new(super::TokenDType::U8.dtype(), vec![bytes])
             .map_err(|_| invalid(&name, format!("seq_len {} is too large", plan.seq_len)))?;
         Ok(DocumentWindows { plan, layout, name })
     }
@@ -184,6 +202,11 @@ impl DocumentWindows {
     /// The plan: segments, document ids and `cu_seqlens` of each window.
     pub fn plan(&self) -> &DocumentPlan {
         &self.plan
+    }
+
+    /// Bytes of a record's tokens; its segment ids follow them.
+    pub fn token_bytes(&self) -> usize {
+        (self.plan.seq_len as usize + 1) * self.plan.dataset.dtype().width()
     }
 }
 
@@ -202,9 +225,19 @@ impl Source for DocumentWindows {
 
     fn read_records(&self, first: u64, dst: &mut [u8]) -> Result<()> {
         check_request(self, first, dst.len())?;
-        let bytes = self.layout.record_bytes();
-        for (k, window) in dst.chunks_exact_mut(bytes).enumerate() {
-            self.plan.read_window(first + k as u64, window)?;
+        let (bytes, tokens) = (self.layout.record_bytes(), self.token_bytes());
+        for (k, record) in dst.chunks_exact_mut(bytes).enumerate() {
+            let w = first + k as u64;
+            let (window, ids) = record.split_at_mut(tokens);
+            self.plan.read_window(w, window)?;
+            let mut out = ids.chunks_exact_mut(2);
+            for (ordinal, s) in self.plan.segments(w).iter().enumerate() {
+                // At most `seq_len + 1 <= 65535` segments, checked in `new`.
+                let id = (ordinal as u16).to_le_bytes();
+                for slot in out.by_ref().take(s.len as usize) {
+                    slot.copy_from_slice(&id);
+                }
+            }
         }
         Ok(())
     }
@@ -259,9 +292,19 @@ mod tests {
                 let part = &stream[(w * seq_len) as usize..((w + 1) * seq_len + 1) as usize];
                 let tokens: Vec<i64> = part.iter().map(|t| t.0).collect();
                 let mut dst = vec![0u8; windows.layout().record_bytes()];
+                assert_eq!(dst.len(), (seq_len as usize + 1) * 6);
                 windows.read_records(w, &mut dst).unwrap();
-                assert_eq!(dst, token_bytes(TokenDType::I32, &tokens), "{seq_len} {w}");
+                let (got, segment_ids) = dst.split_at(windows.token_bytes());
+                assert_eq!(got, token_bytes(TokenDType::I32, &tokens), "{seq_len} {w}");
                 let ids: Vec<u64> = part.iter().map(|t| t.1).collect();
+                // Segment ids: the ordinal of each token's document within the window.
+                let mut ordinals = vec![0u16];
+                for pair in ids.windows(2) {
+                    let last = ordinals[ordinals.len() - 1];
+                    ordinals.push(if pair[0] == pair[1] { last } else { last + 1 });
+                }
+                let want: Vec<u8> = ordinals.iter().flat_map(|o| o.to_le_bytes()).collect();
+                assert_eq!(segment_ids, want, "{seq_len} {w}");
                 assert_eq!(plan.document_ids(w), ids);
                 let cu = plan.cu_seqlens(w);
                 assert_eq!((cu[0], *cu.last().unwrap()), (0, seq_len + 1));
@@ -297,5 +340,18 @@ mod tests {
         DocumentPlan::new(ds.clone(), 31, 0, 0).unwrap();
         let e = DocumentPlan::new(ds, 32, 0, 0).unwrap_err().to_string();
         assert!(e.contains("docs.idx") && e.contains("33 tokens"), "{e}");
+    }
+
+    #[test]
+    fn windows_longer_than_uint16_segment_ids_allow_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let prefix = dir.path().join("long");
+        write_indexed(&prefix, TokenDType::U16, &[vec![vec![7i64; 70_000]]]);
+        let ds = Arc::new(IndexedDataset::open(&prefix).unwrap());
+        DocumentWindows::new(DocumentPlan::new(ds.clone(), 65_534, 0, 0).unwrap()).unwrap();
+        let plan = DocumentPlan::new(ds, 65_535, 0, 0).unwrap();
+        let e = DocumentWindows::new(plan).unwrap_err().to_string();
+        assert!(e.contains("long.idx") && e.contains("at most 65535"), "{e}");
+        assert!(!e.contains('\n'));
     }
 }

@@ -10,16 +10,20 @@
 //!   tokens at their stored width, window `i` starting at token `i * stride`: stride 1 for
 //!   random sampling, stride `seq_len` for consecutive windows that share one token (the last
 //!   target of one is the first input of the next, as nanoGPT's evaluation and Megatron read).
+//! - [`SampledWindows`]: a [`Source`](crate::Source) whose record `v` is the window at a
+//!   uniformly random token offset drawn from `(seed, epoch, v)` ([`sampled_offset`]):
+//!   nanoGPT's sampling, read in order by the loader, so that steps are deterministic, split
+//!   across ranks and resumed by the loader's own position.
 //! - [`DocumentPlan`] and [`DocumentWindows`]: documents of an indexed dataset in a shuffled
 //!   order, concatenated and cut into windows, with the documents each window holds
-//!   ([`DocumentPlan::document_ids`], [`DocumentPlan::cu_seqlens`]) for document masking.
-//! - Sampling rules, pure functions of their inputs so that any step can be recomputed on
-//!   resume: [`random_windows`] (nanoGPT's uniform offsets) and [`SequentialPlan`] (every
-//!   window once an epoch, split across ranks as the loader splits batches).
+//!   ([`DocumentPlan::document_ids`], [`DocumentPlan::cu_seqlens`]) for document masking;
+//!   [`DocumentWindows`] records carry each token's segment id after the tokens.
+//! - [`SequentialPlan`]: every window once an epoch, split across ranks as the loader splits
+//!   batches (the loader's own rule, restated for callers that plan without it).
 //!
 //! ```
 //! use std::sync::Arc;
-//! use pinfeed_source::tokens::{random_windows, TokenDType, TokenStream, TokenWindows};
+//! use pinfeed_source::tokens::{SampledWindows, TokenDType, TokenStream, TokenWindows};
 //! use pinfeed_source::Source;
 //!
 //! let dir = tempfile::tempdir().unwrap();
@@ -30,19 +34,19 @@
 //! let windows = TokenWindows::new(stream, 8, 1)?; // seq_len 8: windows of 9 tokens
 //! assert_eq!(windows.num_records(), 92); // nanoGPT's len(data) - block_size offsets
 //!
-//! // Step 3's batch of 4 windows on rank 0, read into a (4, 9) array of uint16.
-//! let starts = random_windows(0, 3, 0, 4, windows.num_records());
-//! let mut batch = vec![0u8; 4 * windows.layout().record_bytes()];
-//! windows.gather(&starts, &mut batch)?;
-//! assert_eq!(u16::from_le_bytes([batch[0], batch[1]]) as u64, starts[0]);
+//! // Random windows, 100 steps of 4: step 3's batch is records 12 .. 16, a (4, 9) uint16 array.
+//! let sampled = SampledWindows::new(windows.stream().clone(), 8, 0, 0, 100 * 4)?;
+//! let mut batch = vec![0u8; 4 * sampled.layout().record_bytes()];
+//! sampled.read_records(3 * 4, &mut batch)?;
+//! assert_eq!(u16::from_le_bytes([batch[0], batch[1]]) as u64, sampled.offset(12));
 //! # Ok::<(), pinfeed_source::SourceError>(())
 //! ```
 
 mod documents;
 mod dtype;
 mod megatron;
-mod random;
 mod rng;
+mod sampled;
 mod sequential;
 mod stream;
 #[cfg(test)]
@@ -52,7 +56,7 @@ mod windows;
 pub use documents::{DocumentPlan, DocumentWindows, Segment};
 pub use dtype::TokenDType;
 pub use megatron::IndexedDataset;
-pub use random::random_windows;
+pub use sampled::{sampled_offset, SampledWindows};
 pub use sequential::{SequentialPlan, WindowBatch};
 pub use stream::TokenStream;
 pub use windows::TokenWindows;

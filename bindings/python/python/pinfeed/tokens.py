@@ -1,0 +1,314 @@
+"""``pinfeed.TokenLoader``: token windows for language-model training, as ``(x, y)`` batches.
+
+nanoGPT's ``get_batch`` in two lines::
+
+    loader = pinfeed.TokenLoader("train.bin", seq_len=1024, batch_size=12, dtype="uint16")
+    for x, y in loader:  # int64 CUDA tensors (12, 1024), y shifted by one
+        ...
+"""
+
+import os
+from collections.abc import Iterator, Mapping
+from typing import Any, Optional, Union
+
+import numpy as np
+
+from . import _pinfeed
+from ._arrays import torch_module
+from .errors import PinfeedValueError
+from .loader import Loader
+from .order import distributed_defaults
+
+__all__ = ["TokenLoader"]
+
+_SAMPLES = ("random", "sequential", "documents")
+_INT_DTYPES = ("int64", "int32")
+
+
+class TokenLoader:
+    """Batches of token windows from a token file, streamed through pinfeed's pinned ring.
+
+    ``path`` is a raw token file (nanoGPT's ``train.bin``: give ``dtype``, ``"uint16"`` or
+    ``"uint32"``), a 1-D integer ``.npy`` (its dtype from the header), a directory or glob of
+    such files read as one stream in sorted name order, or a Megatron indexed dataset (a
+    ``.bin`` beside its ``.idx``, or their common prefix; its dtype from the ``.idx``).
+
+    Each step reads one ``(batch_size, seq_len + 1)`` array of tokens at their stored width
+    (2 bytes a token for uint16) into a pinned slot and copies it to the device; there the
+    inputs ``x = b[:, :-1]`` and targets ``y = b[:, 1:]`` are widened to ``int_dtype``
+    (``"int64"``, or ``"int32"``) on torch's current stream. Iterating yields ``(x, y)``:
+    contiguous CUDA tensors of shape ``(batch_size, seq_len)``, or numpy arrays on the host
+    backend (``device="cpu"``, or ``"auto"`` without a GPU).
+
+    ``sample`` picks the windows:
+
+    - ``"random"`` (nanoGPT): windows at uniformly random token offsets, with replacement.
+      Window ``v`` of an epoch starts at an offset drawn from ``(seed, epoch, v)``
+      (:meth:`offsets` gives them); step ``i`` on rank ``r`` reads windows
+      ``(i × world_size + r) × batch_size ..``, so the global batch of a step does not depend
+      on the number of ranks. With ``steps``, an iteration is ``steps`` batches and
+      ``len()`` is ``steps``; without, the stream is endless (2^40 windows) and ``len()``
+      raises ``TypeError``, as for an iterator without a length.
+    - ``"sequential"``: consecutive windows every ``seq_len`` tokens (each window's last
+      target is the next one's first input), every window once an epoch, split across ranks as
+      :class:`pinfeed.Loader` splits records; ``shuffle=True`` permutes the windows each epoch.
+    - ``"documents"`` (Megatron datasets only): the documents in a shuffled order of ``(seed,
+      epoch)``, concatenated and cut as ``"sequential"``; yields ``(x, y, segment_ids)``,
+      ``segment_ids`` int32 ``(batch_size, seq_len)`` aligned with ``x``: the ordinal of each
+      input token's document within its window (``0, 0, 0, 1, 1, 2, ...``), for document
+      masking. The ids travel in the same slot as the tokens. ``seq_len + 1`` is at most 65535.
+
+    Every mode is deterministic in ``(seed, epoch, step)``, sharded by ``rank`` and
+    ``world_size`` (defaults as :class:`pinfeed.Loader`: ``torch.distributed``, else
+    ``$RANK``/``$WORLD_SIZE``), and resumable exactly: after :meth:`load_state_dict` the next
+    iteration delivers exactly the batches the interrupted run had not received. Each iteration
+    runs the next epoch; :meth:`set_epoch` picks one.
+
+    ``pinned_budget``, ``num_threads``, ``prefetch``, ``reader`` and ``device`` are
+    :class:`pinfeed.Loader`'s.
+    """
+
+    def __init__(
+        self,
+        path: Union[str, "os.PathLike[str]"],
+        seq_len: int,
+        batch_size: int,
+        *,
+        dtype: Optional[str] = None,
+        sample: str = "random",
+        seed: int = 0,
+        steps: Optional[int] = None,
+        shuffle: bool = False,
+        device: Any = "auto",
+        int_dtype: str = "int64",
+        pinned_budget: Any = None,
+        rank: Optional[int] = None,
+        world_size: Optional[int] = None,
+        drop_last: bool = False,
+        num_threads: Optional[int] = None,
+        prefetch: int = 4,
+    ) -> None:
+        self.path = os.fsdecode(os.fspath(path))
+        if sample not in _SAMPLES:
+            raise PinfeedValueError(
+                f"{self.path}: unknown sample {sample!r}: expected one of {', '.join(_SAMPLES)}"
+            )
+        if int_dtype not in _INT_DTYPES:
+            raise PinfeedValueError(
+                f"{self.path}: int_dtype must be 'int64' or 'int32', not {int_dtype!r}"
+            )
+        if sample == "random" and shuffle:
+            raise PinfeedValueError(
+                f"{self.path}: shuffle applies to sample='sequential' or 'documents'; random "
+                "windows are drawn at random already"
+            )
+        if steps is not None and sample != "random":
+            raise PinfeedValueError(
+                f"{self.path}: steps applies to sample='random'; sequential and document "
+                "windows have a length (batches per epoch)"
+            )
+        self.sample = sample
+        self.seq_len = int(seq_len)
+        self.batch_size = int(batch_size)
+        self.seed = int(seed)
+        self.steps = None if steps is None else int(steps)
+        self.shuffle = bool(shuffle)
+        self.int_dtype = int_dtype
+        # "uint16", "<u2", numpy.uint16: the Rust side parses names and typestrings.
+        self._dtype = (
+            None if dtype is None else (dtype if isinstance(dtype, str) else np.dtype(dtype).str)
+        )
+        self.rank, self.world_size = distributed_defaults(rank, world_size)
+        self._loader_args = dict(
+            device=device,
+            drop_last=drop_last,
+            shuffle=self.shuffle,
+            seed=self.seed,
+            rank=self.rank,
+            world_size=self.world_size,
+            pinned_budget=pinned_budget,
+            num_threads=num_threads,
+            prefetch=prefetch,
+            raw=True,
+        )
+        # Random and document windows are drawn anew each epoch, by a new source; sequential
+        # windows are one source whose epochs the Loader runs.
+        self._per_epoch = sample != "sequential"
+        self._loader, self._loader_epoch = self._make_loader(0), 0
+        self.device: str = self._loader.device
+        # (epoch, batches done) the next iteration starts at, when set_epoch or
+        # load_state_dict chose it; otherwise the epoch after the last pass's.
+        self._next: Optional[tuple[int, int]] = None
+        self._pass_epoch: Optional[int] = None
+
+    def _make_loader(self, epoch: int) -> Loader:
+        source, typestr, num_tokens = _pinfeed.open_tokens(
+            self.path,
+            seq_len=self.seq_len,
+            batch_size=self.batch_size,
+            dtype=self._dtype,
+            sample=self.sample,
+            seed=self.seed,
+            steps=self.steps,
+            world_size=self.world_size,
+            epoch=epoch,
+        )
+        #: numpy dtype of the tokens as stored.
+        self.token_dtype: np.dtype = np.dtype(typestr)
+        #: Tokens in the data.
+        self.num_tokens: int = int(num_tokens)
+        return Loader(source, self.batch_size, **self._loader_args)
+
+    def _loader_for(self, epoch: int) -> Loader:
+        if self._per_epoch and epoch != self._loader_epoch:
+            self._loader.close()
+            self._loader, self._loader_epoch = self._make_loader(epoch), epoch
+        return self._loader
+
+    def __len__(self) -> int:
+        if self.sample == "random" and self.steps is None:
+            raise TypeError(
+                "TokenLoader(sample='random') without steps is endless and has no len(); "
+                "pass steps= for a run of a set length"
+            )
+        return len(self._loader)
+
+    def __iter__(self) -> Iterator[tuple[Any, ...]]:
+        if self._next is not None:
+            start = self._next
+        elif self._pass_epoch is None:
+            start = (0, 0)
+        else:
+            start = (self._pass_epoch + 1, 0)
+        self._next, self._pass_epoch = None, start[0]
+        loader = self._loader_for(start[0])
+        # Positions the Loader (a pass it started already at this position is kept).
+        state = loader.state_dict()
+        loader.load_state_dict({**state, "epoch": start[0], "batches_done": start[1]})
+        return self._batches(iter(loader))
+
+    def _batches(self, batches: Iterator[Any]) -> Iterator[tuple[Any, ...]]:
+        width = self.token_dtype.itemsize
+        tokens_bytes = (self.seq_len + 1) * width
+        cuda = self.device.startswith("cuda")
+        for raw in batches:
+            if self.sample == "documents":
+                tok, ids = raw[:, :tokens_bytes], raw[:, tokens_bytes:]
+                yield (*self._xy(tok, cuda), self._segment_ids(ids, cuda))
+            else:
+                yield self._xy(raw, cuda)
+
+    def _xy(self, raw: Any, cuda: bool) -> tuple[Any, Any]:
+        """``x`` and ``y`` of a ``(B, (seq_len + 1) × width)`` uint8 batch, widened."""
+        b, t = int(raw.shape[0]), self.seq_len
+        if not cuda:
+            tok = np.ascontiguousarray(raw).view(self.token_dtype)
+            return tok[:, :-1].astype(self.int_dtype), tok[:, 1:].astype(self.int_dtype)
+        torch = torch_module()
+        dt = self.token_dtype
+        if not raw.is_contiguous():
+            raw = raw.contiguous()
+        # Viewed as the signed type of the width (torch's unsigned types beyond uint8 have few
+        # kernels), then widened and, for unsigned tokens, masked back to their values.
+        signed = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[dt.itemsize]
+        tok = raw.view(torch.uint8 if dt == np.uint8 else signed)
+        out = getattr(torch, self.int_dtype)
+        mask = None
+        if dt.kind == "u" and dt.itemsize in (2, 4):
+            if dt.itemsize == 2 or out == torch.int64:
+                mask = (1 << (8 * dt.itemsize)) - 1
+            # uint32 tokens into int32: ids below 2^31 read the same; the view is the value.
+        pair = []
+        for part in (tok[:, :-1], tok[:, 1:]):
+            wide = torch.empty((b, t), dtype=out, device=raw.device)
+            wide.copy_(part)
+            if mask is not None:
+                wide.bitwise_and_(mask)
+            pair.append(wide)
+        return pair[0], pair[1]
+
+    def _segment_ids(self, raw: Any, cuda: bool) -> Any:
+        """The int32 ``(B, seq_len)`` segment ids of the inputs, from their uint16 bytes."""
+        if not cuda:
+            return np.ascontiguousarray(raw).view("<u2")[:, :-1].astype(np.int32)
+        torch = torch_module()
+        ids = raw.contiguous().view(torch.int16)[:, :-1]
+        out = torch.empty(ids.shape, dtype=torch.int32, device=raw.device)
+        out.copy_(ids)
+        return out.bitwise_and_(0xFFFF)
+
+    def offsets(self, step: int, epoch: int = 0) -> np.ndarray:
+        """The token offsets of this rank's windows at ``step`` of ``epoch`` (random sampling
+        only): batch row ``k`` holds tokens ``offsets[k] .. offsets[k] + seq_len + 1``."""
+        if self.sample != "random":
+            raise PinfeedValueError(f"{self.path}: offsets are those of sample='random'")
+        first = (int(step) * self.world_size + self.rank) * self.batch_size
+        found = _pinfeed.token_offsets(
+            self.seed, int(epoch), self.num_tokens - self.seq_len, first, self.batch_size
+        )
+        return np.asarray(found, dtype=np.int64)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Makes the next iteration run ``epoch`` from its start."""
+        if int(epoch) < 0:
+            raise PinfeedValueError(f"{self.path}: epoch must be at least 0, not {epoch}")
+        self._next = (int(epoch), 0)
+
+    def _token_params(self) -> dict[str, Any]:
+        return {
+            "sample": self.sample,
+            "seq_len": self.seq_len,
+            "num_tokens": self.num_tokens,
+            "token_dtype": self.token_dtype.str,
+            "steps": self.steps,
+        }
+
+    def state_dict(self) -> dict[str, Any]:
+        """How far the consumer got: :meth:`pinfeed.Loader.state_dict`'s dict (``epoch`` and
+        ``batches_done`` among it) under the token parameters it depends on, in ``"tokens"``."""
+        state = dict(self._loader.state_dict())
+        if self._next is not None:
+            state["epoch"], state["batches_done"] = self._next
+        state["tokens"] = self._token_params()
+        return state
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Makes the next iteration resume at ``state`` (from :meth:`state_dict`). Raises
+        :class:`pinfeed.PinfeedValueError` when it was saved with other token parameters
+        (sample, seq_len, data size, dtype, steps) or another Loader setting."""
+        if not isinstance(state, Mapping) or "tokens" not in state:
+            raise PinfeedValueError(
+                f"{self.path}: not a TokenLoader state (expected the dict of "
+                "TokenLoader.state_dict(), with 'tokens')"
+            )
+        mine = self._token_params()
+        theirs = state["tokens"]
+        differs = [
+            f"{k} {theirs.get(k)!r} (this loader: {v!r})"
+            for k, v in mine.items()
+            if not isinstance(theirs, Mapping) or theirs.get(k) != v
+        ]
+        if differs:
+            raise PinfeedValueError(
+                f"{self.path}: cannot resume from this state: it was saved with "
+                + ", ".join(differs)
+            )
+        rest = {k: v for k, v in state.items() if k != "tokens"}
+        # The Loader checks the order's parameters and the position against its epoch.
+        self._loader.load_state_dict({**rest, "epoch": self._loader_epoch})
+        self._next = (int(rest["epoch"]), int(rest["batches_done"]))
+
+    def stats(self) -> dict[str, Any]:
+        """The counters of the current (or last) pass: :meth:`pinfeed.Loader.stats`."""
+        return self._loader.stats()
+
+    def close(self) -> None:
+        """Stops the current pass and frees its pinned memory."""
+        self._loader.close()
+
+    def __repr__(self) -> str:
+        return (
+            f"TokenLoader({self.path!r}, seq_len={self.seq_len}, batch_size={self.batch_size}, "
+            f"sample={self.sample!r}, dtype={self.token_dtype}, device={self.device!r}, "
+            f"rank={self.rank}, world_size={self.world_size})"
+        )

@@ -1,0 +1,240 @@
+//! nanoGPT's random windows as a [`Source`]: record `v` is the window at a token offset drawn
+//! from `(seed, epoch, v)`, so the loader's ordinary in-order reading gives a stream that is
+//! deterministic in (seed, step), split across ranks by the loader's rule and resumed exactly
+//! from a loader position.
+
+use std::sync::Arc;
+
+use super::rng::{hash2, SplitMix64};
+use super::{invalid, TokenStream};
+use crate::{check_request, Layout, Result, Source};
+
+/// Tags the key of random window draws, so they share no stream with other draws of a seed.
+const TAG: u64 = 0x746f_6b65_6e73; // "tokens"
+
+/// The token offset of sampled window `v`: uniform over `0 .. num_offsets`, without modulo
+/// bias, a pure function of its arguments.
+///
+/// With `N` tokens and windows of `seq_len + 1`, `num_offsets` is `N - seq_len` (nanoGPT's
+/// `torch.randint(len(data) - block_size, ...)`). The draw is the first bounded draw
+/// (Lemire's multiply-and-reject) of SplitMix64 seeded with
+/// `hash2(hash2(hash2(TAG, seed), epoch), v)`; saved positions rely on this exact rule.
+///
+/// # Panics
+/// If `num_offsets` is 0 (a [`SampledWindows`] never has none).
+pub fn sampled_offset(seed: u64, epoch: u64, num_offsets: u64, v: u64) -> u64 {
+    assert!(num_offsets > 0, "a window offset drawn from an empty range");
+    SplitMix64::new(hash2(epoch_key(seed, epoch), v)).below(num_offsets)
+}
+
+fn epoch_key(seed: u64, epoch: u64) -> u64 {
+    hash2(hash2(TAG, seed), epoch)
+}
+
+/// Windows of `seq_len + 1` tokens at uniformly random token offsets, drawn with replacement:
+/// nanoGPT's `get_batch` sampling as fixed-size records.
+///
+/// Record `v` is the window starting at [`sampled_offset(seed, epoch, N - seq_len,
+/// v)`](sampled_offset), at the stream's width. Read in order by a loader without shuffling,
+/// step `i` on rank `r` of `world_size` takes records `(i × world_size + r) × batch_size ..`,
+/// so the global batch of a step does not depend on how it is split among ranks, and a loader
+/// position (epoch, batches done) is all a resume needs.
+///
+/// The number of records is the caller's: `steps × batch_size × world_size` for a run of a
+/// known length, or [`SampledWindows::ENDLESS`]. Records are computed, never stored: memory is
+/// constant in the number of records.
+#[derive(Debug)]
+pub struct SampledWindows {
+    stream: Arc<TokenStream>,
+    layout: Layout,
+    /// Tokens in a window: `seq_len + 1`.
+    window: u64,
+    /// `num_tokens - seq_len`: window offsets lie in `0 .. num_offsets`; at least 1.
+    num_offsets: u64,
+    seed: u64,
+    epoch: u64,
+    key: u64,
+    /// At least 1.
+    len: u64,
+}
+
+impl SampledWindows {
+    /// A record count for a stream without a set number of steps: 2^40 windows, more than
+    /// any run reads, with no memory held for them.
+    pub const ENDLESS: u64 = 1 << 40;
+
+    /// `len` windows of `seq_len + 1` tokens of `stream`, drawn under `(seed, epoch)`; errors
+    /// when a window is longer than the stream, or `seq_len` or `len` is 0.
+    pub fn new(
+        stream: Arc<TokenStream>,
+        seq_len: u64,
+        seed: u64,
+        epoch: u64,
+        len: u64,
+    ) -> Result<SampledWindows> {
+        let name = stream.name().to_owned();
+        if seq_len == 0 || len == 0 {
+            return Err(invalid(
+                name,
+                format!("seq_len and the number of windows must be at least 1 (got {seq_len} and {len})"),
+            ));
+        }
+        let window = seq_len.saturating_add(1);
+        if window > stream.num_tokens() {
+            return Err(invalid(
+                name,
+                format!(
+                    "a window of seq_len + 1 = {window} tokens is longer than the {} tokens \
+                     of the data",
+                    stream.num_tokens()
+                ),
+            ));
+        }
+        let layout = Layout::new(stream.dtype().dtype(), vec![window])
+            .map_err(|_| invalid(&name, format!("seq_len {seq_len} is too large")))?;
+        Ok(SampledWindows {
+            num_offsets: stream.num_tokens() - seq_len,
+            stream,
+            layout,
+            window,
+            seed,
+            epoch,
+            key: epoch_key(seed, epoch),
+            len,
+        })
+    }
+
+    /// The token offset window `v` starts at; `v` may be any number, inside the records or not.
+    pub fn offset(&self, v: u64) -> u64 {
+        SplitMix64::new(hash2(self.key, v)).below(self.num_offsets)
+    }
+
+    /// Offsets windows may start at: `num_tokens - seq_len`.
+    pub fn num_offsets(&self) -> u64 {
+        self.num_offsets
+    }
+
+    /// Tokens a window holds as inputs: one less than it reads.
+    pub fn seq_len(&self) -> u64 {
+        self.window - 1
+    }
+
+    /// The seed and epoch the offsets are drawn under.
+    pub fn seed_and_epoch(&self) -> (u64, u64) {
+        (self.seed, self.epoch)
+    }
+
+    /// The stream the windows are cut from.
+    pub fn stream(&self) -> &Arc<TokenStream> {
+        &self.stream
+    }
+}
+
+impl Source for SampledWindows {
+    fn name(&self) -> &str {
+        self.stream.name()
+    }
+
+    fn layout(&self) -> &Layout {
+        &self.layout
+    }
+
+    fn num_records(&self) -> u64 {
+        self.len
+    }
+
+    /// One positioned read per window (two where a window crosses from one file into the
+    /// next): a gather of scattered offsets straight into `dst`.
+    fn read_records(&self, first: u64, dst: &mut [u8]) -> Result<()> {
+        check_request(self, first, dst.len())?;
+        let bytes = self.layout.record_bytes();
+        for (k, w) in dst.chunks_exact_mut(bytes).enumerate() {
+            self.stream.read_tokens(self.offset(first + k as u64), w)?;
+        }
+        Ok(())
+    }
+
+    fn reader_description(&self) -> String {
+        "pread (a read per window)".into()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tokens::testing::u16_bytes;
+    use crate::tokens::TokenDType;
+
+    /// A stream of tokens 0 .. 40 over three files of 7, 20 and 13 tokens.
+    fn three_files() -> (tempfile::TempDir, Arc<TokenStream>) {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("0.bin"), u16_bytes(0..7)).unwrap();
+        std::fs::write(dir.path().join("1.bin"), u16_bytes(7..27)).unwrap();
+        std::fs::write(dir.path().join("2.bin"), u16_bytes(27..40)).unwrap();
+        let s = TokenStream::open(dir.path(), Some(TokenDType::U16)).unwrap();
+        (dir, Arc::new(s))
+    }
+
+    #[test]
+    fn windows_are_the_slices_at_their_offsets() {
+        let (_dir, s) = three_files();
+        let w = SampledWindows::new(s, 8, 3, 0, 500).unwrap();
+        assert_eq!((w.num_records(), w.num_offsets()), (500, 32));
+        let mut dst = vec![0u8; 500 * 18];
+        w.read_records(0, &mut dst).unwrap();
+        for (v, got) in dst.chunks_exact(18).enumerate() {
+            let o = w.offset(v as u64);
+            assert_eq!(o, sampled_offset(3, 0, 32, v as u64));
+            assert_eq!(got, u16_bytes(o..o + 9), "window {v}");
+        }
+        // A run read from the middle is the same windows.
+        let mut part = vec![0u8; 7 * 18];
+        w.read_records(100, &mut part).unwrap();
+        assert_eq!(part, dst[100 * 18..107 * 18]);
+        assert!(w.read_records(494, &mut part).is_err());
+    }
+
+    #[test]
+    fn offsets_are_pure_in_seed_epoch_and_index_and_uniform() {
+        assert_eq!(sampled_offset(7, 1, 1000, 5), sampled_offset(7, 1, 1000, 5));
+        let draws = |seed, epoch| -> Vec<u64> {
+            (0..64)
+                .map(|v| sampled_offset(seed, epoch, 1 << 20, v))
+                .collect()
+        };
+        assert_ne!(draws(7, 0), draws(8, 0));
+        assert_ne!(draws(7, 0), draws(7, 1));
+        // 64 000 draws over 64 offsets: every count within 5 standard deviations of 1000.
+        let mut counts = [0u32; 64];
+        for v in 0..64_000 {
+            counts[sampled_offset(11, 0, 64, v) as usize] += 1;
+        }
+        assert!(
+            counts.iter().all(|&c| (850..1150).contains(&c)),
+            "{counts:?}"
+        );
+        assert_eq!(sampled_offset(0, 0, 1, 123), 0);
+    }
+
+    #[test]
+    fn pinned_so_saved_positions_stay_valid() {
+        // Computed once by this function: a change here changes every random stream.
+        let got: Vec<u64> = (0..4).map(|v| sampled_offset(0, 0, 1000, v)).collect();
+        assert_eq!(got, PINNED);
+    }
+
+    const PINNED: [u64; 4] = [273, 934, 47, 843];
+
+    #[test]
+    fn windows_longer_than_the_data_are_refused_naming_the_file() {
+        let (dir, s) = three_files();
+        SampledWindows::new(s.clone(), 39, 0, 0, 1).unwrap();
+        let e = SampledWindows::new(s.clone(), 40, 0, 0, 1)
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with(&dir.path().display().to_string()), "{e}");
+        assert!(e.contains("41 tokens is longer than the 40 tokens"), "{e}");
+        assert!(SampledWindows::new(s.clone(), 0, 0, 0, 1).is_err());
+        assert!(SampledWindows::new(s, 4, 0, 0, 0).is_err());
+    }
+}
