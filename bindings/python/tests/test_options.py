@@ -190,7 +190,8 @@ def test_a_file_truncated_under_a_running_loader_is_an_os_error(tmp_path):
 def test_device_share_is_the_rust_rule():
     # Device 2 of 3 in rank 1 of 2: shard 1 * 3 + 2 of 6, a third of the budget.
     assert _pinfeed.device_share(1, 2, 3, 2, "3KiB") == (5, 6, 1024)
-    assert _pinfeed.device_share(0, 1, 2, 0) == (0, 2, None)
+    # No budget given: the default budget, divided among the devices as any other.
+    assert _pinfeed.device_share(0, 1, 2, 0) == (0, 2, _pinfeed.DEFAULT_PINNED_BUDGET // 2)
     with pytest.raises(PinfeedValueError, match="overflows"):
         _pinfeed.device_share(2**63, 1, 2, 0)
 
