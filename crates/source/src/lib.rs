@@ -57,6 +57,7 @@ mod literal;
 mod read;
 mod readers;
 mod records;
+pub mod rng;
 mod shards;
 mod sigbus;
 pub mod system;

@@ -3,8 +3,8 @@
 
 use std::sync::Arc;
 
-use super::rng::{fisher_yates, hash2, SplitMix64};
 use super::{invalid, IndexedDataset};
+use crate::rng::{fisher_yates, hash2, SplitMix64};
 use crate::{check_request, Layout, Result, Source};
 
 /// Tags the key of document shuffles.

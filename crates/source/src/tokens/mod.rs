@@ -45,7 +45,6 @@
 mod documents;
 mod dtype;
 mod megatron;
-mod rng;
 mod sampled;
 mod sequential;
 mod stream;

@@ -5,8 +5,8 @@
 
 use std::sync::Arc;
 
-use super::rng::{hash2, SplitMix64};
 use super::{invalid, TokenStream};
+use crate::rng::{hash2, SplitMix64};
 use crate::{check_request, Layout, Result, Source};
 
 /// Tags the key of random window draws, so they share no stream with other draws of a seed.
@@ -162,18 +162,7 @@ impl Source for SampledWindows {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tokens::testing::u16_bytes;
-    use crate::tokens::TokenDType;
-
-    /// A stream of tokens 0 .. 40 over three files of 7, 20 and 13 tokens.
-    fn three_files() -> (tempfile::TempDir, Arc<TokenStream>) {
-        let dir = tempfile::tempdir().unwrap();
-        std::fs::write(dir.path().join("0.bin"), u16_bytes(0..7)).unwrap();
-        std::fs::write(dir.path().join("1.bin"), u16_bytes(7..27)).unwrap();
-        std::fs::write(dir.path().join("2.bin"), u16_bytes(27..40)).unwrap();
-        let s = TokenStream::open(dir.path(), Some(TokenDType::U16)).unwrap();
-        (dir, Arc::new(s))
-    }
+    use crate::tokens::testing::{three_files, u16_bytes};
 
     #[test]
     fn windows_are_the_slices_at_their_offsets() {

@@ -78,3 +78,13 @@ pub(crate) fn write_indexed(prefix: &Path, dtype: TokenDType, documents: &[Vec<V
     std::fs::write(prefix.with_extension("bin"), bin).unwrap();
     std::fs::write(prefix.with_extension("idx"), idx).unwrap();
 }
+
+/// A stream of tokens 0 .. 40 (uint16) over three files of 7, 20 and 13 tokens.
+pub(crate) fn three_files() -> (tempfile::TempDir, std::sync::Arc<super::TokenStream>) {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("0.bin"), u16_bytes(0..7)).unwrap();
+    std::fs::write(dir.path().join("1.bin"), u16_bytes(7..27)).unwrap();
+    std::fs::write(dir.path().join("2.bin"), u16_bytes(27..40)).unwrap();
+    let s = super::TokenStream::open(dir.path(), Some(TokenDType::U16)).unwrap();
+    (dir, std::sync::Arc::new(s))
+}

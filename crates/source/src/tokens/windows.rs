@@ -133,18 +133,7 @@ impl Source for TokenWindows {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tokens::testing::u16_bytes;
-    use crate::tokens::TokenDType;
-
-    /// A stream of tokens 0 .. 40 over three files of 7, 20 and 13 tokens.
-    fn three_files() -> (tempfile::TempDir, Arc<TokenStream>) {
-        let dir = tempfile::tempdir().unwrap();
-        std::fs::write(dir.path().join("0.bin"), u16_bytes(0..7)).unwrap();
-        std::fs::write(dir.path().join("1.bin"), u16_bytes(7..27)).unwrap();
-        std::fs::write(dir.path().join("2.bin"), u16_bytes(27..40)).unwrap();
-        let s = TokenStream::open(dir.path(), Some(TokenDType::U16)).unwrap();
-        (dir, Arc::new(s))
-    }
+    use crate::tokens::testing::{three_files, u16_bytes};
 
     /// The expected bytes of windows `first .. first + count`, by slicing.
     fn expected(seq_len: u64, stride: u64, first: u64, count: u64) -> Vec<u8> {
