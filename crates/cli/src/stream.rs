@@ -338,7 +338,11 @@ fn prepare(args: &StreamArgs) -> Result<Plan> {
         Some(seq_len) => Some(crate::tokens::open(
             args,
             seq_len,
-            if args.replicate { 1 } else { devices.len() as u64 },
+            if args.replicate {
+                1
+            } else {
+                devices.len() as u64
+            },
         )?),
         None if args.path.extension().is_some_and(|e| e == "idx") => bail!(
             "{}: a Megatron index: stream its tokens with --seq-len N",

@@ -53,7 +53,17 @@ pub fn open(args: &StreamArgs, seq_len: u64, world_size: u64) -> Result<TokenSou
         batch_size: args.batch_size as u64,
         world_size,
     };
-    tokens::open(path, &options).map_err(|e| named(path, e))
+    tokens::open(path, &options).map_err(|e| {
+        if dtype.is_none() && e.to_string().contains("needs its token dtype") {
+            anyhow::anyhow!(
+                "{}: a raw token file needs its token type: give --tokens (uint16 for nanoGPT's \
+                 train.bin)",
+                path.display()
+            )
+        } else {
+            named(path, e)
+        }
+    })
 }
 
 /// `e`, led by the file's name unless its message already names the file or its index.

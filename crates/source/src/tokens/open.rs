@@ -128,7 +128,7 @@ pub fn open(path: &Path, options: &TokenOptions) -> Result<TokenSource> {
     let not_indexed = || {
         invalid(
             &name,
-            "sample=\"documents\" needs a Megatron indexed dataset (a .bin beside its .idx)",
+            "documents sampling needs a Megatron indexed dataset (a .bin beside its .idx)",
         )
     };
     if options.sample == Sample::Documents && !indexed {
