@@ -117,7 +117,8 @@ pub struct StreamArgs {
     /// How token windows are picked: random (uniform offsets drawn from --seed; needs
     /// --steps), sequential (every seq_len tokens, each window's last token the next one's
     /// first) or documents (a Megatron dataset's documents in the shuffled order of --seed,
-    /// cut as sequential; each record is the tokens then a uint16 segment id per token).
+    /// cut as sequential; each record is the tokens then a uint16 segment id per token). Every
+    /// pass of --epochs reads the same windows.
     #[arg(long, requires = "seq_len")]
     pub(crate) sample: Option<pinfeed_source::tokens::Sample>,
     /// Batches of random token windows to stream (to each device of --devices).
