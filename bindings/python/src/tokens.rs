@@ -1,12 +1,8 @@
 //! Token streams as loader sources: `pinfeed.TokenLoader`'s Rust half.
 
-use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::path::PathBuf;
 
-use pinfeed_source::tokens::{
-    sampled_offset, DocumentPlan, DocumentWindows, IndexedDataset, SampledWindows, TokenDType,
-    TokenStream, TokenWindows,
-};
+use pinfeed_source::tokens::{self, sampled_offset, Sample, TokenDType, TokenOptions};
 use pinfeed_source::SourceError;
 use pyo3::prelude::*;
 
@@ -17,21 +13,6 @@ use crate::loader::Source;
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(open_tokens, m)?)?;
     m.add_function(wrap_pyfunction!(token_offsets, m)?)
-}
-
-/// Whether `path` names a Megatron indexed dataset: a `.idx`, a `.bin` beside its `.idx`, or a
-/// prefix with a `.idx`.
-fn is_indexed(path: &Path) -> bool {
-    let with = |ext: &str| {
-        let mut s = path.as_os_str().to_owned();
-        s.push(ext);
-        PathBuf::from(s)
-    };
-    match path.extension().and_then(|e| e.to_str()) {
-        Some("idx") => true,
-        Some("bin") => path.with_extension("idx").is_file(),
-        _ => !path.is_dir() && with(".idx").is_file(),
-    }
 }
 
 /// Opens a token dataset as a loader source whose records are windows of ``seq_len + 1``
@@ -82,75 +63,32 @@ pub(crate) fn open_tokens(
         .transpose()
         .map_err(&named)
         .py_err(py)?;
-    let config = |message: String| value_error(py, "Config", format!("{name}: {message}"));
-    if !matches!(sample, "random" | "sequential" | "documents") {
-        return Err(config(format!(
-            "unknown sample {sample:?}: expected \"random\", \"sequential\" or \"documents\""
-        )));
-    }
-    let indexed = is_indexed(&path);
-    if sample == "documents" && !indexed {
-        return Err(config(
-            "sample=\"documents\" needs a Megatron indexed dataset (a .bin beside its .idx)".into(),
-        ));
-    }
-    let opened = py.detach(|| -> pinfeed_source::Result<_> {
-        if !indexed {
-            return Ok((Arc::new(TokenStream::open(&path, dtype)?), None));
-        }
-        let ds = IndexedDataset::open(&path)?;
-        if let Some(asked) = dtype.filter(|&d| d != ds.dtype()) {
-            return Err(SourceError::NoShards {
-                dataset: ds.idx_path().display().to_string(),
-                reason: format!(
-                    "the index says {} tokens, but dtype {asked} was given",
-                    ds.dtype()
-                ),
-            });
-        }
-        Ok((Arc::clone(ds.tokens()), Some(Arc::new(ds))))
-    });
-    let (stream, dataset) = opened.map_err(&named).py_err(py)?;
-    let info = (stream.dtype().typestr().to_owned(), stream.num_tokens());
-    let inner: Arc<dyn pinfeed_source::Source> = match (sample, dataset) {
-        ("sequential", _) => Arc::new(
-            TokenWindows::new(stream, seq_len, seq_len.max(1))
-                .map_err(&named)
-                .py_err(py)?,
-        ),
-        ("random", _) => {
-            let len = match steps {
-                None => SampledWindows::ENDLESS,
-                Some(s) => s
-                    .checked_mul(batch_size)
-                    .and_then(|n| n.checked_mul(world_size))
-                    .filter(|&n| n > 0)
-                    .ok_or_else(|| {
-                        config(format!(
-                            "steps × batch_size × world_size must be between 1 and 2^64 - 1 \
-                             (got {s} × {batch_size} × {world_size})"
-                        ))
-                    })?,
-            };
-            Arc::new(
-                SampledWindows::new(stream, seq_len, seed, epoch, len)
-                    .map_err(&named)
-                    .py_err(py)?,
-            )
-        }
-        ("documents", Some(ds)) => {
-            let built = py
-                .detach(|| DocumentPlan::new(ds, seq_len, seed, epoch))
-                .and_then(DocumentWindows::new);
-            Arc::new(built.map_err(&named).py_err(py)?)
-        }
-        _ => {
-            return Err(config(
-                "sample=\"documents\" needs a Megatron indexed dataset".into(),
-            ))
-        }
+    let sample = sample
+        .parse::<Sample>()
+        .map_err(|message| value_error(py, "Config", format!("{name}: {message}")))?;
+    let options = TokenOptions {
+        dtype,
+        seq_len,
+        sample,
+        seed,
+        epoch,
+        steps,
+        batch_size,
+        world_size,
     };
-    Ok((Source { inner }, info.0, info.1))
+    let opened = py
+        .detach(|| tokens::open(&path, &options))
+        .map_err(&named)
+        .py_err(py)?;
+    let stream = opened.stream();
+    let info = (stream.dtype().typestr().to_owned(), stream.num_tokens());
+    Ok((
+        Source {
+            inner: opened.source(),
+        },
+        info.0,
+        info.1,
+    ))
 }
 
 /// The token offsets of random windows ``first .. first + count`` under ``(seed, epoch)``, with

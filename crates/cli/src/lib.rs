@@ -28,6 +28,7 @@ mod gen;
 mod output;
 mod plot;
 mod stream;
+mod tokens;
 mod usage;
 
 use std::ffi::OsString;

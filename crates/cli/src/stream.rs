@@ -13,6 +13,7 @@ use pinfeed::{
     Stats,
 };
 use pinfeed_source::dtype::parse_user_dtype;
+use pinfeed_source::tokens::TokenSource;
 use pinfeed_source::{open_with, FormatOptions, Layout, ReadOptions, Reader, Source};
 use serde_json::json;
 
@@ -25,10 +26,12 @@ pub struct StreamArgs {
     /// The dataset: a .npy file, a .safetensors file (see --tensor), a raw record file (with
     /// --dtype, and --shape unless the dtype carries it, as in 3,31,31B), or a directory or
     /// glob (quoted, e.g. 'shards/*.npy') of such files, read as one dataset in name order.
-    path: PathBuf,
-    /// Records in a batch.
+    /// With --seq-len, token data: a raw token file (with --tokens, e.g. nanoGPT's train.bin),
+    /// a 1-D integer .npy, a directory or glob of them, or a Megatron .bin/.idx pair.
+    pub(crate) path: PathBuf,
+    /// Records in a batch (with --seq-len, windows in a batch).
     #[arg(long)]
-    batch_size: usize,
+    pub(crate) batch_size: usize,
     /// auto, cpu, cuda or cuda:N. auto picks the first GPU, or the host backend without one.
     #[arg(long, default_value = "auto")]
     device: String,
@@ -42,7 +45,7 @@ pub struct StreamArgs {
     replicate: bool,
     /// Passes over the dataset.
     #[arg(long, default_value_t = 1)]
-    epochs: u64,
+    pub(crate) epochs: u64,
     /// Most page-locked memory to use, e.g. 256MiB or 1GiB.
     #[arg(long, default_value = "256MiB")]
     pinned_budget: String,
@@ -98,10 +101,30 @@ pub struct StreamArgs {
     /// Record order: none, random, or block:B:W (blocks of B records in random order, shuffled
     /// within windows of W blocks).
     #[arg(long, default_value = "none")]
-    shuffle: String,
-    /// Seed of the shuffled order (the order is a pure function of seed and epoch).
+    pub(crate) shuffle: String,
+    /// Seed of the shuffled order (the order is a pure function of seed and epoch), and of
+    /// random token windows and the document order of --sample.
     #[arg(long, default_value_t = 0)]
-    seed: u64,
+    pub(crate) seed: u64,
+    /// Token data: the token type of a raw token file, e.g. uint16 for nanoGPT's train.bin (a
+    /// .npy header or a Megatron .idx gives its own; this must match it).
+    #[arg(long, requires = "seq_len")]
+    pub(crate) tokens: Option<String>,
+    /// Stream token data as windows of seq_len + 1 tokens (inputs and shifted targets).
+    #[arg(long, conflicts_with_all = ["dtype", "shape", "tensor"],
+          value_parser = clap::builder::RangedU64ValueParser::<u64>::new().range(1..))]
+    pub(crate) seq_len: Option<u64>,
+    /// How token windows are picked: random (uniform offsets drawn from --seed; needs
+    /// --steps), sequential (every seq_len tokens, each window's last token the next one's
+    /// first) or documents (a Megatron dataset's documents in the shuffled order of --seed,
+    /// cut as sequential; each record is the tokens then a uint16 segment id per token). Every
+    /// pass of --epochs reads the same windows.
+    #[arg(long, requires = "seq_len")]
+    pub(crate) sample: Option<pinfeed_source::tokens::Sample>,
+    /// Batches of random token windows to stream (to each device of --devices).
+    #[arg(long, requires = "seq_len",
+          value_parser = clap::builder::RangedU64ValueParser::<u64>::new().range(1..))]
+    pub(crate) steps: Option<u64>,
     /// Draw throughput and each stage's waiting over time into this PNG file.
     #[arg(long)]
     plot: Option<std::path::PathBuf>,
@@ -211,6 +234,7 @@ pub fn run(args: StreamArgs) -> Result<Outcome> {
         options,
         devices,
         auto_reason,
+        tokens,
     } = prepare(&args)?;
     if args.devices.is_some() && args.plot.is_some() {
         bail!("--plot draws the stages of one loader; it does not take --devices");
@@ -225,7 +249,15 @@ pub fn run(args: StreamArgs) -> Result<Outcome> {
     } else {
         MultiLoader::new(Arc::clone(&source), options, &devices)?
     };
-    let delivery = deliver(&args, source.as_ref(), &mut loader, started)?;
+    let expected = |v: u64, dst: &mut [u8]| match &tokens {
+        Some(windows) => crate::tokens::expected_record(windows, v, dst),
+        None => source.read_records(v, dst),
+    };
+    let reference = Reference {
+        source: source.as_ref(),
+        record: tokens.is_some().then_some(&expected as &ExpectedRecord),
+    };
+    let delivery = deliver(&args, &reference, &mut loader, started)?;
     let seconds = started.elapsed().as_secs_f64();
     let cpu_seconds = (cpu_time() - cpu_before).as_secs_f64();
     let stats = loader.stats();
@@ -273,6 +305,8 @@ struct Plan {
     devices: Vec<DeviceSpec>,
     /// Why `--reader auto` chose what it did.
     auto_reason: Option<String>,
+    /// With `--seq-len`: the token windows `source` is.
+    tokens: Option<TokenSource>,
 }
 
 /// The source, the loader's options and the devices that `args` ask for.
@@ -289,12 +323,6 @@ fn prepare(args: &StreamArgs) -> Result<Plan> {
         queue_depth: args.queue_depth,
         format,
     };
-    let source = open_source(
-        &args.path,
-        args.dtype.as_deref(),
-        args.shape.as_ref().map(|s| s.0.as_slice()),
-        &read,
-    )?;
     let device: DeviceSpec = args.device.parse()?;
     let devices = match &args.devices {
         Some(names) => names
@@ -306,6 +334,32 @@ fn prepare(args: &StreamArgs) -> Result<Plan> {
     if devices.is_empty() {
         bail!("--devices: no device given");
     }
+    let tokens = match args.seq_len {
+        // Split devices are ranks that each take a batch of every step.
+        Some(seq_len) => Some(crate::tokens::open(
+            args,
+            seq_len,
+            if args.replicate {
+                1
+            } else {
+                devices.len() as u64
+            },
+        )?),
+        None if args.path.extension().is_some_and(|e| e == "idx") => bail!(
+            "{}: a Megatron index: stream its tokens with --seq-len N",
+            args.path.display()
+        ),
+        None => None,
+    };
+    let source = match &tokens {
+        Some(windows) => windows.source(),
+        None => open_source(
+            &args.path,
+            args.dtype.as_deref(),
+            args.shape.as_ref().map(|s| s.0.as_slice()),
+            &read,
+        )?,
+    };
     let options = LoaderOptions {
         batch_size: args.batch_size,
         drop_last: args.drop_last,
@@ -328,6 +382,7 @@ fn prepare(args: &StreamArgs) -> Result<Plan> {
         options,
         devices,
         auto_reason: why,
+        tokens,
     })
 }
 
@@ -345,7 +400,7 @@ struct Delivery {
 /// `--verify`, or else only waiting, at the end, for the last step's copies.
 fn deliver(
     args: &StreamArgs,
-    source: &dyn Source,
+    reference: &Reference,
     loader: &mut MultiLoader,
     started: Instant,
 ) -> Result<Delivery> {
@@ -386,7 +441,7 @@ fn deliver(
             device_crc.update(&device_bytes);
             if args.verify {
                 let found = mismatch(
-                    source,
+                    reference,
                     batch,
                     record_bytes,
                     &device_bytes,
@@ -514,19 +569,44 @@ fn report_mismatches(source: &dyn Source, mismatches: &[String], batches: u64) -
     !mismatches.is_empty()
 }
 
-/// Where `batch`, read back into `device_bytes`, differs from the source (`source_bytes` is a
-/// buffer for the source's bytes); `None` when it does not.
+/// Fills a record's buffer with the bytes record `v` must hold.
+type ExpectedRecord<'a> = dyn Fn(u64, &mut [u8]) -> pinfeed_source::Result<()> + 'a;
+
+/// What `--verify` holds delivered batches to.
+struct Reference<'a> {
+    source: &'a dyn Source,
+    /// Each record's bytes worked out on their own, where the source's read is not the
+    /// reference (token windows: the rule that picks them, read from the tokens); else the
+    /// source's own reads, a batch at a time.
+    record: Option<&'a ExpectedRecord<'a>>,
+}
+
+/// Where `batch`, read back into `device_bytes`, differs from `reference` (`source_bytes` is
+/// a buffer for the expected bytes); `None` when it does not.
 fn mismatch(
-    source: &dyn Source,
+    reference: &Reference,
     batch: &Batch,
     record_bytes: usize,
     device_bytes: &[u8],
     source_bytes: &mut Vec<u8>,
 ) -> Result<Option<String>> {
     source_bytes.resize(batch.len_bytes(), 0);
-    match batch.records() {
-        BatchRecords::Range { first, .. } => source.read_records(*first, source_bytes)?,
-        BatchRecords::Indices(indices) => source.gather(indices, source_bytes)?,
+    let records = source_bytes.chunks_exact_mut(record_bytes);
+    match (reference.record, batch.records()) {
+        (Some(expected), BatchRecords::Range { first, .. }) => {
+            for (v, dst) in (*first..).zip(records) {
+                expected(v, dst)?;
+            }
+        }
+        (Some(expected), BatchRecords::Indices(indices)) => {
+            for (&v, dst) in indices.iter().zip(records) {
+                expected(v, dst)?;
+            }
+        }
+        (None, BatchRecords::Range { first, .. }) => {
+            reference.source.read_records(*first, source_bytes)?
+        }
+        (None, BatchRecords::Indices(indices)) => reference.source.gather(indices, source_bytes)?,
     }
     if source_bytes[..] == device_bytes[..] {
         return Ok(None);
@@ -629,6 +709,16 @@ fn report_json(args: &StreamArgs, m: &Measured) -> serde_json::Value {
     if args.devices.is_some() {
         add_devices(&mut report, args, m);
     }
+    if let Some(seq_len) = args.seq_len {
+        let fields = report.as_object_mut().expect("the report is an object");
+        fields.insert("sample".into(), json!(crate::tokens::sample(args).name()));
+        fields.insert("seq_len".into(), json!(seq_len));
+        fields.insert("steps".into(), json!(args.steps));
+        fields.insert(
+            "tokens_per_second".into(),
+            json!(tokens_per_second(stats, seq_len, seconds)),
+        );
+    }
     report
 }
 
@@ -661,6 +751,11 @@ fn add_devices(report: &mut serde_json::Value, args: &StreamArgs, m: &Measured) 
         "read_gbps".into(),
         json!(stats.read_bytes as f64 / seconds / 1e9),
     );
+}
+
+/// Input tokens delivered a second: `seq_len` a window, as a training step counts them.
+fn tokens_per_second(stats: &Stats, seq_len: u64, seconds: f64) -> f64 {
+    (stats.records * seq_len) as f64 / seconds
 }
 
 fn mode(args: &StreamArgs) -> &'static str {
@@ -731,6 +826,14 @@ fn print_report(out: &mut impl Write, args: &StreamArgs, m: &Measured) -> io::Re
         stats.wait_free_slot.as_secs_f64(),
         stats.slots_peak_in_use
     )?;
+    if let Some(seq_len) = args.seq_len {
+        writeln!(
+            out,
+            "  {:.2} M tokens/s ({} windows of seq_len {seq_len})",
+            tokens_per_second(stats, seq_len, seconds) / 1e6,
+            crate::tokens::sample(args).name()
+        )?;
+    }
     writeln!(out, "  {}", stats.explain())?;
     if let Some(crc) = m.crc {
         writeln!(

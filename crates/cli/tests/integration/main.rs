@@ -16,3 +16,4 @@ mod options;
 mod output;
 mod raw;
 mod success;
+mod tokens;

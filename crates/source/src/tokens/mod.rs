@@ -18,6 +18,8 @@
 //!   order, concatenated and cut into windows, with the documents each window holds
 //!   ([`DocumentPlan::document_ids`], [`DocumentPlan::cu_seqlens`]) for document masking;
 //!   [`DocumentWindows`] records carry each token's segment id after the tokens.
+//! - [`open`]: any of these from a path and [`TokenOptions`], as the Python bindings and the
+//!   command line open them.
 //! - [`SequentialPlan`]: every window once an epoch, split across ranks as the loader splits
 //!   batches (the loader's own rule, restated for callers that plan without it).
 //!
@@ -45,6 +47,7 @@
 mod documents;
 mod dtype;
 mod megatron;
+mod open;
 mod sampled;
 mod sequential;
 mod stream;
@@ -55,6 +58,7 @@ mod windows;
 pub use documents::{DocumentPlan, DocumentWindows, Segment};
 pub use dtype::TokenDType;
 pub use megatron::IndexedDataset;
+pub use open::{is_indexed, open, Sample, TokenOptions, TokenSource};
 pub use sampled::{sampled_offset, SampledWindows};
 pub use sequential::{SequentialPlan, WindowBatch};
 pub use stream::TokenStream;

@@ -1,0 +1,186 @@
+//! One way to open a token dataset as a loader source, shared by the Python bindings and the
+//! command line.
+
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+use std::sync::Arc;
+
+use super::{
+    invalid, DocumentPlan, DocumentWindows, IndexedDataset, SampledWindows, TokenDType,
+    TokenStream, TokenWindows,
+};
+use crate::{Result, Source};
+
+/// How the windows of a token dataset are picked.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Sample {
+    /// [`SampledWindows`]: windows at uniformly random offsets drawn from `(seed, epoch, v)`.
+    Random,
+    /// [`TokenWindows`] every `seq_len` tokens: consecutive windows sharing one token.
+    Sequential,
+    /// [`DocumentWindows`]: the documents of a Megatron dataset in a shuffled order, cut as
+    /// `Sequential`.
+    Documents,
+}
+
+impl Sample {
+    /// The name users type: `random`, `sequential` or `documents`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Sample::Random => "random",
+            Sample::Sequential => "sequential",
+            Sample::Documents => "documents",
+        }
+    }
+}
+
+impl FromStr for Sample {
+    type Err = String;
+
+    fn from_str(s: &str) -> std::result::Result<Sample, String> {
+        match s {
+            "random" => Ok(Sample::Random),
+            "sequential" => Ok(Sample::Sequential),
+            "documents" => Ok(Sample::Documents),
+            _ => Err(format!(
+                "unknown sample {s:?}: expected \"random\", \"sequential\" or \"documents\""
+            )),
+        }
+    }
+}
+
+/// What [`open`] builds: the windows, their rule, and the steps of a random run.
+#[derive(Clone, Debug)]
+pub struct TokenOptions {
+    /// Token type of a raw file; a `.npy` header or a Megatron index gives its own, which
+    /// this must match when given.
+    pub dtype: Option<TokenDType>,
+    /// Input tokens of a window; windows read `seq_len + 1`.
+    pub seq_len: u64,
+    /// How windows are picked.
+    pub sample: Sample,
+    /// Seed of random offsets and of the document order.
+    pub seed: u64,
+    /// Epoch of random offsets and of the document order.
+    pub epoch: u64,
+    /// Random only: `steps × batch_size × world_size` windows, or
+    /// [`SampledWindows::ENDLESS`] without steps.
+    pub steps: Option<u64>,
+    /// Records of a batch on one rank.
+    pub batch_size: u64,
+    /// Ranks that split each step.
+    pub world_size: u64,
+}
+
+/// A token dataset opened as windows, by the rule that picks them.
+#[derive(Clone, Debug)]
+pub enum TokenSource {
+    /// `Sample::Random`.
+    Random(Arc<SampledWindows>),
+    /// `Sample::Sequential`.
+    Sequential(Arc<TokenWindows>),
+    /// `Sample::Documents`.
+    Documents(Arc<DocumentWindows>),
+}
+
+impl TokenSource {
+    /// The windows as a loader source.
+    pub fn source(&self) -> Arc<dyn Source> {
+        match self {
+            TokenSource::Random(s) => Arc::clone(s) as Arc<dyn Source>,
+            TokenSource::Sequential(s) => Arc::clone(s) as Arc<dyn Source>,
+            TokenSource::Documents(s) => Arc::clone(s) as Arc<dyn Source>,
+        }
+    }
+
+    /// The tokens the windows are cut from.
+    pub fn stream(&self) -> &Arc<TokenStream> {
+        match self {
+            TokenSource::Random(s) => s.stream(),
+            TokenSource::Sequential(s) => s.stream(),
+            TokenSource::Documents(s) => s.plan().dataset().tokens(),
+        }
+    }
+}
+
+/// Whether `path` names a Megatron indexed dataset: a `.idx`, a `.bin` beside its `.idx`, or a
+/// prefix with a `.idx`.
+pub fn is_indexed(path: &Path) -> bool {
+    let with = |ext: &str| {
+        let mut s = path.as_os_str().to_owned();
+        s.push(ext);
+        PathBuf::from(s)
+    };
+    match path.extension().and_then(|e| e.to_str()) {
+        Some("idx") => true,
+        Some("bin") => path.with_extension("idx").is_file(),
+        _ => !path.is_dir() && with(".idx").is_file(),
+    }
+}
+
+/// Opens the token dataset at `path` as windows of `seq_len + 1` tokens picked as `options`
+/// say: a raw token file (nanoGPT's `train.bin`, `dtype` required), a 1-D integer `.npy`, a
+/// directory or glob of them read as one stream, or a Megatron `.bin`/`.idx` pair (its dtype
+/// from the index). Errors name the file.
+pub fn open(path: &Path, options: &TokenOptions) -> Result<TokenSource> {
+    let name = path.display().to_string();
+    let indexed = is_indexed(path);
+    let not_indexed = || {
+        invalid(
+            &name,
+            "documents sampling needs a Megatron indexed dataset (a .bin beside its .idx)",
+        )
+    };
+    if options.sample == Sample::Documents && !indexed {
+        return Err(not_indexed());
+    }
+    let len = match (options.sample, options.steps) {
+        (Sample::Random, None) => SampledWindows::ENDLESS,
+        (Sample::Random, Some(s)) => s
+            .checked_mul(options.batch_size)
+            .and_then(|n| n.checked_mul(options.world_size))
+            .filter(|&n| n > 0)
+            .ok_or_else(|| {
+                invalid(
+                    &name,
+                    format!(
+                        "steps × batch_size × world_size must be between 1 and 2^64 - 1 \
+                         (got {s} × {} × {})",
+                        options.batch_size, options.world_size
+                    ),
+                )
+            })?,
+        _ => 0,
+    };
+    let (stream, dataset) = if indexed {
+        let ds = IndexedDataset::open(path)?;
+        if let Some(asked) = options.dtype.filter(|&d| d != ds.dtype()) {
+            return Err(invalid(
+                ds.idx_path().display(),
+                format!(
+                    "the index says {} tokens, but dtype {asked} was given",
+                    ds.dtype()
+                ),
+            ));
+        }
+        (Arc::clone(ds.tokens()), Some(ds))
+    } else {
+        (Arc::new(TokenStream::open(path, options.dtype)?), None)
+    };
+    let (seq_len, seed, epoch) = (options.seq_len, options.seed, options.epoch);
+    Ok(match (options.sample, dataset) {
+        (Sample::Random, _) => TokenSource::Random(Arc::new(SampledWindows::new(
+            stream, seq_len, seed, epoch, len,
+        )?)),
+        (Sample::Sequential, _) => TokenSource::Sequential(Arc::new(TokenWindows::new(
+            stream,
+            seq_len,
+            seq_len.max(1),
+        )?)),
+        (Sample::Documents, Some(ds)) => {
+            let plan = DocumentPlan::new(Arc::new(ds), seq_len, seed, epoch)?;
+            TokenSource::Documents(Arc::new(DocumentWindows::new(plan)?))
+        }
+        (Sample::Documents, None) => return Err(not_indexed()),
+    })
+}
