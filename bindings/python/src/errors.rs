@@ -55,6 +55,8 @@ pub(crate) struct Raised {
     pub(crate) variant: &'static str,
     pub(crate) message: String,
     pub(crate) errno: Option<i32>,
+    /// The driver libraries tried, for a missing driver (the exception's `tried`).
+    pub(crate) tried: Vec<String>,
 }
 
 impl Raised {
@@ -64,6 +66,7 @@ impl Raised {
             variant,
             message: message.into(),
             errno: None,
+            tried: Vec::new(),
         }
     }
 
@@ -77,6 +80,10 @@ impl Raised {
                 .cast_into::<PyType>()?;
             let value = class.call1((self.message.as_str(),))?;
             value.setattr("kind", self.variant)?;
+            if !self.tried.is_empty() {
+                // The library file names tried, for whoever needs more than the message.
+                value.setattr("tried", self.tried.clone())?;
+            }
             if let Some(errno) = self.errno {
                 value.setattr("errno", errno)?;
             }
@@ -121,6 +128,7 @@ pub(crate) fn source_error(e: &SourceError) -> Raised {
         variant,
         message: e.to_string(),
         errno,
+        tried: Vec::new(),
     }
 }
 
@@ -135,15 +143,12 @@ pub(crate) fn cuda_error(e: &CudaError) -> Raised {
         CudaError::Os { source, .. } => (Kind::Memory, "Os", source.raw_os_error()),
         _ => (Kind::Cuda, "Cuda", None),
     };
-    let mut message = e.to_string();
-    if let CudaError::NoDriver { .. } = e {
-        message.push_str("; pass device=\"cpu\" to run on the host backend instead");
-    }
     Raised {
         kind,
         variant,
-        message,
+        message: e.to_string(),
         errno,
+        tried: e.tried().to_vec(),
     }
 }
 
@@ -171,6 +176,7 @@ pub(crate) fn loader_error(e: &LoaderError) -> Raised {
         variant,
         message: e.to_string(),
         errno,
+        tried: Vec::new(),
     }
 }
 

@@ -144,6 +144,9 @@ def test_cuda_without_driver(tmp_path):
     msg = str(e.value)
     assert e.value.kind == "NoDriver" and 'device="cpu"' in msg and str(path) in msg
     assert isinstance(e.value, RuntimeError)
+    # One short line; the library names tried are the exception's, each once.
+    assert "\n" not in msg and msg.count("libcuda") == 1, msg
+    assert e.value.tried and len(set(e.value.tried)) == len(e.value.tried), e.value.tried
     with pytest.raises(CudaError, match='device="cpu"'):
         pinfeed.to_device(np.zeros(4), "cuda")
     with pytest.raises(CudaError):
