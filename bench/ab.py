@@ -64,10 +64,14 @@ def worker(npy, label):
 
     rows = []
 
-    def row(name, nbytes, wall, cpu, bus):
+    def row(name, nbytes, wall, cpu, bus, loader=None):
         gbps = nbytes / wall / 1e9
+        st = loader.stats() if loader is not None else {}
         rows.append(
             {
+                "threads": st.get("threads"),
+                "slots": st.get("slots"),
+                "bottleneck": st.get("bottleneck"),
                 "build": label,
                 "name": name,
                 "gbps": gbps,
@@ -107,7 +111,7 @@ def worker(npy, label):
         loader = pinfeed.Loader(npy, 1024, device="cuda", shuffle=shuffle, seed=1)
         drain(loader, check)
         wall, cpu = best_of(lambda loader=loader: drain(loader))
-        row(f"4 GiB .npy, shuffle={shuffle}", nbytes, wall, cpu, bus)
+        row(f"4 GiB .npy, shuffle={shuffle}", nbytes, wall, cpu, bus, loader)
 
     # Batches of 1 MiB from a host array.
     host = np.random.default_rng(0).integers(0, 255, size=(1024 * 1024, 1024), dtype=np.uint8)
@@ -115,7 +119,7 @@ def worker(npy, label):
     want = torch.from_numpy(host.sum(axis=0, dtype=np.int64))
     drain(loader, check)
     wall, cpu = best_of(lambda: drain(loader))
-    row("1 MiB batches from a host array", host.nbytes, wall, cpu, bus_rate(1 << 20, 1024))
+    row("1 MiB batches from a host array", host.nbytes, wall, cpu, bus_rate(1 << 20, 1024), loader)
     print(json.dumps(rows))
 
 
@@ -146,7 +150,9 @@ def main():
     builds = dict(b.split("=", 1) for b in args.build)
     results = []
     for r in range(args.rounds):
-        for label, site in builds.items():
+        # Each round reverses the order of the last, so neither build always runs first.
+        order = list(builds.items()) if r % 2 == 0 else list(reversed(builds.items()))
+        for label, site in order:
             env = dict(os.environ, PYTHONPATH=site)
             out = subprocess.run(
                 [sys.executable, __file__, "--worker", label, "--npy", args.npy],

@@ -206,18 +206,22 @@ class TokenLoader:
             return tok[:, :-1].astype(self.int_dtype), tok[:, 1:].astype(self.int_dtype)
         torch = torch_module()
         dt = self.token_dtype
+        out = getattr(torch, self.int_dtype)
         if not raw.is_contiguous():
             raw = raw.contiguous()
-        # Viewed as the signed type of the width (torch's unsigned types beyond uint8 have few
-        # kernels), then widened and, for unsigned tokens, masked back to their values.
-        signed = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[dt.itemsize]
-        tok = raw.view(torch.uint8 if dt == np.uint8 else signed)
-        out = getattr(torch, self.int_dtype)
-        mask = None
-        if dt.kind == "u" and dt.itemsize in (2, 4):
-            if dt.itemsize == 2 or out == torch.int64:
-                mask = (1 << (8 * dt.itemsize)) - 1
-            # uint32 tokens into int32: ids below 2^31 read the same; the view is the value.
+        native = {1: "uint8", 2: "uint16", 4: "uint32", 8: "uint64"} if dt.kind == "u" else {}
+        native_dtype = getattr(torch, native.get(dt.itemsize, ""), None)
+        if native_dtype is not None or dt.kind == "i":
+            # One widening copy each for x and y (torch reads its unsigned types since 2.3):
+            # every torch call costs the consumer's thread microseconds, so the fewer the better.
+            signed = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+            tok = raw.view(native_dtype if dt.kind == "u" else signed[dt.itemsize])
+            return tok[:, :-1].to(out), tok[:, 1:].to(out)
+        # An older torch without uint16/uint32: the signed type of the width, widened, and
+        # unsigned values masked back.
+        signed = {2: torch.int16, 4: torch.int32}[dt.itemsize]
+        tok = raw.view(signed)
+        mask = (1 << (8 * dt.itemsize)) - 1 if (dt.itemsize == 2 or out == torch.int64) else None
         pair = []
         for part in (tok[:, :-1], tok[:, 1:]):
             wide = torch.empty((b, t), dtype=out, device=raw.device)
