@@ -193,14 +193,28 @@ def train(args, name):
 
 
 def training(args):
+    """Each loader `--rounds` times, interleaved (bound, get_batch, pinfeed, bound, ...), so that
+    clocks warming up or drifting fall on every loader alike; the median of each is reported."""
+    runs = {name: [] for name in ["bound", "get_batch", "pinfeed"]}
+    errors = {}
+    for _ in range(args.rounds):
+        for name in runs:
+            try:
+                row = train(args, name)
+            except Exception as e:
+                errors[name] = f"{type(e).__name__}: {e}"
+                continue
+            runs[name].append(row)
+            print(row, flush=True)
     rows = []
-    for name in ["bound", "get_batch", "pinfeed"]:
-        try:
-            row = train(args, name)
-        except Exception as e:
-            row = {"loader": name, "error": f"{type(e).__name__}: {e}"}
+    for name, done in runs.items():
+        if not done:
+            rows.append({"loader": name, "error": errors.get(name, "no run")})
+            continue
+        done.sort(key=lambda r: r["ms_per_step"])
+        row = dict(done[len(done) // 2])
+        row["ms_per_step_runs"] = [r["ms_per_step"] for r in done]
         rows.append(row)
-        print(row, flush=True)
     bound = rows[0].get("ms_per_step")
     for row in rows:
         if bound and "ms_per_step" in row:
@@ -245,6 +259,9 @@ def main():
     )
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--train-steps", type=int, default=300)
+    p.add_argument(
+        "--rounds", type=int, default=3, help="training runs of each loader, interleaved"
+    )
     p.add_argument("--train-batch", type=int, default=12)
     p.add_argument("--train-block", type=int, default=1024)
     p.add_argument("--n-layer", type=int, default=6)
