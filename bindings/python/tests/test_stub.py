@@ -100,6 +100,12 @@ def test_every_public_name_is_in_the_stub_and_every_stub_name_in_the_module():
     stub = set(stub_names(stub_tree().body))
     assert module - stub == set(), "in the module, not the stub"
     assert stub - module == set(), "in the stub, not the module"
+    (stub_all,) = [
+        node.value
+        for node in stub_tree().body
+        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", None) == "__all__"
+    ]
+    assert sorted(ast.literal_eval(stub_all)) == sorted(module - {"__all__", "__new__"})
 
 
 def test_functions_match_their_text_signature():

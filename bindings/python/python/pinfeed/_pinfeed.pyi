@@ -21,14 +21,17 @@ __all__ = [
     "__version__",
     "bottleneck",
     "byte_size",
+    "cli_main",
     "cuda_device_count",
     "device_share",
     "dlpack_dtype",
     "epoch_order",
     "epoch_size",
+    "open_tokens",
     "parse_dtype",
     "parse_size",
     "pinned_allocations",
+    "token_offsets",
 ]
 __version__: str
 DEFAULT_PINNED_BUDGET: int
