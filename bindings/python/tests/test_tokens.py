@@ -296,6 +296,7 @@ def test_cuda_x_y_are_int64_and_match_numpy_on_any_stream(torch, train_bin):
     side = torch.cuda.Stream()
     for step, (x, y) in enumerate(loader):
         assert x.is_cuda and x.dtype == torch.int64 and x.shape == (6, 128) and x.is_contiguous()
+        assert y.dtype == torch.int64 and y.shape == (6, 128) and y.is_contiguous()
         off = loader.offsets(step)
         want = np.stack([data[o : o + 129] for o in off]).astype(np.int64)
         np.testing.assert_array_equal(x.cpu().numpy(), want[:, :-1])
