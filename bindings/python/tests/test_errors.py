@@ -225,3 +225,19 @@ def test_ctrl_c_interrupts_a_wait_for_a_slow_source(tmp_path):
         release.set()
         timer.cancel()
         loader.close()
+
+
+def test_a_fifo_is_refused_not_opened(tmp_path):
+    # Opening a FIFO for reading blocks until a writer comes: a child process, so that a hang
+    # fails the test instead of stopping the suite.
+    import os
+    import subprocess
+    import sys
+
+    fifo = tmp_path / "data.npy"
+    os.mkfifo(fifo)
+    code = f"import pinfeed; pinfeed.Loader({str(fifo)!r}, 4, device='cpu')"
+    run = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert run.returncode != 0 and "data.npy" in run.stderr and "not a regular file" in run.stderr

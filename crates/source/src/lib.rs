@@ -69,6 +69,7 @@ pub use formats::raw::RawFile;
 pub use formats::{npy, safetensors, Format, FormatOptions};
 pub use host::HostBuffer;
 pub use npy::NpyFile;
+pub use read::open_regular;
 pub use readers::auto::cached_fraction;
 pub use readers::{
     resolve_auto, AlignedBuffer, ReadOptions, Reader, UnknownReader, DEFAULT_QUEUE_DEPTH,

@@ -3,6 +3,7 @@
 use std::fs::File;
 use std::io;
 use std::os::unix::fs::FileExt;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 
 use crate::{Result, SourceError};
@@ -10,14 +11,20 @@ use crate::{Result, SourceError};
 /// Opens a regular file for reading and returns it with its size.
 ///
 /// The path is checked with `stat` before `open` so that a FIFO is refused instead of blocking.
-pub(crate) fn open_regular(path: &Path) -> Result<(File, u64)> {
+pub fn open_regular(path: &Path) -> Result<(File, u64)> {
     let open_err = |source| SourceError::Open {
         path: path.to_path_buf(),
         source,
     };
     let meta = std::fs::metadata(path).map_err(open_err)?;
     check_regular(&meta).map_err(open_err)?;
-    let file = File::open(path).map_err(open_err)?;
+    // O_NONBLOCK: were the path replaced by a FIFO between stat and open, opening it would
+    // block until a writer came; on a regular file the flag changes nothing.
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+        .map_err(open_err)?;
     // The path may have been replaced between stat and open; trust the open file.
     let meta = file.metadata().map_err(open_err)?;
     check_regular(&meta).map_err(open_err)?;

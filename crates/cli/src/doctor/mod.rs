@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use std::io::Write as _;
 
-use anyhow::{bail, Context as _, Result};
+use anyhow::Result;
 use clap::Args;
 use pinfeed::DeviceSpec;
 use serde::Serialize;
@@ -254,15 +254,8 @@ pub fn run(args: DoctorArgs) -> Result<Outcome> {
 }
 
 fn open_dataset(path: &Path) -> Result<File> {
-    let file = File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
-    let meta = file
-        .metadata()
-        .with_context(|| format!("cannot stat {}", path.display()))?;
-    if !meta.is_file() {
-        bail!(
-            "{} is not a regular file: doctor measures reading a dataset file",
-            path.display()
-        );
-    }
+    // By its file type first: a FIFO is refused, never opened (that would block).
+    let (file, _) = pinfeed_source::open_regular(path)
+        .map_err(|e| anyhow::anyhow!("{e}: doctor measures reading a dataset file"))?;
     Ok(file)
 }

@@ -290,3 +290,63 @@ fn valid_npy_with_another_name_but_not_npy_named_garbage() {
     // A file named .npy without the magic is a header error, not a raw file.
     bytes_error(&[0u8; 100], "zeros.npy", &["magic"]);
 }
+
+/// A FIFO given as the dataset, with every reader the command picks by default and with
+/// `doctor`: refused by its file type, without opening it (opening a FIFO for reading blocks
+/// until a writer comes, which would hang the command).
+#[test]
+fn a_fifo_is_refused_not_opened() {
+    use std::os::unix::ffi::OsStrExt;
+    use std::time::{Duration, Instant};
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("data.npy");
+    let c = std::ffi::CString::new(fifo.as_os_str().as_bytes()).unwrap();
+    // SAFETY: a valid NUL-terminated path; mkfifo only creates the node.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    let fifo_arg = fifo.to_str().unwrap();
+    for args in [
+        vec!["stream", fifo_arg, "--batch-size", "4", "--device", "cpu"],
+        vec![
+            "stream",
+            fifo_arg,
+            "--batch-size",
+            "4",
+            "--device",
+            "cpu",
+            "--reader",
+            "mmap",
+        ],
+        vec!["doctor", fifo_arg, "--device", "cpu"],
+    ] {
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_pinfeed"))
+            .args(&args)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let started = Instant::now();
+        while child.try_wait().unwrap().is_none() {
+            if started.elapsed() > Duration::from_secs(30) {
+                child.kill().unwrap();
+                panic!("{args:?} hung on a FIFO");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let out = child.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        if args[0] == "doctor" {
+            // doctor reports on the machine whatever the dataset; it must name the FIFO's trouble.
+            assert!(
+                stderr.contains("data.npy")
+                    || String::from_utf8_lossy(&out.stdout).contains("data.npy"),
+                "{args:?}: {stderr}"
+            );
+        } else {
+            assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+            assert!(
+                stderr.contains("data.npy") && stderr.lines().count() == 1,
+                "{args:?}: {stderr}"
+            );
+        }
+    }
+}

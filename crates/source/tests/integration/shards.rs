@@ -169,3 +169,59 @@ fn empty_directories_and_patterns_are_errors() {
     let e = open_with(dir.path(), None, &ReadOptions::default()).unwrap_err();
     assert!(e.to_string().contains("bad.npy"), "{e}");
 }
+
+/// A shard directory holding an entry named like a shard that is not one: streaming the other
+/// shards alone would drop its records, so the directory is refused, naming the entry.
+#[test]
+fn an_entry_named_like_a_shard_that_is_not_a_file_is_refused_by_name() {
+    type Plant = fn(&std::path::Path, &std::path::Path);
+    let cases: [(&str, Plant, &str); 4] = [
+        (
+            "broken.npy",
+            |_, p| std::os::unix::fs::symlink("missing.npy", p).unwrap(),
+            "broken.npy",
+        ),
+        (
+            "loop.npy",
+            |_, p| std::os::unix::fs::symlink(p, p).unwrap(),
+            "loop.npy",
+        ),
+        ("fifo.npy", |_, p| mkfifo(p), "not a regular file"),
+        (
+            "sub.npy",
+            |_, p| std::fs::create_dir(p).unwrap(),
+            "a directory named like a shard",
+        ),
+    ];
+    for (name, plant, says) in cases {
+        let dir = disk_dir();
+        std::fs::write(dir.path().join("good.npy"), npy_of_ones()).unwrap();
+        let entry = dir.path().join(name);
+        plant(dir.path(), &entry);
+        let e = open_with(dir.path(), None, &ReadOptions::default()).unwrap_err();
+        let msg = e.to_string();
+        assert!(msg.contains(name) && msg.contains(says), "{name}: {msg}");
+        assert!(!msg.contains('\n'), "{name}: one line: {msg}");
+    }
+}
+
+fn mkfifo(path: &std::path::Path) {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).unwrap();
+    // SAFETY: a valid NUL-terminated path; mkfifo only creates the node.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+}
+
+/// A `.npy` of four uint8 records of three bytes, written by hand (version 1.0 header).
+fn npy_of_ones() -> Vec<u8> {
+    let mut header = "{'descr': '|u1', 'fortran_order': False, 'shape': (4, 3), }".to_string();
+    while (10 + header.len() + 1) % 64 != 0 {
+        header.push(' ');
+    }
+    header.push('\n');
+    let mut out = b"\x93NUMPY\x01\x00".to_vec();
+    out.extend((header.len() as u16).to_le_bytes());
+    out.extend(header.as_bytes());
+    out.extend([1u8; 12]);
+    out
+}
