@@ -66,9 +66,13 @@ def merge_states(states: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 
     def position(state: Mapping[str, Any]) -> tuple[int, int]:
         step = int(state["world_size"]) * int(state["batch_size"])
-        return int(state["epoch"]), int(state.get("consumed", 0)) + int(state["batches_done"]) * step
+        return int(state["epoch"]), int(state.get("consumed", 0)) + int(
+            state["batches_done"]
+        ) * step
 
     return dict(min(states, key=position))
+
+
 # What as_torch=True asks for, in the error when torch is missing.
 _AS_TORCH = "torch tensors (as_torch=True)"
 
@@ -556,9 +560,7 @@ class Loader:
         ``drop_last`` and ``fingerprint`` (the Rust ``OrderSpec::fingerprint()``, a hash of all
         of them but the rank). After :meth:`set_epoch` or :meth:`load_state_dict` it is the
         position the next iteration starts at."""
-        epoch, done, consumed = (
-            self._next_start if self._next_start is not None else self._received
-        )
+        epoch, done, consumed = self._next_start if self._next_start is not None else self._received
         return {
             "epoch": int(epoch),
             "batches_done": int(done),
@@ -888,7 +890,13 @@ def _order_filler(device: str, pin: bool) -> Callable[[tuple[Any, ...]], Any]:
         else:
             host = out = np.empty(length, dtype=np.int64)
         _pinfeed.epoch_order(
-            num_records, batch_size, rank=rank, epoch=epoch, out=out, consumed=consumed, **dict(order)
+            num_records,
+            batch_size,
+            rank=rank,
+            epoch=epoch,
+            out=out,
+            consumed=consumed,
+            **dict(order),
         )
         return host
 
