@@ -386,7 +386,7 @@ impl Position {
 /// assert_eq!(order.batch(1).len(), 2);
 ///
 /// // Restarting after one batch gives the same remaining records.
-/// let (resumed, left) = EpochOrder::resume(&spec, Position { epoch: 0, batches_done: 1 }).unwrap();
+/// let (resumed, left) = EpochOrder::resume(&spec, Position { epoch: 0, batches_done: 1, consumed: 0 }).unwrap();
 /// assert_eq!(left, 1..2);
 /// assert_eq!(resumed.batch(1), order.batch(1));
 ///
