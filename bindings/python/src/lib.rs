@@ -93,6 +93,7 @@ fn _pinfeed(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(pinned_allocations, m)?)?;
     m.add_function(wrap_pyfunction!(loader::epoch_order, m)?)?;
     m.add_function(wrap_pyfunction!(loader::epoch_size, m)?)?;
+    m.add_function(wrap_pyfunction!(loader::reshard_position, m)?)?;
     m.add_function(wrap_pyfunction!(options::device_share, m)?)?;
     m.add_function(wrap_pyfunction!(options::byte_size, m)?)?;
     m.add_function(wrap_pyfunction!(options::bottleneck, m)?)?;

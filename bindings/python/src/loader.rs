@@ -327,7 +327,8 @@ pub struct Stream {
 #[pymethods]
 impl Stream {
     /// Starts a pass with ``options`` at epoch ``start_epoch``, after its first
-    /// ``start_batches_done`` batches: makes the pinned ring and starts the reader and copy
+    /// ``start_batches_done`` batches (of the split of the rest after ``start_consumed``
+    /// records of its global order: an elastic resume, see ``reshard_position``): makes the pinned ring and starts the reader and copy
     /// threads (without the GIL). Batches export as ``options``' export dtype and
     /// ``(records, *record_shape)``.
     ///
@@ -335,12 +336,13 @@ impl Stream {
     /// one of them (``MultiLoader::replicated``): the pass yields the batches of each step one
     /// after the other, in the order of ``devices``.
     #[new]
-    #[pyo3(signature = (options, *, start_epoch=None, start_batches_done=None))]
+    #[pyo3(signature = (options, *, start_epoch=None, start_batches_done=None, start_consumed=None))]
     fn new(
         py: Python<'_>,
         options: &StreamOptions,
         start_epoch: Option<Bound<'_, PyAny>>,
         start_batches_done: Option<Bound<'_, PyAny>>,
+        start_consumed: Option<Bound<'_, PyAny>>,
     ) -> PyResult<Stream> {
         let at = |value: Option<Bound<'_, PyAny>>, name| {
             value.map_or(Ok(0), |v| int_arg(&v, name, 0, u64::MAX))
@@ -348,6 +350,7 @@ impl Stream {
         let start = Position {
             epoch: at(start_epoch, "epoch")?,
             batches_done: at(start_batches_done, "batches_done")?,
+            consumed: at(start_consumed, "consumed")?,
         };
         let src = Arc::clone(&options.source);
         let source_name = src.name().to_owned();
@@ -597,11 +600,12 @@ impl Drop for Stream {
     }
 }
 
-/// ``(records, batches)`` of one rank's epoch, the sizes of ``epoch_order``'s result, with its
-/// checks of the rank, world size, batch size and ``drop_last``, but in constant time: the sizes
-/// do not depend on the epoch or the shuffle, so no order is drawn.
+/// ``(records, batches)`` of one rank's epoch (or of the split of its rest after ``consumed``
+/// records of its global order), the sizes of ``epoch_order``'s result, with its checks of the
+/// rank, world size, batch size and ``drop_last``, but in constant time: the sizes do not depend
+/// on the epoch or the shuffle, so no order is drawn.
 #[pyfunction]
-#[pyo3(signature = (num_records, batch_size, *, drop_last, rank, world_size))]
+#[pyo3(signature = (num_records, batch_size, *, drop_last, rank, world_size, consumed=0))]
 pub(crate) fn epoch_size(
     py: Python<'_>,
     num_records: u64,
@@ -609,19 +613,64 @@ pub(crate) fn epoch_size(
     drop_last: bool,
     rank: u64,
     world_size: u64,
+    consumed: u64,
 ) -> PyResult<(u64, u64)> {
-    let spec = OrderSpec {
+    sizes_spec(num_records, batch_size, drop_last, rank, world_size)
+        .epoch_size(consumed)
+        .py_err(py)
+}
+
+/// The spec of the sizes of an order: they depend on neither the shuffle nor the seed.
+fn sizes_spec(
+    num_records: u64,
+    batch_size: u64,
+    drop_last: bool,
+    rank: u64,
+    world_size: u64,
+) -> OrderSpec {
+    OrderSpec {
         num_records,
         batch_size,
         drop_last,
-        // The identity order is the one `EpochOrder::new` builds without a table.
         shuffle: Shuffle::None,
         seed: 0,
         rank,
         world_size,
+    }
+}
+
+/// The Rust ``Position::reshard``: the position ``(epoch, batches_done, consumed)`` saved at
+/// ``from_world_size`` ranks, carried to ``to_world_size`` ranks (an elastic resume), as
+/// ``(epoch, batches_done, consumed)``. The job consumed the first ``consumed + batches_done ×
+/// from_world_size × batch_size`` records of the epoch's global order; the result splits the
+/// rest over the new ranks, or is the next epoch's start when nothing is left. Unchanged when
+/// the world size is.
+#[pyfunction]
+#[pyo3(signature = (
+    num_records, batch_size, *, drop_last, epoch, batches_done, consumed, from_world_size,
+    to_world_size
+))]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn reshard_position(
+    py: Python<'_>,
+    num_records: u64,
+    batch_size: u64,
+    drop_last: bool,
+    epoch: u64,
+    batches_done: u64,
+    consumed: u64,
+    from_world_size: u64,
+    to_world_size: u64,
+) -> PyResult<(u64, u64, u64)> {
+    let at = Position {
+        epoch,
+        batches_done,
+        consumed,
     };
-    let order = EpochOrder::new(&spec, 0).py_err(py)?;
-    Ok((order.num_records(), order.num_batches()))
+    let saved = sizes_spec(num_records, batch_size, drop_last, 0, from_world_size);
+    let to = sizes_spec(num_records, batch_size, drop_last, 0, to_world_size);
+    let p = at.reshard(&saved, &to).py_err(py)?;
+    Ok((p.epoch, p.batches_done, p.consumed))
 }
 
 /// One rank's records of one epoch, in batch order, as native-endian 8-byte integers, and the
@@ -637,7 +686,7 @@ pub(crate) fn epoch_size(
 #[pyfunction]
 #[pyo3(signature = (
     num_records, batch_size, *, drop_last, shuffle, block_size=None, block_window=None, seed,
-    rank, world_size, epoch, out=None
+    rank, world_size, epoch, out=None, consumed=0
 ))]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn epoch_order<'py>(
@@ -653,6 +702,7 @@ pub(crate) fn epoch_order<'py>(
     world_size: u64,
     epoch: u64,
     out: Option<Bound<'py, PyAny>>,
+    consumed: u64,
 ) -> PyResult<(Bound<'py, PyAny>, u64)> {
     let spec = OrderSpec {
         num_records,
@@ -663,7 +713,9 @@ pub(crate) fn epoch_order<'py>(
         rank,
         world_size,
     };
-    let order = py.detach(|| EpochOrder::new(&spec, epoch)).py_err(py)?;
+    let order = py
+        .detach(|| EpochOrder::remainder(&spec, epoch, consumed))
+        .py_err(py)?;
     let num_batches = order.num_batches();
     let len = usize::try_from(order.num_records())
         .ok()

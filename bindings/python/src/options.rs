@@ -365,6 +365,14 @@ impl StreamOptions {
         order_spec(self.source.num_records(), &self.loader).fingerprint()
     }
 
+    /// The fingerprint the same order would have at ``world_size`` ranks: what a state saved
+    /// at that world size carries when it was saved with these options otherwise.
+    fn fingerprint_at(&self, world_size: u64) -> u64 {
+        let mut spec = order_spec(self.source.num_records(), &self.loader);
+        spec.world_size = world_size;
+        spec.fingerprint()
+    }
+
     fn __repr__(&self) -> String {
         format!("StreamOptions({:?})", self.loader)
     }

@@ -192,8 +192,9 @@ pub struct LoaderOptions {
     pub rank: u64,
     /// Processes sharing the dataset: each epoch, every record goes to one of them.
     pub world_size: u64,
-    /// Where to start: an epoch and the batches of it already delivered (a resumed run).
-    /// `epochs` counts from this epoch.
+    /// Where to start: an epoch and the batches of it already delivered (a resumed run), or
+    /// the rest of an epoch after `consumed` records of its global order (an elastic resume,
+    /// see [`Position::reshard`]). `epochs` counts from this epoch; the ones after it are whole.
     pub start: Position,
 }
 

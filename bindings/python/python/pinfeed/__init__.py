@@ -11,6 +11,7 @@ ring of pinned memory.
 - :class:`MultiLoader`: one process feeding several devices: a ring per device, each on its
   shard, or (``replicate=True``) the same batches to every device, read once.
 - :func:`epoch_order`: the records each batch of a shuffled, sharded epoch holds.
+- :func:`merge_states`: one resume state from several ranks' (the one that got least far).
 - :func:`prefetch`: any iterable of (nested) arrays moved to the GPU, a few batches ahead.
 - :func:`to_device`: one array to the GPU without pinning it; :func:`pinned`: pin in place.
 - :mod:`pinfeed.transforms`: preprocessing on the reader threads.
@@ -29,7 +30,7 @@ from .errors import (
     PinfeedValueError,
     PinfeedWarning,
 )
-from .loader import Loader
+from .loader import Loader, merge_states
 from .multi import MultiLoader
 from .order import epoch_order
 from .staging import Prefetcher, free_staging_memory, pinned, prefetch, to_device
@@ -42,6 +43,7 @@ __all__ = [
     "Loader",
     "TokenLoader",
     "epoch_order",
+    "merge_states",
     "prefetch",
     "Prefetcher",
     "to_device",

@@ -31,6 +31,7 @@ __all__ = [
     "parse_dtype",
     "parse_size",
     "pinned_allocations",
+    "reshard_position",
     "token_offsets",
 ]
 __version__: str
@@ -160,6 +161,7 @@ class StreamOptions:
     def device(self) -> str: ...
     @property
     def fingerprint(self) -> int: ...
+    def fingerprint_at(self, world_size: int) -> int: ...
 
 @final
 class Stream(Iterator[DeviceBuffer]):
@@ -172,6 +174,7 @@ class Stream(Iterator[DeviceBuffer]):
         *,
         start_epoch: int | None = None,
         start_batches_done: int | None = None,
+        start_consumed: int | None = None,
     ) -> Self: ...
     def __iter__(self) -> Stream: ...
     def __next__(self) -> DeviceBuffer: ...
@@ -246,8 +249,25 @@ def bottleneck(
     copy_blocked: float,
 ) -> str: ...
 def epoch_size(
-    num_records: int, batch_size: int, *, drop_last: bool, rank: int, world_size: int
+    num_records: int,
+    batch_size: int,
+    *,
+    drop_last: bool,
+    rank: int,
+    world_size: int,
+    consumed: int = 0,
 ) -> tuple[int, int]: ...
+def reshard_position(
+    num_records: int,
+    batch_size: int,
+    *,
+    drop_last: bool,
+    epoch: int,
+    batches_done: int,
+    consumed: int,
+    from_world_size: int,
+    to_world_size: int,
+) -> tuple[int, int, int]: ...
 @overload
 def epoch_order(
     num_records: int,
@@ -262,6 +282,7 @@ def epoch_order(
     world_size: int,
     epoch: int,
     out: None = None,
+    consumed: int = 0,
 ) -> tuple[bytes, int]: ...
 @overload
 def epoch_order(
@@ -277,6 +298,7 @@ def epoch_order(
     world_size: int,
     epoch: int,
     out: _ArrayT,
+    consumed: int = 0,
 ) -> tuple[_ArrayT, int]: ...
 def open_tokens(
     path: Union[str, PathLike[str]],

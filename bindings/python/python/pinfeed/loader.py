@@ -41,6 +41,38 @@ _UPLOAD_BATCH_BYTES = 8 << 20
 # gathers still keeps up, and the orders held (8 bytes a record each) stay few. 0: none.
 _ORDERS_AHEAD = 2
 _U64_MAX = (1 << 64) - 1
+# A loader position: (epoch, batches done, records consumed before their split); see the Rust
+# `Position`.
+_Position = tuple[int, int, int]
+
+
+def merge_states(states: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """One state for an elastic (or any) resume from the :meth:`Loader.state_dict` of several
+    ranks of one job: the one that got least far, by ``epoch``, then records of the epoch's
+    global order consumed (``consumed + batches_done × world_size × batch_size``). Resuming
+    from it repeats the records faster ranks read past it, and loses none. When every rank
+    saved at the same step, any one state is the same position. Raises
+    :class:`pinfeed.PinfeedValueError` for no state, or states of different jobs (another
+    ``fingerprint`` or ``world_size``)."""
+    states = list(states)
+    if not states:
+        raise PinfeedValueError("merge_states: no state given")
+    for key in ("fingerprint", "world_size", "batch_size"):
+        seen = {s.get(key) for s in states}
+        if len(seen) > 1:
+            raise PinfeedValueError(
+                f"merge_states: the states come from different jobs: {key} differs ({sorted(seen)})"
+            )
+
+    def position(state: Mapping[str, Any]) -> tuple[int, int]:
+        step = int(state["world_size"]) * int(state["batch_size"])
+        return int(state["epoch"]), int(state.get("consumed", 0)) + int(
+            state["batches_done"]
+        ) * step
+
+    return dict(min(states, key=position))
+
+
 # What as_torch=True asks for, in the error when torch is missing.
 _AS_TORCH = "torch tensors (as_torch=True)"
 
@@ -214,7 +246,10 @@ class Loader:
     (batches read ahead into the ring are not counted, so none is lost or repeated).
     :meth:`load_state_dict` makes the next iteration deliver exactly the rest of that epoch (then
     the following ``epochs - 1`` epochs). A state from another dataset size, batch size,
-    ``drop_last``, world size, seed or shuffle is refused.
+    ``drop_last``, seed or shuffle is refused. A state saved at another world size resumes
+    elastically: the records the job consumed are skipped and the rest of the epoch is split
+    over this world size (see :meth:`load_state_dict`; :func:`pinfeed.merge_states` for ranks
+    saved at different steps).
 
     **One pass at a time.** Iterating again (in this thread or another) ends the pass under
     way: asking that older iterator for its next batch raises :class:`pinfeed.PinfeedError`
@@ -339,12 +374,15 @@ class Loader:
             upload_batch = max(1, min(_UPLOAD_BATCH_BYTES, opts.pinned_budget // 4) // widest)
             self._stream_options = opts.upload(upload_batch)
         self._fingerprint: int = opts.fingerprint
-        # Positions are (epoch, batches of it done). `_received`: what the consumer has been
-        # given; `_next_start`: where set_epoch/load_state_dict want the next pass to start;
-        # `_pass_epoch`: the epoch the latest pass started at (None before the first).
-        self._received: tuple[int, int] = (0, 0)
-        self._next_start: Optional[tuple[int, int]] = None
+        # Positions are (epoch, batches of it done, records of its global order consumed before
+        # the split those batches count in: 0 but after an elastic resume, see the Rust
+        # `Position`). `_received`: what the consumer has been given; `_next_start`: where
+        # set_epoch/load_state_dict want the next pass to start; `_pass_epoch`: the epoch the
+        # latest pass started at (None before the first), `_pass_consumed` its `consumed`.
+        self._received: _Position = (0, 0, 0)
+        self._next_start: Optional[_Position] = None
         self._pass_epoch: Optional[int] = None
+        self._pass_consumed = 0
         self._pass_id = 0
         # Set by close(): the pass then running was ended by it (see _Pass).
         self._closed_pass: Optional[int] = None
@@ -356,8 +394,8 @@ class Loader:
         self._orders: Optional[_OrdersAhead] = None
         # The first pass (in GPU-resident mode, the upload) starts now: configuration errors
         # surface here, and reading overlaps whatever the caller does before iterating.
-        self._pending: Optional[_pinfeed.Stream] = self._start((0, 0))
-        self._pending_start: tuple[int, int] = (0, 0)
+        self._pending: Optional[_pinfeed.Stream] = self._start((0, 0, 0))
+        self._pending_start: _Position = (0, 0, 0)
         self.device: str = self._pending.device
         warn_if_host_fallback(opts.device, self.device)
         if self.device.startswith("cuda") and self._export.view is not None:
@@ -432,8 +470,10 @@ class Loader:
     # Devices every batch is copied to, for a replicated MultiLoader; None for the one device.
     _replicas: Optional[list[str]] = None
 
-    def _start(self, at: tuple[int, int]) -> "_pinfeed.Stream":
-        stream = _pinfeed.Stream(self._stream_options, start_epoch=at[0], start_batches_done=at[1])
+    def _start(self, at: "_Position") -> "_pinfeed.Stream":
+        stream = _pinfeed.Stream(
+            self._stream_options, start_epoch=at[0], start_batches_done=at[1], start_consumed=at[2]
+        )
         _live_streams.add(stream)
         return stream
 
@@ -451,23 +491,46 @@ class Loader:
     def __len__(self) -> int:
         return self._len
 
+    def _split_size(self, consumed: int) -> tuple[int, int]:
+        """``(records, batches)`` of this rank in an epoch split after ``consumed`` records of
+        its global order (the whole epoch for 0)."""
+        return _pinfeed.epoch_size(
+            self.num_records,
+            self.batch_size,
+            drop_last=self.drop_last,
+            rank=self.rank,
+            world_size=self.world_size,
+            consumed=consumed,
+        )
+
+    def _split_batches(self, consumed: int) -> int:
+        return self._batches_per_epoch if consumed == 0 else self._split_size(consumed)[1]
+
+    def _pass_len(self, start: "_Position") -> int:
+        """Batches of a pass from ``start``: the whole of ``epochs`` epochs, but the first is
+        only its split's after an elastic resume."""
+        if start[2] == 0:
+            return self._batches_per_epoch * self.epochs
+        return self._split_batches(start[2]) + self._batches_per_epoch * (self.epochs - 1)
+
     def __iter__(self) -> "_Pass":
         self._check_fork()
         if self._next_start is not None:
             start = self._next_start
         elif self._pass_epoch is None:
-            start = (0, 0)
+            start = (0, 0, 0)
         else:
-            start = (self._pass_epoch + self.epochs, 0)
+            start = (self._pass_epoch + self.epochs, 0, 0)
         self._next_start = None
-        self._pass_epoch = start[0]
+        self._pass_epoch, self._pass_consumed = start[0], start[2]
         self._received = start
+        self._len = self._pass_len(start)
         self._pass_id += 1
         if self.resident:
             self._ensure_resident()
             # Once the upload's ring has given its pinned memory back (see _order_filler).
             if _ORDERS_AHEAD:
-                self._orders_wanted(start[0], start[0] + 1 + _ORDERS_AHEAD)
+                self._orders_wanted(start[0], start[0] + 1 + _ORDERS_AHEAD, start[2])
             return _Pass(self, self._pass_id, self._resident_batches(start), None)
         stream, self._pending = self._pending, None
         if stream is not None and self._pending_start != start:
@@ -485,21 +548,23 @@ class Loader:
         """Makes the next iteration run epoch ``epoch`` from its start (its order is a pure
         function of the seed and the epoch). Without it, each iteration runs the epoch after the
         previous pass's."""
-        self._next_start = (u64_arg("epoch", epoch), 0)
+        self._next_start = (u64_arg("epoch", epoch), 0, 0)
 
     def state_dict(self) -> dict[str, Any]:
         """How far the consumer got, as a plain dict for a checkpoint: ``epoch`` and
         ``batches_done`` (batches of that epoch this rank has *received*; an epoch received
-        to its end reads as the next epoch with 0 done), and what the position depends on:
-        ``seed``, ``shuffle``, ``block_size``, ``block_window``, ``world_size``, ``rank``,
-        ``num_records``, ``batch_size``, ``drop_last`` and ``fingerprint`` (the Rust
-        ``OrderSpec::fingerprint()``, a hash of all of them but the rank). After
-        :meth:`set_epoch` or :meth:`load_state_dict` it is the position the next iteration
-        starts at."""
-        epoch, done = self._next_start if self._next_start is not None else self._received
+        to its end reads as the next epoch with 0 done), ``consumed`` (0 but after an elastic
+        resume: records of the epoch's global order consumed before the split ``batches_done``
+        counts in), and what the position depends on: ``seed``, ``shuffle``, ``block_size``,
+        ``block_window``, ``world_size``, ``rank``, ``num_records``, ``batch_size``,
+        ``drop_last`` and ``fingerprint`` (the Rust ``OrderSpec::fingerprint()``, a hash of all
+        of them but the rank). After :meth:`set_epoch` or :meth:`load_state_dict` it is the
+        position the next iteration starts at."""
+        epoch, done, consumed = self._next_start if self._next_start is not None else self._received
         return {
             "epoch": int(epoch),
             "batches_done": int(done),
+            "consumed": int(consumed),
             "seed": self.seed,
             "shuffle": self.shuffle,
             "block_size": self.block_size,
@@ -514,12 +579,32 @@ class Loader:
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Makes the next iteration resume at ``state`` (from :meth:`state_dict`): the rest of
-        that epoch, exactly the batches the interrupted run had not received, then the
-        following epochs. Raises :class:`pinfeed.PinfeedValueError` when the state was saved for
-        another dataset size, batch size, ``drop_last``, world size, seed or shuffle. The rank
-        may differ (every rank is at the same position, so one rank's state serves all);
-        ``shuffle="gpu"`` and ``"random"`` share their order, so their states are
-        interchangeable."""
+        that epoch, then the following epochs. Raises :class:`pinfeed.PinfeedValueError` when
+        the state was saved for another dataset size, batch size, ``drop_last``, seed or
+        shuffle. The rank may differ; ``shuffle="gpu"`` and ``"random"`` share their order, so
+        their states are interchangeable.
+
+        **Same world size:** exactly the batches the interrupted run had not received. Each
+        rank may load its own state; one rank's state serves all when every rank saved at the
+        same step.
+
+        **Another world size (elastic resume):** a state saved at ``W`` ranks resumes at this
+        loader's ``W′`` (more or fewer ranks, or after a node was lost). A step cuts
+        ``W × batch_size`` records from the epoch's global order, so the job had consumed its
+        first ``consumed + batches_done × W × batch_size`` records; those are not repeated in
+        that epoch. The rest is split over the ``W′`` ranks by the usual rules: every record of
+        it once across ranks, equal batch counts, with ``drop_last=False`` fewer than ``W′``
+        records of its start padding the last step, with ``drop_last=True`` fewer than
+        ``W′ × batch_size`` records of its end left out. Padding of the old split is never
+        consumed (it lies in an epoch's last step; a state saved after that step is the next
+        epoch's start). ``len(self)`` is then that split's batches (plus ``epochs - 1`` whole
+        epochs); the following epoch is an ordinary one at ``W′``.
+
+        **Ranks at different steps:** "consumed" is counted at the state loaded. Every rank of
+        the new job must load the same state; when the saved ranks were at different steps,
+        load :func:`pinfeed.merge_states` of all of them (the one that got least far): the
+        records the faster ranks read past it come again, none is lost. A single rank's state is
+        correct when all ranks saved at the same step, as after a synchronised checkpoint."""
         name = self._source.name
         if not isinstance(state, Mapping) or not ("fingerprint" in state or "num_records" in state):
             raise PinfeedValueError(
@@ -530,8 +615,11 @@ class Loader:
             if key not in state:
                 raise PinfeedValueError(f"{name}: the loader state has no {key!r}")
         mine = self.state_dict()
+        saved_world = u64_arg("world_size", state.get("world_size", self.world_size))
+        if saved_world < 1:
+            raise PinfeedValueError(f"{name}: the loader state has world_size {saved_world}")
         differs = []
-        for key in ("num_records", "batch_size", "drop_last", "world_size", "seed"):
+        for key in ("num_records", "batch_size", "drop_last", "seed"):
             if key in state and state[key] != mine[key]:
                 differs.append(f"{key} {state[key]!r} (this loader: {mine[key]!r})")
         if "shuffle" in state:
@@ -545,53 +633,79 @@ class Loader:
                 for key in ("block_size", "block_window"):
                     if key in state and state[key] != mine[key]:
                         differs.append(f"{key} {state[key]!r} (this loader: {mine[key]!r})")
-        if not differs and "fingerprint" in state and state["fingerprint"] != self._fingerprint:
+        expected = self._options.fingerprint_at(saved_world)
+        if not differs and "fingerprint" in state and state["fingerprint"] != expected:
             differs.append(
-                f"order fingerprint {state['fingerprint']!r} (this loader: {self._fingerprint!r})"
+                f"order fingerprint {state['fingerprint']!r} (this loader at world size "
+                f"{saved_world}: {expected!r})"
             )
         if differs:
             raise PinfeedValueError(
                 f"{name}: cannot resume from this state: it was saved with "
                 + ", ".join(differs)
                 + "; a position means nothing under another dataset, batch size, drop_last, "
-                "world size, seed or shuffle"
+                "seed or shuffle"
             )
         epoch = u64_arg("epoch", state["epoch"])
         done = u64_arg("batches_done", state["batches_done"])
-        if done > self._batches_per_epoch:
-            raise PinfeedValueError(
-                f"{name}: cannot resume after batch {done} of epoch {epoch}: an epoch has "
-                f"{self._batches_per_epoch} batches on each rank here"
+        consumed = u64_arg("consumed", state.get("consumed", 0))
+        try:
+            # The Rust rules check the position against its split and carry it to this
+            # world size (unchanged when it is the same).
+            epoch, done, consumed = _pinfeed.reshard_position(
+                self.num_records,
+                self.batch_size,
+                drop_last=self.drop_last,
+                epoch=epoch,
+                batches_done=done,
+                consumed=consumed,
+                from_world_size=saved_world,
+                to_world_size=self.world_size,
             )
-        self._next_start = (epoch + 1, 0) if done == self._batches_per_epoch else (epoch, done)
+        except PinfeedValueError as e:
+            raise PinfeedValueError(f"{name}: {e}") from None
+        if done == self._split_batches(consumed):
+            epoch, done, consumed = epoch + 1, 0, 0
+        self._next_start = (epoch, done, consumed)
+        self._len = self._pass_len(self._next_start)
 
     def _received_batch(self, pass_id: int, epoch: int, index: int) -> None:
         if pass_id != self._pass_id:
             return  # a pass superseded by a newer one: it no longer speaks for the loader
         done = index + 1
-        self._received = (epoch + 1, 0) if done >= self._batches_per_epoch else (epoch, done)
+        consumed = self._pass_consumed if epoch == self._pass_epoch else 0
+        if done >= self._split_batches(consumed):
+            self._received = (epoch + 1, 0, 0)
+        else:
+            self._received = (epoch, done, consumed)
 
     # GPU-resident shuffling.
 
-    def _order_key(self, epoch: int) -> tuple[Any, ...]:
-        """Everything the order of ``epoch`` on this rank depends on, and its length: a
-        precomputed order is used only for the same key, never after set_epoch,
-        load_state_dict or a change of any of these made it stale."""
+    def _order_key(self, epoch: int, consumed: int = 0) -> tuple[Any, ...]:
+        """Everything the order of ``epoch`` (split after ``consumed`` records of its global
+        order) on this rank depends on, and its length: a precomputed order is used only for
+        the same key, never after set_epoch, load_state_dict or a change of any of these made
+        it stale."""
+        length = self._order_len if consumed == 0 else self._split_size(consumed)[0]
         return (
             self.num_records,
             self.batch_size,
             self.rank,
             epoch,
-            self._order_len,
+            consumed,
+            length,
             tuple(sorted(self._order.items())),
         )
 
-    def _orders_wanted(self, first: int, end: int) -> None:
-        """Has the orders of epochs ``first .. end`` computed in the background (but the one
-        already on the device)."""
+    def _orders_wanted(self, first: int, end: int, consumed: int = 0) -> None:
+        """Has the orders of epochs ``first .. end`` (the first split after ``consumed``
+        records) computed in the background (but the one already on the device)."""
         if self._orders is not None:
             have = None if self._resident_order is None else self._resident_order[0]
-            keys = [self._order_key(e) for e in range(first, min(end, _U64_MAX + 1))]
+            keys = [
+                self._order_key(e, consumed if e == first else 0)
+                for e in range(first, min(end, _U64_MAX + 1))
+            ]
             self._orders.want([k for k in keys if k != have])
 
     def _check_resident_budget(self, device_budget: Any, record_bytes: int) -> None:
@@ -626,7 +740,7 @@ class Loader:
             return
         stream, self._pending = self._pending, None
         if stream is None:
-            stream = self._start((0, 0))
+            stream = self._start((0, 0, 0))
         self._stream = stream
         n = self.num_records
         out: Any = None
@@ -660,11 +774,11 @@ class Loader:
             raise PinfeedError(f"{self._source.name}: the upload delivered {filled} of {n} records")
         self._resident_data = out
 
-    def _resident_index(self, epoch: int) -> tuple[Any, Any]:
+    def _resident_index(self, epoch: int, consumed: int) -> tuple[Any, Any]:
         """The int64 index of ``epoch`` on the resident copy's device, and (CUDA) the stream
         its copy was issued on. Usually computed ahead (see :class:`_OrdersAhead`); the orders
         of the next epochs are started here, to be ready when those epochs begin."""
-        key = self._order_key(epoch)
+        key = self._order_key(epoch, consumed)
         if self._resident_order is None or self._resident_order[0] != key:
             assert self._orders is not None
             host = self._orders.get(key)
@@ -686,15 +800,17 @@ class Loader:
             self._orders_wanted(epoch + 1, epoch + 1 + _ORDERS_AHEAD)
         return self._resident_order[1], self._resident_order[2]
 
-    def _resident_batches(self, start: tuple[int, int]) -> Iterator[tuple[int, int, Any]]:
+    def _resident_batches(self, start: "_Position") -> Iterator[tuple[int, int, Any]]:
         data, b = self._resident_data, self.batch_size
         cuda = self.device.startswith("cuda")
         torch = torch_module() if cuda else torch_module(_AS_TORCH) if self.as_torch else None
         for epoch in range(start[0], start[0] + self.epochs):
-            index, copied_on = self._resident_index(epoch)
+            consumed = start[2] if epoch == start[0] else 0
+            index, copied_on = self._resident_index(epoch, consumed)
             # Streams this epoch's gathers ran on that are known to see the index.
             synced = [copied_on]
-            for i in range(start[1] if epoch == start[0] else 0, self._batches_per_epoch):
+            batches = self._split_batches(consumed)
+            for i in range(start[1] if epoch == start[0] else 0, batches):
                 sel = index[i * b : (i + 1) * b]
                 if cuda:
                     stream = torch.cuda.current_stream(data.device)
@@ -765,7 +881,7 @@ def _order_filler(device: str, pin: bool) -> Callable[[tuple[Any, ...]], Any]:
     do not keep the Loader alive."""
 
     def fill(key: tuple[Any, ...]) -> Any:
-        num_records, batch_size, rank, epoch, length, order = key
+        num_records, batch_size, rank, epoch, consumed, length, order = key
         if device.startswith("cuda") and pin:
             torch = torch_module()
             with torch.cuda.device(torch.device(device)):
@@ -774,7 +890,13 @@ def _order_filler(device: str, pin: bool) -> Callable[[tuple[Any, ...]], Any]:
         else:
             host = out = np.empty(length, dtype=np.int64)
         _pinfeed.epoch_order(
-            num_records, batch_size, rank=rank, epoch=epoch, out=out, **dict(order)
+            num_records,
+            batch_size,
+            rank=rank,
+            epoch=epoch,
+            out=out,
+            consumed=consumed,
+            **dict(order),
         )
         return host
 
@@ -931,6 +1053,9 @@ class _Pass(Iterator[Any]):
             epoch, index, batch = next(self._batches)
         except StopIteration:
             self._finished = True
+            if self._id == loader._pass_id:
+                # The next pass is a whole one (or where set_epoch/load_state_dict put it).
+                loader._len = loader._pass_len(loader._next_start or (0, 0, 0))
             raise
         loader._received_batch(self._id, epoch, index)
         return batch

@@ -95,6 +95,14 @@ impl OrderSpec {
         Ok(())
     }
 
+    /// `(records, batches)` of each rank in the split of `P[consumed ..]` (`consumed` 0: a
+    /// whole epoch), as [`EpochOrder::remainder`] would give them, without drawing an order;
+    /// its errors too.
+    pub fn epoch_size(&self, consumed: u64) -> Result<(u64, u64)> {
+        let split = Split::of(self, consumed)?;
+        Ok((split.per_rank, split.num_batches))
+    }
+
     /// A hash of everything but the rank that decides which records each batch holds. Keep it
     /// beside a saved [`Position`] and compare it on resume: a position means nothing under
     /// another seed, batch size, world size or shuffle.
@@ -157,25 +165,123 @@ impl BatchRecords {
     }
 }
 
-/// How far a rank got: `batches_done` batches of epoch `epoch` were delivered. Plain integers,
-/// so that checkpoints (the Python `state_dict`) can hold it.
+/// How far a rank got: `batches_done` batches of epoch `epoch` were delivered, counted from the
+/// start of the current split, which began `consumed` records into the epoch's global order (0
+/// unless the job was resumed at another world size: see [`Position::reshard`]). Plain
+/// integers, so that checkpoints (the Python `state_dict`) can hold it; a checkpoint without
+/// `consumed` means 0.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct Position {
     /// The epoch, from 0.
     pub epoch: u64,
-    /// Batches of that epoch already delivered to this rank.
+    /// Batches of the current split of that epoch already delivered to this rank.
     pub batches_done: u64,
+    /// Records of the epoch's global order `P` consumed before the current split began: the
+    /// split covers `P[consumed ..]` only ([`EpochOrder::remainder`]). 0 for an epoch run from
+    /// its start, however often it was resumed at the same world size.
+    pub consumed: u64,
 }
 
 impl Position {
     /// The position after the batch numbered `seq` in delivery order (the loader's
-    /// [`Batch::seq`](crate::Batch::seq), counting across epochs from 0) was delivered;
-    /// `None` when epochs have no batch.
+    /// [`Batch::seq`](crate::Batch::seq), counting across epochs from 0) was delivered, in a
+    /// run whose epochs all start at their beginning (`consumed` 0); `None` when epochs have no
+    /// batch.
     pub fn after_seq(seq: u64, batches_per_epoch: u64) -> Option<Position> {
         let done = seq.checked_add(1)?;
         Some(Position {
             epoch: done.checked_div(batches_per_epoch)?,
             batches_done: done % batches_per_epoch,
+            consumed: 0,
+        })
+    }
+
+    /// Records of the epoch's global order the job has consumed at this position, over all
+    /// ranks, when every rank is here: the split's start plus `batches_done` steps of
+    /// `world_size × batch_size` records (`spec`'s). The last step may hold padding, so past
+    /// the end of an epoch this may exceed `num_records`. `None` on overflow.
+    pub fn records_consumed(self, spec: &OrderSpec) -> Option<u64> {
+        self.batches_done
+            .checked_mul(spec.world_size)?
+            .checked_mul(spec.batch_size)?
+            .checked_add(self.consumed)
+    }
+
+    /// The position saved under `saved` (at its world size `W`), carried to `to`'s world size
+    /// `W′`: an elastic resume, after a change of the number of ranks or the loss of a node.
+    ///
+    /// **What is consumed.** A step cuts `W × batch_size` records from the global order, so at
+    /// this position the job has consumed the first
+    /// `c = consumed + batches_done × W × batch_size` records of the epoch's global order `P`
+    /// ([`records_consumed`](Position::records_consumed)). That holds when every rank saved at
+    /// the same step; when ranks were at different steps, pass the position of the rank that
+    /// got least far (the minimum `batches_done`): the records the faster ranks read past it
+    /// come again, none is lost. Padding is never consumed: it sits in an epoch's last step
+    /// only, and a position inside an epoch is before its last step, so `c < num_records`.
+    ///
+    /// **The result.** `(epoch, batches_done 0, consumed c)`: the rest of the epoch,
+    /// `P[c ..]`, split over `W′` ranks by the usual rules ([`EpochOrder::remainder`]): every
+    /// record of it once across ranks, with `drop_last = false` fewer than `W′` records of
+    /// its start padding the last step, with `drop_last = true` fewer than `W′ × batch_size`
+    /// records of its end left out. When nothing is left to deliver (the epoch was finished,
+    /// or `drop_last` leaves no full step of the rest) it is the next epoch's start.
+    /// With the world size unchanged the position is returned as it is: resumed as saved, it
+    /// gives exactly the batches of the uninterrupted run.
+    ///
+    /// Errors (one line, naming what differs) when `saved` and `to` differ in anything but the
+    /// rank and the world size, or when the position lies past the end of its epoch.
+    pub fn reshard(self, saved: &OrderSpec, to: &OrderSpec) -> Result<Position> {
+        saved.validate()?;
+        to.validate()?;
+        let same = OrderSpec {
+            rank: 0,
+            world_size: 1,
+            ..saved.clone()
+        } == OrderSpec {
+            rank: 0,
+            world_size: 1,
+            ..to.clone()
+        };
+        if !same {
+            return Err(LoaderError::Config(format!(
+                "cannot carry a position to another world size when the order differs in more \
+                 than the world size: saved with {saved:?}, resumed with {to:?}"
+            )));
+        }
+        let split = Split::of(saved, self.consumed)?;
+        if self.batches_done > split.num_batches {
+            return Err(LoaderError::Config(format!(
+                "cannot resume after batch {} of epoch {}: that split has {} batches on each \
+                 rank (was the dataset, batch size or world size changed?)",
+                self.batches_done, self.epoch, split.num_batches
+            )));
+        }
+        if saved.world_size == to.world_size {
+            return Ok(self);
+        }
+        let next_epoch = || {
+            let epoch = self.epoch.checked_add(1).ok_or_else(|| {
+                LoaderError::Config(format!("epoch {} has no next epoch", self.epoch))
+            })?;
+            Ok(Position {
+                epoch,
+                ..Position::default()
+            })
+        };
+        if self.batches_done == split.num_batches {
+            return next_epoch();
+        }
+        // Before the last step every step is full, so this is below `num_records`.
+        let consumed = self.consumed + self.batches_done * saved.world_size * saved.batch_size;
+        let left = to.num_records - consumed;
+        if to.drop_last && left / to.world_size.saturating_mul(to.batch_size) == 0 {
+            return next_epoch();
+        }
+        Split::of(to, consumed)?;
+        Ok(Position {
+            epoch: self.epoch,
+            batches_done: 0,
+            consumed,
         })
     }
 
@@ -251,6 +357,12 @@ impl Position {
 /// order and says which batches are left, and those batches hold exactly the records the
 /// interrupted run would have read. Batches may be asked for in any order, from any thread.
 ///
+/// **Elastic resume.** A position saved at world size `W` resumes at another world size `W′`
+/// through [`Position::reshard`]: the job had consumed a prefix `P[.. c]` of the global order
+/// (`c` = `batches_done × W × batch_size`, the minimum over ranks), and
+/// [`EpochOrder::remainder`] splits the rest `P[c ..]` over `W′` ranks by the rules above, as
+/// if it were the whole global order. The next epoch is an ordinary one at `W′`.
+///
 /// **Memory.** [`Shuffle::None`] stores nothing. [`Shuffle::Random`] stores the global order, 4
 /// bytes a record up to 2³² records (8 beyond): 96 MB for 24 million records, built in about
 /// 0.3 s on one core. [`Shuffle::Block`] stores only the block order (4 or 8 bytes a block) and
@@ -274,7 +386,7 @@ impl Position {
 /// assert_eq!(order.batch(1).len(), 2);
 ///
 /// // Restarting after one batch gives the same remaining records.
-/// let (resumed, left) = EpochOrder::resume(&spec, Position { epoch: 0, batches_done: 1 }).unwrap();
+/// let (resumed, left) = EpochOrder::resume(&spec, Position { epoch: 0, batches_done: 1, consumed: 0 }).unwrap();
 /// assert_eq!(left, 1..2);
 /// assert_eq!(resumed.batch(1), order.batch(1));
 ///
@@ -287,11 +399,62 @@ pub struct EpochOrder {
     spec: OrderSpec,
     epoch: u64,
     global: Global,
-    /// Records of the epoch on each rank (`m`); all ranks read `m × world_size` positions.
+    /// Records of the global order left out of the front of this split (see
+    /// [`EpochOrder::remainder`]); its positions are those of `P[consumed ..]`.
+    consumed: u64,
+    split: Split,
+}
+
+/// How `R` records of a global order (all of them, or what is left after an elastic resume)
+/// are split over the ranks: the sizes of steps 2 and 3 of [`EpochOrder`].
+#[derive(Clone, Copy, Debug)]
+struct Split {
+    /// Records on each rank (`m`); all ranks read `m × world_size` positions.
     per_rank: u64,
     num_batches: u64,
     /// Records in each rank's last batch: in `1 ..= batch_size` when there are batches.
     last_batch: u64,
+}
+
+impl Split {
+    /// The split of `P[consumed ..]` under `spec`, without drawing an order.
+    fn of(spec: &OrderSpec, consumed: u64) -> Result<Split> {
+        spec.validate()?;
+        let (n, batch, world) = (spec.num_records, spec.batch_size, spec.world_size);
+        if consumed > 0 && consumed >= n {
+            return Err(LoaderError::Config(format!(
+                "{consumed} records consumed is past the end of an epoch of {n} records"
+            )));
+        }
+        let left = n - consumed;
+        let per_rank = if spec.drop_last {
+            // An overflowing step is larger than any dataset: no full step.
+            let step = world.saturating_mul(batch);
+            let full_steps = left / step;
+            if full_steps == 0 {
+                return Err(LoaderError::Config(format!(
+                    "{left} records cannot fill one batch of {batch} on each of {world} rank(s) \
+                     and drop_last is set, so there is no batch to deliver"
+                )));
+            }
+            full_steps * batch
+        } else {
+            let per_rank = left.div_ceil(world);
+            per_rank.checked_mul(world).ok_or_else(|| {
+                LoaderError::Config(format!(
+                    "{left} records padded for {world} ranks overflow a 64-bit count"
+                ))
+            })?;
+            per_rank
+        };
+        let num_batches = per_rank.div_ceil(batch);
+        let last_batch = per_rank - num_batches.saturating_sub(1) * batch;
+        Ok(Split {
+            per_rank,
+            num_batches,
+            last_batch,
+        })
+    }
 }
 
 impl std::fmt::Debug for EpochOrder {
@@ -299,8 +462,9 @@ impl std::fmt::Debug for EpochOrder {
         f.debug_struct("EpochOrder")
             .field("spec", &self.spec)
             .field("epoch", &self.epoch)
-            .field("num_batches", &self.num_batches)
-            .field("records_per_rank", &self.per_rank)
+            .field("consumed", &self.consumed)
+            .field("num_batches", &self.split.num_batches)
+            .field("records_per_rank", &self.split.per_rank)
             .finish()
     }
 }
@@ -308,54 +472,41 @@ impl std::fmt::Debug for EpochOrder {
 impl EpochOrder {
     /// The order of `epoch` for `spec.rank`. Errors name the option that is out of range.
     pub fn new(spec: &OrderSpec, epoch: u64) -> Result<EpochOrder> {
-        spec.validate()?;
-        let (n, batch, world) = (spec.num_records, spec.batch_size, spec.world_size);
-        let per_rank = if spec.drop_last {
-            // An overflowing step is larger than any dataset: no full step.
-            let step = world.saturating_mul(batch);
-            let full_steps = n / step;
-            if full_steps == 0 {
-                return Err(LoaderError::Config(format!(
-                    "{n} records cannot fill one batch of {batch} on each of {world} rank(s) \
-                     and drop_last is set, so there is no batch to deliver"
-                )));
-            }
-            full_steps * batch
-        } else {
-            let per_rank = n.div_ceil(world);
-            per_rank.checked_mul(world).ok_or_else(|| {
-                LoaderError::Config(format!(
-                    "{n} records padded for {world} ranks overflow a 64-bit count"
-                ))
-            })?;
-            per_rank
-        };
-        let num_batches = per_rank.div_ceil(batch);
-        let last_batch = per_rank - num_batches.saturating_sub(1) * batch;
+        EpochOrder::remainder(spec, epoch, 0)
+    }
+
+    /// The order of what is left of `epoch` once the first `consumed` records of its global
+    /// order `P` were consumed (an elastic resume: [`Position::reshard`]): the rules of
+    /// [`EpochOrder`] applied to `P[consumed ..]` as if it were the whole global order. Padding
+    /// (`drop_last = false`) repeats records from the start of that rest, never a consumed
+    /// one; `drop_last = true` leaves out fewer than `world_size × batch_size` records of its
+    /// end. `consumed` 0 is [`EpochOrder::new`]; otherwise it must be below `num_records`.
+    pub fn remainder(spec: &OrderSpec, epoch: u64, consumed: u64) -> Result<EpochOrder> {
+        let split = Split::of(spec, consumed)?;
         let global = Global::new(spec, epoch)?;
         Ok(EpochOrder {
             spec: spec.clone(),
             epoch,
             global,
-            per_rank,
-            num_batches,
-            last_batch,
+            consumed,
+            split,
         })
     }
 
-    /// The order of `at.epoch`, and the batches of it still to deliver,
+    /// The order of `at.epoch` (the rest after `at.consumed` records, see
+    /// [`remainder`](EpochOrder::remainder)), and the batches of it still to deliver,
     /// `at.batches_done .. num_batches()` (empty when the epoch was finished: go on with the
     /// next one). Those batches hold exactly the records an uninterrupted run would have read.
     pub fn resume(spec: &OrderSpec, at: Position) -> Result<(EpochOrder, std::ops::Range<u64>)> {
-        let order = EpochOrder::new(spec, at.epoch)?;
-        if at.batches_done > order.num_batches {
+        let order = EpochOrder::remainder(spec, at.epoch, at.consumed)?;
+        if at.batches_done > order.split.num_batches {
             return Err(LoaderError::Config(format!(
                 "cannot resume after batch {} of epoch {}: the epoch has {} batches on each \
                  rank (was the dataset, batch size or world size changed?)",
-                at.batches_done, at.epoch, order.num_batches
+                at.batches_done, at.epoch, order.split.num_batches
             )));
         }
-        let left = at.batches_done..order.num_batches;
+        let left = at.batches_done..order.split.num_batches;
         Ok((order, left))
     }
 
@@ -369,27 +520,39 @@ impl EpochOrder {
         self.epoch
     }
 
-    /// Batches of this rank in the epoch; the same on every rank.
-    pub fn num_batches(&self) -> u64 {
-        self.num_batches
+    /// Records of the global order left out of the front of this split: 0, or the `consumed`
+    /// of [`remainder`](EpochOrder::remainder).
+    pub fn consumed(&self) -> u64 {
+        self.consumed
     }
 
-    /// Records of this rank in the epoch, padding included; the same on every rank.
+    /// Batches of this rank in the epoch (in the split, after an elastic resume); the same on
+    /// every rank.
+    pub fn num_batches(&self) -> u64 {
+        self.split.num_batches
+    }
+
+    /// Records of this rank in the epoch (in the split), padding included; the same on every
+    /// rank.
     pub fn num_records(&self) -> u64 {
-        self.per_rank
+        self.split.per_rank
+    }
+
+    /// Records of the global order this split covers: `num_records − consumed`.
+    fn left(&self) -> u64 {
+        self.spec.num_records - self.consumed
     }
 
     /// Positions past the end of the global order, over all ranks: the repeats that pad the
     /// epoch (`drop_last = false`).
     pub fn num_padded(&self) -> u64 {
-        (self.per_rank * self.spec.world_size).saturating_sub(self.spec.num_records)
+        (self.split.per_rank * self.spec.world_size).saturating_sub(self.left())
     }
 
     /// Records left out of the epoch, over all ranks (`drop_last = true`).
     pub fn num_dropped(&self) -> u64 {
-        self.spec
-            .num_records
-            .saturating_sub(self.per_rank * self.spec.world_size)
+        self.left()
+            .saturating_sub(self.split.per_rank * self.spec.world_size)
     }
 
     /// The records of batch `i` of this rank, in batch order: a `Range` for
@@ -399,37 +562,43 @@ impl EpochOrder {
     /// # Panics
     /// If `i >= num_batches()`, like indexing past the end of a slice.
     pub fn batch(&self, i: u64) -> BatchRecords {
+        let split = &self.split;
         assert!(
-            i < self.num_batches,
+            i < split.num_batches,
             "batch {i} asked of an epoch of {} batches",
-            self.num_batches
+            split.num_batches
         );
-        let count = if i + 1 == self.num_batches {
-            self.last_batch
+        let count = if i + 1 == split.num_batches {
+            split.last_batch
         } else {
             self.spec.batch_size
         };
         // `i × batch_size < per_rank`, so neither product passes `per_rank × world_size`, which
-        // `new` checked.
+        // `Split::of` checked.
         let first = i * self.spec.batch_size * self.spec.world_size + self.spec.rank * count;
         let end = first + count;
-        if matches!(self.global, Global::Identity) && end <= self.spec.num_records {
-            return BatchRecords::Range { first, count };
+        if matches!(self.global, Global::Identity) && end <= self.left() {
+            return BatchRecords::Range {
+                first: self.consumed + first,
+                count,
+            };
         }
         let mut records = Vec::with_capacity(usize::try_from(count).unwrap_or(0));
         self.push_positions(first, end, &mut records);
         BatchRecords::Indices(records)
     }
 
-    /// Appends `E[from .. to]`, wrapping past the end of the global order for padding.
+    /// Appends `E[from .. to]` of the split, `P[consumed + g mod (num_records − consumed)]`:
+    /// past the end of the global order, padding wraps to the start of the split.
     fn push_positions(&self, from: u64, to: u64, out: &mut Vec<u64>) {
-        let n = self.spec.num_records;
-        debug_assert!(n > 0, "an epoch with batches has records");
+        let left = self.left();
+        debug_assert!(left > 0, "an epoch with batches has records");
         let mut g = from;
         while g < to {
-            let p = g % n;
-            let run = (to - g).min(n - p);
-            self.global.push(p, p + run, out);
+            let p = g % left;
+            let run = (to - g).min(left - p);
+            let first = self.consumed + p;
+            self.global.push(first, first + run, out);
             g += run;
         }
     }

@@ -416,6 +416,7 @@ fn resuming_anywhere_gives_the_rest_of_the_epoch() {
             let at = Position {
                 epoch: 1,
                 batches_done: done,
+                consumed: 0,
             };
             let (order, left) = EpochOrder::resume(&spec, at).unwrap();
             assert_eq!(left, done..full.len() as u64);
@@ -425,6 +426,7 @@ fn resuming_anywhere_gives_the_rest_of_the_epoch() {
         let past = Position {
             epoch: 1,
             batches_done: full.len() as u64 + 1,
+            consumed: 0,
         };
         assert!(EpochOrder::resume(&spec, past).is_err());
     });
@@ -436,21 +438,24 @@ fn positions_convert_to_and_from_delivery_order() {
         Position::after_seq(0, 4),
         Some(Position {
             epoch: 0,
-            batches_done: 1
+            batches_done: 1,
+            consumed: 0,
         })
     );
     assert_eq!(
         Position::after_seq(3, 4),
         Some(Position {
             epoch: 1,
-            batches_done: 0
+            batches_done: 0,
+            consumed: 0,
         })
     );
     assert_eq!(
         Position::after_seq(9, 4),
         Some(Position {
             epoch: 2,
-            batches_done: 2
+            batches_done: 2,
+            consumed: 0,
         })
     );
     assert_eq!(Position::after_seq(9, 0), None);
@@ -461,7 +466,8 @@ fn positions_convert_to_and_from_delivery_order() {
     assert_eq!(
         Position {
             epoch: u64::MAX,
-            batches_done: 1
+            batches_done: 1,
+            consumed: 0,
         }
         .seq(2),
         None
@@ -655,6 +661,7 @@ fn epochs_whose_batch_numbers_overflow_are_refused() {
     let at = |epoch| Position {
         epoch,
         batches_done: 0,
+        consumed: 0,
     };
     assert_eq!(Position::last_epoch_allowed(1), u64::MAX - 1);
     let bpe = 1000;
@@ -721,4 +728,218 @@ fn fingerprints_ignore_the_rank_only() {
     ] {
         assert_ne!(other.fingerprint(), print, "{other:?}");
     }
+}
+
+/// Every rank's batches of `at`'s split (the rest of its epoch), rank by rank.
+fn split_batches(spec: &OrderSpec, world_size: u64, at: Position) -> Vec<Vec<Vec<u64>>> {
+    (0..world_size)
+        .map(|r| {
+            let (order, left) = EpochOrder::resume(&on_rank(spec, r, world_size), at).unwrap();
+            left.map(|i| order.batch(i).to_vec()).collect()
+        })
+        .collect()
+}
+
+#[test]
+fn an_elastic_resume_splits_the_rest_of_the_epoch_over_the_new_ranks() {
+    const COUNTS: [u64; 7] = [1, 5, 8, 23, 25, 64, 101];
+    for &n in &COUNTS {
+        for &batch in &[1, 3, 4, 64] {
+            for &shuffle in &SHUFFLES[..4] {
+                for drop_last in [false, true] {
+                    for &old in &WORLD_SIZES {
+                        for &new in &WORLD_SIZES {
+                            let spec = spec(n, batch, drop_last, shuffle, 5);
+                            if drop_last && n < old * batch {
+                                continue;
+                            }
+                            check_elastic(&spec, old, new);
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn check_elastic(spec: &OrderSpec, old: u64, new: u64) {
+    let (n, batch, drop_last) = (spec.num_records, spec.batch_size, spec.drop_last);
+    let p = global_order(spec, 2);
+    let steps = EpochOrder::new(&on_rank(spec, 0, old), 2)
+        .unwrap()
+        .num_batches();
+    for done in 0..=steps {
+        let at = Position {
+            epoch: 2,
+            batches_done: done,
+            consumed: 0,
+        };
+        let all = positions_from_ranks(&on_rank(spec, 0, old), old, 2);
+        let before = &all[..((done * old * batch) as usize).min(all.len())];
+        let to = on_rank(spec, 1 % new, new);
+        let moved = at.reshard(&on_rank(spec, 0, old), &to).unwrap();
+        let what = format!("{spec:?} {old} -> {new} ranks after {done} steps");
+        if old == new {
+            assert_eq!(moved, at, "{what}");
+            continue;
+        }
+        let c = done * old * batch;
+        if done == steps {
+            assert_eq!(
+                moved,
+                Position {
+                    epoch: 3,
+                    ..Position::default()
+                },
+                "{what}"
+            );
+            continue;
+        }
+        assert!(c < n, "{what}: padding is never consumed");
+        assert_eq!(
+            before,
+            &p[..c as usize],
+            "{what}: the ranks read a prefix of P"
+        );
+        let left = n - c;
+        if drop_last && left < new * batch {
+            assert_eq!(
+                moved,
+                Position {
+                    epoch: 3,
+                    ..Position::default()
+                },
+                "{what}"
+            );
+            continue;
+        }
+        assert_eq!(
+            moved,
+            Position {
+                epoch: 2,
+                batches_done: 0,
+                consumed: c
+            },
+            "{what}"
+        );
+        let ranks = split_batches(spec, new, moved);
+        let counts: Vec<usize> = ranks.iter().map(Vec::len).collect();
+        assert!(
+            counts.iter().all(|&k| k == counts[0] && k > 0),
+            "{what}: {counts:?}"
+        );
+        // Step by step, rank by rank: the rest of P, then (drop_last = false) its start again
+        // as padding; or (drop_last = true) short of its tail.
+        let mut after: Vec<u64> = Vec::new();
+        for i in 0..counts[0] {
+            for rank in &ranks {
+                after.extend(&rank[i]);
+            }
+        }
+        let rest = &p[c as usize..];
+        if drop_last {
+            let kept = (left / (new * batch) * new * batch) as usize;
+            assert_eq!(after, rest[..kept], "{what}");
+        } else {
+            let padded = after.len() - rest.len();
+            assert!(padded < new as usize, "{what}: {padded} padded");
+            assert_eq!(after[..rest.len()], *rest, "{what}");
+            // Fewer than `new` records repeat, cycling through a short rest.
+            let pad: Vec<u64> = (0..padded).map(|j| rest[j % rest.len()]).collect();
+            assert_eq!(after[rest.len()..], pad, "{what}");
+        }
+        // The next epoch is an ordinary one at the new world size.
+        assert_eq!(
+            EpochOrder::new(&to, 3).unwrap().batch(0),
+            EpochOrder::resume(
+                &to,
+                Position {
+                    epoch: 3,
+                    ..Position::default()
+                }
+            )
+            .unwrap()
+            .0
+            .batch(0)
+        );
+    }
+}
+
+#[test]
+fn resharding_refuses_another_order_and_positions_past_the_epoch() {
+    let saved = on_rank(&spec(100, 4, false, Shuffle::Random, 1), 0, 2);
+    let at = Position {
+        epoch: 0,
+        batches_done: 3,
+        consumed: 0,
+    };
+    let to = on_rank(&saved, 2, 3);
+    assert!(at.reshard(&saved, &to).is_ok());
+    for other in [
+        OrderSpec {
+            seed: 2,
+            ..to.clone()
+        },
+        OrderSpec {
+            batch_size: 5,
+            ..to.clone()
+        },
+        OrderSpec {
+            num_records: 99,
+            ..to.clone()
+        },
+        OrderSpec {
+            drop_last: true,
+            ..to.clone()
+        },
+        OrderSpec {
+            shuffle: Shuffle::None,
+            ..to.clone()
+        },
+    ] {
+        let err = at.reshard(&saved, &other).unwrap_err().to_string();
+        assert!(err.contains("differs in more than the world size"), "{err}");
+    }
+    let past = Position {
+        batches_done: 14,
+        ..at
+    };
+    let err = past.reshard(&saved, &to).unwrap_err().to_string();
+    assert!(err.contains("after batch 14"), "{err}");
+    // A split starting past the epoch's end is refused, not wrapped.
+    let beyond = Position {
+        consumed: 100,
+        ..at
+    };
+    assert!(EpochOrder::resume(&to, beyond).is_err());
+}
+
+#[test]
+fn resharding_twice_carries_the_consumed_records_forward() {
+    let spec = spec(103, 3, false, Shuffle::Random, 9);
+    let first = Position {
+        epoch: 0,
+        batches_done: 2,
+        consumed: 0,
+    }
+    .reshard(&on_rank(&spec, 0, 8), &on_rank(&spec, 0, 3))
+    .unwrap();
+    assert_eq!(first.consumed, 48);
+    let second = Position {
+        batches_done: 4,
+        ..first
+    }
+    .reshard(&on_rank(&spec, 0, 3), &on_rank(&spec, 0, 2))
+    .unwrap();
+    assert_eq!(second.consumed, 48 + 4 * 3 * 3);
+    let ranks = split_batches(&spec, 2, second);
+    let mut after: Vec<u64> = ranks.concat().concat();
+    assert_eq!(after.len(), 20, "19 records left over 2 ranks: one padded");
+    after.sort_unstable();
+    after.dedup();
+    let mut rest = global_order(&spec, 0)[84..].to_vec();
+    rest.sort_unstable();
+    assert_eq!(after, rest);
+    let (_, size) = on_rank(&spec, 0, 2).epoch_size(84).unwrap();
+    assert_eq!(size, ranks[0].len() as u64);
 }

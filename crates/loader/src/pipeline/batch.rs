@@ -43,7 +43,8 @@ impl Batch {
     pub fn epoch(&self) -> u64 {
         self.spec.epoch
     }
-    /// Index of this batch within its epoch.
+    /// Index of this batch within its epoch (within its split, after an elastic resume:
+    /// [`Position::reshard`]).
     pub fn index(&self) -> u64 {
         self.spec.index
     }
@@ -60,11 +61,12 @@ impl Batch {
         self.spec.count
     }
     /// Where to resume to continue after this batch: its epoch and the batches of that epoch
-    /// delivered up to and including this one.
+    /// delivered up to and including this one (of its split, after an elastic resume).
     pub fn position_after(&self) -> Position {
         Position {
             epoch: self.spec.epoch,
             batches_done: self.spec.index + 1,
+            consumed: self.spec.consumed,
         }
     }
     /// Bytes in this batch.

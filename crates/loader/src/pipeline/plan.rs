@@ -8,16 +8,20 @@ use crate::order::{BatchRecords, EpochOrder, OrderSpec};
 use pinfeed_source::Source;
 
 use crate::register::Reader;
-use crate::{LoaderOptions, MAX_SLOTS};
+use crate::{LoaderOptions, Position, MAX_SLOTS};
 
 /// Which records each batch holds: the epochs' orders, from the resume position on.
 ///
-/// Sequence number `seq` is global batch `first_global + seq`, that is batch
-/// `(first_global + seq) % batches_per_epoch` of epoch `(first_global + seq) / batches_per_epoch`.
+/// Sequence number `seq` is batch `start.batches_done + seq` of epoch `start.epoch` while that
+/// epoch lasts (`first_len` batches: after an elastic resume its split has fewer batches than
+/// an epoch), then batch `(seq - first_len) % batches_per_epoch` of epoch
+/// `start.epoch + 1 + (seq - first_len) / batches_per_epoch`.
 pub(super) struct Plan {
     pub(super) spec: OrderSpec,
     pub(super) batches_per_epoch: u64,
-    pub(super) first_global: u64,
+    start: Position,
+    /// Batches of the first epoch still to deliver.
+    first_len: u64,
     pub(super) total: u64,
     /// Records in the largest batch: the batch size, or one rank's records of an epoch when
     /// those are fewer.
@@ -32,6 +36,8 @@ pub(super) struct Plan {
 pub(super) struct BatchSpec {
     pub(super) epoch: u64,
     pub(super) index: u64,
+    /// The `consumed` of the split the batch belongs to (see [`Position`]).
+    pub(super) consumed: u64,
     pub(super) records: BatchRecords,
     pub(super) count: usize,
 }
@@ -52,12 +58,14 @@ impl Plan {
         source_name: &str,
     ) -> Result<Plan> {
         options.validate()?;
-        let spec = options.order_spec(num_records);
-        let (first, remaining) = EpochOrder::resume(&spec, options.start).map_err(|e| match e {
+        let named = |e| match e {
             LoaderError::Config(m) => LoaderError::Config(format!("{source_name}: {m}")),
             other => other,
-        })?;
-        let batches_per_epoch = first.num_batches();
+        };
+        let spec = options.order_spec(num_records);
+        let start = options.start;
+        let (first, remaining) = EpochOrder::resume(&spec, start).map_err(named)?;
+        let (per_rank, batches_per_epoch) = spec.epoch_size(0).map_err(named)?;
         if batches_per_epoch == 0 {
             return Err(LoaderError::Config(format!(
                 "{source_name}: batch size {} leaves no batch to deliver from {num_records} records{}",
@@ -65,25 +73,22 @@ impl Plan {
                 if options.drop_last { " with drop_last" } else { "" }
             )));
         }
-        options
-            .start
+        start
             .check_epochs(options.epochs, batches_per_epoch)
-            .map_err(|e| match e {
-                LoaderError::Config(m) => LoaderError::Config(format!("{source_name}: {m}")),
-                other => other,
-            })?;
+            .map_err(named)?;
+        let first_len = remaining.end - remaining.start;
         // Checked above: every batch of the run has a 64-bit number counted from epoch 0.
-        let total = batches_per_epoch * options.epochs - remaining.start;
-        let first_global = options.start.epoch * batches_per_epoch + remaining.start;
+        let total = first_len + batches_per_epoch * (options.epochs - 1);
         // A batch never holds more than one rank's records of an epoch, whatever the batch
         // size asked: slots are sized for this, not for `batch_size`.
-        let largest_batch = usize::try_from(first.num_records())
+        let largest_batch = usize::try_from(per_rank.max(first.num_records()))
             .unwrap_or(usize::MAX)
             .min(options.batch_size);
         Ok(Plan {
             spec,
             batches_per_epoch,
-            first_global,
+            start,
+            first_len,
             total,
             largest_batch,
             orders: Mutex::new(VecDeque::from([Arc::new(first)])),
@@ -96,7 +101,17 @@ impl Plan {
 
     /// The epoch of the first batch this plan delivers.
     pub(super) fn first_epoch(&self) -> u64 {
-        self.first_global / self.batches_per_epoch
+        self.start.epoch
+    }
+
+    /// The records of `epoch` this plan splits: the rest after the start's `consumed` in the
+    /// first epoch, every record in the others.
+    fn consumed(&self, epoch: u64) -> u64 {
+        if epoch == self.start.epoch {
+            self.start.consumed
+        } else {
+            0
+        }
     }
 
     pub(super) fn order(&self, epoch: u64) -> Result<Arc<EpochOrder>> {
@@ -105,7 +120,11 @@ impl Plan {
             return Ok(Arc::clone(order));
         }
         // Computed under the lock: other readers need the same epoch and would only wait.
-        let order = Arc::new(EpochOrder::new(&self.spec, epoch)?);
+        let order = Arc::new(EpochOrder::remainder(
+            &self.spec,
+            epoch,
+            self.consumed(epoch),
+        )?);
         orders.push_back(Arc::clone(&order));
         if orders.len() > 2 {
             orders.pop_front();
@@ -114,16 +133,21 @@ impl Plan {
     }
 
     pub(super) fn batch(&self, seq: u64) -> Result<BatchSpec> {
-        let global = self.first_global + seq;
-        let (epoch, index) = (
-            global / self.batches_per_epoch,
-            global % self.batches_per_epoch,
-        );
+        let (epoch, index) = if seq < self.first_len {
+            (self.start.epoch, self.start.batches_done + seq)
+        } else {
+            let later = seq - self.first_len;
+            (
+                self.start.epoch + 1 + later / self.batches_per_epoch,
+                later % self.batches_per_epoch,
+            )
+        };
         let records = self.order(epoch)?.batch(index);
         let count = records.len() as usize;
         Ok(BatchSpec {
             epoch,
             index,
+            consumed: self.consumed(epoch),
             records,
             count,
         })
@@ -267,7 +291,6 @@ impl SlotLayout {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::Position;
 
     fn options(batch_size: usize, drop_last: bool, epochs: u64) -> LoaderOptions {
         LoaderOptions {
@@ -300,6 +323,7 @@ mod tests {
         o.start = Position {
             epoch: 0,
             batches_done: 2,
+            consumed: 0,
         };
         let plan = Plan::new(10, &o, "x").unwrap();
         assert_eq!(
@@ -310,6 +334,29 @@ mod tests {
         let b = plan.batch(0).unwrap();
         assert_eq!((b.epoch, b.index, b.first()), (0, 2, 8));
         assert_eq!(plan.batch(1).unwrap().epoch, 1);
+    }
+
+    #[test]
+    pub(super) fn plan_runs_the_rest_of_an_elastic_epoch_then_whole_epochs() {
+        let mut o = options(4, false, 2);
+        o.start = Position {
+            epoch: 3,
+            batches_done: 0,
+            consumed: 7,
+        };
+        let plan = Plan::new(10, &o, "x").unwrap();
+        assert_eq!(
+            plan.total(),
+            1 + 3,
+            "3 records left of epoch 3, then epoch 4"
+        );
+        let b = plan.batch(0).unwrap();
+        assert_eq!(
+            (b.epoch, b.index, b.consumed, b.first(), b.count),
+            (3, 0, 7, 7, 3)
+        );
+        let b = plan.batch(1).unwrap();
+        assert_eq!((b.epoch, b.index, b.consumed, b.first()), (4, 0, 0, 0));
     }
 
     #[test]
@@ -325,6 +372,7 @@ mod tests {
         past_end.start = Position {
             epoch: 0,
             batches_done: 4,
+            consumed: 0,
         };
         assert!(Plan::new(10, &past_end, "x").is_err());
     }

@@ -171,6 +171,7 @@ fn register_reader_resumes_at_later_epochs_and_mid_epoch() {
             start: pinfeed::Position {
                 epoch,
                 batches_done: done,
+                consumed: 0,
             },
             ..host_options(100)
         };

@@ -133,6 +133,7 @@ fn epochs_past_64_bit_batch_numbers_are_refused() {
         start: pinfeed::Position {
             epoch,
             batches_done: 0,
+            consumed: 0,
         },
         ..host_options(4)
     };

@@ -148,6 +148,7 @@ fn resuming_at_any_point_gives_the_rest_exactly() {
         let start = Position {
             epoch: done / per_epoch,
             batches_done: done % per_epoch,
+            consumed: 0,
         };
         let o = LoaderOptions {
             epochs: 2 - start.epoch,
@@ -176,14 +177,16 @@ fn batches_report_where_to_resume() {
         positions[3],
         Position {
             epoch: 0,
-            batches_done: 4
+            batches_done: 4,
+            consumed: 0,
         }
     );
     assert_eq!(
         positions[4],
         Position {
             epoch: 1,
-            batches_done: 1
+            batches_done: 1,
+            consumed: 0,
         }
     );
 }
