@@ -82,18 +82,22 @@ def cpu_seconds():
     return time.process_time(), r.ru_utime + r.ru_stime
 
 
-def timed(batches, n_warm, n):
-    """Takes n_warm batches, then times n: wall seconds, CPU seconds (two ways)."""
+def timed(batches, n_warm, n, min_seconds):
+    """Takes n_warm batches, then times at least n and for at least min_seconds, so that a
+    loader's prefetched batches are a small part of what is timed: wall seconds, CPU seconds
+    (two ways) and the batches taken."""
     for _ in range(n_warm):
         x, y = next(batches)
     torch.cuda.synchronize()
     w0, (p0, r0) = time.perf_counter(), cpu_seconds()
-    for _ in range(n):
+    taken = 0
+    while taken < n or time.perf_counter() - w0 < min_seconds:
         x, y = next(batches)
+        taken += 1
     torch.cuda.synchronize()
     w1, (p1, r1) = time.perf_counter(), cpu_seconds()
     assert x.dtype == torch.int64 and x.is_cuda and x.shape == y.shape
-    return {"seconds": w1 - w0, "process_time": p1 - p0, "rusage_cpu": r1 - r0, "batches": n}
+    return {"seconds": w1 - w0, "process_time": p1 - p0, "rusage_cpu": r1 - r0, "batches": taken}
 
 
 def get_batch_stream(path, b, t):
@@ -127,9 +131,9 @@ def data_path(args):
         for name, make in [("get_batch", get_batch_stream), ("pinfeed", pinfeed_stream)]:
             row = {"shape": [b, t], "loader": name}
             try:
-                row.update(timed(make(args.path, b, t), args.warmup, n))
-                row["batches_per_s"] = n / row["seconds"]
-                row["cpu_ms_per_batch"] = 1000 * row["process_time"] / n
+                row.update(timed(make(args.path, b, t), args.warmup, n, args.min_seconds))
+                row["batches_per_s"] = row["batches"] / row["seconds"]
+                row["cpu_ms_per_batch"] = 1000 * row["process_time"] / row["batches"]
             except Exception as e:  # a missing API or a failure is a row, not the end
                 row["error"] = f"{type(e).__name__}: {e}"
             rows.append(row)
@@ -258,6 +262,9 @@ def main():
         help="batches timed at 12 x 1024; other shapes take as many tokens",
     )
     p.add_argument("--warmup", type=int, default=10)
+    p.add_argument(
+        "--min-seconds", type=float, default=2.0, help="the least time each data-path row runs"
+    )
     p.add_argument("--train-steps", type=int, default=300)
     p.add_argument(
         "--rounds", type=int, default=3, help="training runs of each loader, interleaved"
