@@ -25,7 +25,10 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
 ///
 /// - ``"random"``: record ``v`` is the window at the uniformly random offset
 ///   :func:`token_offsets` gives for ``(seed, epoch, v)``; ``steps × batch_size × world_size``
-///   records, or 2^40 without ``steps``.
+///   records, or 2^40 without ``steps``. With ``steps_per_batch`` k > 1 the records are
+///   numbered for a loader batch of ``k × batch_size``: batch ``g`` holds rank
+///   ``g % world_size``'s steps ``(g // world_size) × k ..``, each step's windows as they would
+///   be with one step a batch (the count rounded up to whole loader batches).
 /// - ``"sequential"``: consecutive windows every ``seq_len`` tokens (each window's last token
 ///   is the next one's first).
 /// - ``"documents"`` (Megatron only): the documents in the shuffled order of ``(seed,
@@ -35,7 +38,7 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
 #[pyfunction]
 #[pyo3(signature = (
     path, *, seq_len, batch_size, dtype=None, sample="random", seed=0, steps=None,
-    world_size=1, epoch=0
+    world_size=1, epoch=0, steps_per_batch=1
 ))]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn open_tokens(
@@ -49,6 +52,7 @@ pub(crate) fn open_tokens(
     steps: Option<u64>,
     world_size: u64,
     epoch: u64,
+    steps_per_batch: u64,
 ) -> PyResult<(Source, String, u64)> {
     let name = path.display().to_string();
     let named = |e: SourceError| {
@@ -75,6 +79,7 @@ pub(crate) fn open_tokens(
         steps,
         batch_size,
         world_size,
+        steps_per_batch,
     };
     let opened = py
         .detach(|| tokens::open(&path, &options))

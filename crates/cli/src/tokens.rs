@@ -52,6 +52,7 @@ pub fn open(args: &StreamArgs, seq_len: u64, world_size: u64) -> Result<TokenSou
         steps: args.steps,
         batch_size: args.batch_size as u64,
         world_size,
+        steps_per_batch: 1,
     };
     tokens::open(path, &options).map_err(|e| {
         if dtype.is_none() && e.to_string().contains("needs its token dtype") {

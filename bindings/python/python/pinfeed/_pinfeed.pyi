@@ -311,5 +311,6 @@ def open_tokens(
     steps: int | None = None,
     world_size: int = 1,
     epoch: int = 0,
+    steps_per_batch: int = 1,
 ) -> tuple[Source, str, int]: ...
 def token_offsets(seed: int, epoch: int, num_offsets: int, first: int, count: int) -> list[int]: ...

@@ -22,6 +22,9 @@ from .order import distributed_defaults
 __all__ = ["TokenLoader"]
 
 _SAMPLES = ("random", "sequential", "documents")
+# Random steps in one loader batch: about this many tokens, at most _MAX_GROUP steps.
+_GROUP_TOKENS = 512 << 10
+_MAX_GROUP = 16
 _INT_DTYPES = ("int64", "int32")
 
 
@@ -38,7 +41,11 @@ class TokenLoader:
     inputs ``x = b[:, :-1]`` and targets ``y = b[:, 1:]`` are widened to ``int_dtype``
     (``"int64"``, or ``"int32"``) on torch's current stream. Iterating yields ``(x, y)``:
     contiguous CUDA tensors of shape ``(batch_size, seq_len)``, or numpy arrays on the host
-    backend (``device="cpu"``, or ``"auto"`` without a GPU).
+    backend (``device="cpu"``, or ``"auto"`` without a GPU). Random steps travel up to 16 to a
+    pinned slot (about 512 Ki tokens): their ``x`` and ``y`` are widened together, on the
+    stream current when the first of them is taken, and are slices of one tensor that stays
+    alive while any of them does; a step used on another stream needs ``record_stream``, as
+    any torch tensor does.
 
     ``sample`` picks the windows:
 
@@ -131,15 +138,27 @@ class TokenLoader:
             prefetch=prefetch,
             raw=True,
         )
+        # Random steps travel several to a loader batch (about 512 Ki tokens, at most
+        # _MAX_GROUP steps): one slot, one copy and one widening for all of them, so the
+        # consumer's per-step work is two slices. Each step still gets exactly its own windows
+        # (the source numbers them so); other modes take one step a batch.
+        tokens_per_step = self.batch_size * (self.seq_len + 1)
+        self._group = (
+            max(1, min(_MAX_GROUP, -(-_GROUP_TOKENS // max(1, tokens_per_step))))
+            if sample == "random"
+            else 1
+        )
         # Random and document windows are drawn anew each epoch, by a new source; sequential
         # windows are one source whose epochs the Loader runs.
         self._per_epoch = sample != "sequential"
         self._loader, self._loader_epoch = self._make_loader(0), 0
         self.device: str = self._loader.device
-        # (epoch, batches done) the next iteration starts at, when set_epoch or
+        # (epoch, steps done) the next iteration starts at, when set_epoch or
         # load_state_dict chose it; otherwise the epoch after the last pass's.
         self._next: Optional[tuple[int, int]] = None
         self._pass_epoch: Optional[int] = None
+        # Steps the consumer took in the current pass's epoch (its position, in steps).
+        self._steps_done = 0
 
     def _make_loader(self, epoch: int) -> Loader:
         source, typestr, num_tokens = _pinfeed.open_tokens(
@@ -152,12 +171,13 @@ class TokenLoader:
             steps=self.steps,
             world_size=self.world_size,
             epoch=epoch,
+            steps_per_batch=self._group,
         )
         #: numpy dtype of the tokens as stored.
         self.token_dtype: np.dtype = np.dtype(typestr)
         #: Tokens in the data.
         self.num_tokens: int = int(num_tokens)
-        return Loader(source, self.batch_size, **self._loader_args)
+        return Loader(source, self.batch_size * self._group, **self._loader_args)
 
     def _loader_for(self, epoch: int) -> Loader:
         if self._per_epoch and epoch != self._loader_epoch:
@@ -171,6 +191,8 @@ class TokenLoader:
                 "TokenLoader(sample='random') without steps is endless and has no len(); "
                 "pass steps= for a run of a set length"
             )
+        if self.sample == "random":
+            return self.steps
         return len(self._loader)
 
     def __iter__(self) -> Iterator[tuple[Any, ...]]:
@@ -182,21 +204,36 @@ class TokenLoader:
             start = (self._pass_epoch + 1, 0)
         self._next, self._pass_epoch = None, start[0]
         loader = self._loader_for(start[0])
-        # Positions the Loader (a pass it started already at this position is kept).
+        # Positions the Loader at the batch holding the first step to deliver (a pass it
+        # started already at this position is kept), then skips the steps before it.
         state = loader.state_dict()
-        loader.load_state_dict({**state, "epoch": start[0], "batches_done": start[1]})
-        return self._batches(iter(loader))
+        batches_done, skip = divmod(start[1], self._group)
+        loader.load_state_dict({**state, "epoch": start[0], "batches_done": batches_done})
+        self._steps_done = start[1]
+        return self._batches(iter(loader), skip)
 
-    def _batches(self, batches: Iterator[Any]) -> Iterator[tuple[Any, ...]]:
+    def _batches(self, batches: Iterator[Any], skip: int) -> Iterator[tuple[Any, ...]]:
         width = self.token_dtype.itemsize
         tokens_bytes = (self.seq_len + 1) * width
         cuda = self.device.startswith("cuda")
+        b = self.batch_size
         for raw in batches:
             if self.sample == "documents":
                 tok, ids = raw[:, :tokens_bytes], raw[:, tokens_bytes:]
+                self._steps_done += 1
                 yield (*self._xy(tok, cuda), self._segment_ids(ids, cuda))
-            else:
+                continue
+            if self._group == 1:
+                self._steps_done += 1
                 yield self._xy(raw, cuda)
+                continue
+            x, y = self._xy(raw, cuda)
+            for k in range(skip, int(raw.shape[0]) // b):
+                if self.steps is not None and self._steps_done >= self.steps:
+                    return  # the last batch's steps past `steps` are not this run's
+                self._steps_done += 1
+                yield x[k * b : (k + 1) * b], y[k * b : (k + 1) * b]
+            skip = 0
 
     def _xy(self, raw: Any, cuda: bool) -> tuple[Any, Any]:
         """``x`` and ``y`` of a ``(B, (seq_len + 1) × width)`` uint8 batch, widened."""
@@ -277,6 +314,13 @@ class TokenLoader:
         state = dict(self._loader.state_dict())
         if self._next is not None:
             state["epoch"], state["batches_done"] = self._next
+        elif self._group > 1 and self._pass_epoch is not None:
+            # In steps, counted here: the Loader counts batches of several steps, handed over
+            # whole, and a pass whose last batch went out is finished for it.
+            if self.steps is not None and self._steps_done >= self.steps:
+                state["epoch"], state["batches_done"] = self._pass_epoch + 1, 0
+            else:
+                state["epoch"], state["batches_done"] = self._pass_epoch, self._steps_done
         state["tokens"] = self._token_params()
         return state
 
@@ -303,8 +347,11 @@ class TokenLoader:
             )
         rest = {k: v for k, v in state.items() if k != "tokens"}
         # The Loader checks the order's parameters and the position against its epoch.
-        self._loader.load_state_dict({**rest, "epoch": self._loader_epoch})
-        self._next = (int(rest["epoch"]), int(rest["batches_done"]))
+        steps_done = int(rest["batches_done"])
+        self._loader.load_state_dict(
+            {**rest, "epoch": self._loader_epoch, "batches_done": steps_done // self._group}
+        )
+        self._next = (int(rest["epoch"]), steps_done)
 
     def stats(self) -> dict[str, Any]:
         """The counters of the current (or last) pass: :meth:`pinfeed.Loader.stats`."""

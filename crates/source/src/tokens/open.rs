@@ -70,6 +70,9 @@ pub struct TokenOptions {
     pub batch_size: u64,
     /// Ranks that split each step.
     pub world_size: u64,
+    /// Random only: steps a loader batch carries ([`SampledWindows::grouped`]); 1 for one
+    /// step a batch. The record count is rounded up to whole loader batches.
+    pub steps_per_batch: u64,
 }
 
 /// A token dataset opened as windows, by the rule that picks them.
@@ -135,9 +138,20 @@ pub fn open(path: &Path, options: &TokenOptions) -> Result<TokenSource> {
         return Err(not_indexed());
     }
     let len = match (options.sample, options.steps) {
-        (Sample::Random, None) => SampledWindows::ENDLESS,
+        // Whole loader batches of endless windows (rounded down; 2^40 windows are ample).
+        (Sample::Random, None) => {
+            let per_batch = options
+                .steps_per_batch
+                .max(1)
+                .saturating_mul(options.batch_size)
+                .saturating_mul(options.world_size)
+                .max(1);
+            (SampledWindows::ENDLESS / per_batch).max(1) * per_batch
+        }
         (Sample::Random, Some(s)) => s
-            .checked_mul(options.batch_size)
+            .div_ceil(options.steps_per_batch.max(1))
+            .checked_mul(options.steps_per_batch.max(1))
+            .and_then(|n| n.checked_mul(options.batch_size))
             .and_then(|n| n.checked_mul(options.world_size))
             .filter(|&n| n > 0)
             .ok_or_else(|| {
@@ -169,9 +183,13 @@ pub fn open(path: &Path, options: &TokenOptions) -> Result<TokenSource> {
     };
     let (seq_len, seed, epoch) = (options.seq_len, options.seed, options.epoch);
     Ok(match (options.sample, dataset) {
-        (Sample::Random, _) => TokenSource::Random(Arc::new(SampledWindows::new(
-            stream, seq_len, seed, epoch, len,
-        )?)),
+        (Sample::Random, _) => TokenSource::Random(Arc::new(
+            SampledWindows::new(stream, seq_len, seed, epoch, len)?.grouped(
+                options.batch_size,
+                options.world_size,
+                options.steps_per_batch.max(1),
+            )?,
+        )),
         (Sample::Sequential, _) => TokenSource::Sequential(Arc::new(TokenWindows::new(
             stream,
             seq_len,

@@ -56,6 +56,17 @@ pub struct SampledWindows {
     key: u64,
     /// At least 1.
     len: u64,
+    /// How the loader's records map to windows when several steps travel in one batch (see
+    /// [`SampledWindows::grouped`]); `None`: record `v` is window `v`.
+    grouping: Option<Grouping>,
+}
+
+/// `steps` steps of `batch` windows on each of `world` ranks in one loader batch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Grouping {
+    batch: u64,
+    world: u64,
+    steps: u64,
 }
 
 impl SampledWindows {
@@ -101,7 +112,51 @@ impl SampledWindows {
             epoch,
             key: epoch_key(seed, epoch),
             len,
+            grouping: None,
         })
+    }
+
+    /// The same windows, numbered for a loader whose batch carries `steps` steps of `batch`
+    /// windows each, with `world` ranks: the loader's batch `g` (of `steps × batch` records)
+    /// is rank `g % world`'s steps `(g / world) × steps ..`, and its record `j` is window
+    /// `(s × world + r) × batch + j % batch` of step `s = (g / world) × steps + j / batch` on
+    /// rank `r`, the window that rank reads at step `s` with one step a batch. So a consumer can
+    /// take several steps' windows in one slot, one copy and one widening, and still get
+    /// exactly the windows of each step. The record count must be a multiple of
+    /// `steps × batch × world`.
+    pub fn grouped(mut self, batch: u64, world: u64, steps: u64) -> Result<SampledWindows> {
+        let per_batch = steps.checked_mul(batch).and_then(|n| n.checked_mul(world));
+        if batch == 0 || world == 0 || steps == 0 || per_batch.is_none_or(|n| self.len % n != 0) {
+            return Err(invalid(
+                self.stream.name(),
+                format!(
+                    "{} windows do not split into loader batches of {steps} steps of {batch} \
+                     windows on {world} rank(s)",
+                    self.len
+                ),
+            ));
+        }
+        self.grouping = (steps > 1).then_some(Grouping {
+            batch,
+            world,
+            steps,
+        });
+        Ok(self)
+    }
+
+    /// The window the loader's record `u` holds (see [`SampledWindows::grouped`]).
+    pub fn window_of(&self, u: u64) -> u64 {
+        let Some(Grouping {
+            batch,
+            world,
+            steps,
+        }) = self.grouping
+        else {
+            return u;
+        };
+        let (g, j) = (u / (steps * batch), u % (steps * batch));
+        let (rank, step) = (g % world, (g / world) * steps + j / batch);
+        (step * world + rank) * batch + j % batch
     }
 
     /// The token offset window `v` starts at; `v` may be any number, inside the records or not.
@@ -149,7 +204,8 @@ impl Source for SampledWindows {
         check_request(self, first, dst.len())?;
         let bytes = self.layout.record_bytes();
         for (k, w) in dst.chunks_exact_mut(bytes).enumerate() {
-            self.stream.read_tokens(self.offset(first + k as u64), w)?;
+            let window = self.window_of(first + k as u64);
+            self.stream.read_tokens(self.offset(window), w)?;
         }
         Ok(())
     }
@@ -225,5 +281,46 @@ mod tests {
         assert!(e.contains("41 tokens is longer than the 40 tokens"), "{e}");
         assert!(SampledWindows::new(s.clone(), 0, 0, 0, 1).is_err());
         assert!(SampledWindows::new(s, 4, 0, 0, 0).is_err());
+    }
+
+    #[test]
+    fn grouped_batches_hold_each_steps_windows_of_one_step_a_batch() {
+        let (_dir, stream) = three_files();
+        for (batch, world, steps) in [(2, 1, 3), (2, 3, 2), (3, 2, 4), (1, 1, 1)] {
+            let len = 4 * steps * batch * world;
+            let plain = SampledWindows::new(Arc::clone(&stream), 8, 5, 1, len).unwrap();
+            let grouped = SampledWindows::new(Arc::clone(&stream), 8, 5, 1, len)
+                .unwrap()
+                .grouped(batch, world, steps)
+                .unwrap();
+            let record = grouped.layout().record_bytes();
+            let mut seen = vec![false; len as usize];
+            for g in 0..len / (steps * batch) {
+                let (rank, first_step) = (g % world, (g / world) * steps);
+                let mut got = vec![0u8; (steps * batch) as usize * record];
+                grouped.read_records(g * steps * batch, &mut got).unwrap();
+                for k in 0..steps {
+                    // Step `first_step + k` of `rank`, as one step a batch reads it.
+                    let v = ((first_step + k) * world + rank) * batch;
+                    let mut want = vec![0u8; batch as usize * record];
+                    plain.read_records(v, &mut want).unwrap();
+                    let at = (k * batch) as usize * record;
+                    assert_eq!(
+                        &got[at..at + want.len()],
+                        &want[..],
+                        "{batch} {world} {steps} {g} {k}"
+                    );
+                    for i in 0..batch {
+                        assert!(!std::mem::replace(&mut seen[(v + i) as usize], true));
+                    }
+                }
+            }
+            assert!(seen.iter().all(|&s| s), "every window once");
+        }
+        let odd = SampledWindows::new(Arc::clone(&stream), 8, 5, 1, 10).unwrap();
+        assert!(
+            odd.grouped(2, 1, 3).is_err(),
+            "10 windows are not whole batches of 6"
+        );
     }
 }
