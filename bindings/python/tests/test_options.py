@@ -23,9 +23,11 @@ def data(n=40, width=4):
 @NO_GPU
 def test_auto_is_the_default_and_warns_once_when_it_falls_back_to_the_host(monkeypatch):
     monkeypatch.setattr(loader_module, "_warned_host_fallback", False)
-    with pytest.warns(PinfeedWarning, match='device="auto"'):
+    with pytest.warns(PinfeedWarning, match='device="auto"') as caught:
         loader = pinfeed.Loader(data(), 10)
     assert loader.device == "cpu"
+    # The warning names the caller's line, not pinfeed's.
+    assert [w.filename for w in caught] == [__file__]
     np.testing.assert_array_equal(np.concatenate(list(loader)), data())
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # a second warning would raise here

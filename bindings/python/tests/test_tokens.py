@@ -318,3 +318,13 @@ def test_cuda_x_y_are_int64_and_match_numpy_on_any_stream(torch, train_bin):
             np.testing.assert_array_equal(x.cpu().numpy(), hx)
             np.testing.assert_array_equal(y.cpu().numpy(), hy)
             np.testing.assert_array_equal(s.cpu().numpy(), hs)
+
+
+@pytest.mark.skipif(pinfeed.cuda_device_count() > 0, reason="a CUDA device is present")
+def test_the_host_fallback_warning_names_the_callers_line(train_bin, monkeypatch):
+    from pinfeed import loader as loader_module
+
+    monkeypatch.setattr(loader_module, "_warned_host_fallback", False)
+    with pytest.warns(pinfeed.PinfeedWarning, match='device="auto"') as caught:
+        TokenLoader(train_bin[0], 16, 2, dtype="uint16", steps=2)
+    assert [w.filename for w in caught] == [__file__]

@@ -2,6 +2,7 @@
 
 import atexit
 import os
+import sys
 import threading
 import warnings
 import weakref
@@ -112,8 +113,18 @@ def warn_if_host_fallback(asked: str, got: str) -> None:
             'device="auto" found no usable CUDA driver and device: running on the host backend '
             '(numpy batches); pass device="cpu" to ask for it, or device="cuda" to require a GPU',
             PinfeedWarning,
-            stacklevel=3,
+            stacklevel=_caller_outside_pinfeed(),
         )
+
+
+def _caller_outside_pinfeed() -> int:
+    """``warnings.warn``'s ``stacklevel`` for the first frame outside this package, so that a
+    warning names the user's line whichever of pinfeed's classes was called."""
+    package = os.path.dirname(os.path.abspath(__file__))
+    frame, level = sys._getframe(1), 1  # the function that calls warnings.warn
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(package):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def _open_source(
