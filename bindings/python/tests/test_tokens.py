@@ -48,6 +48,30 @@ def test_random_windows_match_numpy_slicing_at_their_offsets(train_bin):
     assert all(40 < c < 120 for c in counts), counts
 
 
+@pytest.mark.parametrize("world", [2, 3])
+def test_random_steps_on_every_rank_read_their_own_windows(train_bin, world):
+    # Several steps share a pinned slot (the source numbers the loader's records for it): each
+    # rank's step must still hold exactly the windows of its offsets, with 10 steps not a
+    # multiple of the steps a slot carries, and the ranks' windows of a step never the same.
+    path, data = train_bin
+    seen = {}
+    for rank in range(world):
+        loader = cpu_loader(
+            path, 32, 4, dtype="uint16", seed=7, steps=10, rank=rank, world_size=world
+        )
+        assert loader._group > 1 and 10 % loader._group != 0
+        steps = list(loader)
+        assert len(steps) == len(loader) == 10
+        for step, (x, _) in enumerate(steps):
+            off = loader.offsets(step)
+            for k, o in enumerate(off):
+                np.testing.assert_array_equal(x[k], data[o : o + 32].astype(np.int64))
+            first = (step * world + rank) * 4
+            assert not any(v in seen for v in range(first, first + 4))
+            seen.update((v, rank) for v in range(first, first + 4))
+    assert sorted(seen) == list(range(10 * world * 4))
+
+
 def test_random_offsets_follow_the_documented_rule(train_bin):
     path, _ = train_bin
     loader = cpu_loader(path, 16, 4, dtype="uint16", seed=9, steps=3)
