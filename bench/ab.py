@@ -22,25 +22,9 @@ import json
 import os
 import subprocess
 import sys
-import time
 
 RECORDS = 1489700  # 4 GiB of 3x31x31 uint8 records
 ROWS, COLS = 1024, 655360
-
-
-def best_of(fn, repeat=3):
-    """Median wall and CPU seconds of `fn` over `repeat` runs, the device synchronised."""
-    import torch
-
-    runs = []
-    for _ in range(repeat):
-        torch.cuda.synchronize()
-        c0, t0 = time.process_time(), time.perf_counter()
-        fn()
-        torch.cuda.synchronize()
-        runs.append((time.perf_counter() - t0, time.process_time() - c0))
-    runs.sort()
-    return runs[len(runs) // 2]
 
 
 def drain(loader, check=None):
@@ -59,6 +43,7 @@ def drain(loader, check=None):
 def worker(npy, label):
     import numpy as np
     import torch
+    from torch_baselines import timed as best_of  # bench/ is the script's folder, on sys.path
 
     import pinfeed
 

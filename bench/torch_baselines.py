@@ -16,6 +16,7 @@ from torch.utils.data import BatchSampler, DataLoader, Dataset, RandomSampler
 
 
 def timed(fn, repeat=3):
+    """Median wall and CPU seconds of `fn` over `repeat` runs, the device synchronised."""
     runs = []
     for _ in range(repeat):
         torch.cuda.synchronize()
