@@ -18,21 +18,27 @@ fn multi_stream(path: &str, devices: &str, extra: &[&str]) -> serde_json::Value 
     json_report(&pinfeed(args))
 }
 
-#[test]
-fn replicated_devices_each_get_every_byte_read_once() {
-    let (_dir, path) = fixture("gen.npy");
-    let gen = pinfeed(["gen", &shown(&path), "--records", "1001", "--shape", "3,5"]);
-    assert_eq!(gen.code, Some(0), "{}", gen.stderr);
-    let one = json_report(&pinfeed([
+/// The report of one `cpu` device streaming `path` with `--crc`: what every multi-device CRC is
+/// compared with.
+fn single_device(path: &str) -> serde_json::Value {
+    json_report(&pinfeed([
         "stream",
-        &shown(&path),
+        path,
         "--batch-size",
         "64",
         "--device",
         "cpu",
         "--crc",
         "--json",
-    ]));
+    ]))
+}
+
+#[test]
+fn replicated_devices_each_get_every_byte_read_once() {
+    let (_dir, path) = fixture("gen.npy");
+    let gen = pinfeed(["gen", &shown(&path), "--records", "1001", "--shape", "3,5"]);
+    assert_eq!(gen.code, Some(0), "{}", gen.stderr);
+    let one = single_device(&shown(&path));
     let bytes = 1001 * 15; // u8 records of 3 x 5
     for pieces in ["4MiB", "1KiB"] {
         let r = multi_stream(
@@ -117,16 +123,7 @@ fn split_crc_is_the_single_device_crc() {
         pinfeed(["gen", &shown(&path), "--records", "1000", "--shape", "3"]).code,
         Some(0)
     );
-    let one = json_report(&pinfeed([
-        "stream",
-        &shown(&path),
-        "--batch-size",
-        "64",
-        "--device",
-        "cpu",
-        "--crc",
-        "--json",
-    ]));
+    let one = single_device(&shown(&path));
     assert!(one["crc32"].is_u64(), "{one}");
     for devices in ["cpu,cpu", "cpu,cpu,cpu,cpu"] {
         let r = multi_stream(&shown(&path), devices, &["--epochs", "2"]);
