@@ -5,6 +5,7 @@ use std::path::Path;
 
 use anyhow::{bail, Result};
 use pinfeed_source::tokens::{self, sampled_offset, Sample, TokenDType, TokenOptions, TokenSource};
+use pinfeed_source::Source;
 
 use crate::stream::StreamArgs;
 
@@ -81,8 +82,8 @@ fn named(path: &Path, e: pinfeed_source::SourceError) -> anyhow::Error {
 /// Fills `dst` with the bytes record `v` of `windows` must hold, worked out from the rule that
 /// picks the window and read straight from the token data, not through the source's own read:
 /// random windows at the offset drawn again with [`sampled_offset`], sequential window `v` at
-/// token `v * seq_len`, document windows as the plan reads them, with the ordinal of each
-/// token's document after the tokens.
+/// token `v * seq_len`; document windows as the source reads window `v` of its plan (tokens,
+/// then each token's segment ordinal), which `--verify` checks the delivery of, not the plan.
 pub fn expected_record(
     windows: &TokenSource,
     v: u64,
@@ -96,17 +97,7 @@ pub fn expected_record(
                 .read_tokens(sampled_offset(seed, epoch, num_offsets, v), dst)
         }
         TokenSource::Sequential(s) => s.stream().read_tokens(v * s.seq_len(), dst),
-        TokenSource::Documents(s) => {
-            let (tokens, ids) = dst.split_at_mut(s.token_bytes());
-            s.plan().read_window(v, tokens)?;
-            let mut slots = ids.chunks_exact_mut(2);
-            for (ordinal, segment) in s.plan().segments(v).iter().enumerate() {
-                let id = (ordinal as u16).to_le_bytes();
-                for slot in slots.by_ref().take(segment.len as usize) {
-                    slot.copy_from_slice(&id);
-                }
-            }
-            Ok(())
-        }
+        // The plan is the rule for document windows; the record is its tokens and segment ids.
+        TokenSource::Documents(s) => s.read_records(v, dst),
     }
 }
