@@ -20,8 +20,6 @@
 //!   [`DocumentWindows`] records carry each token's segment id after the tokens.
 //! - [`open`]: any of these from a path and [`TokenOptions`], as the Python bindings and the
 //!   command line open them.
-//! - [`SequentialPlan`]: every window once an epoch, split across ranks as the loader splits
-//!   batches (the loader's own rule, restated for callers that plan without it).
 //!
 //! ```
 //! use std::sync::Arc;
@@ -49,7 +47,6 @@ mod dtype;
 mod megatron;
 mod open;
 mod sampled;
-mod sequential;
 mod stream;
 #[cfg(test)]
 mod testing;
@@ -60,7 +57,6 @@ pub use dtype::TokenDType;
 pub use megatron::IndexedDataset;
 pub use open::{is_indexed, open, Sample, TokenOptions, TokenSource};
 pub use sampled::{sampled_offset, SampledWindows};
-pub use sequential::{SequentialPlan, WindowBatch};
 pub use stream::TokenStream;
 pub use windows::TokenWindows;
 
