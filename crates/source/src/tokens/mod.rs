@@ -64,12 +64,9 @@ use crate::SourceError;
 
 /// A token dataset that cannot be used as asked: one line naming the file (or pattern) and
 /// what is wrong.
-// The crate's error enum has no variant for token data yet; `NoShards` prints exactly
-// "{name}: {reason}". When the error type gains a `Tokens { name, reason }` variant, only this
-// function changes.
 pub(crate) fn invalid(name: impl std::fmt::Display, reason: impl Into<String>) -> SourceError {
-    SourceError::NoShards {
-        dataset: name.to_string(),
+    SourceError::Tokens {
+        name: name.to_string(),
         reason: reason.into(),
     }
 }
