@@ -121,6 +121,7 @@ pub(crate) fn source_error(e: &SourceError) -> Raised {
         SourceError::Safetensors { .. } => (Kind::Value, "Safetensors", None),
         SourceError::ShardLayout { .. } => (Kind::Value, "ShardLayout", None),
         SourceError::NoShards { .. } => (Kind::Value, "NoShards", None),
+        SourceError::Tokens { .. } => (Kind::Value, "Tokens", None),
         _ => (Kind::Base, "Source", None),
     };
     Raised {

@@ -267,6 +267,15 @@ pub enum SourceError {
         /// What was looked for.
         reason: String,
     },
+    /// A token dataset (a token file, a Megatron `.bin`/`.idx` pair, or a directory or pattern
+    /// of token files) that cannot be used as asked.
+    #[error("{name}: {reason}")]
+    Tokens {
+        /// The file, pair or pattern.
+        name: String,
+        /// What is wrong, and what is accepted.
+        reason: String,
+    },
 }
 
 fn tensor_message(wanted: Option<&str>, available: &[String]) -> String {

@@ -500,35 +500,40 @@ mod tests {
         assert!(err(b"abc").contains("8-byte header length"));
         assert!(err(&u64::MAX.to_le_bytes()).contains("at most"));
         assert!(err(&file_with("{\"x\"", b"")).contains("expected JSON"));
-        let e = err(&file_with(
-            r#"{"x":{"dtype":"F32","shape":[3,2],"data_offsets":[0,20]}}"#,
-            &[0; 24],
-        ));
-        assert!(e.contains("24 bytes apart, found [0, 20]"), "{e}");
-        let e = err(&file_with(
-            r#"{"x":{"dtype":"F32","shape":[3,2],"data_offsets":[0,24]}}"#,
-            &[0; 20],
-        ));
-        assert!(e.contains("truncated"), "{e}");
-        let e = err(&file_with(
-            r#"{"x":{"dtype":"F4","shape":[3],"data_offsets":[0,3]}}"#,
-            &[0; 3],
-        ));
-        assert!(e.contains("dtype F4"), "{e}");
-        let e = err(&file_with(
-            r#"{"x":{"dtype":"U8","shape":[],"data_offsets":[0,1]}}"#,
-            &[0; 1],
-        ));
-        assert!(e.contains("0-d"), "{e}");
-        let e = err(&file_with(
-            r#"{"x":{"dtype":"U8","shape":[0, 4],"data_offsets":[0,0]}}"#,
-            &[],
-        ));
-        assert!(e.contains("empty"), "{e}");
-        let e = err(&file_with(r#"{"x":{"dtype":"U8","shape":[2]}}"#, &[0; 2]));
-        assert!(e.contains("\"data_offsets\""), "{e}");
-        let e = err(&file_with(r#"{"__metadata__":{}}"#, &[]));
-        assert!(e.contains("no tensors"), "{e}");
+        // (header, data bytes, what the message names)
+        let cases: [(&str, usize, &str); 7] = [
+            (
+                r#"{"x":{"dtype":"F32","shape":[3,2],"data_offsets":[0,20]}}"#,
+                24,
+                "24 bytes apart, found [0, 20]",
+            ),
+            (
+                r#"{"x":{"dtype":"F32","shape":[3,2],"data_offsets":[0,24]}}"#,
+                20,
+                "truncated",
+            ),
+            (
+                r#"{"x":{"dtype":"F4","shape":[3],"data_offsets":[0,3]}}"#,
+                3,
+                "dtype F4",
+            ),
+            (
+                r#"{"x":{"dtype":"U8","shape":[],"data_offsets":[0,1]}}"#,
+                1,
+                "0-d",
+            ),
+            (
+                r#"{"x":{"dtype":"U8","shape":[0, 4],"data_offsets":[0,0]}}"#,
+                0,
+                "empty",
+            ),
+            (r#"{"x":{"dtype":"U8","shape":[2]}}"#, 2, "\"data_offsets\""),
+            (r#"{"__metadata__":{}}"#, 0, "no tensors"),
+        ];
+        for (header, len, wanted) in cases {
+            let e = err(&file_with(header, &vec![0; len]));
+            assert!(e.contains(wanted), "{header}: {e}");
+        }
     }
 
     /// Files that `safetensors.safe_open` (0.8) refuses, each with the reason it gives in a

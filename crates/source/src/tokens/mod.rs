@@ -20,8 +20,6 @@
 //!   [`DocumentWindows`] records carry each token's segment id after the tokens.
 //! - [`open`]: any of these from a path and [`TokenOptions`], as the Python bindings and the
 //!   command line open them.
-//! - [`SequentialPlan`]: every window once an epoch, split across ranks as the loader splits
-//!   batches (the loader's own rule, restated for callers that plan without it).
 //!
 //! ```
 //! use std::sync::Arc;
@@ -49,7 +47,6 @@ mod dtype;
 mod megatron;
 mod open;
 mod sampled;
-mod sequential;
 mod stream;
 #[cfg(test)]
 mod testing;
@@ -60,7 +57,6 @@ pub use dtype::TokenDType;
 pub use megatron::IndexedDataset;
 pub use open::{is_indexed, open, Sample, TokenOptions, TokenSource};
 pub use sampled::{sampled_offset, SampledWindows};
-pub use sequential::{SequentialPlan, WindowBatch};
 pub use stream::TokenStream;
 pub use windows::TokenWindows;
 
@@ -68,12 +64,9 @@ use crate::SourceError;
 
 /// A token dataset that cannot be used as asked: one line naming the file (or pattern) and
 /// what is wrong.
-// The crate's error enum has no variant for token data yet; `NoShards` prints exactly
-// "{name}: {reason}". When the error type gains a `Tokens { name, reason }` variant, only this
-// function changes.
 pub(crate) fn invalid(name: impl std::fmt::Display, reason: impl Into<String>) -> SourceError {
-    SourceError::NoShards {
-        dataset: name.to_string(),
+    SourceError::Tokens {
+        name: name.to_string(),
         reason: reason.into(),
     }
 }
