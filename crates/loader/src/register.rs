@@ -230,9 +230,16 @@ impl MappedWindows {
     /// it, as with the other readers, and not a `SIGBUS` (locking or copying pages past the
     /// end of the file faults).
     fn check_size(&self, end: usize) -> Result<()> {
-        let data_end = self.data_offset + self.windows_data_len();
-        let need = (end as u64).min(data_end);
-        let size = self.file.metadata().map(|m| m.len()).unwrap_or(0);
+        let need = (end as u64).min(self.data_offset + self.data_len);
+        // A failed fstat is an I/O fault of its own, not a file of length 0.
+        let size = self
+            .file
+            .metadata()
+            .map_err(|source| LoaderError::Io {
+                path: self.path.clone(),
+                source,
+            })?
+            .len();
         if size < need || self.guard.faults() != 0 {
             return Err(LoaderError::Source(
                 pinfeed_source::SourceError::Truncated {
@@ -244,11 +251,6 @@ impl MappedWindows {
             ));
         }
         Ok(())
-    }
-
-    /// Bytes of records in the file, from the first record.
-    fn windows_data_len(&self) -> u64 {
-        self.data_len
     }
 
     /// Drops every lock; called once no copy may read any window.

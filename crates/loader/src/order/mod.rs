@@ -249,13 +249,7 @@ impl Position {
             )));
         }
         let split = Split::of(saved, self.consumed)?;
-        if self.batches_done > split.num_batches {
-            return Err(LoaderError::Config(format!(
-                "cannot resume after batch {} of epoch {}: that split has {} batches on each \
-                 rank (was the dataset, batch size or world size changed?)",
-                self.batches_done, self.epoch, split.num_batches
-            )));
-        }
+        split.check_done(self)?;
         if saved.world_size == to.world_size {
             return Ok(self);
         }
@@ -272,7 +266,9 @@ impl Position {
             return next_epoch();
         }
         // Before the last step every step is full, so this is below `num_records`.
-        let consumed = self.consumed + self.batches_done * saved.world_size * saved.batch_size;
+        let consumed = self.records_consumed(saved).ok_or_else(|| {
+            LoaderError::Config(format!("{self:?} overflows a 64-bit record count"))
+        })?;
         let left = to.num_records - consumed;
         if to.drop_last && left / to.world_size.saturating_mul(to.batch_size) == 0 {
             return next_epoch();
@@ -455,6 +451,18 @@ impl Split {
             last_batch,
         })
     }
+
+    /// Checks that `at.batches_done` lies within this split (the end of it included).
+    fn check_done(&self, at: Position) -> Result<()> {
+        if at.batches_done > self.num_batches {
+            return Err(LoaderError::Config(format!(
+                "cannot resume after batch {} of epoch {}: the epoch has {} batches on each \
+                 rank (was the dataset, batch size or world size changed?)",
+                at.batches_done, at.epoch, self.num_batches
+            )));
+        }
+        Ok(())
+    }
 }
 
 impl std::fmt::Debug for EpochOrder {
@@ -499,13 +507,7 @@ impl EpochOrder {
     /// next one). Those batches hold exactly the records an uninterrupted run would have read.
     pub fn resume(spec: &OrderSpec, at: Position) -> Result<(EpochOrder, std::ops::Range<u64>)> {
         let order = EpochOrder::remainder(spec, at.epoch, at.consumed)?;
-        if at.batches_done > order.split.num_batches {
-            return Err(LoaderError::Config(format!(
-                "cannot resume after batch {} of epoch {}: the epoch has {} batches on each \
-                 rank (was the dataset, batch size or world size changed?)",
-                at.batches_done, at.epoch, order.split.num_batches
-            )));
-        }
+        order.split.check_done(at)?;
         let left = at.batches_done..order.split.num_batches;
         Ok((order, left))
     }

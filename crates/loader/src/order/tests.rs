@@ -83,10 +83,14 @@ fn positions_from_ranks(spec: &OrderSpec, world_size: u64, epoch: u64) -> Vec<u6
     let ranks: Vec<_> = (0..world_size)
         .map(|r| batches(&on_rank(spec, r, world_size), epoch))
         .collect();
-    let steps = ranks[0].len();
+    interleave(&ranks)
+}
+
+/// The records of per-rank batch lists step by step, rank by rank (as a job reads them).
+fn interleave(ranks: &[Vec<Vec<u64>>]) -> Vec<u64> {
     let mut e = Vec::new();
-    for i in 0..steps {
-        for rank in &ranks {
+    for i in 0..ranks[0].len() {
+        for rank in ranks {
             e.extend(&rank[i]);
         }
     }
@@ -765,19 +769,23 @@ fn an_elastic_resume_splits_the_rest_of_the_epoch_over_the_new_ranks() {
 fn check_elastic(spec: &OrderSpec, old: u64, new: u64) {
     let (n, batch, drop_last) = (spec.num_records, spec.batch_size, spec.drop_last);
     let p = global_order(spec, 2);
-    let steps = EpochOrder::new(&on_rank(spec, 0, old), 2)
-        .unwrap()
-        .num_batches();
+    let saved = on_rank(spec, 0, old);
+    let steps = EpochOrder::new(&saved, 2).unwrap().num_batches();
+    // Loop-invariant: the old ranks' epoch, the new rank's spec, the next epoch's start.
+    let all = positions_from_ranks(&saved, old, 2);
+    let to = on_rank(spec, 1 % new, new);
+    let next_epoch = Position {
+        epoch: 3,
+        ..Position::default()
+    };
     for done in 0..=steps {
         let at = Position {
             epoch: 2,
             batches_done: done,
             consumed: 0,
         };
-        let all = positions_from_ranks(&on_rank(spec, 0, old), old, 2);
         let before = &all[..((done * old * batch) as usize).min(all.len())];
-        let to = on_rank(spec, 1 % new, new);
-        let moved = at.reshard(&on_rank(spec, 0, old), &to).unwrap();
+        let moved = at.reshard(&saved, &to).unwrap();
         let what = format!("{spec:?} {old} -> {new} ranks after {done} steps");
         if old == new {
             assert_eq!(moved, at, "{what}");
@@ -785,14 +793,7 @@ fn check_elastic(spec: &OrderSpec, old: u64, new: u64) {
         }
         let c = done * old * batch;
         if done == steps {
-            assert_eq!(
-                moved,
-                Position {
-                    epoch: 3,
-                    ..Position::default()
-                },
-                "{what}"
-            );
+            assert_eq!(moved, next_epoch, "{what}");
             continue;
         }
         assert!(c < n, "{what}: padding is never consumed");
@@ -803,14 +804,7 @@ fn check_elastic(spec: &OrderSpec, old: u64, new: u64) {
         );
         let left = n - c;
         if drop_last && left < new * batch {
-            assert_eq!(
-                moved,
-                Position {
-                    epoch: 3,
-                    ..Position::default()
-                },
-                "{what}"
-            );
+            assert_eq!(moved, next_epoch, "{what}");
             continue;
         }
         assert_eq!(
@@ -830,12 +824,7 @@ fn check_elastic(spec: &OrderSpec, old: u64, new: u64) {
         );
         // Step by step, rank by rank: the rest of P, then (drop_last = false) its start again
         // as padding; or (drop_last = true) short of its tail.
-        let mut after: Vec<u64> = Vec::new();
-        for i in 0..counts[0] {
-            for rank in &ranks {
-                after.extend(&rank[i]);
-            }
-        }
+        let after = interleave(&ranks);
         let rest = &p[c as usize..];
         if drop_last {
             let kept = (left / (new * batch) * new * batch) as usize;
@@ -848,19 +837,12 @@ fn check_elastic(spec: &OrderSpec, old: u64, new: u64) {
             let pad: Vec<u64> = (0..padded).map(|j| rest[j % rest.len()]).collect();
             assert_eq!(after[rest.len()..], pad, "{what}");
         }
-        // The next epoch is an ordinary one at the new world size.
+    }
+    // The next epoch is an ordinary one at the new world size.
+    if old != new && (!drop_last || n >= new * batch) {
         assert_eq!(
             EpochOrder::new(&to, 3).unwrap().batch(0),
-            EpochOrder::resume(
-                &to,
-                Position {
-                    epoch: 3,
-                    ..Position::default()
-                }
-            )
-            .unwrap()
-            .0
-            .batch(0)
+            EpochOrder::resume(&to, next_epoch).unwrap().0.batch(0)
         );
     }
 }
