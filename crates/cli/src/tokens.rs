@@ -5,7 +5,7 @@ use std::path::Path;
 
 use anyhow::{bail, Result};
 use pinfeed_source::tokens::{self, sampled_offset, Sample, TokenDType, TokenOptions, TokenSource};
-use pinfeed_source::Source;
+use pinfeed_source::{Source, SourceError};
 
 use crate::stream::StreamArgs;
 
@@ -56,7 +56,7 @@ pub fn open(args: &StreamArgs, seq_len: u64, world_size: u64) -> Result<TokenSou
         steps_per_batch: 1,
     };
     tokens::open(path, &options).map_err(|e| {
-        if dtype.is_none() && e.to_string().contains("needs its token dtype") {
+        if matches!(e, SourceError::TokenDtypeMissing { .. }) {
             anyhow::anyhow!(
                 "{}: a raw token file needs its token type: give --tokens (uint16 for nanoGPT's \
                  train.bin)",

@@ -276,6 +276,16 @@ pub enum SourceError {
         /// What is wrong, and what is accepted.
         reason: String,
     },
+    /// A raw token file was opened without its token type (a `.npy` or a Megatron index says
+    /// its own; a raw file cannot).
+    #[error(
+        "{}: a raw token file needs its token dtype (uint16 for nanoGPT's train.bin)",
+        crate::escape_path(.path)
+    )]
+    TokenDtypeMissing {
+        /// The file.
+        path: PathBuf,
+    },
 }
 
 fn tensor_message(wanted: Option<&str>, available: &[String]) -> String {

@@ -167,3 +167,12 @@ fn options_that_do_not_apply_to_the_sample() {
         &[&shown(&idx), "--seq-len"],
     );
 }
+
+#[test]
+fn a_raw_token_file_without_its_type_says_to_give_tokens() {
+    let (_dir, path) = train_bin();
+    one_line_error(
+        &stream_batches(&path, "4", &["--seq-len", "16", "--steps", "1"]),
+        &[&shown(&path), "give --tokens"],
+    );
+}

@@ -89,7 +89,7 @@ fn gpu_register_reader_is_byte_exact() {
     use pinfeed::Reader;
 
     let dir = tempfile::tempdir().unwrap();
-    let (source, data) = crate::direct::npy_file(&dir, 50_000, vec![3, 31, 31], 23);
+    let (source, data) = crate::register::npy_file(&dir, 50_000, vec![3, 31, 31], 23);
     for (batch_size, budget) in [(1024, 256 << 20), (777, 8 << 20), (50_000, 1 << 30)] {
         let options = LoaderOptions {
             reader: Reader::Register,

@@ -2,11 +2,11 @@
 
 mod common;
 mod delivery;
-mod direct;
 mod faults;
 mod gpu;
 mod limits;
 mod mapped;
 mod pieces;
+mod register;
 mod replicate;
 mod shuffle;

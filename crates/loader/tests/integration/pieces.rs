@@ -7,7 +7,7 @@ use pinfeed::{Loader, LoaderOptions, Shuffle};
 use pinfeed_source::{open_with, ReadOptions, Reader, Source};
 
 use crate::common::{host_options, random_source};
-use crate::direct::npy_file;
+use crate::register::npy_file;
 
 /// A batch's epoch, index and records.
 type BatchPlace = (u64, u64, Vec<u64>);

@@ -29,29 +29,27 @@ pub enum TokenDType {
 }
 
 impl TokenDType {
-    /// Parses a dtype name as users type it: `uint16`, `u2`, `<u2`, `int32`, `i4`, ...
+    /// Parses a dtype as `--dtype` takes one: `uint16`, `u16`, `<u2`, `int32`, ...
     pub fn parse(name: &str) -> Result<TokenDType> {
-        let s = name.trim().trim_start_matches(['<', '|', '=']);
-        let found = match s {
-            "uint8" | "u1" => TokenDType::U8,
-            "int8" | "i1" => TokenDType::I8,
-            "uint16" | "u2" => TokenDType::U16,
-            "int16" | "i2" => TokenDType::I16,
-            "uint32" | "u4" => TokenDType::U32,
-            "int32" | "i4" => TokenDType::I32,
-            "uint64" | "u8" => TokenDType::U64,
-            "int64" | "i8" => TokenDType::I64,
-            _ => {
-                return Err(SourceError::DType {
-                    path: None,
-                    descr: name.to_owned(),
-                    reason: "tokens are integers: expected uint16, uint32, int32, uint8, int8, \
-                             int16, uint64 or int64"
-                        .into(),
-                })
-            }
+        // The crate's one dtype parser, so that a name means what it means for records: `u8`
+        // is one byte (Rust's name), `<u8` eight (numpy's typestring, with its byte order).
+        let (dtype, shape) = crate::dtype::parse_user_dtype(name)?;
+        let refuse = |reason: String| SourceError::DType {
+            path: None,
+            descr: name.to_owned(),
+            reason,
         };
-        Ok(found)
+        if !shape.is_empty() {
+            return Err(refuse(format!(
+                "a token is one integer, not a {shape:?} sub-array"
+            )));
+        }
+        TokenDType::from_dtype(&dtype).map_err(|why| {
+            refuse(format!(
+                "{why}: tokens are integers (uint16, uint32, int32, uint8, int8, int16, uint64 \
+                 or int64)"
+            ))
+        })
     }
 
     /// The token dtype of a `.npy` dtype, or why it is not one.
@@ -155,6 +153,14 @@ mod tests {
             assert_eq!(TokenDType::parse(t.typestr()).unwrap(), t);
         }
         assert!(TokenDType::parse("float32").is_err());
+        // Names mean what they mean for records: `u8` is one byte, `<u8` numpy's eight.
+        assert_eq!(TokenDType::parse("u8").unwrap(), TokenDType::U8);
+        assert_eq!(TokenDType::parse("u16").unwrap(), TokenDType::U16);
+        assert_eq!(TokenDType::parse("<u8").unwrap(), TokenDType::U64);
+        assert!(
+            TokenDType::parse("3B").is_err(),
+            "a sub-array is not a token"
+        );
         let f4 = DType::from_descr_literal("'<f4'").unwrap();
         assert!(TokenDType::from_dtype(&f4).unwrap_err().contains("float32"));
     }

@@ -179,10 +179,9 @@ fn open_piece(
         (header.data_offset, found, header.data_bytes())
     } else {
         let Some(d) = dtype else {
-            return Err(invalid(
-                path.display(),
-                "a raw token file needs its token dtype (uint16 for nanoGPT's train.bin)",
-            ));
+            return Err(SourceError::TokenDtypeMissing {
+                path: path.to_path_buf(),
+            });
         };
         (0, d, size)
     };
