@@ -247,7 +247,9 @@ def bottleneck(
     consumer_wait: float,
     copy_starved: float,
     copy_blocked: float,
-) -> str: ...
+    producer: str = "the producer",
+    copier: str = "the copy stage",
+) -> tuple[str, str]: ...
 def epoch_size(
     num_records: int,
     batch_size: int,
