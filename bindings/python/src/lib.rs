@@ -54,12 +54,6 @@ fn parse_dtype(py: Python<'_>, text: &str) -> PyResult<(String, Vec<u64>)> {
     Ok((dtype.descr, shape))
 }
 
-/// Parses a byte size such as ``"256MiB"`` or ``"1g"`` (binary units).
-#[pyfunction]
-fn parse_size(py: Python<'_>, text: &str) -> PyResult<usize> {
-    pinfeed::parse_size(text).py_err(py)
-}
-
 /// Number of CUDA devices, 0 when there is no driver or no device.
 #[pyfunction]
 fn cuda_device_count() -> usize {
@@ -88,7 +82,6 @@ fn _pinfeed(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(cli::cli_main, m)?)?;
     m.add_function(wrap_pyfunction!(dlpack_dtype, m)?)?;
     m.add_function(wrap_pyfunction!(parse_dtype, m)?)?;
-    m.add_function(wrap_pyfunction!(parse_size, m)?)?;
     m.add_function(wrap_pyfunction!(cuda_device_count, m)?)?;
     m.add_function(wrap_pyfunction!(pinned_allocations, m)?)?;
     m.add_function(wrap_pyfunction!(loader::epoch_order, m)?)?;

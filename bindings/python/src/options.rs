@@ -420,19 +420,26 @@ pub(crate) fn byte_size(value: Option<Bound<'_, PyAny>>, what: &str) -> PyResult
     size_arg(value.as_ref(), what)
 }
 
-/// ``"consumer"``, ``"read"`` (the producer: readers, or prefetch's iterable), ``"copy"`` or
-/// ``"unknown"``: the one rule (``pinfeed::StageTimes::bottleneck``) that names what limits a pipeline,
-/// from its wall time, items delivered and where the copy stage and the consumer waited
-/// (seconds).
+/// What limits a pipeline, from its wall time, items delivered and where the copy stage and the
+/// consumer waited (seconds), by the one rule (``pinfeed::StageTimes``): ``(kind, line)``,
+/// ``kind`` being ``"consumer"``, ``"read"`` (the producer: readers, or prefetch's iterable),
+/// ``"copy"`` or ``"unknown"``, and ``line`` the verdict in words, naming the stages
+/// ``producer`` and ``copier``.
 #[pyfunction]
-#[pyo3(signature = (*, elapsed, delivered, consumer_wait, copy_starved, copy_blocked))]
+#[pyo3(signature = (
+    *, elapsed, delivered, consumer_wait, copy_starved, copy_blocked,
+    producer="the producer", copier="the copy stage"
+))]
+#[allow(clippy::too_many_arguments)] // keyword-only: each is a named measurement
 pub(crate) fn bottleneck(
     elapsed: f64,
     delivered: u64,
     consumer_wait: f64,
     copy_starved: f64,
     copy_blocked: f64,
-) -> &'static str {
+    producer: &str,
+    copier: &str,
+) -> (&'static str, String) {
     let secs = |s: f64| {
         std::time::Duration::try_from_secs_f64(s.max(0.0)).unwrap_or(std::time::Duration::MAX)
     };
@@ -443,10 +450,11 @@ pub(crate) fn bottleneck(
         copy_starved: secs(copy_starved),
         copy_blocked: Some(secs(copy_blocked)),
     };
-    match times.bottleneck() {
+    let kind = match times.bottleneck() {
         pinfeed::Bottleneck::Consumer => "consumer",
         pinfeed::Bottleneck::Read => "read",
         pinfeed::Bottleneck::Copy => "copy",
         _ => "unknown",
-    }
+    };
+    (kind, times.explain(producer, copier))
 }

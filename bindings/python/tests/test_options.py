@@ -199,18 +199,20 @@ def test_device_share_is_the_rust_rule():
 
 
 def test_bottleneck_is_the_rust_rule():
-    kw = dict(elapsed=10.0, delivered=100)
-    assert _pinfeed.bottleneck(**kw, consumer_wait=0.5, copy_starved=0, copy_blocked=5) == (
-        "consumer"
+    kw = dict(elapsed=10.0, delivered=100, producer="the iterable", copier="the upload")
+    kind, line = _pinfeed.bottleneck(**kw, consumer_wait=0.5, copy_starved=0, copy_blocked=5)
+    assert kind == "consumer" and line.startswith("the consumer: it waited 0.500 s of 10.000 s")
+    kind, line = _pinfeed.bottleneck(**kw, consumer_wait=6, copy_starved=3, copy_blocked=0)
+    assert kind == "read" and line.startswith("the iterable: the upload waited 3.000 s")
+    kind, line = _pinfeed.bottleneck(**kw, consumer_wait=6, copy_starved=1, copy_blocked=0)
+    assert kind == "copy" and line.startswith("the upload: it waited only 1.000 s")
+    kind, line = _pinfeed.bottleneck(
+        elapsed=10.0, delivered=1, consumer_wait=0, copy_starved=0, copy_blocked=5
     )
-    assert _pinfeed.bottleneck(**kw, consumer_wait=6, copy_starved=3, copy_blocked=0) == "read"
-    assert _pinfeed.bottleneck(**kw, consumer_wait=6, copy_starved=1, copy_blocked=0) == "copy"
-    assert (
-        _pinfeed.bottleneck(
-            elapsed=10.0, delivered=1, consumer_wait=0, copy_starved=0, copy_blocked=5
-        )
-        == "unknown"
-    )
+    assert kind == "unknown" and line.startswith("too few items (1)")
+    assert _pinfeed.bottleneck(
+        elapsed=0.0, delivered=0, consumer_wait=0, copy_starved=0, copy_blocked=0
+    ) == ("unknown", "nothing delivered yet")
 
 
 def test_byte_sizes_are_read_by_rust():

@@ -29,7 +29,6 @@ __all__ = [
     "epoch_size",
     "open_tokens",
     "parse_dtype",
-    "parse_size",
     "pinned_allocations",
     "reshard_position",
     "token_offsets",
@@ -232,7 +231,6 @@ class PinnedRegion:
 
 def dlpack_dtype(descr: str) -> _DLDtype | None: ...
 def parse_dtype(text: str) -> tuple[str, list[int]]: ...
-def parse_size(text: str) -> int: ...
 def cuda_device_count() -> int: ...
 def cli_main(argv: list[str]) -> int: ...
 def pinned_allocations() -> int: ...
@@ -247,7 +245,9 @@ def bottleneck(
     consumer_wait: float,
     copy_starved: float,
     copy_blocked: float,
-) -> str: ...
+    producer: str = "the producer",
+    copier: str = "the copy stage",
+) -> tuple[str, str]: ...
 def epoch_size(
     num_records: int,
     batch_size: int,

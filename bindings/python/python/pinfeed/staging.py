@@ -112,35 +112,17 @@ class _Times:
         r["upload_wait_s"] = self.upload_starved_s + self.upload_blocked_s
         r.update(items=self.items, bytes=self.bytes, elapsed_s=elapsed)
         r["gbps"] = self.bytes / elapsed / 1e9 if elapsed > 0 else 0.0
-        # The loader's rule (pinfeed::bottleneck): the iterable is the producer, the upload
-        # thread the copy stage.
-        kind = _pinfeed.bottleneck(
+        # The loader's rule and its wording (pinfeed::StageTimes): the iterable is the producer,
+        # the upload thread the copy stage.
+        _, r["bottleneck"] = _pinfeed.bottleneck(
             elapsed=elapsed,
             delivered=self.items,
             consumer_wait=self.consumer_wait_s,
             copy_starved=self.upload_starved_s,
             copy_blocked=self.upload_blocked_s,
+            producer="the iterable",
+            copier="the upload",
         )
-        busy = (
-            f"(iterable {self.fetch_s:.3f} s, upload {self.upload_s:.3f} s; "
-            f"the consumer waited {self.consumer_wait_s:.3f} s)"
-        )
-        if kind == "consumer":
-            r["bottleneck"] = (
-                f"the consumer: it waited {self.consumer_wait_s:.3f} s of {elapsed:.3f} s for batches, "
-                "so the loop body, not the data, sets the pace"
-            )
-        elif kind == "read":
-            r["bottleneck"] = (
-                f"the iterable: the upload waited {self.upload_starved_s:.3f} s of "
-                f"{elapsed:.3f} s for items {busy}"
-            )
-        elif kind == "copy":
-            r["bottleneck"] = f"the upload: busy {self.upload_s:.3f} s of {elapsed:.3f} s {busy}"
-        else:
-            r["bottleneck"] = (
-                "nothing delivered yet" if self.items == 0 else "too few items to tell"
-            )
         return r
 
 
