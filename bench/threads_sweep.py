@@ -49,6 +49,8 @@ def main():
             flush=True,
         )
 
+    default = pinfeed.staging._shared_stager("cuda", None).counters()
+    print(f"default copy threads here: {default.get('threads_reason')}", flush=True)
     a = torch.rand(ROWS, COLS)
     want = a.sum(dim=0, dtype=torch.float64)
     bus = bus_rate(1 << 30, 3)
@@ -81,7 +83,7 @@ def main():
             row(f"Loader shuffle={shuffle}", n, data.nbytes, wall, cpu, bus, extra)
     if args.out:
         with open(args.out, "w") as f:
-            json.dump(rows, f, indent=1)
+            json.dump({"default": default, "rows": rows}, f, indent=1)
 
 
 if __name__ == "__main__":
