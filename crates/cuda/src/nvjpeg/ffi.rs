@@ -29,6 +29,8 @@ pub(crate) const BACKEND_HARDWARE: c_int = 3;
 /// `NVJPEG_OUTPUT_RGBI`: interleaved RGB in `channel[0]`.
 pub(crate) const OUTPUT_RGBI: c_int = 5;
 
+/// `nvjpegChromaSubsampling_t`'s `NVJPEG_CSS_444`.
+pub(crate) const CSS_444: c_int = 0;
 /// `nvjpegChromaSubsampling_t`'s `NVJPEG_CSS_UNKNOWN`.
 pub(crate) const CSS_UNKNOWN: c_int = -1;
 
@@ -125,6 +127,7 @@ nvjpeg_api! {
     nvjpegJpegStreamDestroy: fn(JpegStream);
     nvjpegJpegStreamParseHeader: fn(Handle, *const c_uchar, usize, JpegStream);
     nvjpegDecodeBatchedSupported: fn(Handle, JpegStream, *mut c_int);
+    nvjpegDecodeBatchedPreAllocate: fn(Handle, JpegState, c_int, c_int, c_int, c_int, c_int);
 }
 
 // SAFETY: the struct holds the library handle and plain function pointers; nvJPEG's functions are

@@ -403,6 +403,7 @@ fn steady_state_batches_allocate_no_device_memory() {
     let mut decoder = rig.decoder(u8_spec(24, 24, true), JpegBackend::Auto);
     let mut first = None;
     let mut reserved = Vec::new();
+    let mut free = Vec::new();
     for round in 0..30 {
         let (got, _) = rig.decode(&mut decoder, &files, &flips, &mut |_, info| {
             CropBox::full(info.width, info.height)
@@ -413,8 +414,15 @@ fn steady_state_batches_allocate_no_device_memory() {
             "round {round} differs"
         );
         reserved.push(rig.pool.reserved_bytes().unwrap());
+        free.push(rig.ctx.mem_info().unwrap().0);
     }
     eprintln!("pool bytes reserved by round: {reserved:?}");
+    eprintln!("device bytes free by round: {free:?}");
+    // nvJPEG's own buffers (allocated with cudaMalloc, outside the pool) stop growing too.
+    assert!(
+        free[3..].iter().all(|f| *f == free[3]),
+        "device memory still changing after round 3: {free:?}"
+    );
     // From the third round on the pool holds the same memory (the test's own output buffer is
     // freed and reallocated from it each round).
     assert!(
