@@ -5,8 +5,8 @@
 # binaries, wheel into .device-carry/). bench/README.md lists what each section measures.
 #
 #   bash bench/gpu_run.sh [SECTION...]   (default: tests rust torch python)
-#   sections: tests rust torch python pytests ab tokens machine bigcached bigsweep bigcold
-#             legacysoak soakstart soakwait
+#   sections: tests rust torch python pytests ab tokens machine nvjpeg bigcached bigsweep
+#             bigcold legacysoak soakstart soakwait
 #   env: SKIP_DOCTOR=1 (no doctor/copy_path in `rust`), PYBENCH_SECTIONS=seed,loaders,...,sweep,
 #        PYBENCH_ONLY=1 (no torchrun/tests in `python`), SOAK_SECONDS, LEGACY_SOAK_SECONDS, BIGDIR,
 #        AB_ROUNDS (default 3), TOKENS_ARGS (extra arguments of tokens_bench.py)
@@ -203,6 +203,40 @@ if want legacysoak && ls $C/*.whl >/dev/null 2>&1; then
     echo "== Python Loader soak on torch's default stream (${LEGACY_SOAK_SECONDS:-120} s)"
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site $C/*.whl
     PYTHONPATH=/tmp/site python3 bench/legacy_soak.py "${LEGACY_SOAK_SECONDS:-120}" 2>&1 | tee "$OUT/legacy_soak.txt"
+fi
+
+# nvJPEG (issue 19): the GPU decode tests with their per-image diagnostics, then images/s per
+# backend of the pinned-memory decode + crop/resize (nvjpeg_bench) beside torchvision's
+# decode_jpeg(device="cuda") on the same files. env: IMGDIR (an ImageFolder of JPEGs; made with
+# bench/make_images.py when absent), NVJPEG_BENCH_ARGS (extra arguments of nvjpeg_bench).
+if want nvjpeg; then
+    echo "== nvJPEG: the libraries pinfeed will find (PINFEED_CUDA_LIBS is searched first)"
+    ls -l /usr/local/cuda/lib64/libnvjpeg.so* /usr/local/cuda/lib64/libnvrtc.so* 2>&1 | tee "$OUT/nvjpeg_libs.txt"
+    python3 -c "import glob, site; [print(p) for d in site.getsitepackages() for p in glob.glob(d + '/nvidia/*/lib/lib[n]v[jr]*.so*')]" 2>&1 | tee -a "$OUT/nvjpeg_libs.txt"
+    echo "== nvJPEG GPU tests (each prints what it compared)"
+    "$C/tests/pinfeed-cuda-integration" --ignored --test-threads=1 --nocapture nvjpeg:: > "$OUT/nvjpeg_tests.txt" 2>&1
+    rc=$?
+    grep -vE "^running|^$" "$OUT/nvjpeg_tests.txt"
+    if [ $rc -ne 0 ]; then
+        echo "!! nvJPEG GPU TESTS FAILED (exit $rc): the failing tests and their messages:"
+        grep -E -A12 "^---- |panicked" "$OUT/nvjpeg_tests.txt" | head -80
+    fi
+    IMGDIR=${IMGDIR:-/tmp/pinfeed-images/train}
+    if [ ! -d "$IMGDIR" ]; then
+        python3 bench/make_images.py "$(dirname "$IMGDIR")" --count 20000 --no-tar > "$OUT/make_images.txt" 2>&1 \
+            || { echo "!! bench/make_images.py failed:"; tail -5 "$OUT/make_images.txt"; }
+    fi
+    if [ -d "$IMGDIR" ]; then
+        find "$IMGDIR" -type f -exec cat {} + > /dev/null   # page-cached
+        echo "== nvjpeg_bench: pinned bytes -> nvJPEG -> crop/resize 224 (uint8 NCHW), per backend"
+        $C/nvjpeg_bench "$IMGDIR" --batch 256 --size 224 --threads 1,2,4 --backends hardware,hybrid \
+            --out "$OUT/$(date +%F)-h200-nvjpeg.json" ${NVJPEG_BENCH_ARGS:-} 2>&1 | tee "$OUT/nvjpeg_bench.txt" \
+            || echo "!! nvjpeg_bench failed (exit ${PIPESTATUS[0]})"
+        echo "== torchvision decode_jpeg(device=cuda) + crop/resize 224 on the same files"
+        python3 bench/nvjpeg_torchvision.py "$IMGDIR" --batch 256 --size 224 \
+            --out "$OUT/$(date +%F)-h200-torchvision-decode.json" 2>&1 | tee "$OUT/nvjpeg_torchvision.txt" \
+            || echo "!! nvjpeg_torchvision.py failed"
+    fi
 fi
 
 if want soakstart; then
