@@ -14,7 +14,7 @@ from typing import Any, Optional
 import numpy as np
 
 from . import _pinfeed
-from ._arrays import export_for, host_array, is_torch_tensor
+from ._arrays import BFLOAT16, export_for, host_array, is_torch_tensor
 from ._frameworks import check_device, check_dtype, deliver, framework_arg
 from .errors import PinfeedError
 from .loader import device_name, warn_if_host_fallback
@@ -46,10 +46,22 @@ class _Staged:
         self.view = view
 
 
-def _upload_leaf(x: Any, upload, framework: Optional[str] = None) -> _Staged:
+def _checked_upload(upload, framework: Optional[str], what: str):
+    """``upload`` (a ``Stager.upload``), refusing first an array the framework would change
+    on the way in (``_frameworks.check_dtype``)."""
+    if framework != "jax":
+        return upload
+
+    def checked(arr: np.ndarray, dl_dtype: Any, shape: Any) -> Any:
+        if tuple(dl_dtype) != BFLOAT16 and arr.dtype.fields is None:
+            check_dtype(framework, arr.dtype, what)
+        return upload(arr, dl_dtype, shape)
+
+    return checked
+
+
+def _upload_leaf(x: Any, upload) -> _Staged:
     arr, override = host_array(x)
-    if override is None:
-        check_dtype(framework, arr.dtype, "prefetch")
     # numpy arrays never keep a sub-array dtype (it becomes trailing dimensions).
     export = export_for(arr.dtype, tuple(arr.shape))
     if export.view is None:
@@ -222,9 +234,10 @@ def _upload(stager: "_pinfeed.Stager", state: _State, framework: Optional[str]) 
     (``Stager.upload`` releases the GIL, so the fetch thread runs meanwhile)."""
 
     times = state.times
+    upload = _checked_upload(stager.upload, framework, "prefetch")
 
     def upload_leaf(x: Any) -> _Staged:
-        staged = _upload_leaf(x, stager.upload, framework)
+        staged = _upload_leaf(x, upload)
         times.bytes += staged.buf.nbytes
         return staged
 
@@ -468,7 +481,8 @@ def to_device(
     framework = framework_arg(framework)
     stager = _shared_stager(device, pinned_budget, method)
     check_device(framework, stager.device, "to_device")
-    return _materialize_staged(_upload_leaf(x, stager.upload, framework), framework)
+    upload = _checked_upload(stager.upload, framework, "to_device")
+    return _materialize_staged(_upload_leaf(x, upload), framework)
 
 
 # One staging arena per (device, budget, method), made on first use and kept: page-locking an
