@@ -134,7 +134,9 @@ def test_prefetch_passes_a_stateful_dataloaders_state_through(device, workers):
             generator=torch.Generator().manual_seed(7),
         )
 
-    whole = [b[:, 0].long().tolist() for b in pinfeed.prefetch(make(), device=device, framework="torch")]
+    whole = [
+        b[:, 0].long().tolist() for b in pinfeed.prefetch(make(), device=device, framework="torch")
+    ]
     p = pinfeed.prefetch(make(), device=device, depth=3, framework="torch")
     assert isinstance(p, stateful.Stateful)
     first = [next(p)[:, 0].long().tolist() for _ in range(6)]
@@ -149,4 +151,6 @@ def test_prefetch_passes_a_stateful_dataloaders_state_through(device, workers):
     again.load_state_dict(state)
     rest = [b[:, 0].long().tolist() for b in again]
     assert first + rest == whole
-    assert all(b.device.type == device for b in pinfeed.prefetch(make(), device=device, framework="torch"))
+    assert all(
+        b.device.type == device for b in pinfeed.prefetch(make(), device=device, framework="torch")
+    )

@@ -397,7 +397,7 @@ class TokenLoader:
         )
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _jax_widen(token_typestr: str, int_dtype: str, seq_len: int) -> Any:
     """A jitted function from a ``(B, (seq_len + 1) × width)`` uint8 ``jax.Array`` of
     little-endian tokens to ``x`` and ``y``, ``(B, seq_len)`` of ``int_dtype``."""
