@@ -194,6 +194,31 @@ def test_token_loader_jax_matches_numpy(jax):
     del data
 
 
+def test_token_loader_torch_and_numpy_on_the_host_match_the_default():
+    common = dict(device="cpu", rank=0, world_size=1)
+    frameworks = ["numpy"]
+    try:
+        import torch  # noqa: F401
+
+        frameworks.append("torch")
+    except ImportError:
+        pass
+    for sample in ("sequential", "documents", "random"):
+        kw = dict(steps=3) if sample == "random" else dict(drop_last=True)
+        path = MEGATRON / "uint16.bin"
+        ref = list(pinfeed.TokenLoader(path, 8, 2, sample=sample, **kw, **common))
+        assert ref
+        for fw in frameworks:
+            got = list(pinfeed.TokenLoader(path, 8, 2, sample=sample, framework=fw, **kw, **common))
+            assert len(got) == len(ref)
+            for want, have in zip(ref, got):
+                for a, b in zip(want, have):
+                    assert type(b).__module__.split(".")[0] == fw and str(b.dtype).endswith(
+                        str(a.dtype)
+                    )
+                    np.testing.assert_array_equal(a, np.asarray(b))
+
+
 def test_multiloader_assembles_a_sharded_global_array(records):
     pytest.importorskip("jax")
     path, x = records
