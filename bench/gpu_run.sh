@@ -5,11 +5,12 @@
 # binaries, wheel into .device-carry/). bench/README.md lists what each section measures.
 #
 #   bash bench/gpu_run.sh [SECTION...]   (default: tests rust torch python)
-#   sections: tests rust torch python pytests ab tokens machine nvjpeg bigcached bigsweep
+#   sections: tests rust torch python pytests ab tokens machine nvjpeg jax bigcached bigsweep
 #             bigcold legacysoak soakstart soakwait
 #   env: SKIP_DOCTOR=1 (no doctor/copy_path in `rust`), PYBENCH_SECTIONS=seed,loaders,...,sweep,
 #        PYBENCH_ONLY=1 (no torchrun/tests in `python`), SOAK_SECONDS, LEGACY_SOAK_SECONDS, BIGDIR,
-#        AB_ROUNDS (default 3), TOKENS_ARGS (extra arguments of tokens_bench.py)
+#        AB_ROUNDS (default 3), TOKENS_ARGS (extra arguments of tokens_bench.py),
+#        JAX_BENCH_ARGS (extra arguments of jax_bench.py)
 set -uo pipefail
 C=.device-carry
 OUT=${OUT:-/tmp/pinfeed-out}
@@ -197,6 +198,23 @@ if want machine && ls $C/*.whl >/dev/null 2>&1; then
     timeout 400 python3 bench/ab.py --build current=/tmp/site --rounds "${AB_ROUNDS:-3}" \
         --npy "$DATA" --out "$OUT/machine.json" 2>&1 | tail -8
     PYTHONPATH=/tmp/site timeout 200 python3 bench/threads_sweep.py --npy "$DATA" --out "$OUT/threads.json"
+fi
+
+if want jax && ls $C/*.whl >/dev/null 2>&1; then
+    echo "== JAX, CuPy, Lightning and torchdata: their GPU tests, then JAX's ways of feeding a jitted step"
+    install_wheel /tmp/site $C/*.whl
+    # torchdata is not on the GPU machine: prepare_device.sh carries its wheel.
+    EXTRA=/tmp/site-extra
+    ls $C/wheels/*.whl >/dev/null 2>&1 && install_wheel $EXTRA $C/wheels/*.whl
+    export XLA_PYTHON_CLIENT_PREALLOCATE=false  # JAX would take 75% of the GPU at start-up
+    PYTHONPATH=/tmp/site:$EXTRA timeout 500 python3 -m pytest -q -rs -p no:cacheprovider --gpu \
+        bindings/python/tests/test_gpu_frameworks.py bindings/python/tests/test_trainers.py \
+        bindings/python/tests/test_frameworks.py 2>&1 | tail -15 | tee "$OUT/jax_tests.txt"
+    if [ ! -f "$DATA" ]; then
+        $C/pinfeed gen "$DATA" --records $RECORDS --shape 3,31,31 --dtype u8 --seed 1
+    fi
+    PYTHONPATH=/tmp/site timeout 500 python3 bench/jax_bench.py --npy "$DATA" \
+        --out "$OUT/$(date +%F)-h200-jax.json" ${JAX_BENCH_ARGS:-} 2>&1 | tail -12
 fi
 
 if want legacysoak && ls $C/*.whl >/dev/null 2>&1; then

@@ -39,4 +39,7 @@ test_binary "$C/soak" -p pinfeed --test soak
 if [ -f bindings/python/pyproject.toml ]; then
     python3 -m maturin build --release -m bindings/python/Cargo.toml -o "$C" --quiet
 fi
+# torchdata's wheel (pure Python; the GPU machine has torch and Lightning but not torchdata),
+# installed there into a --target folder by gpu_run.sh's jax section.
+python3 -m pip download -q --no-deps -d "$C/wheels" torchdata
 du -sh "$C"/* "$C"/tests/*
