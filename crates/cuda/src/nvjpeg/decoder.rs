@@ -261,12 +261,13 @@ impl JpegDecoder {
     /// Decodes the JPEG bitstreams `images` (ranges of `bytes`) into the output batch at `out`,
     /// image `i` at `i * spec.image_bytes()`, and records `done` on [`Self::stream`] after the
     /// last of the work. `crop(i, info)` picks image `i`'s crop box once its header is read (a
-    /// box outside the image is an error).
+    /// box outside the image is an error); it is called only for images headed to the GPU.
     ///
     /// `outcomes` is cleared and gets one [`JpegOutcome`] per image; images not
     /// [`decoded`](JpegOutcome::decoded) have their output left untouched for the caller.
     /// Errors are reserved for bad arguments and runtime faults (driver, nvJPEG allocation or
-    /// execution), never for a bad image.
+    /// execution), never for a bad image. After an error `done` is not recorded and work may
+    /// already be queued: synchronise [`Self::stream`] before reusing `bytes` or `out`.
     ///
     /// # Safety
     /// `bytes` (best page-locked: a ring slot) must stay valid and unmodified, and `out` must be
@@ -374,14 +375,8 @@ impl JpegDecoder {
     /// The header of one bitstream, or the outcome that keeps it off the GPU.
     fn inspect(&self, data: &[u8]) -> Result<std::result::Result<ImageInfo, JpegOutcome>> {
         let cpu = |reason: String| Ok(Err(JpegOutcome::Cpu { reason }));
-        if !data.starts_with(&[0xFF, 0xD8]) {
-            return cpu("not a JPEG bitstream (no start-of-image marker)".into());
-        }
-        // nvJPEG may decode a truncated scan without complaint (filling the rest); the CPU
-        // decoder reports it, so a stream without its end marker goes there.
-        let tail = &data[data.len().saturating_sub(64)..];
-        if !tail.windows(2).any(|w| w == [0xFF, 0xD9]) {
-            return cpu("no end-of-image marker at the end (truncated?)".into());
+        if let Some(reason) = framing_problem(data) {
+            return cpu(reason.into());
         }
         let (components, css, width, height) = match self.hybrid.image_info(data) {
             Ok(v) => v,
@@ -593,6 +588,22 @@ fn about_the_image(e: &CudaError) -> bool {
     )
 }
 
+/// Why a bitstream is not for nvJPEG by its framing alone: no start-of-image marker (not a
+/// JPEG), or no end-of-image marker near its end. nvJPEG may decode a truncated scan without
+/// complaint, filling the rest; the CPU decoder reports it, so such a stream goes there. (The
+/// marker cannot occur inside entropy-coded data, where every 0xFF byte is followed by 0x00 or
+/// a restart marker; 64 bytes leave room for trailing padding.)
+fn framing_problem(data: &[u8]) -> Option<&'static str> {
+    if !data.starts_with(&[0xFF, 0xD8]) {
+        return Some("not a JPEG bitstream (no start-of-image marker)");
+    }
+    let tail = &data[data.len().saturating_sub(64)..];
+    if !tail.windows(2).any(|w| w == [0xFF, 0xD9]) {
+        return Some("no end-of-image marker at the end (truncated?)");
+    }
+    None
+}
+
 fn bad_batch(detail: String) -> CudaError {
     CudaError::InvalidArgument {
         call: "JpegDecoder::decode_batch",
@@ -617,6 +628,30 @@ mod tests {
         for status in [1, 5, 6, 7, 8] {
             assert!(!about_the_image(&nv(status)), "{status}");
         }
+    }
+
+    #[test]
+    fn framing_sends_non_jpegs_and_truncated_streams_to_the_cpu() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../source/tests/fixtures/images");
+        let read = |name: &str| std::fs::read(dir.join(name)).expect("fixture");
+        for good in [
+            "baseline.jpg",
+            "progressive.jpg",
+            "grayscale.jpg",
+            "cmyk.jpg",
+            "bomb.jpg",
+        ] {
+            assert_eq!(framing_problem(&read(good)), None, "{good}");
+        }
+        let truncated = framing_problem(&read("truncated.jpg")).expect("truncated");
+        assert!(truncated.contains("end-of-image"), "{truncated}");
+        for other in ["not_an_image.jpg", "rgb.png"] {
+            let why = framing_problem(&read(other)).expect(other);
+            assert!(why.contains("not a JPEG"), "{other}: {why}");
+        }
+        assert!(framing_problem(&[]).is_some());
+        assert!(framing_problem(&[0xFF, 0xD8]).is_some());
     }
 
     #[test]
