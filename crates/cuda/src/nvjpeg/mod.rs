@@ -52,12 +52,16 @@ mod backend;
 mod decoder;
 mod ffi;
 mod nvrtc;
+mod reference;
 mod resize;
+mod types;
 
 pub use crate::dynlib::LIBS_ENV;
-pub use decoder::{
-    DecoderOptions, ImageInfo, ImageRequest, JpegBackend, JpegDecoder, JpegOutcome,
-    DEFAULT_MAX_PIXELS, DEFAULT_SCRATCH_BYTES,
-};
+pub use decoder::JpegDecoder;
 pub use ffi::version;
-pub use resize::{crop_resize_reference, CropBox, Layout, OutputSpec, OutputType};
+pub use reference::crop_resize_reference;
+pub use resize::{CropBox, Layout, OutputSpec, OutputType};
+pub use types::{
+    DecoderOptions, ImageInfo, ImageRequest, JpegBackend, JpegOutcome, DEFAULT_MAX_PIXELS,
+    DEFAULT_SCRATCH_BYTES,
+};
