@@ -425,8 +425,8 @@ impl JpegDecoder {
     }
 
     /// Decodes one backend's share of a part with one batched call; when nvJPEG refuses the
-    /// batch for its content, decodes each image alone on the hybrid backend, and the images
-    /// refused again go to the CPU.
+    /// batch for its content (or the hardware engines refuse it at all), decodes each image
+    /// alone on the hybrid backend, and the images refused again go to the CPU.
     ///
     /// # Safety
     /// As for [`Self::decode_part`].
@@ -461,6 +461,9 @@ impl JpegDecoder {
         };
         match whole {
             Ok(()) => return Ok(()),
+            // Any nvJPEG status from the hardware engines is retried on the hybrid backend: a
+            // device fault fails there again and is returned below.
+            Err(CudaError::Nvjpeg { .. }) if hardware => {}
             Err(e) if !about_the_image(&e) => return Err(e),
             Err(_) => {}
         }
