@@ -2,7 +2,7 @@
 //! and the output form.
 
 use std::ffi::{c_int, c_void, CString};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use cudarc::driver::result;
 use cudarc::driver::sys::{CUdevice_attribute, CUdeviceptr, CUfunction, CUmodule};
@@ -147,6 +147,28 @@ pub(crate) struct CropParams {
 /// Threads per block of the kernel.
 const BLOCK: u32 = 256;
 
+/// The kernel compiled for compute capability `major.minor`, once per process (NVRTC takes a
+/// noticeable fraction of a second; decoders are made per loader).
+fn cubin_for(major: i32, minor: i32) -> Result<Arc<Vec<u8>>> {
+    /// A compute capability and the kernel's cubin for it.
+    type Compiled = ((i32, i32), Arc<Vec<u8>>);
+    static CUBINS: Mutex<Vec<Compiled>> = Mutex::new(Vec::new());
+    let mut cache = CUBINS
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    if let Some((_, cubin)) = cache.iter().find(|(cc, _)| *cc == (major, minor)) {
+        return Ok(Arc::clone(cubin));
+    }
+    let cubin = Arc::new(super::nvrtc::compile_cubin(
+        SOURCE,
+        "crop_resize.cu",
+        major,
+        minor,
+    )?);
+    cache.push(((major, minor), Arc::clone(&cubin)));
+    Ok(cubin)
+}
+
 /// The compiled kernel, loaded into one context.
 #[derive(Debug)]
 pub(crate) struct CropKernel {
@@ -170,7 +192,7 @@ impl CropKernel {
             ctx.attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?;
         let minor =
             ctx.attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?;
-        let cubin = super::nvrtc::compile_cubin(SOURCE, "crop_resize.cu", major, minor)?;
+        let cubin = cubin_for(major, minor)?;
         let _current = ctx.enter()?;
         // SAFETY: `cubin` is a complete ELF image from NVRTC that outlives the call; our context
         // is current.
