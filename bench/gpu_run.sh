@@ -6,7 +6,7 @@
 #
 #   bash bench/gpu_run.sh [SECTION...]   (default: tests rust torch python)
 #   sections: tests rust torch python pytests ab tokens bigcached bigsweep bigcold legacysoak
-#             soakstart soakwait nvjpeg
+#             soakstart soakwait
 #   env: SKIP_DOCTOR=1 (no doctor/copy_path in `rust`), PYBENCH_SECTIONS=seed,loaders,...,sweep,
 #        PYBENCH_ONLY=1 (no torchrun/tests in `python`), SOAK_SECONDS, LEGACY_SOAK_SECONDS, BIGDIR,
 #        AB_ROUNDS (default 3), TOKENS_ARGS (extra arguments of tokens_bench.py)
