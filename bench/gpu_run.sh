@@ -5,8 +5,8 @@
 # binaries, wheel into .device-carry/). bench/README.md lists what each section measures.
 #
 #   bash bench/gpu_run.sh [SECTION...]   (default: tests rust torch python)
-#   sections: tests rust torch python pytests ab tokens bigcached bigsweep bigcold legacysoak
-#             soakstart soakwait
+#   sections: tests rust torch python pytests ab tokens machine nvjpeg bigcached bigsweep
+#             bigcold legacysoak soakstart soakwait
 #   env: SKIP_DOCTOR=1 (no doctor/copy_path in `rust`), PYBENCH_SECTIONS=seed,loaders,...,sweep,
 #        PYBENCH_ONLY=1 (no torchrun/tests in `python`), SOAK_SECONDS, LEGACY_SOAK_SECONDS, BIGDIR,
 #        AB_ROUNDS (default 3), TOKENS_ARGS (extra arguments of tokens_bench.py)
@@ -187,6 +187,16 @@ if want tokens && ls $C/*.whl >/dev/null 2>&1; then
     echo "== Token batches: TokenLoader against nanoGPT's get_batch, and a GPT training loop"
     install_wheel /tmp/site $C/*.whl
     PYTHONPATH=/tmp/site timeout 500 python3 bench/tokens_bench.py --out "$OUT/tokens.json" ${TOKENS_ARGS:-} 2>&1 | tail -24
+fi
+
+if want machine && ls $C/*.whl >/dev/null 2>&1; then
+    echo "== This machine (CPU, memory, copy rates) and the issue-23 rows: to_device, Loader in order and shuffled, beside torch's pinned copy"
+    bash bench/machine_probe.sh 2>&1 | tee "$OUT/machine_probe.txt"
+    [ -f "$DATA" ] || { $C/pinfeed gen "$DATA" --records $RECORDS --shape 3,31,31 --dtype u8 --seed 1; cat "$DATA" > /dev/null; }
+    install_wheel /tmp/site $C/*.whl
+    timeout 400 python3 bench/ab.py --build current=/tmp/site --rounds "${AB_ROUNDS:-3}" \
+        --npy "$DATA" --out "$OUT/machine.json" 2>&1 | tail -8
+    PYTHONPATH=/tmp/site timeout 200 python3 bench/threads_sweep.py --npy "$DATA" --out "$OUT/threads.json"
 fi
 
 if want legacysoak && ls $C/*.whl >/dev/null 2>&1; then
