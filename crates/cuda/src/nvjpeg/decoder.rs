@@ -99,7 +99,18 @@ impl JpegDecoder {
         let one_image = usize::try_from(options.max_pixels.saturating_mul(3))
             .unwrap_or(usize::MAX)
             .next_multiple_of(ALIGN);
-        if options.max_pixels == 0 || options.scratch_bytes < one_image {
+        // Row pitches and kernel indices are 32-bit: a row of 3-byte pixels must fit an i32.
+        if options.max_pixels == 0 || options.max_pixels > (i32::MAX / 3) as u64 {
+            return Err(CudaError::InvalidArgument {
+                call: "JpegDecoder::new",
+                detail: format!(
+                    "max_pixels {} must be between 1 and {}",
+                    options.max_pixels,
+                    i32::MAX / 3
+                ),
+            });
+        }
+        if options.scratch_bytes < one_image {
             return Err(CudaError::InvalidArgument {
                 call: "JpegDecoder::new",
                 detail: format!(

@@ -29,7 +29,8 @@ pub enum JpegBackend {
 pub struct DecoderOptions {
     /// The backend choice.
     pub backend: JpegBackend,
-    /// Images with more pixels than this are refused ([`JpegOutcome::Refused`]).
+    /// Images with more pixels than this are refused ([`JpegOutcome::Refused`]); at most
+    /// `i32::MAX / 3`.
     pub max_pixels: u64,
     /// The most device memory held for decoded images before the crop; a batch needing more is
     /// decoded in parts. At least `3 * max_pixels` (one image of the largest size).
