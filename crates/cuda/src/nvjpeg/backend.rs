@@ -227,3 +227,24 @@ impl Drop for Backend {
         }
     }
 }
+
+/// What this process's nvJPEG offers on one device, for a report such as `pinfeed doctor`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NvjpegProbe {
+    /// nvJPEG's version, `(major, minor, patch)`.
+    pub version: (i32, i32, i32),
+    /// The hardware JPEG decoder: `(engines, cores per engine)`, or why it cannot be used.
+    pub hardware: std::result::Result<(u32, u32), String>,
+}
+
+/// Loads nvJPEG and asks for the hardware decoder of `ctx`'s device (a handle made and
+/// destroyed). Fails only when `libnvjpeg` cannot be loaded or the context not entered.
+pub fn probe(ctx: &Arc<Context>) -> Result<NvjpegProbe> {
+    let version = ffi::version()?;
+    let api = ffi::api()?;
+    let _current = ctx.enter()?;
+    let hardware = Backend::create(&api, ctx, ffi::BACKEND_HARDWARE)
+        .and_then(|b| b.hardware_info())
+        .map_err(|e| e.to_string());
+    Ok(NvjpegProbe { version, hardware })
+}

@@ -7,6 +7,7 @@
 //!   kernel crops, resizes, flips and writes every image into the output batch. Images nvJPEG
 //!   should not decode (CMYK, truncated, not a JPEG) come back as [`JpegOutcome::Cpu`] for the
 //!   caller's CPU decoder; images over the pixel limit as [`JpegOutcome::Refused`].
+//! - [`probe`]: nvJPEG's version and the device's hardware decoder, for a report.
 //! - [`OutputSpec`], [`CropBox`], [`crop_resize_reference`]: the output form, and the CPU
 //!   reference of the kernel's formula (torchvision's bilinear resize, optionally antialiased).
 //!
@@ -57,6 +58,7 @@ mod resize;
 mod types;
 
 pub use crate::dynlib::LIBS_ENV;
+pub use backend::{probe, NvjpegProbe};
 pub use decoder::JpegDecoder;
 pub use ffi::version;
 pub use reference::crop_resize_reference;
