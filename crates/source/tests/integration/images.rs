@@ -30,8 +30,7 @@ fn reference(name: &str) -> (u32, u32, Vec<u8>) {
 /// Mean and maximum absolute difference per channel.
 fn differences(a: &[u8], b: &[u8]) -> [(f64, u8); 3] {
     assert_eq!(a.len(), b.len());
-    let mut out = [(0.0, 0u8); 3];
-    for c in 0..3 {
+    std::array::from_fn(|c| {
         let diffs: Vec<u8> = a
             .iter()
             .zip(b)
@@ -40,9 +39,8 @@ fn differences(a: &[u8], b: &[u8]) -> [(f64, u8); 3] {
             .map(|(x, y)| x.abs_diff(*y))
             .collect();
         let mean = diffs.iter().map(|&d| f64::from(d)).sum::<f64>() / diffs.len() as f64;
-        out[c] = (mean, diffs.into_iter().max().unwrap());
-    }
-    out
+        (mean, diffs.into_iter().max().unwrap())
+    })
 }
 
 fn assert_close(name: &str, got: &[u8], want: &[u8]) {
@@ -171,7 +169,7 @@ fn image_folder_orders_and_labels_as_torchvision() {
             "b_dogs/sub/a.png"
         ]
     );
-    let e = source.gather(&[0], &mut vec![0; 8]).unwrap_err();
+    let e = source.gather(&[0], &mut [0; 8]).unwrap_err();
     assert!(matches!(e, SourceError::Destination { .. }));
 }
 
