@@ -35,23 +35,23 @@ import numpy as np
 
 
 def photographs():
-    """The source photographs as a list of RGB PIL images, in a fixed order."""
+    """The source photographs as a list of RGB PIL images, in a fixed order: scikit-learn's
+    and scikit-image's, whichever are installed (at least one must be)."""
     from PIL import Image
-    from sklearn.datasets import load_sample_images
 
-    photos = [Image.fromarray(a) for a in load_sample_images().images]
+    photos = []
+    try:
+        from sklearn.datasets import load_sample_images
+
+        photos += [Image.fromarray(a) for a in load_sample_images().images]
+    except ImportError:
+        pass
     try:
         from skimage import data
     except ImportError:
-        return photos
-    for name in (
-        "astronaut",
-        "chelsea",
-        "coffee",
-        "rocket",
-        "motorcycle_left",
-        "immunohistochemistry",
-    ):
+        data = None
+    names = ("astronaut", "chelsea", "coffee", "rocket", "motorcycle_left", "immunohistochemistry")
+    for name in names if data is not None else ():
         fn = getattr(data, name, None)
         if fn is None:
             continue
@@ -62,6 +62,8 @@ def photographs():
             continue
         if a.ndim == 3 and a.shape[2] >= 3 and a.dtype == np.uint8:
             photos.append(Image.fromarray(np.ascontiguousarray(a[:, :, :3])))
+    if not photos:
+        sys.exit("make_images.py needs scikit-learn or scikit-image for its photographs")
     return photos
 
 

@@ -78,8 +78,9 @@ pub enum PixelLayout {
 pub enum OnError {
     /// The read fails with an error naming the file.
     Raise,
-    /// The sample is counted ([`ImageSource::skipped`]) and its place filled with the next
-    /// sample of the dataset that decodes (the batch keeps its size), up to 64 in a row.
+    /// The sample is counted ([`ImageSource::skipped`], once each time it is read) and its
+    /// place filled with the next sample of the dataset that decodes (the batch keeps its
+    /// size), trying up to 64.
     Skip,
 }
 
@@ -274,12 +275,11 @@ impl ImageSource {
         };
         self.skipped.fetch_add(1, Ordering::Relaxed);
         let n = self.index.len();
+        // A replacement that fails too is counted where it is read as itself, not here: each
+        // bad sample counts once an epoch.
         for k in 1..=MAX_REPLACEMENTS.min(n - 1) {
-            match self.decode_one((i + k) % n, i, record) {
-                Ok(()) => return Ok(()),
-                Err(_) => {
-                    self.skipped.fetch_add(1, Ordering::Relaxed);
-                }
+            if self.decode_one((i + k) % n, i, record).is_ok() {
+                return Ok(());
             }
         }
         Err(SourceError::Image {
