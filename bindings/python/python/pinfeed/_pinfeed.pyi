@@ -331,7 +331,7 @@ class ImageDataset:
         height: int,
         width: int,
         crop: str = "random",
-        scale: tuple[float, float] = (0.08, 1.0),
+        scale: tuple[float, float] = ...,
         ratio: tuple[float, float] = ...,
         resize: int | None = None,
         flip: bool = True,

@@ -86,7 +86,8 @@ class ImageLoader:
     ``mean`` and ``std`` (on the 0-1 scale, as torchvision's ``Normalize`` after
     ``ToTensor``), ``dtype`` (float32, float16 or bfloat16) ``(x / 255 - mean) / std``,
     computed on the GPU on torch's current stream. CUDA tensors, or numpy arrays on the host
-    backend (``device="cpu"``, or ``"auto"`` without a GPU).
+    backend (``device="cpu"``, or ``"auto"`` without a GPU; bfloat16 is float32 there, numpy
+    having no bfloat16).
 
     ``on_error="raise"`` stops at a sample that cannot be decoded (truncated, not an image, over
     ``max_pixels``, default Pillow's 89,478,485) with :class:`pinfeed.PinfeedValueError` naming
