@@ -65,6 +65,15 @@ impl ImageIndex {
         let name = escape_path(path);
         let meta = std::fs::metadata(path);
         let shards = if meta.as_ref().is_ok_and(|m| m.is_file()) {
+            if path.extension().is_none_or(|e| e != "tar") {
+                return Err(SourceError::ImageDataset {
+                    name,
+                    reason: "a file that is not a .tar shard: an image dataset is an \
+                             ImageFolder directory (root/<class>/<image>) or WebDataset .tar \
+                             shards"
+                        .into(),
+                });
+            }
             Some(vec![path.to_path_buf()])
         } else if meta.is_err() && is_pattern(path) {
             Some(list_pattern(path)?)

@@ -43,6 +43,11 @@ use crate::{DType, Layout, Result, Source, SourceError};
 /// image takes 3 bytes a pixel on its reader thread (about 256 MiB at the limit).
 pub const DEFAULT_MAX_PIXELS: u64 = 89_478_485;
 
+/// Bytes of decoded pixels a reader thread keeps between images (a 4096 x 4096 RGB image); a
+/// larger image's buffer is freed once it is resized, so rare huge images do not pin their
+/// size on every thread.
+const RETAINED_PIXEL_BYTES: usize = 4096 * 4096 * 3;
+
 /// Failed samples in a row that `OnError::Skip` replaces before giving up.
 const MAX_REPLACEMENTS: u64 = 64;
 
@@ -259,7 +264,11 @@ impl ImageSource {
                 layout: self.options.layout,
                 flip,
             };
-            output::write(scratch, w, h, crop, &target, &mut record[..pixels]).map_err(failed)
+            let written = output::write(scratch, w, h, crop, &target, &mut record[..pixels]);
+            if scratch.decoded.capacity() > RETAINED_PIXEL_BYTES {
+                scratch.decoded = Vec::new();
+            }
+            written.map_err(failed)
         })?;
         record[pixels..label_at].fill(0);
         record[label_at..].copy_from_slice(&self.index.label(sample).to_le_bytes());

@@ -290,6 +290,8 @@ fn empty_class_folders_are_refused_or_skipped() {
     assert_eq!(index.classes().len(), 3);
     let e = ImageIndex::open(&dir.path().join("nothing"), false).unwrap_err();
     assert!(matches!(e, SourceError::Open { .. }), "{e}");
+    let e = ImageIndex::open(&root.join("a_cats/2.jpg"), false).unwrap_err();
+    assert!(e.to_string().contains("not a .tar shard"), "{e}");
 }
 
 fn tar_with(path: &Path, members: &[(&str, Vec<u8>)]) {
