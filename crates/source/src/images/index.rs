@@ -52,7 +52,7 @@ pub struct ImageIndex {
     /// Tar shards, open for positioned reads.
     shards: Vec<(PathBuf, File)>,
     /// Problems met while indexing and skipped (empty class folders, unlabelled tar samples)
-    /// when the caller asked to skip; the first one's message, and how many.
+    /// when the caller asked to skip, one message each.
     skipped: Vec<String>,
 }
 
@@ -214,7 +214,7 @@ impl ImageIndex {
         }
         for (label, dir) in classes.iter().enumerate() {
             let mut found = Vec::new();
-            walk(dir, &mut found)?;
+            walk(dir, &mut Vec::new(), &mut found)?;
             // By the bytes of the paths, as Python compares strings (code points, in the
             // order of their UTF-8 bytes); `Path`'s own order goes by components.
             found.sort_by(|a, b| {
@@ -425,18 +425,34 @@ fn read_dir(dir: &Path) -> Result<Vec<PathBuf>> {
 
 /// Every file with an image extension under `dir` (links followed), as (the folder's path,
 /// the file's path): sorting these pairs gives torchvision's order (`sorted(os.walk(...))`,
-/// then sorted file names).
-fn walk(dir: &Path, found: &mut Vec<(PathBuf, PathBuf)>) -> Result<()> {
+/// then sorted file names). `ancestors` holds the (device, inode) of the folders above `dir`: a
+/// link back to one of them is refused, where `os.walk` would recurse until it fails.
+fn walk(
+    dir: &Path,
+    ancestors: &mut Vec<(u64, u64)>,
+    found: &mut Vec<(PathBuf, PathBuf)>,
+) -> Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::metadata(dir).map_err(|e| open_err(dir, e))?;
+    let id = (meta.dev(), meta.ino());
+    if ancestors.contains(&id) {
+        return Err(SourceError::ImageDataset {
+            name: escape_path(dir),
+            reason: "a symbolic link loop: this folder links back to a folder above it".into(),
+        });
+    }
+    ancestors.push(id);
     for path in read_dir(dir)? {
         let Ok(meta) = std::fs::metadata(&path) else {
             continue; // a broken link: torchvision's walk lists it, its loader fails; not an image
         };
         if meta.is_dir() {
-            walk(&path, found)?;
+            walk(&path, ancestors, found)?;
         } else if has_image_extension(&path) {
             found.push((dir.to_path_buf(), path));
         }
     }
+    ancestors.pop();
     Ok(())
 }
 

@@ -292,6 +292,12 @@ fn empty_class_folders_are_refused_or_skipped() {
     assert!(matches!(e, SourceError::Open { .. }), "{e}");
     let e = ImageIndex::open(&root.join("a_cats/2.jpg"), false).unwrap_err();
     assert!(e.to_string().contains("not a .tar shard"), "{e}");
+    std::os::unix::fs::symlink(&root, root.join("b_dogs/sub/loop")).unwrap();
+    let e = ImageIndex::open(&root, true).unwrap_err().to_string();
+    assert!(
+        e.contains("b_dogs/sub/loop") && e.contains("link loop"),
+        "{e}"
+    );
 }
 
 fn tar_with(path: &Path, members: &[(&str, Vec<u8>)]) {
