@@ -364,6 +364,10 @@ fn a_tar_sample_without_its_label_is_refused_or_skipped() {
     );
     let e = ImageIndex::open(&shard, false).unwrap_err().to_string();
     assert!(e.contains("bad.tar:b") && e.contains("no label"), "{e}");
+    let garbage = dir.path().join("garbage.tar");
+    std::fs::write(&garbage, vec![0x41u8; 1000]).unwrap();
+    let e = ImageIndex::open(&garbage, false).unwrap_err().to_string();
+    assert!(e.contains("garbage.tar: not a readable tar archive"), "{e}");
     let index = Arc::new(ImageIndex::open(&shard, true).unwrap());
     assert_eq!((index.len(), index.skipped().len()), (2, 1));
     let source = ImageSource::new(index, ImageOptions::default()).unwrap();
