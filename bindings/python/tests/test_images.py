@@ -294,3 +294,44 @@ def test_cuda_batches_match_the_host_backend(tmp_path, torch):
             shape = (1, 3, 1, 1) if layout == "NCHW" else (1, 1, 1, 3)
             want = (hx / 255.0 - np.reshape(mean, shape)) / np.reshape(std, shape)
             np.testing.assert_allclose(nx.cpu().numpy(), want, rtol=1e-5, atol=1e-5)
+
+
+def torchvision_center_box(width, height, resize, out_h, out_w):
+    """torchvision's ``Resize(resize)`` (``_compute_resized_output_size`` in
+    torchvision/transforms/functional.py: the short side to ``resize``, the long one
+    ``int(resize * long / short)``) then ``CenterCrop`` (``center_crop``: offsets
+    ``int(round((size - crop) / 2.0))``), as (top, left, height, width) in source pixels."""
+    short, long = min(width, height), max(width, height)
+    new_short, new_long = resize, int(resize * long / short)
+    rw, rh = (new_short, new_long) if width <= height else (new_long, new_short)
+    top = int(round((rh - out_h) / 2.0))
+    left = int(round((rw - out_w) / 2.0))
+    sx, sy = width / rw, height / rh
+    return top * sy, left * sx, out_h * sy, out_w * sx
+
+
+def test_center_crop_geometry_and_pixels_are_torchvisions(tmp_path):
+    root = folder(tmp_path, GOOD[:4])
+    size = 32
+    loader = pinfeed.ImageLoader(root, batch_size=4, size=size, device="cpu", crop="center")
+    rng = np.random.default_rng(1)
+    for _ in range(500):
+        w, h = (int(v) for v in rng.integers(size, 2000, 2))
+        got = loader._dataset.crop_of(0, 0, w, h)
+        want = torchvision_center_box(w, h, int(size / 0.875), size, size)
+        np.testing.assert_allclose(got[:4], want, rtol=1e-12, err_msg=f"{w}x{h}")
+        assert got[4] is False
+    # Pixels against Pillow doing what torchvision does: resize the whole image, then crop.
+    images, _ = next(
+        iter(pinfeed.ImageLoader(root, 4, size, device="cpu", crop="center", layout="NHWC"))
+    )
+    for i, name in enumerate(GOOD[:4]):
+        img = Image.open(FIXTURES / name).convert("RGB")
+        w, h = img.size
+        resize = int(size / 0.875)
+        rw, rh = (resize, int(resize * h / w)) if w <= h else (int(resize * w / h), resize)
+        top, left = int(round((rh - size) / 2.0)), int(round((rw - size) / 2.0))
+        want = np.asarray(img.resize((rw, rh), Image.BILINEAR))[
+            top : top + size, left : left + size
+        ]
+        assert_close(images[i], want, f"{name} (resize then crop)")
