@@ -18,6 +18,10 @@ pub const IMAGE_EXTENSIONS: &[&str] = &[
     "jpg", "jpeg", "png", "ppm", "bmp", "pgm", "tif", "tiff", "webp",
 ];
 
+/// The most bytes one image file (or tar member) may have: it is read whole into memory, so a
+/// huge file, or a tar header claiming one, is refused instead.
+pub const MAX_COMPRESSED_BYTES: u64 = 256 << 20;
+
 /// The image members a WebDataset sample may have, and the label members.
 const TAR_IMAGES: &[&str] = &["jpg", "jpeg", "png"];
 const TAR_LABELS: &[&str] = &["cls", "json"];
@@ -160,17 +164,24 @@ impl ImageIndex {
         match &self.samples[i as usize].location {
             Location::File(path) => {
                 use std::io::Read;
-                let mut file = File::open(path).map_err(|e| open_err(path, e))?;
-                file.read_to_end(buf).map_err(|e| SourceError::Read {
+                let file = File::open(path).map_err(|e| open_err(path, e))?;
+                let size = file.metadata().map_or(0, |m| m.len());
+                self.check_size(i, size)?;
+                buf.reserve(size as usize);
+                // At most one byte past the limit: a file that grows is refused, not read whole.
+                let mut limited = file.take(MAX_COMPRESSED_BYTES + 1);
+                limited.read_to_end(buf).map_err(|e| SourceError::Read {
                     path: path.clone(),
-                    offset: 0,
-                    len: 0,
+                    offset: buf.len() as u64,
+                    len: usize::try_from(size.saturating_sub(buf.len() as u64)).unwrap_or(0),
                     source: e,
                 })?;
+                self.check_size(i, buf.len() as u64)?;
             }
             Location::Member {
                 shard, offset, len, ..
             } => {
+                self.check_size(i, *len)?;
                 let (path, file) = &self.shards[*shard];
                 buf.resize(*len as usize, 0);
                 file.read_exact_at(buf, *offset).map_err(|e| {
@@ -191,6 +202,20 @@ impl ImageIndex {
                     }
                 })?;
             }
+        }
+        Ok(())
+    }
+
+    /// Refuses sample `i` when its `size` bytes are more than any image is read whole for.
+    fn check_size(&self, i: u64, size: u64) -> Result<()> {
+        if size > MAX_COMPRESSED_BYTES {
+            return Err(SourceError::Image {
+                name: self.sample_name(i),
+                reason: format!(
+                    "{size} bytes, more than the {} MiB an image file may have",
+                    MAX_COMPRESSED_BYTES >> 20
+                ),
+            });
         }
         Ok(())
     }

@@ -34,7 +34,7 @@ use std::sync::Arc;
 
 pub use decode::decode_rgb;
 pub use geometry::{center_crop, random_resized_crop, CropBox};
-pub use index::{ImageIndex, IMAGE_EXTENSIONS};
+pub use index::{ImageIndex, IMAGE_EXTENSIONS, MAX_COMPRESSED_BYTES};
 
 use crate::{DType, Layout, Result, Source, SourceError};
 

@@ -364,6 +364,30 @@ fn a_tar_sample_without_its_label_is_refused_or_skipped() {
     );
     let e = ImageIndex::open(&shard, false).unwrap_err().to_string();
     assert!(e.contains("bad.tar:b") && e.contains("no label"), "{e}");
+    // A member whose header claims more bytes than an image may have is refused, unread
+    // (its data a hole of a sparse file).
+    let huge = dir.path().join("huge.tar");
+    tar_with(&huge, &[("h.cls", b"1".to_vec())]);
+    let cls_end = 1024; // the label's header and its padded block
+    let mut header = tar::Header::new_gnu();
+    header.set_path("h.jpg").unwrap();
+    header.set_size(300 << 20);
+    header.set_mode(0o644);
+    header.set_cksum();
+    let mut file = std::fs::OpenOptions::new().write(true).open(&huge).unwrap();
+    std::io::Seek::seek(&mut file, std::io::SeekFrom::Start(cls_end)).unwrap();
+    std::io::Write::write_all(&mut file, header.as_bytes()).unwrap();
+    file.set_len(cls_end + 512 + (300 << 20) + 1024).unwrap();
+    let index = Arc::new(ImageIndex::open(&huge, false).unwrap());
+    let source = ImageSource::new(index, ImageOptions::default()).unwrap();
+    let e = source
+        .read_records(0, &mut vec![0; source.layout().record_bytes()])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("huge.tar:h.jpg: 314572800 bytes, more than the 256 MiB"),
+        "{e}"
+    );
     let garbage = dir.path().join("garbage.tar");
     std::fs::write(&garbage, vec![0x41u8; 1000]).unwrap();
     let e = ImageIndex::open(&garbage, false).unwrap_err().to_string();
