@@ -90,8 +90,8 @@ class ImageLoader:
     having no bfloat16).
 
     ``on_error="raise"`` stops at a sample that cannot be decoded (truncated, not an image, over
-    ``max_pixels``, default Pillow's 89,478,485) with :class:`pinfeed.PinfeedValueError` naming
-    the file; an empty class folder or an unlabelled tar sample is refused when opening.
+    ``max_pixels``, default Pillow's 89,478,485, refused from its header; a file over 256 MiB)
+    with :class:`pinfeed.PinfeedValueError` naming the file; an empty class folder or an unlabelled tar sample is refused when opening.
     ``on_error="skip"`` counts such a sample in ``stats()["skipped"]`` and fills its place with
     the next sample of the dataset that decodes (batches keep their size); an empty class keeps
     its label number.
