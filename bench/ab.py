@@ -51,10 +51,19 @@ def worker(npy, label):
 
     def row(name, nbytes, wall, cpu, bus, loader=None):
         gbps = nbytes / wall / 1e9
-        st = loader.stats() if loader is not None else {}
+        # A Loader's stats, or a stager's counters (to_device): threads and the machine's rates.
+        if loader is None:
+            st = {}
+        elif hasattr(loader, "stats"):
+            st = loader.stats()
+        else:
+            st = loader.counters()
         rows.append(
             {
                 "threads": st.get("threads"),
+                "threads_reason": st.get("threads_reason"),
+                "copy_gbps": st.get("copy_gbps"),
+                "machine_bus_gbps": st.get("bus_gbps"),
                 "slots": st.get("slots"),
                 "bottleneck": st.get("bottleneck"),
                 "build": label,
@@ -80,7 +89,8 @@ def worker(npy, label):
     assert torch.equal(got.sum(dim=0, dtype=torch.float64).cpu(), want), "to_device differs"
     del got
     wall, cpu = best_of(lambda: pinfeed.to_device(a, device="cuda"))
-    row("seed tensor: to_device(a)", a.numel() * 4, wall, cpu, bus_rate(1 << 30, 3))
+    stager = pinfeed.staging._shared_stager("cuda", None)
+    row("seed tensor: to_device(a)", a.numel() * 4, wall, cpu, bus_rate(1 << 30, 3), stager)
     del a
 
     # The 4 GiB file, in order and shuffled.

@@ -5,11 +5,12 @@
 # binaries, wheel into .device-carry/). bench/README.md lists what each section measures.
 #
 #   bash bench/gpu_run.sh [SECTION...]   (default: tests rust torch python)
-#   sections: tests rust torch python pytests ab tokens images bigcached bigsweep bigcold legacysoak
-#             soakstart soakwait
+#   sections: tests rust torch python pytests ab tokens machine nvjpeg jax images bigcached
+#             bigsweep bigcold legacysoak soakstart soakwait
 #   env: SKIP_DOCTOR=1 (no doctor/copy_path in `rust`), PYBENCH_SECTIONS=seed,loaders,...,sweep,
 #        PYBENCH_ONLY=1 (no torchrun/tests in `python`), SOAK_SECONDS, LEGACY_SOAK_SECONDS, BIGDIR,
 #        AB_ROUNDS (default 3), TOKENS_ARGS (extra arguments of tokens_bench.py),
+#        JAX_BENCH_ARGS (extra arguments of jax_bench.py),
 #        IMAGES_COUNT (JPEGs of the `images` section, default 20000), IMAGES_ARGS
 set -uo pipefail
 C=.device-carry
@@ -190,6 +191,33 @@ if want tokens && ls $C/*.whl >/dev/null 2>&1; then
     PYTHONPATH=/tmp/site timeout 500 python3 bench/tokens_bench.py --out "$OUT/tokens.json" ${TOKENS_ARGS:-} 2>&1 | tail -24
 fi
 
+if want machine && ls $C/*.whl >/dev/null 2>&1; then
+    echo "== This machine (CPU, memory, copy rates) and the issue-23 rows: to_device, Loader in order and shuffled, beside torch's pinned copy"
+    bash bench/machine_probe.sh 2>&1 | tee "$OUT/machine_probe.txt"
+    [ -f "$DATA" ] || { $C/pinfeed gen "$DATA" --records $RECORDS --shape 3,31,31 --dtype u8 --seed 1; cat "$DATA" > /dev/null; }
+    install_wheel /tmp/site $C/*.whl
+    timeout 400 python3 bench/ab.py --build current=/tmp/site --rounds "${AB_ROUNDS:-3}" \
+        --npy "$DATA" --out "$OUT/machine.json" 2>&1 | tail -8
+    PYTHONPATH=/tmp/site timeout 200 python3 bench/threads_sweep.py --npy "$DATA" --out "$OUT/threads.json"
+fi
+
+if want jax && ls $C/*.whl >/dev/null 2>&1; then
+    echo "== JAX, CuPy, Lightning and torchdata: their GPU tests, then JAX's ways of feeding a jitted step"
+    install_wheel /tmp/site $C/*.whl
+    # torchdata is not on the GPU machine: prepare_device.sh carries its wheel.
+    EXTRA=/tmp/site-extra
+    ls $C/wheels/*.whl >/dev/null 2>&1 && install_wheel $EXTRA $C/wheels/*.whl
+    export XLA_PYTHON_CLIENT_PREALLOCATE=false  # JAX would take 75% of the GPU at start-up
+    PYTHONPATH=/tmp/site:$EXTRA timeout 500 python3 -m pytest -q -rs -p no:cacheprovider --gpu \
+        bindings/python/tests/test_gpu_frameworks.py bindings/python/tests/test_trainers.py \
+        bindings/python/tests/test_frameworks.py 2>&1 | tail -15 | tee "$OUT/jax_tests.txt"
+    if [ ! -f "$DATA" ]; then
+        $C/pinfeed gen "$DATA" --records $RECORDS --shape 3,31,31 --dtype u8 --seed 1
+    fi
+    PYTHONPATH=/tmp/site timeout 500 python3 bench/jax_bench.py --npy "$DATA" \
+        --out "$OUT/$(date +%F)-h200-jax.json" ${JAX_BENCH_ARGS:-} 2>&1 | tail -12
+fi
+
 if want images && ls $C/*.whl >/dev/null 2>&1; then
     echo "== JPEG input (issue 19): DataLoader+PIL, decode_jpeg(cuda), pinfeed CPU/GPU decode, resnet50"
     install_wheel /tmp/site $C/*.whl
@@ -198,7 +226,7 @@ if want images && ls $C/*.whl >/dev/null 2>&1; then
         python3 bench/make_images.py "$IMG" --count "${IMAGES_COUNT:-20000}" --classes 100 --no-tar 2>&1 | tail -3
     fi
     find "$IMG/train" -type f -exec cat {} + > /dev/null   # page-cached from here on
-    PYTHONPATH=/tmp/site timeout 580 python3 bench/images_bench.py "$IMG/train" --out "$OUT/images.json" ${IMAGES_ARGS:-} 2>&1 | tail -16
+    PYTHONPATH=/tmp/site timeout 580 python3 bench/images_bench.py "$IMG/train" --out "$OUT/$(date +%F)-h200-images.json" ${IMAGES_ARGS:-} 2>&1 | tail -16
     $C/pinfeed stream "$IMG/train" --images --size 224 --batch-size 256 --shuffle random --threads "$(nproc)" --json > "$OUT/images_stream.json" && tail -c 400 "$OUT/images_stream.json"
 fi
 
@@ -206,6 +234,40 @@ if want legacysoak && ls $C/*.whl >/dev/null 2>&1; then
     echo "== Python Loader soak on torch's default stream (${LEGACY_SOAK_SECONDS:-120} s)"
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site $C/*.whl
     PYTHONPATH=/tmp/site python3 bench/legacy_soak.py "${LEGACY_SOAK_SECONDS:-120}" 2>&1 | tee "$OUT/legacy_soak.txt"
+fi
+
+# nvJPEG (issue 19): the GPU decode tests with their per-image diagnostics, then images/s per
+# backend of the pinned-memory decode + crop/resize (nvjpeg_bench) beside torchvision's
+# decode_jpeg(device="cuda") on the same files. env: IMGDIR (an ImageFolder of JPEGs; made with
+# bench/make_images.py when absent), NVJPEG_BENCH_ARGS (extra arguments of nvjpeg_bench).
+if want nvjpeg; then
+    echo "== nvJPEG: the libraries pinfeed will find (PINFEED_CUDA_LIBS is searched first)"
+    ls -l /usr/local/cuda/lib64/libnvjpeg.so* /usr/local/cuda/lib64/libnvrtc.so* 2>&1 | tee "$OUT/nvjpeg_libs.txt"
+    python3 -c "import glob, site; [print(p) for d in site.getsitepackages() for p in glob.glob(d + '/nvidia/*/lib/lib[n]v[jr]*.so*')]" 2>&1 | tee -a "$OUT/nvjpeg_libs.txt"
+    echo "== nvJPEG GPU tests (each prints what it compared)"
+    "$C/tests/pinfeed-cuda-integration" --ignored --test-threads=1 --nocapture nvjpeg:: > "$OUT/nvjpeg_tests.txt" 2>&1
+    rc=$?
+    grep -vE "^running|^$" "$OUT/nvjpeg_tests.txt"
+    if [ $rc -ne 0 ]; then
+        echo "!! nvJPEG GPU TESTS FAILED (exit $rc): the failing tests and their messages:"
+        grep -E -A12 "^---- |panicked" "$OUT/nvjpeg_tests.txt" | head -80
+    fi
+    IMGDIR=${IMGDIR:-/tmp/pinfeed-images/train}
+    if [ ! -d "$IMGDIR" ]; then
+        python3 bench/make_images.py "$(dirname "$IMGDIR")" --count 20000 --no-tar > "$OUT/make_images.txt" 2>&1 \
+            || { echo "!! bench/make_images.py failed:"; tail -5 "$OUT/make_images.txt"; }
+    fi
+    if [ -d "$IMGDIR" ]; then
+        find "$IMGDIR" -type f -exec cat {} + > /dev/null   # page-cached
+        echo "== nvjpeg_bench: pinned bytes -> nvJPEG -> crop/resize 224 (uint8 NCHW), per backend"
+        $C/nvjpeg_bench "$IMGDIR" --batch 256 --size 224 --threads 1,2,4 --backends hardware,hybrid \
+            --out "$OUT/$(date +%F)-h200-nvjpeg.json" ${NVJPEG_BENCH_ARGS:-} 2>&1 | tee "$OUT/nvjpeg_bench.txt" \
+            || echo "!! nvjpeg_bench failed (exit ${PIPESTATUS[0]})"
+        echo "== torchvision decode_jpeg(device=cuda) + crop/resize 224 on the same files"
+        python3 bench/nvjpeg_torchvision.py "$IMGDIR" --batch 256 --size 224 \
+            --out "$OUT/$(date +%F)-h200-torchvision-decode.json" 2>&1 | tee "$OUT/nvjpeg_torchvision.txt" \
+            || echo "!! nvjpeg_torchvision.py failed"
+    fi
 fi
 
 if want soakstart; then

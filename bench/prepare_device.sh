@@ -12,6 +12,10 @@ strip "$C/pinfeed"
 cargo build --release --locked -p pinfeed --example copy_rates
 cp target/release/examples/copy_rates "$C/"
 strip "$C/copy_rates"
+# Images per second of GPU JPEG decoding (nvJPEG backends), for the nvjpeg section.
+cargo build --release --locked -p pinfeed-cuda --example nvjpeg_bench
+cp target/release/examples/nvjpeg_bench "$C/"
+strip "$C/nvjpeg_bench"
 # A test binary, built by `cargo test --no-run ARGS...` (which must pick one test target), into DEST.
 test_binary() {
     local dest=$1; shift
@@ -35,4 +39,7 @@ test_binary "$C/soak" -p pinfeed --test soak
 if [ -f bindings/python/pyproject.toml ]; then
     python3 -m maturin build --release -m bindings/python/Cargo.toml -o "$C" --quiet
 fi
+# torchdata's wheel (pure Python; the GPU machine has torch and Lightning but not torchdata),
+# installed there into a --target folder by gpu_run.sh's jax section.
+python3 -m pip download -q --no-deps -d "$C/wheels" torchdata
 du -sh "$C"/* "$C"/tests/*

@@ -827,6 +827,10 @@ fn stats_dict<'py>(py: Python<'py>, s: &Stats, held: usize) -> PyResult<Bound<'p
     d.set_item("records", s.records)?;
     d.set_item("bytes", s.bytes)?;
     d.set_item("threads", s.threads)?;
+    d.set_item("threads_reason", &s.threads_reason)?;
+    // The machine's rates the thread count came from (None where it was given or unknown).
+    d.set_item("copy_gbps", s.machine.map(|m| m.copy_gbps))?;
+    d.set_item("bus_gbps", s.machine.map(|m| m.bus_gbps))?;
     // Which reader ran: "pread" or "register", and in words how the source read ("pread",
     // "mmap gather, pread ranges", a fallback with its reason).
     d.set_item("reader", s.reader.to_string())?;

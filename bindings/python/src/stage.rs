@@ -122,8 +122,13 @@ impl Stager {
     /// ``direct_bytes`` (from an already page-locked source) and ``register_error`` (why
     /// registration failed, if it did; those chunks were staged).
     fn counters<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, pyo3::types::PyDict>> {
-        let c = self.get(py)?.counters();
+        let stager = self.get(py)?;
+        let (c, threads) = (stager.counters(), stager.threads());
         let d = pyo3::types::PyDict::new(py);
+        d.set_item("threads", threads.threads)?;
+        d.set_item("threads_reason", &threads.reason)?;
+        d.set_item("copy_gbps", threads.rates.map(|m| m.copy_gbps))?;
+        d.set_item("bus_gbps", threads.rates.map(|m| m.bus_gbps))?;
         d.set_item("staged_bytes", c.staged_bytes)?;
         d.set_item("registered_bytes", c.registered_bytes)?;
         d.set_item("direct_bytes", c.direct_bytes)?;

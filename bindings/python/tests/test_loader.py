@@ -190,6 +190,7 @@ def test_stats():
     s = loader.stats()
     assert s["batches"] == 10 and s["records"] == 1000 and s["bytes"] == 16000
     assert s["device"] == "cpu" and s["threads"] == 2
+    assert s["threads_reason"] == "2: as asked" and s["copy_gbps"] is None
     assert s["pinned_bytes"] <= 1 << 20
     assert s["pinned_allocations_after_start"] == 0
     assert s["pinned_numa"] == "not placed: no GPU (host backend)"
@@ -197,6 +198,18 @@ def test_stats():
     for key in ("elapsed", "read_time", "wait_free_slot", "consumer_wait", "gbps"):
         assert isinstance(s[key], float)
     assert "device_bytes_held" in s
+
+
+def test_default_threads_without_a_bus_are_one_per_core_up_to_eight():
+    # The host backend has no bus to measure: the count falls back, and says so.
+    data = np.zeros((1000, 16), dtype=np.uint8)
+    loader = pinfeed.Loader(data, 100, device="cpu")
+    list(loader)
+    s = loader.stats()
+    # At most one per core this process may use (Rust also counts a cgroup's CPU quota).
+    assert 1 <= s["threads"] <= min(len(os.sched_getaffinity(0)), 8)
+    assert "bus rate unknown" in s["threads_reason"]
+    assert s["copy_gbps"] is None and s["bus_gbps"] is None
 
 
 def test_torch_is_not_imported_for_cpu_batches():

@@ -73,6 +73,47 @@ pub enum CudaError {
         detail: String,
     },
 
+    /// A CUDA library loaded at run time (`libnvjpeg`, `libnvrtc`) was not found, or lacks an
+    /// entry point this crate needs.
+    #[error(
+        "{library} not found or unusable ({} locations tried{}): install it (`pip install \
+         nvidia-nvjpeg nvidia-cuda-nvrtc`, or the CUDA toolkit) or name its folder in \
+         PINFEED_CUDA_LIBS",
+        tried.len(),
+        last_error.as_deref().map(|e| format!("; {e}")).unwrap_or_default()
+    )]
+    LibraryMissing {
+        /// The library (`libnvjpeg`).
+        library: &'static str,
+        /// Every path or file name tried, in order.
+        tried: Vec<String>,
+        /// The loader's message for the last file that existed but did not load, or the
+        /// missing entry point.
+        last_error: Option<String>,
+    },
+
+    /// An nvJPEG call returned an error status.
+    #[error("{call} failed: {name} (nvjpegStatus_t {status})")]
+    Nvjpeg {
+        /// The nvJPEG entry point (`nvjpegDecodeBatched`).
+        call: &'static str,
+        /// The raw `nvjpegStatus_t`.
+        status: i32,
+        /// Its symbolic name (`NVJPEG_STATUS_BAD_JPEG`).
+        name: &'static str,
+    },
+
+    /// NVRTC failed to compile one of this crate's kernels.
+    #[error("{call} failed: {message}{}", if log.is_empty() { String::new() } else { format!("; compiler log: {log}") })]
+    Nvrtc {
+        /// The NVRTC entry point.
+        call: &'static str,
+        /// `nvrtcGetErrorString` of the result.
+        message: String,
+        /// The compiler's log (empty when none).
+        log: String,
+    },
+
     /// An operating-system call (not a driver call) failed.
     #[error("{call} of {bytes} bytes failed: {source}")]
     Os {

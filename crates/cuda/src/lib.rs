@@ -14,6 +14,8 @@
 //!   [`numa`]); [`Registration`] pins existing memory in place.
 //! - [`DevicePool`] and [`DeviceBuffer`]: stream-ordered device memory that stays cached.
 //! - [`memcpy_htod_async`], [`memcpy_dtoh_async`], [`memcpy_dtod_async`].
+//! - [`nvjpeg`]: batched JPEG decoding on the GPU (nvJPEG, loaded at run time) with a crop +
+//!   resize + flip kernel into a fixed-size batch.
 //!
 //! Objects record the process that created them; used in a forked child they answer
 //! [`CudaError::Forked`] without calling the driver, and their drops leave the driver alone.
@@ -43,9 +45,11 @@
 
 mod context;
 mod driver;
+mod dynlib;
 mod error;
 mod memory;
 pub mod numa;
+pub mod nvjpeg;
 mod pool;
 mod stream;
 

@@ -44,6 +44,7 @@ mod pool;
 mod register;
 mod stager;
 mod stats;
+pub mod tune;
 
 use std::sync::Arc;
 
@@ -58,7 +59,7 @@ pub use pool::{pinned_allocations, release_idle_pinned_memory};
 pub use register::{Reader, UnknownReader};
 pub use stager::{
     to_device, DeviceArray, PinnedRegion, Stager, StagerOptions, UploadCounters, UploadMethod,
-    DEFAULT_MAX_COPY_THREADS, DEFAULT_STAGING_BUDGET,
+    DEFAULT_STAGING_BUDGET,
 };
 pub use stats::{Bottleneck, DeviceStats, StageTimes, Stats};
 

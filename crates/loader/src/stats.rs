@@ -167,6 +167,10 @@ pub struct Stats {
     pub bytes: u64,
     /// Reader threads (the one registrar thread for the register reader).
     pub threads: usize,
+    /// Why that many, in words (`pinfeed::tune`).
+    pub threads_reason: String,
+    /// The machine's measured copy and bus rates the thread count was chosen from, if it was.
+    pub machine: Option<crate::tune::MachineRates>,
     /// How records reached the device.
     pub reader: crate::Reader,
     /// How the source reads, in words: `pread`, `O_DIRECT`, `io_uring (depth 32)`, a fallback

@@ -19,7 +19,8 @@ ring of pinned memory.
 - :mod:`pinfeed.transforms`: preprocessing on the reader threads.
 - :mod:`pinfeed.errors`: :class:`PinfeedError` and its subclasses.
 
-torch is imported only when a CUDA batch (or ``as_torch=True``) needs it.
+torch is imported only when a CUDA batch (or ``as_torch=True``) needs it. ``framework="jax"``,
+``"cupy"`` or ``"numpy"`` on every entry point delivers those arrays instead, without torch.
 """
 
 from . import transforms

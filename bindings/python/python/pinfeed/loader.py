@@ -28,6 +28,7 @@ from ._arrays import (
     split_dtype,
     torch_module,
 )
+from ._frameworks import check_device, check_dtype, deliver, framework_arg
 from .errors import PinfeedError, PinfeedMemoryError, PinfeedValueError, PinfeedWarning
 from .order import block_args, distributed_defaults, order_kind, shuffle_mode, u64_arg
 from .transforms import Normalize, ToFloat, make_caller
@@ -190,6 +191,14 @@ class Loader:
     ``as_torch=True``). ``raw=True`` gives the records' bytes as uint8 ``(records, record_bytes)``,
     the only way to stream structured dtypes to CUDA.
 
+    ``framework`` picks the kind of array instead: ``"torch"`` (tensors, on the host backend
+    too), ``"jax"`` (a ``jax.Array`` on the batch's device, through DLPack without a copy;
+    64-bit dtypes need ``jax_enable_x64``), ``"cupy"`` (a ``cupy.ndarray`` ordered on CuPy's
+    current stream; CUDA only) or ``"numpy"`` (host arrays; the host backend only). The
+    package of each is imported when the Loader is made; torch is never imported for jax,
+    cupy or numpy. Every kind keeps its batch's device memory until the array is freed
+    (docs/ARCHITECTURE.md, "Python and DLPack"). ``shuffle="gpu"`` delivers torch or numpy.
+
     The first pass starts (and configuration errors surface) when the Loader is made; iterating
     again starts a new pass over ``epochs`` epochs. ``len(loader)`` is the number of batches a
     full pass gives this rank (``epochs`` × batches per epoch; a pass resumed mid-epoch gives
@@ -303,6 +312,7 @@ class Loader:
         reader: str = "auto",
         tensor: Optional[str] = None,
         piece_size: Any = "4MiB",
+        framework: Optional[str] = None,
     ) -> None:
         self._pid = os.getpid()
         self._source = _open_source(source, dtype, shape, str(reader), tensor)
@@ -315,8 +325,11 @@ class Loader:
         rank, world_size = distributed_defaults(rank, world_size)
         self.raw = bool(raw)
         self.as_torch = bool(as_torch)
-        if self.as_torch:
+        if self.as_torch and framework is None:
             torch_module(_AS_TORCH)  # refused now rather than at the first batch
+        #: What batches are delivered as: ``"torch"``, ``"jax"``, ``"cupy"``, ``"numpy"``, or
+        #: None for the default (torch on CUDA, numpy on the host backend).
+        self.framework: Optional[str] = framework_arg(framework, self.as_torch)
         self.resident: bool = self.shuffle == "gpu"
 
         src_dtype = dtype_of(self._source.descr)
@@ -409,14 +422,29 @@ class Loader:
         self._pending_start: _Position = (0, 0, 0)
         self.device: str = self._pending.device
         warn_if_host_fallback(opts.device, self.device)
-        if self.device.startswith("cuda") and self._export.view is not None:
+        if self._export.view is not None and (
+            self.device.startswith("cuda") or self.framework in ("jax", "cupy")
+        ):
             self._pending.close()
+            kind = self.framework or "torch"
             raise PinfeedValueError(
-                f"{name}: dtype {out_dtype} has no torch equivalent (torch has no structured, "
+                f"{name}: dtype {out_dtype} has no {kind} equivalent ({kind} has no structured, "
                 "string or date dtypes); pass raw=True for the records' bytes as uint8 "
                 f"(records, {self._source.record_bytes if transform is None else transform_out_bytes}), "
                 "or device='cpu' for numpy arrays"
             )
+        try:
+            check_device(self.framework, self.device, name)
+            check_dtype(self.framework, np.uint8 if self.raw else out_dtype, name)
+            if self.resident and self.framework in ("jax", "cupy"):
+                raise PinfeedValueError(
+                    f'{name}: shuffle="gpu" gathers its batches with torch (numpy on the host); '
+                    f"framework={self.framework!r} streams them instead: use shuffle=True or "
+                    '"block"'
+                )
+        except BaseException:
+            self._pending.close()
+            raise
         if self.resident:
             try:
                 self._check_resident_budget(device_budget, int(self._pending.record_bytes))
@@ -814,7 +842,8 @@ class Loader:
     def _resident_batches(self, start: "_Position") -> Iterator[tuple[int, int, Any]]:
         data, b = self._resident_data, self.batch_size
         cuda = self.device.startswith("cuda")
-        torch = torch_module() if cuda else torch_module(_AS_TORCH) if self.as_torch else None
+        as_torch = self.framework == "torch"
+        torch = torch_module() if cuda else torch_module(_AS_TORCH) if as_torch else None
         for epoch in range(start[0], start[0] + self.epochs):
             consumed = start[2] if epoch == start[0] else 0
             index, copied_on = self._resident_index(epoch, consumed)
@@ -835,7 +864,7 @@ class Loader:
                     yield epoch, i, data.index_select(0, sel)
                 else:
                     batch = np.take(data, sel, axis=0)
-                    yield epoch, i, torch.from_numpy(batch) if self.as_torch else batch
+                    yield epoch, i, torch.from_numpy(batch) if as_torch else batch
 
     def close(self) -> None:
         """Stops the current pass and frees its pinned memory (batches already out stay valid);
@@ -1022,10 +1051,10 @@ class _OrdersAhead:
 
 
 def _stream_batches(loader: Loader, stream: "_pinfeed.Stream") -> Iterator[tuple[int, int, Any]]:
-    view, as_torch = loader._export.view, loader.as_torch
+    view, framework = loader._export.view, loader.framework
     for buf in stream:
         epoch, index = buf.epoch, buf.index
-        yield epoch, index, materialize(buf, view, as_torch)
+        yield epoch, index, deliver(buf, view, framework)
 
 
 class _Pass(Iterator[Any]):

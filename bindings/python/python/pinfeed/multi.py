@@ -6,6 +6,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any, Optional, Union
 
 from . import _pinfeed
+from ._frameworks import module
 from .errors import PinfeedValueError
 from .loader import Loader, device_name
 from .order import distributed_defaults, shuffle_mode
@@ -31,7 +32,19 @@ class MultiLoader:
     ``device_budget`` and ``prefetch`` hold for each device.
 
     ``devices`` is a sequence of device names (or ``torch.device``); a single string is one
-    device. Other keyword arguments go to each :class:`Loader`.
+    device. Other keyword arguments go to each :class:`Loader` (``framework="jax"`` among them:
+    a tuple of ``jax.Array``, one per device).
+
+    **A JAX mesh.** With ``sharding`` (a ``jax.sharding.Sharding`` over this process's devices,
+    such as ``NamedSharding(mesh, PartitionSpec("data"))``), each step is one globally sharded
+    ``jax.Array`` instead of a tuple, assembled without a copy by
+    ``jax.make_array_from_single_device_arrays``: the devices (and their order) are the
+    sharding's, not ``devices``. Split, the sharding must cut the batch axis into one block
+    per device of every process and no other axis (blocks ``rank × n .. rank × n + n - 1`` are
+    this process's, ``n`` its devices): block ``k`` holds shard ``k``'s batch, and the global
+    batch has ``world_size × n`` times the rows of one device's. ``rank`` and ``world_size``
+    default to ``jax.process_index()`` and ``jax.process_count()``. Replicated, the sharding
+    must be fully replicated, and the global array is the one batch on every device.
 
     >>> multi = pinfeed.MultiLoader("train.npy", 4096, devices=["cuda:0", "cuda:1"])  # doctest: +SKIP
     >>> for x0, x1 in multi: ...                                                      # doctest: +SKIP
@@ -43,13 +56,33 @@ class MultiLoader:
         source: Any,
         batch_size: int,
         *,
-        devices: Union[str, Sequence[Any]],
+        devices: Union[str, Sequence[Any], None] = None,
         replicate: bool = False,
+        sharding: Any = None,
         rank: Optional[int] = None,
         world_size: Optional[int] = None,
         pinned_budget: Any = None,
         **options: Any,
     ) -> None:
+        #: The ``jax.sharding.Sharding`` each step's global array has, or None (a tuple a step).
+        self.sharding = sharding
+        #: Whether every device gets the same batches.
+        self.replicate = bool(replicate)
+        if sharding is not None:
+            if devices is not None:
+                raise ValueError("MultiLoader: give devices or sharding (whose devices it uses)")
+            if options.setdefault("framework", "jax") != "jax":
+                raise PinfeedValueError(
+                    f"MultiLoader(sharding=...) assembles jax.Arrays; framework="
+                    f"{options['framework']!r} cannot be sharded by JAX"
+                )
+            jax = module("jax")
+            rank = jax.process_index() if rank is None else rank
+            world_size = jax.process_count() if world_size is None else world_size
+            self._jax_devices = _mesh_devices(sharding, self.replicate, rank, world_size)
+            devices = [_pinfeed_device(d) for d in self._jax_devices]
+        elif devices is None:
+            raise ValueError("MultiLoader needs devices=[...] (or a JAX sharding=)")
         # One name is one device, not a sequence of one-letter names.
         devices = [devices] if isinstance(devices, str) else list(devices)
         if not devices:
@@ -57,8 +90,7 @@ class MultiLoader:
         rank, world_size = distributed_defaults(rank, world_size)
         n = len(devices)
         self.devices = devices
-        #: Whether every device gets the same batches.
-        self.replicate = bool(replicate)
+        self._shards = world_size * n
         if self.replicate:
             if shuffle_mode(options.get("shuffle", False)) == "gpu":
                 raise PinfeedValueError(
@@ -98,12 +130,32 @@ class MultiLoader:
     def __len__(self) -> int:
         return len(self.loaders[0])
 
-    def __iter__(self) -> Iterator[tuple[Any, ...]]:
+    def __iter__(self) -> Iterator[Any]:
         if self.replicate:
             # The one pass yields each step's batches one after the other, in device order.
             batches = iter(self.loaders[0])
-            return zip(*[batches] * len(self.devices))
-        return zip(*(iter(loader) for loader in self.loaders))
+            steps = zip(*[batches] * len(self.devices))
+        else:
+            steps = zip(*(iter(loader) for loader in self.loaders))
+        if self.sharding is None:
+            return steps
+        return (self._global_array(step) for step in steps)
+
+    def _global_array(self, step: tuple[Any, ...]) -> Any:
+        """One step's batches (one per device, in the sharding's block order) as one
+        ``jax.Array`` of ``self.sharding``."""
+        jax = module("jax")
+        arrays = []
+        for arr, device in zip(step, self._jax_devices):
+            if arr.devices() != {device}:
+                # The host backend's batches all come out on the first CPU device.
+                arr = jax.device_put(arr, device)
+            arrays.append(arr)
+        first = arrays[0]
+        rows = first.shape[0] if self.replicate else first.shape[0] * self._shards
+        return jax.make_array_from_single_device_arrays(
+            (rows,) + tuple(first.shape[1:]), self.sharding, arrays
+        )
 
     def set_epoch(self, epoch: int) -> None:
         """Sets the epoch of the next pass on every device."""
@@ -170,3 +222,60 @@ class _ReplicatedLoader(Loader):
             raise TypeError("MultiLoader takes devices=[...], not device=")
         self._replicas = [device_name(d) for d in devices]
         super().__init__(source, batch_size, device=self._replicas[0], **options)
+
+
+def _pinfeed_device(device: Any) -> str:
+    """pinfeed's name of a JAX device: ``cuda:N`` by its local hardware id, ``cpu`` for a CPU
+    device (the host backend)."""
+    if device.platform == "cpu":
+        return "cpu"
+    if device.platform in ("gpu", "cuda"):
+        return f"cuda:{device.local_hardware_id}"
+    raise PinfeedValueError(f"MultiLoader(sharding=...): pinfeed feeds CUDA devices, not {device}")
+
+
+def _mesh_devices(sharding: Any, replicate: bool, rank: int, world_size: int) -> list[Any]:
+    """This process's devices of ``sharding``, in the order of the batch blocks they hold
+    (split), or in the sharding's order (replicated); refuses a sharding of another layout."""
+    devices = list(sharding.addressable_devices)
+    n = len(devices)
+    if not 0 <= rank < world_size:
+        raise PinfeedValueError(f"MultiLoader: rank {rank} is not below world_size {world_size}")
+    if replicate:
+        if not sharding.is_fully_replicated:
+            raise PinfeedValueError(
+                "MultiLoader(replicate=True, sharding=...): every device holds the whole batch, "
+                f"so the sharding must be fully replicated (e.g. PartitionSpec()); got {sharding}"
+            )
+        return sorted(devices, key=lambda d: d.id)
+    shards = world_size * n
+    # A probe of one row a block: where each device's rows start says which block it holds.
+    ndim = max(1, len(getattr(sharding, "spec", ()) or ()))
+    probe = (shards,) + (1,) * (ndim - 1)
+    try:
+        index = sharding.addressable_devices_indices_map(probe)
+    except Exception as e:  # JAX's own error for a shape the sharding does not divide
+        raise PinfeedValueError(
+            f"MultiLoader(sharding=...): {sharding} must cut the batch axis into {shards} blocks "
+            f"({world_size} processes × {n} devices) and no other axis: {e}"
+        ) from None
+    blocks = {}
+    for device, idx in index.items():
+        rows = idx[0]
+        start, stop, _ = rows.indices(shards)
+        others_whole = all(i == slice(None) for i in idx[1:])
+        if stop - start != 1 or not others_whole or start in blocks:
+            raise PinfeedValueError(
+                f"MultiLoader(sharding=...): {sharding} must give each device its own block of "
+                f"the batch axis (one of {shards}) and the whole of every other axis; device "
+                f"{device} holds {idx}"
+            )
+        blocks[start] = device
+    mine = list(range(rank * n, rank * n + n))
+    if sorted(blocks) != mine:
+        raise PinfeedValueError(
+            f"MultiLoader(sharding=...): process {rank} of {world_size} must hold blocks "
+            f"{mine[0]}..{mine[-1]} of the batch axis (its shards), but its devices hold "
+            f"{sorted(blocks)}"
+        )
+    return [blocks[k] for k in mine]

@@ -2,6 +2,7 @@
 
 import atexit
 import contextlib
+import copy
 import os
 import queue
 import threading
@@ -13,7 +14,8 @@ from typing import Any, Optional
 import numpy as np
 
 from . import _pinfeed
-from ._arrays import export_for, host_array, is_torch_tensor, materialize
+from ._arrays import BFLOAT16, export_for, host_array, is_torch_tensor
+from ._frameworks import check_device, check_dtype, deliver, framework_arg
 from .errors import PinfeedError
 from .loader import device_name, warn_if_host_fallback
 
@@ -42,6 +44,20 @@ class _Staged:
     def __init__(self, buf: "_pinfeed.DeviceBuffer", view: Any) -> None:
         self.buf = buf
         self.view = view
+
+
+def _checked_upload(upload, framework: Optional[str], what: str):
+    """``upload`` (a ``Stager.upload``), refusing first an array the framework would change
+    on the way in (``_frameworks.check_dtype``)."""
+    if framework != "jax":
+        return upload
+
+    def checked(arr: np.ndarray, dl_dtype: Any, shape: Any) -> Any:
+        if tuple(dl_dtype) != BFLOAT16 and arr.dtype.fields is None:
+            check_dtype(framework, arr.dtype, what)
+        return upload(arr, dl_dtype, shape)
+
+    return checked
 
 
 def _upload_leaf(x: Any, upload) -> _Staged:
@@ -76,8 +92,8 @@ def _map_tree(x: Any, leaf, is_leaf) -> Any:
     return x
 
 
-def _materialize_staged(s: _Staged) -> Any:
-    return materialize(s.buf, s.view, False)
+def _materialize_staged(s: _Staged, framework: Optional[str] = None) -> Any:
+    return deliver(s.buf, s.view, framework)
 
 
 # How many fetched, not yet uploaded items may wait between the two threads. One is enough for
@@ -181,33 +197,47 @@ class _State:
                     break
 
 
-def _fetch(it: Iterator[Any], state: _State) -> None:
-    """The fetch thread: runs the iterable, which may hold the GIL, or block, for a long time."""
+def _stateful(iterable: Any) -> Optional[Any]:
+    """``iterable`` when it follows the Stateful protocol (torchdata's ``StatefulDataLoader``,
+    a pinfeed Loader: ``state_dict`` and ``load_state_dict``), else None."""
+    if callable(getattr(iterable, "state_dict", None)) and callable(
+        getattr(iterable, "load_state_dict", None)
+    ):
+        return iterable
+    return None
+
+
+def _fetch(it: Iterator[Any], state: _State, stateful: Optional[Any]) -> None:
+    """The fetch thread: runs the iterable, which may hold the GIL, or block, for a long time.
+    An item travels with the iterable's state right after it was fetched (a copy), so the
+    consumer can report the state of the items it received, not of those read ahead."""
     try:
         while not state.stop.is_set():
             t0 = time.perf_counter()
             try:
                 item = next(it)
+                snapshot = None if stateful is None else copy.deepcopy(stateful.state_dict())
             except StopIteration:
                 state.put(state.fetched, ("end", None), "fetch_wait_s")
                 return
             finally:
                 state.times.add("fetch_s", time.perf_counter() - t0)
-            if not state.put(state.fetched, ("item", item), "fetch_wait_s"):
+            if not state.put(state.fetched, ("item", (item, snapshot)), "fetch_wait_s"):
                 return
             del item  # not kept alive while the next one is fetched
     except BaseException as e:  # re-raised in the consumer, after the items before it
         state.put(state.fetched, ("error", e), "fetch_wait_s")
 
 
-def _upload(stager: "_pinfeed.Stager", state: _State) -> None:
+def _upload(stager: "_pinfeed.Stager", state: _State, framework: Optional[str]) -> None:
     """The upload thread: copies each fetched item's array leaves through the pinned arena
     (``Stager.upload`` releases the GIL, so the fetch thread runs meanwhile)."""
 
     times = state.times
+    upload = _checked_upload(stager.upload, framework, "prefetch")
 
     def upload_leaf(x: Any) -> _Staged:
-        staged = _upload_leaf(x, stager.upload)
+        staged = _upload_leaf(x, upload)
         times.bytes += staged.buf.nbytes
         return staged
 
@@ -218,7 +248,8 @@ def _upload(stager: "_pinfeed.Stager", state: _State) -> None:
         if message[0] == "item":
             t0 = time.perf_counter()
             try:
-                message = ("item", _map_tree(message[1], upload_leaf, _is_array_leaf))
+                tree, snapshot = message[1]
+                message = ("item", (_map_tree(tree, upload_leaf, _is_array_leaf), snapshot))
                 times.items += 1
             except BaseException as e:  # re-raised in the consumer, after the items before it
                 message = ("error", e)
@@ -233,7 +264,13 @@ def _upload(stager: "_pinfeed.Stager", state: _State) -> None:
 
 
 class Prefetcher(Iterator[Any]):
-    """Iterator returned by :func:`prefetch`; ``close()`` (or dropping it) stops its threads."""
+    """Iterator returned by :func:`prefetch`; ``close()`` (or dropping it) stops its threads.
+
+    Over a stateful iterable (torchdata's ``StatefulDataLoader``, a pinfeed Loader: anything
+    with ``state_dict`` and ``load_state_dict``), the Prefetcher follows the same protocol:
+    :meth:`state_dict` is the iterable's state as of the last item the consumer received (the
+    items read ahead are not counted), and :meth:`load_state_dict` restarts the pipeline from
+    a saved state."""
 
     def __init__(
         self,
@@ -242,34 +279,48 @@ class Prefetcher(Iterator[Any]):
         depth: int = 2,
         pinned_budget: Any = None,
         num_threads: Optional[int] = None,
+        framework: Optional[str] = None,
     ) -> None:
         if depth < 1:
             raise ValueError(f"depth must be at least 1, got {depth}")
+        framework = framework_arg(framework)
         self._stager = _pinfeed.Stager(device_name(device), pinned_budget, num_threads)
         self.device: str = self._stager.device
         warn_if_host_fallback(device_name(device), self.device)
-        self._state = _State(depth)
-        self._done = False
+        check_device(framework, self.device, "prefetch")
+        #: What items' arrays are delivered as (see :func:`prefetch`).
+        self.framework: Optional[str] = framework
+        self._iterable = iterable
+        self._depth = depth
         self._pid = os.getpid()
+        self._start()
+        _live_prefetchers.add(self)
+
+    def _start(self) -> None:
+        """Starts the two threads on a new iterator of the iterable, with the iterable's state
+        now as the state of what the consumer has received."""
+        stateful = _stateful(self._iterable)
+        self._received_state = None if stateful is None else copy.deepcopy(stateful.state_dict())
+        self._state = _State(self._depth)
+        self._done = False
         # The upload thread first: close() joins in this order, and only the fetch thread can be
         # stuck in user code.
         self._threads = (
             threading.Thread(
                 target=_upload,
-                args=(self._stager, self._state),
+                args=(self._stager, self._state, self.framework),
                 name="pinfeed-prefetch-upload",
                 daemon=True,
             ),
             threading.Thread(
                 target=_fetch,
-                args=(iter(iterable), self._state),
+                args=(iter(self._iterable), self._state, stateful),
                 name="pinfeed-prefetch-fetch",
                 daemon=True,
             ),
         )
         for t in self._threads:
             t.start()
-        _live_prefetchers.add(self)
 
     def __iter__(self) -> "Prefetcher":
         return self
@@ -288,12 +339,43 @@ class Prefetcher(Iterator[Any]):
         kind, payload = self._state.staged.get()
         self._state.times.add("consumer_wait_s", time.perf_counter() - t0)
         if kind == "item":
-            return _map_tree(payload, _materialize_staged, lambda x: isinstance(x, _Staged))
+            tree, self._received_state = payload
+            framework = self.framework
+            return _map_tree(
+                tree, lambda s: _materialize_staged(s, framework), lambda x: isinstance(x, _Staged)
+            )
         self._done = True
         self.close()
         if kind == "error":
             raise payload
         raise StopIteration
+
+    def state_dict(self) -> Any:
+        """The iterable's ``state_dict()`` as of the last item this iterator returned (before
+        the first, as of when the pipeline started): resuming the iterable from it delivers
+        exactly the items the consumer has not received. Raises ``TypeError`` when the
+        iterable has no ``state_dict``/``load_state_dict``."""
+        self._require_stateful("state_dict")
+        return copy.deepcopy(self._received_state)
+
+    def load_state_dict(self, state: Any) -> None:
+        """Stops the pipeline, drops what it read ahead, loads ``state`` into the iterable
+        (``iterable.load_state_dict(state)``) and starts again on a new iterator of it: the
+        next item is the one after ``state``'s."""
+        stateful = self._require_stateful("load_state_dict")
+        self.close()
+        stateful.load_state_dict(state)
+        self._start()
+
+    def _require_stateful(self, what: str) -> Any:
+        stateful = _stateful(self._iterable)
+        if stateful is None:
+            raise TypeError(
+                f"Prefetcher.{what}: the iterable ({type(self._iterable).__name__}) has no "
+                "state_dict/load_state_dict (a torchdata StatefulDataLoader or a pinfeed Loader "
+                "has)"
+            )
+        return stateful
 
     def stats(self) -> dict[str, Any]:
         """Where the time went so far, in seconds: ``fetch_s`` inside the iterable's
@@ -342,6 +424,7 @@ def prefetch(
     pinned_budget: Any = None,
     *,
     num_threads: Optional[int] = None,
+    framework: Optional[str] = None,
 ) -> Prefetcher:
     """Moves the batches of any iterable to ``device``, ``depth`` batches ahead.
 
@@ -369,11 +452,16 @@ def prefetch(
     dropping the iterator stops both threads and frees what they uploaded; a fetch thread
     blocked inside the iterable is left behind and ends when the iterable returns.
     """
-    return Prefetcher(iterable, device, depth, pinned_budget, num_threads)
+    return Prefetcher(iterable, device, depth, pinned_budget, num_threads, framework)
 
 
 def to_device(
-    x: Any, device: Any = "auto", pinned_budget: Any = None, *, method: str = "stage"
+    x: Any,
+    device: Any = "auto",
+    pinned_budget: Any = None,
+    *,
+    method: str = "stage",
+    framework: Optional[str] = None,
 ) -> Any:
     """Copies one array (numpy, torch CPU tensor, or anything ``numpy.asarray`` takes) to
     ``device`` without pinning the array for good, with at most ``pinned_budget`` bytes
@@ -387,10 +475,14 @@ def to_device(
     by chunk and lets the copy engine read it directly (little CPU time, bounded by the driver's
     registration rate); ``"both"`` runs the two at once from opposite ends, each with half the
     budget. An array that is page-locked already (``pin_memory()``, :func:`pinned`) is copied
-    straight from, whatever the method."""
+    straight from, whatever the method. ``framework`` picks the kind of array returned, as for
+    :class:`pinfeed.Loader`."""
 
+    framework = framework_arg(framework)
     stager = _shared_stager(device, pinned_budget, method)
-    return _materialize_staged(_upload_leaf(x, stager.upload))
+    check_device(framework, stager.device, "to_device")
+    upload = _checked_upload(stager.upload, framework, "to_device")
+    return _materialize_staged(_upload_leaf(x, upload), framework)
 
 
 # One staging arena per (device, budget, method), made on first use and kept: page-locking an

@@ -7,6 +7,7 @@ nanoGPT's ``get_batch`` in two lines::
         ...
 """
 
+import functools
 import os
 from collections.abc import Iterator, Mapping
 from typing import Any, Optional, Union
@@ -15,6 +16,7 @@ import numpy as np
 
 from . import _pinfeed
 from ._arrays import torch_module
+from ._frameworks import check_dtype, framework_arg, module
 from .errors import PinfeedValueError
 from .loader import Loader
 from .order import distributed_defaults
@@ -46,6 +48,11 @@ class TokenLoader:
     stream current when the first of them is taken, and are slices of one tensor that stays
     alive while any of them does; a step used on another stream needs ``record_stream``, as
     any torch tensor does.
+
+    ``framework`` (``"torch"``, ``"jax"``, ``"cupy"`` or ``"numpy"``, as for
+    :class:`pinfeed.Loader`) picks what ``x``, ``y`` (and ``segment_ids``) are; JAX widens
+    them in one jitted function, CuPy on its current stream. ``int_dtype`` defaults to
+    ``"int64"``, but ``"int32"`` for JAX without ``jax_enable_x64``.
 
     ``sample`` picks the windows:
 
@@ -87,15 +94,21 @@ class TokenLoader:
         steps: Optional[int] = None,
         shuffle: bool = False,
         device: Any = "auto",
-        int_dtype: str = "int64",
+        int_dtype: Optional[str] = None,
         pinned_budget: Any = None,
         rank: Optional[int] = None,
         world_size: Optional[int] = None,
         drop_last: bool = False,
         num_threads: Optional[int] = None,
         prefetch: int = 4,
+        framework: Optional[str] = None,
     ) -> None:
         self.path = os.fsdecode(os.fspath(path))
+        framework = framework_arg(framework)
+        if int_dtype is None:
+            # JAX without jax_enable_x64 has no int64 arrays.
+            x64 = framework != "jax" or module("jax").config.jax_enable_x64
+            int_dtype = "int64" if x64 else "int32"
         if sample not in _SAMPLES:
             raise PinfeedValueError(
                 f"{self.path}: unknown sample {sample!r}: expected one of {', '.join(_SAMPLES)}"
@@ -121,6 +134,7 @@ class TokenLoader:
         self.steps = None if steps is None else int(steps)
         self.shuffle = bool(shuffle)
         self.int_dtype = int_dtype
+        check_dtype(framework, np.dtype(int_dtype), self.path)
         # "uint16", "<u2", numpy.uint16: the Rust side parses names and typestrings.
         self._dtype = (
             None if dtype is None else (dtype if isinstance(dtype, str) else np.dtype(dtype).str)
@@ -137,6 +151,7 @@ class TokenLoader:
             num_threads=num_threads,
             prefetch=prefetch,
             raw=True,
+            framework=framework,
         )
         # Random steps travel several to a loader batch (about 512 Ki tokens, at most
         # _MAX_GROUP steps): one slot, one copy and one widening for all of them, so the
@@ -153,6 +168,8 @@ class TokenLoader:
         self._per_epoch = sample != "sequential"
         self._loader, self._loader_epoch = self._make_loader(0), 0
         self.device: str = self._loader.device
+        #: What ``x`` and ``y`` are: ``"torch"``, ``"jax"``, ``"cupy"`` or ``"numpy"``.
+        self.framework: str = framework or ("torch" if self.device.startswith("cuda") else "numpy")
         # (epoch, steps done) the next iteration starts at, when set_epoch or
         # load_state_dict chose it; otherwise the epoch after the last pass's.
         self._next: Optional[tuple[int, int]] = None
@@ -215,19 +232,19 @@ class TokenLoader:
     def _batches(self, batches: Iterator[Any], skip: int) -> Iterator[tuple[Any, ...]]:
         width = self.token_dtype.itemsize
         tokens_bytes = (self.seq_len + 1) * width
-        cuda = self.device.startswith("cuda")
+        kind = self.framework
         b = self.batch_size
         for raw in batches:
             if self.sample == "documents":
                 tok, ids = raw[:, :tokens_bytes], raw[:, tokens_bytes:]
                 self._steps_done += 1
-                yield (*self._xy(tok, cuda), self._segment_ids(ids, cuda))
+                yield (*self._xy(tok, kind), self._segment_ids(ids, kind))
                 continue
             if self._group == 1:
                 self._steps_done += 1
-                yield self._xy(raw, cuda)
+                yield self._xy(raw, kind)
                 continue
-            x, y = self._xy(raw, cuda)
+            x, y = self._xy(raw, kind)
             for k in range(skip, int(raw.shape[0]) // b):
                 if self.steps is not None and self._steps_done >= self.steps:
                     return  # the last batch's steps past `steps` are not this run's
@@ -235,11 +252,17 @@ class TokenLoader:
                 yield x[k * b : (k + 1) * b], y[k * b : (k + 1) * b]
             skip = 0
 
-    def _xy(self, raw: Any, cuda: bool) -> tuple[Any, Any]:
+    def _xy(self, raw: Any, kind: str) -> tuple[Any, Any]:
         """``x`` and ``y`` of a ``(B, (seq_len + 1) × width)`` uint8 batch, widened."""
         b, t = int(raw.shape[0]), self.seq_len
-        if not cuda:
+        if kind == "numpy":
             tok = np.ascontiguousarray(raw).view(self.token_dtype)
+            return tok[:, :-1].astype(self.int_dtype), tok[:, 1:].astype(self.int_dtype)
+        if kind == "jax":
+            return _jax_widen(self.token_dtype.str, self.int_dtype, t)(raw)
+        if kind == "cupy":
+            # Ordered on CuPy's current stream, as the batch was handed over.
+            tok = module("cupy").ascontiguousarray(raw).view(self.token_dtype.newbyteorder("="))
             return tok[:, :-1].astype(self.int_dtype), tok[:, 1:].astype(self.int_dtype)
         torch = torch_module()
         dt = self.token_dtype
@@ -272,10 +295,15 @@ class TokenLoader:
             pair.append(wide)
         return pair[0], pair[1]
 
-    def _segment_ids(self, raw: Any, cuda: bool) -> Any:
+    def _segment_ids(self, raw: Any, kind: str) -> Any:
         """The int32 ``(B, seq_len)`` segment ids of the inputs, from their uint16 bytes."""
-        if not cuda:
+        if kind == "numpy":
             return np.ascontiguousarray(raw).view("<u2")[:, :-1].astype(np.int32)
+        if kind == "jax":
+            return _jax_widen("<u2", "int32", self.seq_len)(raw)[0]
+        if kind == "cupy":
+            ids = module("cupy").ascontiguousarray(raw).view(np.uint16)
+            return ids[:, :-1].astype(np.int32)
         torch = torch_module()
         ids = raw.contiguous().view(torch.int16)[:, :-1]
         out = torch.empty(ids.shape, dtype=torch.int32, device=raw.device)
@@ -367,3 +395,23 @@ class TokenLoader:
             f"sample={self.sample!r}, dtype={self.token_dtype}, device={self.device!r}, "
             f"rank={self.rank}, world_size={self.world_size})"
         )
+
+
+@functools.cache
+def _jax_widen(token_typestr: str, int_dtype: str, seq_len: int) -> Any:
+    """A jitted function from a ``(B, (seq_len + 1) × width)`` uint8 ``jax.Array`` of
+    little-endian tokens to ``x`` and ``y``, ``(B, seq_len)`` of ``int_dtype``."""
+    jax = module("jax")
+    width = np.dtype(token_typestr).itemsize
+    token = np.dtype(token_typestr).newbyteorder("=")
+
+    def widen(raw: Any) -> tuple[Any, Any]:
+        b = raw.shape[0]
+        if width == 1:
+            tok = jax.lax.bitcast_convert_type(raw.reshape(b, seq_len + 1), token)
+        else:
+            # The last axis of `width` bytes becomes one token (XLA reads them little-endian).
+            tok = jax.lax.bitcast_convert_type(raw.reshape(b, seq_len + 1, width), token)
+        return tok[:, :-1].astype(int_dtype), tok[:, 1:].astype(int_dtype)
+
+    return jax.jit(widen)

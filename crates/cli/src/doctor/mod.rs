@@ -68,8 +68,19 @@ struct Report {
     /// A measurement on the GPU that failed after the GPU was found.
     gpu_copies_error: Option<String>,
     host_copies: HostCopies,
+    /// The copy threads loaders and `to_device` start by default here, and the rates they were
+    /// chosen from (`pinfeed::tune`).
+    threads: Option<Threads>,
     file: Option<FileReport>,
     advice: Vec<String>,
+}
+
+#[derive(Serialize, Debug)]
+struct Threads {
+    threads: usize,
+    reason: String,
+    copy_gbps: Option<f64>,
+    bus_gbps: Option<f64>,
 }
 
 #[derive(Serialize, Debug, Default)]
@@ -228,6 +239,13 @@ pub fn run(args: DoctorArgs) -> Result<Outcome> {
 
     match open_gpu(device) {
         Ok(ctx) => {
+            let choice = pinfeed::tune::choose_for(&ctx);
+            report.threads = Some(Threads {
+                threads: choice.threads,
+                copy_gbps: choice.rates.map(|r| r.copy_gbps),
+                bus_gbps: choice.rates.map(|r| r.bus_gbps),
+                reason: choice.reason,
+            });
             let mut facts = gpu_facts(&ctx);
             match measure_gpu(&ctx, &mut facts) {
                 Ok(copies) => report.gpu_copies = Some(copies),

@@ -248,6 +248,9 @@ fn render_measurements(s: &mut String, r: &Report) {
             binary(hc.bytes as u64)
         ),
     );
+    if let Some(t) = &r.threads {
+        line(s, "copy threads by default", &t.reason);
+    }
     let batch = format!("mlock of one {} batch", mb(BATCH_BYTES));
     match (&hc.mlock_error, hc.batch_mlock_ms, hc.batch_munlock_ms) {
         (Some(e), _, _) => line(s, &batch, format!("refused: {e}")),

@@ -85,6 +85,9 @@ pub(super) fn report_json(args: &StreamArgs, m: &Measured) -> serde_json::Value 
         "device_bytes_peak": stats.device_bytes_peak,
         "peak_rss_bytes": peak_rss(),
         "threads": stats.threads,
+        "threads_reason": stats.threads_reason,
+        "copy_gbps": stats.machine.map(|m| m.copy_gbps),
+        "bus_gbps": stats.machine.map(|m| m.bus_gbps),
         "shuffle": args.shuffle,
         "reader": match stats.reader {
             Reader::Register => "register".to_string(),
@@ -247,8 +250,8 @@ fn print_pipeline(out: &mut impl Write, args: &StreamArgs, m: &Measured) -> io::
     let (stats, seconds) = (&m.stats, m.seconds);
     writeln!(
         out,
-        "  reader: {} ({} thread(s))",
-        stats.reader_description, stats.threads
+        "  reader: {}; threads {}",
+        stats.reader_description, stats.threads_reason
     )?;
     writeln!(
         out,

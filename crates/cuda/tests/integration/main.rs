@@ -7,6 +7,7 @@ mod common;
 mod device;
 mod events;
 mod nodriver;
+mod nvjpeg;
 mod pinned;
 mod pool;
 mod register;

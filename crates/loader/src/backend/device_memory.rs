@@ -56,21 +56,58 @@ impl DeviceBudget {
     }
 }
 
+/// Alignment of the host backend's "device" buffers: what a CUDA allocation guarantees at
+/// least, and what consumers wrapping memory without a copy ask for (JAX's CPU client wants
+/// 64 bytes, else it copies).
+pub(crate) const HOST_ALIGN: usize = 64;
+
+/// One host-backend "device" buffer: `HOST_ALIGN - 1` bytes more than it holds, so that its
+/// bytes can start at an aligned address inside it.
+#[derive(Debug)]
+pub(crate) struct HostBuffer {
+    bytes: Vec<u8>,
+    /// Where the aligned bytes start in `bytes` (fixed: a Vec's heap buffer does not move).
+    offset: usize,
+}
+
+impl HostBuffer {
+    fn new(len: usize) -> HostBuffer {
+        let bytes = vec![0; len + HOST_ALIGN - 1];
+        let offset = bytes.as_ptr().align_offset(HOST_ALIGN);
+        debug_assert!(offset < HOST_ALIGN);
+        HostBuffer { bytes, offset }
+    }
+
+    /// Bytes it holds.
+    fn len(&self) -> usize {
+        self.bytes.len() + 1 - HOST_ALIGN
+    }
+
+    pub(super) fn as_slice(&self) -> &[u8] {
+        &self.bytes[self.offset..self.offset + self.len()]
+    }
+
+    fn as_mut_ptr(&mut self) -> *mut u8 {
+        let (offset, len) = (self.offset, self.len());
+        self.bytes[offset..offset + len].as_mut_ptr()
+    }
+}
+
 /// Recycles the host backend's "device" buffers so that steady state allocates nothing.
 #[derive(Debug, Default)]
 pub(crate) struct HostBufferCache {
-    free: Mutex<Vec<Vec<u8>>>,
+    free: Mutex<Vec<HostBuffer>>,
 }
 
 impl HostBufferCache {
-    pub(super) fn get(&self, len: usize) -> Vec<u8> {
+    pub(super) fn get(&self, len: usize) -> HostBuffer {
         let mut free = self.free.lock().unwrap_or_else(|p| p.into_inner());
         match free.iter().position(|b| b.len() == len) {
             Some(i) => free.swap_remove(i),
-            None => vec![0; len],
+            None => HostBuffer::new(len),
         }
     }
-    fn put(&self, buf: Vec<u8>) {
+    fn put(&self, buf: HostBuffer) {
         let mut free = self.free.lock().unwrap_or_else(|p| p.into_inner());
         // A handful is enough: the ring has a bounded number of batches in flight.
         if free.len() < 64 {
@@ -320,7 +357,7 @@ pub struct DeviceMemory {
 /// The memory itself, and the cache it goes back to.
 pub(super) enum DeviceInner {
     Host {
-        buf: Vec<u8>,
+        buf: HostBuffer,
         cache: Arc<HostBufferCache>,
     },
     Cuda {
@@ -352,7 +389,7 @@ impl DeviceMemory {
     /// The address: a CUDA device pointer, or a host pointer on the host backend.
     pub fn address(&self) -> u64 {
         match &self.inner {
-            Some(DeviceInner::Host { buf, .. }) => buf.as_ptr() as u64,
+            Some(DeviceInner::Host { buf, .. }) => buf.as_slice().as_ptr() as u64,
             Some(DeviceInner::Cuda { buffer, .. }) => buffer.ptr(),
             None => 0,
         }
@@ -361,7 +398,7 @@ impl DeviceMemory {
     /// The bytes, on the host backend (`None` for CUDA memory).
     pub fn host_bytes(&self) -> Option<&[u8]> {
         match &self.inner {
-            Some(DeviceInner::Host { buf, .. }) => Some(buf),
+            Some(DeviceInner::Host { buf, .. }) => Some(buf.as_slice()),
             _ => None,
         }
     }
@@ -404,6 +441,23 @@ impl Drop for DeviceMemory {
 mod tests {
     use super::*;
     use pinfeed_cuda::{memcpy_dtod_async, Context, DevicePool, ForeignStream, Stream};
+
+    /// Host "device" buffers start at an aligned address and hold exactly the bytes asked
+    /// for, recycled or new.
+    #[test]
+    fn host_buffers_are_aligned_and_exact() {
+        let cache = HostBufferCache::default();
+        for len in [0, 1, 63, 64, 65, 4097, 1 << 20] {
+            let mut buf = cache.get(len);
+            assert_eq!(buf.as_slice().len(), len);
+            assert_eq!(buf.as_slice().as_ptr() as usize % HOST_ALIGN, 0);
+            assert_eq!(buf.as_mut_ptr() as usize % HOST_ALIGN, 0);
+            cache.put(buf);
+            let again = cache.get(len);
+            assert_eq!(again.as_slice().len(), len);
+            assert_eq!(again.as_slice().as_ptr() as usize % HOST_ALIGN, 0);
+        }
+    }
 
     /// Memory let go on the legacy default stream goes to a later batch only once an event
     /// recorded on that stream afterwards has completed: while the legacy stream is held back

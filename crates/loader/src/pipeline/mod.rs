@@ -96,6 +96,8 @@ struct Shared {
     /// Time `Loader::new` took before the threads started (mostly page-locking the pool).
     startup: Duration,
     threads: usize,
+    /// How the reader count was chosen (`tune`).
+    thread_choice: crate::tune::ThreadChoice,
     /// The process's page-locked allocations when the loader finished starting.
     pinned_allocations_at_start: AtomicU64,
 }
@@ -214,6 +216,15 @@ impl Loader {
         if backends.is_empty() {
             return Err(LoaderError::Config("no device given".into()));
         }
+        let choice = match options.num_threads {
+            Some(n) => crate::tune::ThreadChoice {
+                threads: n,
+                rates: None,
+                reason: format!("{n}: as asked"),
+            },
+            None => crate::tune::choose(backends[0].context()),
+        };
+        let layout = layout.with_threads(choice.threads);
         debug_assert!(
             backends.len() == 1 || options.reader != Reader::Register,
             "MultiLoader::replicated refuses the register reader"
@@ -238,7 +249,19 @@ impl Loader {
             }
         };
         let registrar = matches!(staging, Staging::Windows(_));
-        let threads = if registrar { 1 } else { layout.threads };
+        let (threads, choice) = if registrar {
+            let reason = "1: the register reader's one registrar thread".to_string();
+            (
+                1,
+                crate::tune::ThreadChoice {
+                    threads: 1,
+                    reason,
+                    ..choice
+                },
+            )
+        } else {
+            (layout.threads, choice)
+        };
         let shared = Arc::new(Shared {
             ring: Ring::new(ring_slots, ring_total),
             staging,
@@ -257,6 +280,7 @@ impl Loader {
             started: Instant::now(),
             startup: begun.elapsed(),
             threads,
+            thread_choice: choice,
             pinned_allocations_at_start: AtomicU64::new(pinned_allocations()),
         });
         Loader::spawn(shared, depth)
@@ -379,6 +403,8 @@ impl Loader {
                 .unwrap_or(0),
             devices,
             threads: s.threads,
+            threads_reason: s.thread_choice.reason.clone(),
+            machine: s.thread_choice.rates,
             read_time: nanos(&c.read_ns),
             read_bytes: get(&c.read_bytes),
             transform_time: nanos(&c.transform_ns),

@@ -202,6 +202,8 @@ pub(super) struct SlotLayout {
     pub(super) pieces: Pieces,
     pub(super) slot_bytes: usize,
     pub(super) slots: usize,
+    /// Slots that fit in the pinned budget.
+    fits: usize,
     /// Slots' worth of work over the run: pieces of every batch.
     pub(super) units: u64,
     /// Reader threads.
@@ -265,26 +267,33 @@ impl SlotLayout {
             .total()
             .checked_mul(pieces.per_batch)
             .ok_or_else(|| LoaderError::Config(format!("{} epochs is too many", options.epochs)))?;
-        let threads = options.num_threads.unwrap_or_else(|| {
-            std::thread::available_parallelism()
-                .map_or(4, |n| n.get())
-                .min(8)
-        });
-        // Enough slots for every reader to hold one, the copy engine a few and the rest queued;
-        // more would only lock more memory (and take longer to lock at start-up).
-        let slots = fits
-            .min(MAX_SLOTS)
-            .min(2 * threads + 6)
-            .min(usize::try_from(units).unwrap_or(usize::MAX).max(2));
+        let threads = options
+            .num_threads
+            .unwrap_or_else(|| crate::tune::threads_for(None, crate::tune::cores()).threads);
         Ok(SlotLayout {
             out_record_bytes,
             batch_bytes,
             pieces,
             slot_bytes,
-            slots,
+            slots: 0,
+            fits,
             units,
-            threads,
-        })
+            threads: 0,
+        }
+        .with_threads(threads))
+    }
+
+    /// The layout for `threads` readers: enough slots for every reader to hold one, the copy
+    /// engine a few and the rest queued; more would only lock more memory (and take longer to
+    /// lock at start-up).
+    pub(super) fn with_threads(mut self, threads: usize) -> SlotLayout {
+        self.threads = threads;
+        self.slots = self
+            .fits
+            .min(MAX_SLOTS)
+            .min(2 * threads + 6)
+            .min(usize::try_from(self.units).unwrap_or(usize::MAX).max(2));
+        self
     }
 }
 

@@ -2,13 +2,6 @@
 
 use super::*;
 
-/// Copy threads a stager starts at most unless told otherwise: the fewest that keep up with the
-/// bus, because each thread more makes every thread's copy dearer. On the 16-core H200 machine
-/// (docs/BENCHMARKS.md) the CPU copied 8.3 GB/s per CPU-second at 4 threads while the copy
-/// engine read, 7.0-7.7 at 8 to 12 and 6.2 at 16; 8 threads moved the seed tensor at 47-52 GB/s
-/// (the bus: 54) for 354-380 ms of CPU, 12 at 54 GB/s for 417-460 ms.
-pub const DEFAULT_MAX_COPY_THREADS: usize = 8;
-
 /// What gang threads take one at a time: small enough that a thread the scheduler delays (16
 /// copy threads on 16 cores share them with the driver and the caller) holds the piece up by
 /// little, large enough that taking one costs nothing beside copying it.

@@ -26,7 +26,6 @@ mod region;
 mod tests;
 
 use gang::CopyGang;
-pub use gang::DEFAULT_MAX_COPY_THREADS;
 use lanes::{lock_in_place, LanePlan, StageLane};
 pub use region::PinnedRegion;
 
@@ -119,8 +118,8 @@ pub struct StagerOptions {
     /// Bytes page-locked at most: the arena, plus the chunks of a source the register lane
     /// holds registered at once (half each, see [`Stager::new`]).
     pub pinned_budget: usize,
-    /// Threads that copy into the arena; `None` for one per core, at most
-    /// [`DEFAULT_MAX_COPY_THREADS`]. They start with the stager and wait between copies; a
+    /// Threads that copy into the arena; `None` for as many as keep up with the bus on this
+    /// machine ([`crate::tune`]). They start with the stager and wait between copies; a
     /// copy wakes one per 256 KiB chunk it has, up to all of them.
     pub num_threads: Option<usize>,
     /// How the arena is page-locked on CUDA.
@@ -224,6 +223,8 @@ pub struct Stager {
     register_budget: usize,
     /// Bytes the register lane registers per call.
     register_chunk: usize,
+    /// How many copy threads, and why.
+    threads: crate::tune::ThreadChoice,
 }
 
 impl std::fmt::Debug for Stager {
@@ -266,15 +267,16 @@ impl Stager {
             .clamp(ALIGN, capacity / 2)
             / ALIGN
             * ALIGN;
-        let threads = options
-            .num_threads
-            .unwrap_or_else(|| {
-                std::thread::available_parallelism()
-                    .map_or(4, |n| n.get())
-                    .min(DEFAULT_MAX_COPY_THREADS)
-            })
-            .max(1);
         let backend = Arc::new(Backend::new(options.device, options.pin_method)?);
+        let choice = match options.num_threads {
+            Some(n) => crate::tune::ThreadChoice {
+                threads: n.max(1),
+                rates: None,
+                reason: format!("{}: as asked", n.max(1)),
+            },
+            None => crate::tune::choose(backend.context()),
+        };
+        let threads = choice.threads.max(1);
         let pool = backend.pinned_pool(capacity, 1)?;
         let gang = CopyGang::start(threads - 1)?;
         Ok(Stager {
@@ -291,12 +293,18 @@ impl Stager {
             method: options.method,
             register_budget,
             register_chunk,
+            threads: choice,
         })
     }
 
     /// How large uploads move.
     pub fn method(&self) -> UploadMethod {
         self.method
+    }
+
+    /// How many threads copy into the arena (the caller's among them), and why that many.
+    pub fn threads(&self) -> &crate::tune::ThreadChoice {
+        &self.threads
     }
 
     /// Bytes moved so far, by the way they went.

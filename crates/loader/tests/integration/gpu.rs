@@ -248,3 +248,32 @@ fn gpu_released_memory_is_reused_only_after_the_consumers_stream() {
         "a batch was overwritten before its consumer read it"
     );
 }
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn default_threads_come_from_the_measured_machine() {
+    let (source, data) = random_source(4_000, 2883, 22);
+    let mut loader = Loader::new(Arc::clone(&source), cuda_options(1000)).unwrap();
+    assert_eq!(delivered_crc(&mut loader), crc32fast::hash(&data));
+    let stats = loader.stats();
+    let rates = stats
+        .machine
+        .expect("the machine's rates, measured or cached");
+    assert!(
+        rates.copy_gbps > 0.5 && rates.copy_gbps < 500.0,
+        "{rates:?}"
+    );
+    assert!(rates.bus_gbps > 1.0 && rates.bus_gbps < 1000.0, "{rates:?}");
+    let rule = pinfeed::tune::threads_for(Some(rates), pinfeed::tune::cores());
+    assert_eq!(stats.threads, rule.threads, "{}", stats.threads_reason);
+    assert_eq!(stats.threads_reason, rule.reason);
+    // A count given is kept, and no rates are claimed for it.
+    let asked = LoaderOptions {
+        num_threads: Some(3),
+        ..cuda_options(1000)
+    };
+    let mut loader = Loader::new(source, asked).unwrap();
+    assert_eq!(delivered_crc(&mut loader), crc32fast::hash(&data));
+    let stats = loader.stats();
+    assert_eq!((stats.threads, stats.machine), (3, None));
+}

@@ -1,0 +1,164 @@
+"""JAX's own ways of feeding a jitted training step, beside pinfeed's framework="jax".
+
+    python3 bench/jax_bench.py --npy /tmp/pinfeed-4g.npy [--batch 4096] [--hidden 512,4096]
+                               [--rounds 2] [--out results.json]
+
+Runs on a CUDA machine with jax (CUDA plugin) and the pinfeed wheel, over the seed-shaped file
+(uint8 records of 3 x 31 x 31, page-cached first). For each hidden width, one epoch of
+batches through the same jitted step (uint8 -> float, a (record_bytes x hidden) layer, the
+gradient of a squared output, an SGD update) fed four ways:
+
+- device_put:        numpy batches sliced from a memmap, ``jax.device_put`` each;
+- device_put+thread: the same on a background thread, a few batches ahead (queue of 4);
+- pinfeed:           ``pinfeed.Loader(path, batch, framework="jax")``;
+- bound:             the same number of steps on one batch already on the device.
+
+Each row reports GB/s (file bytes per second of the epoch, the last step's result waited for)
+and its share of the bound (bound seconds / row seconds). Rounds are interleaved; the best of
+each row is kept. A short table is printed and everything is written as JSON to --out.
+"""
+
+import argparse
+import json
+import os
+import queue
+import threading
+import time
+
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # pinfeed allocates too
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+import pinfeed  # noqa: E402
+
+
+def make_step(record_bytes, hidden):
+    """A jitted SGD step on (w, batch): its cost grows with ``hidden``."""
+    w0 = jnp.zeros((record_bytes, hidden), jnp.float32)
+
+    def loss(w, x):
+        x = x.reshape(x.shape[0], -1).astype(jnp.float32) * (1 / 255)
+        return jnp.mean((x @ w) ** 2)
+
+    @jax.jit
+    def step(w, x):
+        return w - 1e-3 * jax.grad(loss)(w, x)
+
+    return w0, step
+
+
+def batches_device_put(mm, batch, device):
+    for i in range(0, len(mm), batch):
+        yield jax.device_put(np.asarray(mm[i : i + batch]), device)
+
+
+def batches_threaded(mm, batch, device, depth=4):
+    q = queue.Queue(maxsize=depth)
+    end = object()
+
+    def produce():
+        for x in batches_device_put(mm, batch, device):
+            q.put(x)
+        q.put(end)
+
+    t = threading.Thread(target=produce, daemon=True)
+    t.start()
+    while (x := q.get()) is not end:
+        yield x
+    t.join()
+
+
+def batches_pinfeed(path, batch):
+    yield from pinfeed.Loader(path, batch, device="cuda", framework="jax")
+
+
+def batches_bound(mm, batch, device):
+    x = jax.device_put(np.asarray(mm[:batch]), device)
+    for _ in range(0, len(mm), batch):
+        yield x
+
+
+def run(step, w, batches):
+    """Seconds to run ``step`` over ``batches`` (the last result waited for), and steps."""
+    t0 = time.perf_counter()
+    n = 0
+    for x in batches:
+        w = step(w, x)
+        n += 1
+    w.block_until_ready()
+    return time.perf_counter() - t0, n
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--npy", default="/tmp/pinfeed-4g.npy")
+    p.add_argument("--batch", type=int, default=4096)
+    p.add_argument("--hidden", default="512,4096", help="widths of the layer, comma-separated")
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--out", default=None)
+    args = p.parse_args()
+
+    device = jax.devices("gpu")[0]
+    mm = np.load(args.npy, mmap_mode="r")
+    record_bytes = int(np.prod(mm.shape[1:])) * mm.dtype.itemsize
+    file_bytes = len(mm) * record_bytes
+    with open(args.npy, "rb") as f:  # page-cached from here on
+        while f.read(1 << 26):
+            pass
+    ways = {
+        "device_put": lambda: batches_device_put(mm, args.batch, device),
+        "device_put+thread": lambda: batches_threaded(mm, args.batch, device),
+        "pinfeed": lambda: batches_pinfeed(args.npy, args.batch),
+        "bound": lambda: batches_bound(mm, args.batch, device),
+    }
+    results = []
+    for hidden in [int(h) for h in args.hidden.split(",")]:
+        w, step = make_step(record_bytes, hidden)
+        # Compiled for both batch shapes (a partial last batch is its own) before timing.
+        run(step, w, batches_bound(mm[: args.batch * 3], args.batch, device))
+        if len(mm) % args.batch:
+            run(step, w, [jax.device_put(np.asarray(mm[-(len(mm) % args.batch) :]), device)])
+        best = {}
+        for _ in range(args.rounds):
+            for name, make in ways.items():
+                seconds, steps = run(step, w, make())
+                assert steps == -(-len(mm) // args.batch), (name, steps)
+                best[name] = min(best.get(name, float("inf")), seconds)
+        for name, seconds in best.items():
+            results.append(
+                dict(
+                    hidden=hidden,
+                    way=name,
+                    seconds=seconds,
+                    gbps=file_bytes / seconds / 1e9,
+                    share_of_bound=best["bound"] / seconds,
+                    vs_device_put=best["device_put"] / seconds,
+                )
+            )
+    print(f"{'hidden':>6} {'way':<18} {'s':>7} {'GB/s':>7} {'of bound':>9} {'x device_put':>12}")
+    for r in results:
+        print(
+            f"{r['hidden']:>6} {r['way']:<18} {r['seconds']:7.3f} {r['gbps']:7.2f} "
+            f"{r['share_of_bound']:9.1%} {r['vs_device_put']:12.2f}"
+        )
+    report = dict(
+        file=args.npy,
+        file_bytes=file_bytes,
+        records=len(mm),
+        record_bytes=record_bytes,
+        batch=args.batch,
+        rounds=args.rounds,
+        jax=jax.__version__,
+        device=str(device),
+        pinfeed=pinfeed.__version__,
+        results=results,
+    )
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(report, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

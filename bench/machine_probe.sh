@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# What a GPU machine is, for comparing machine starts (the CPU copy side differs between hosts of
+# one kind): CPU model and count, NUMA, transparent huge pages, memory, the GPU's link, and the
+# CPU's copy rate into pinned memory at several thread counts (copy_rates, carried by
+# bench/prepare_device.sh). Prints text; `bench/gpu_run.sh machine` keeps it in $OUT/machine_probe.txt.
+set -uo pipefail
+C=${C:-.device-carry}
+echo "== cpu"
+lscpu 2>/dev/null | grep -E "^(Model name|CPU\(s\)|Thread|Core|Socket|NUMA node|L3|Hypervisor|Flags)" \
+    | sed -E 's/^(Flags:\s+).*/\1(avx512f: '"$(grep -c -w avx512f /proc/cpuinfo 2>/dev/null | head -1)"' cpus)/'
+grep -m1 "model name" /proc/cpuinfo
+echo "nproc $(nproc)  affinity $(python3 -c 'import os; print(len(os.sched_getaffinity(0)))')"
+echo "== memory"
+grep -E "MemTotal|MemAvailable|Hugepagesize|AnonHugePages" /proc/meminfo
+for f in enabled defrag; do
+    echo "thp $f: $(cat /sys/kernel/mm/transparent_hugepage/$f 2>/dev/null || echo unknown)"
+done
+echo "numa nodes: $(cat /sys/devices/system/node/online 2>/dev/null || echo unknown)"
+echo "kernel: $(uname -r)"
+echo "== gpu"
+nvidia-smi --query-gpu=name,driver_version,pcie.link.gen.current,pcie.link.width.current,pci.bus_id --format=csv,noheader
+if [ -x "$C/copy_rates" ]; then
+    echo "== copy_rates (GB/s into a pinned arena, bus idle and busy)"
+    "$C/copy_rates" 1 2 4 8 12 16
+fi

@@ -1,0 +1,90 @@
+"""How the CPU-copy paths scale with threads on this machine: `to_device` of the seed tensor
+through an arena with N copy threads, and a `Loader` pass over the page-cached 4 GiB `.npy` in
+order and shuffled with N reader threads, beside torch's pinned `copy_` of the same sizes (the
+bus) in the same process. What the adaptive defaults are chosen against.
+
+    python3 bench/threads_sweep.py [--npy /tmp/pinfeed-4g.npy] [--out sweep.json]
+
+Each row's bytes are checked once (column sums against numpy's or torch's) before it is timed;
+each figure is the median of three runs.
+"""
+
+import argparse
+import json
+
+import numpy as np
+import torch
+from ab import COLS, ROWS, drain  # bench/ is the script's folder, on sys.path
+from python_bench import upload_through
+from torch_baselines import timed
+
+import pinfeed
+
+
+def bus_rate(nbytes, reps):
+    pin = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+    dst = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    dst.copy_(pin, non_blocking=True)
+    wall, _ = timed(lambda: [dst.copy_(pin, non_blocking=True) for _ in range(reps)])
+    return nbytes * reps / wall / 1e9
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--npy", default="/tmp/pinfeed-4g.npy")
+    ap.add_argument("--threads", default="4,8,12,16")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    counts = [int(t) for t in args.threads.split(",")]
+    rows = []
+
+    def row(path, threads, nbytes, wall, cpu, bus, extra=None):
+        r = {"path": path, "threads": threads, "gbps": nbytes / wall / 1e9, "cpu_s": cpu}
+        r["bus_gbps"], r["share_of_bus"] = bus, r["gbps"] / bus
+        r.update(extra or {})
+        rows.append(r)
+        print(
+            f"{path:<24} threads {threads:2d} {r['gbps']:6.1f} GB/s ({100 * r['share_of_bus']:3.0f}% of "
+            f"{bus:.1f}) cpu {cpu:.2f}s {r.get('bottleneck') or ''}",
+            flush=True,
+        )
+
+    default = pinfeed.staging._shared_stager("cuda", None).counters()
+    print(f"default copy threads here: {default.get('threads_reason')}", flush=True)
+    a = torch.rand(ROWS, COLS)
+    want = a.sum(dim=0, dtype=torch.float64)
+    bus = bus_rate(1 << 30, 3)
+    for n in counts:
+        st = pinfeed._pinfeed.Stager("cuda", None, n, "stage")
+        got = upload_through(st, a)
+        assert torch.equal(got.sum(dim=0, dtype=torch.float64).cpu(), want), "to_device differs"
+        del got
+        wall, cpu = timed(lambda st=st: upload_through(st, a))
+        row("to_device", n, a.numel() * 4, wall, cpu, bus)
+        del st
+    del a
+
+    data = np.load(args.npy, mmap_mode="r")
+    want = torch.from_numpy(np.asarray(data.reshape(len(data), -1).sum(axis=0, dtype=np.int64)))
+    bus = bus_rate(4 << 20, 256)
+
+    def check(total):
+        assert torch.equal(total.cpu(), want), "Loader delivered other bytes"
+
+    for shuffle in ["none", "random"]:
+        for n in counts:
+            loader = pinfeed.Loader(
+                args.npy, 1024, device="cuda", shuffle=shuffle, seed=1, num_threads=n
+            )
+            drain(loader, check)
+            wall, cpu = timed(lambda loader=loader: drain(loader))
+            st = loader.stats()
+            extra = {"slots": st.get("slots"), "bottleneck": st.get("bottleneck")}
+            row(f"Loader shuffle={shuffle}", n, data.nbytes, wall, cpu, bus, extra)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"default": default, "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

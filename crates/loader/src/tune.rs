@@ -1,0 +1,329 @@
+//! How many CPU threads copy into pinned memory, chosen from the machine rather than fixed.
+//!
+//! Every byte a reader or a stager copy thread moves into a pinned slot passes through one CPU
+//! `memcpy` (or the kernel's copy of a `pread`), and the copy engine drains the slots at the
+//! bus's rate. Enough threads keep the bus busy; each thread more makes every thread's copy
+//! dearer. How many are enough differs between hosts of one kind (docs/BENCHMARKS.md,
+//! "Machines of one kind"): a fixed count of 8 reached the bus on some H200 hosts and not on
+//! others, where one thread copies more slowly.
+//!
+//! So the count comes from two rates measured once per boot of the machine (a fresh start of a
+//! cloud machine may be another host): one thread's copy rate from pageable into pinned memory,
+//! and the bus's rate from pinned memory to the device. The threads are the fewest whose
+//! summed copy rate is [`HEADROOM`] times the bus, at most one per core. The measurement takes
+//! about a quarter of a second and is kept in a file per boot (see [`cache_dir`]) and in the
+//! process, so later loaders and processes on the machine read it instead.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Instant;
+
+use pinfeed_cuda::{Context, DevicePool, PinMethod, PinnedMemory, Stream};
+
+use crate::Result;
+
+/// How much faster than the bus the copy threads together must be. Pieces are filled while the
+/// copy engine drains others, and a thread the scheduler delays holds its piece up. On two
+/// starts of the H200 machine (55 GB/s bus; 8.4 and 7.6 GB/s a thread with four copying),
+/// 8 threads (1.2× and 1.1× the bus) moved the seed tensor at 81% and 85% of the bus, 12
+/// (1.8× and 1.7×) at 97% on both (`bench/threads_sweep.py`, docs/BENCHMARKS.md).
+pub const HEADROOM: f64 = 1.6;
+
+/// Threads used when the bus's rate is unknown (the host backend, or a measurement that
+/// failed): one per core, at most this many.
+pub const FALLBACK_MAX_THREADS: usize = 8;
+
+/// A machine's rates, as measured at start-up.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct MachineRates {
+    /// GB/s one CPU thread copies from pageable into pinned memory while others do the same
+    /// (four threads, a source larger than the last-level cache, in 256 KiB pieces, as the
+    /// stager's copy threads take them).
+    pub copy_gbps: f64,
+    /// GB/s the copy engine moves from pinned memory to the device.
+    pub bus_gbps: f64,
+}
+
+/// How many threads, and why, in words for stats.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ThreadChoice {
+    /// The thread count.
+    pub threads: usize,
+    /// The rates it was chosen from, where known.
+    pub rates: Option<MachineRates>,
+    /// Why this count, in words.
+    pub reason: String,
+}
+
+/// The rule: the fewest threads whose summed copy rate is [`HEADROOM`] times the bus, at least
+/// one and at most `cores`; [`FALLBACK_MAX_THREADS`] (or `cores`, if fewer) without rates.
+pub fn threads_for(rates: Option<MachineRates>, cores: usize) -> ThreadChoice {
+    let cores = cores.max(1);
+    let Some(r) = rates.filter(|r| r.copy_gbps > 0.0 && r.bus_gbps > 0.0) else {
+        let threads = cores.min(FALLBACK_MAX_THREADS);
+        return ThreadChoice {
+            threads,
+            rates: None,
+            reason: format!(
+                "{threads}: one per core up to {FALLBACK_MAX_THREADS} (bus rate unknown)"
+            ),
+        };
+    };
+    let wanted = (HEADROOM * r.bus_gbps / r.copy_gbps).ceil().max(1.0) as usize;
+    let threads = wanted.min(cores);
+    let capped = if wanted > cores {
+        format!(", capped at {cores} cores")
+    } else {
+        String::new()
+    };
+    ThreadChoice {
+        threads,
+        rates: Some(r),
+        reason: format!(
+            "{threads}: {HEADROOM} × the bus ({:.1} GB/s) over one thread's copy rate ({:.1} GB/s){capped}",
+            r.bus_gbps, r.copy_gbps
+        ),
+    }
+}
+
+/// The cores this process may run on.
+pub fn cores() -> usize {
+    std::thread::available_parallelism().map_or(4, |n| n.get())
+}
+
+/// The thread count for copies to device `ctx` (measured, or read from the cache), or the
+/// fallback where there is no device or the measurement fails (the reason says which).
+pub(crate) fn choose(ctx: Option<&Arc<Context>>) -> ThreadChoice {
+    match ctx {
+        Some(ctx) => choose_for(ctx),
+        None => threads_for(None, cores()),
+    }
+}
+
+/// [`choose`] for a device: what a loader or stager on `ctx` starts unless told otherwise.
+pub fn choose_for(ctx: &Arc<Context>) -> ThreadChoice {
+    match machine_rates(ctx) {
+        Ok(rates) => threads_for(Some(rates), cores()),
+        Err(e) => {
+            let mut choice = threads_for(None, cores());
+            choice.reason = format!("{}; measuring the machine failed: {e}", choice.reason);
+            choice
+        }
+    }
+}
+
+static RATES: OnceLock<Mutex<HashMap<usize, MachineRates>>> = OnceLock::new();
+
+/// This machine's rates for device `ctx`: from this process's memory, the boot's cache file,
+/// or a fresh measurement (then written to both).
+pub fn machine_rates(ctx: &Arc<Context>) -> Result<MachineRates> {
+    let ordinal = ctx.ordinal();
+    let known = RATES.get_or_init(Mutex::default);
+    // Held across the measurement, so that loaders started at once measure once.
+    let mut known = known.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(r) = known.get(&ordinal) {
+        return Ok(*r);
+    }
+    let path = cache_file(ordinal);
+    let rates = match path.as_ref().and_then(|p| read_cache(p)) {
+        Some(r) => r,
+        None => {
+            let r = measure(ctx)?;
+            if let Some(p) = &path {
+                write_cache(p, r); // best effort: a read-only home only costs a re-measure
+            }
+            r
+        }
+    };
+    known.insert(ordinal, rates);
+    Ok(rates)
+}
+
+/// Where the per-boot file lives: `$PINFEED_CACHE_DIR`, else `$XDG_CACHE_HOME/pinfeed`, else
+/// `~/.cache/pinfeed`.
+pub fn cache_dir() -> Option<PathBuf> {
+    let env = |k: &str| {
+        std::env::var_os(k)
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+    };
+    env("PINFEED_CACHE_DIR")
+        .or_else(|| env("XDG_CACHE_HOME").map(|d| d.join("pinfeed")))
+        .or_else(|| env("HOME").map(|d| d.join(".cache").join("pinfeed")))
+}
+
+/// The file for device `ordinal` in this boot (the kernel's boot id names the boot).
+fn cache_file(ordinal: usize) -> Option<PathBuf> {
+    let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").ok()?;
+    let boot = boot.trim();
+    if boot.is_empty() || !boot.chars().all(|c| c.is_ascii_hexdigit() || c == '-') {
+        return None;
+    }
+    Some(cache_dir()?.join(format!("machine-{boot}-cuda{ordinal}.txt")))
+}
+
+/// `copy_gbps X` and `bus_gbps Y` lines; anything else (a partial or foreign file) is no cache.
+pub(crate) fn parse_cache(text: &str) -> Option<MachineRates> {
+    let mut copy = None;
+    let mut bus = None;
+    for line in text.lines() {
+        let (key, value) = line.split_once(' ')?;
+        let value: f64 = value.trim().parse().ok()?;
+        if !(value.is_finite() && value > 0.0) {
+            return None;
+        }
+        match key {
+            "copy_gbps" => copy = Some(value),
+            "bus_gbps" => bus = Some(value),
+            _ => return None,
+        }
+    }
+    Some(MachineRates {
+        copy_gbps: copy?,
+        bus_gbps: bus?,
+    })
+}
+
+fn read_cache(path: &std::path::Path) -> Option<MachineRates> {
+    parse_cache(&std::fs::read_to_string(path).ok()?)
+}
+
+/// Writes through a file of this process's own and a rename, so that a reader sees a whole
+/// file or none, whatever other processes of the boot do at once.
+fn write_cache(path: &std::path::Path, r: MachineRates) {
+    let Some(dir) = path.parent() else { return };
+    if std::fs::create_dir_all(dir).is_err() {
+        return;
+    }
+    let tmp = dir.join(format!(".machine-{}.tmp", std::process::id()));
+    let text = format!("copy_gbps {:.3}\nbus_gbps {:.3}\n", r.copy_gbps, r.bus_gbps);
+    if std::fs::write(&tmp, text).is_ok() && std::fs::rename(&tmp, path).is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+}
+
+/// A pageable source larger than the last-level caches seen on GPU hosts (up to 300 MiB), so
+/// the copy reads memory, not cache.
+const PROBE_SOURCE: usize = 512 << 20;
+/// The pinned destination, written round and round (the stager's arena is 64 MiB).
+const PROBE_PINNED: usize = 32 << 20;
+const PROBE_CHUNK: usize = 256 << 10;
+/// Threads the copy rate is measured with, each on its own quarter: one thread alone runs
+/// faster than one of many (on one H200 host a lone thread copied 9.3 GB/s where four copied
+/// 7.6 GB/s each), and the loader runs many.
+const PROBE_THREADS: usize = 4;
+
+fn measure(ctx: &Arc<Context>) -> Result<MachineRates> {
+    ctx.bind()?;
+    let pinned = PinnedMemory::alloc(ctx, PROBE_PINNED, PinMethod::HostAlloc)?;
+    // SAFETY: the allocation holds PROBE_PINNED bytes, page-locked, used by nothing else; the
+    // slice is dropped before it.
+    let dst = unsafe { std::slice::from_raw_parts_mut(pinned.as_ptr(), PROBE_PINNED) };
+    let src: Vec<u8> = (0..PROBE_SOURCE).map(|i| (i >> 12) as u8).collect();
+    let mut best = f64::MAX;
+    for _ in 0..2 {
+        let t0 = Instant::now();
+        std::thread::scope(|s| {
+            let quarters = src.chunks(PROBE_SOURCE / PROBE_THREADS);
+            for (from, to) in quarters.zip(dst.chunks_mut(PROBE_PINNED / PROBE_THREADS)) {
+                s.spawn(move || {
+                    for (i, piece) in from.chunks(PROBE_CHUNK).enumerate() {
+                        let at = i * PROBE_CHUNK % to.len();
+                        to[at..at + piece.len()].copy_from_slice(piece);
+                    }
+                });
+            }
+        });
+        best = best.min(t0.elapsed().as_secs_f64());
+    }
+    let copy_gbps = PROBE_SOURCE as f64 / best / 1e9 / PROBE_THREADS as f64;
+    drop(src);
+
+    let stream = Stream::new(ctx)?;
+    let pool = DevicePool::new(ctx)?;
+    let device = pool.alloc_async(PROBE_PINNED, &stream)?;
+    let copies = 8;
+    let mut best = f64::MAX;
+    for round in 0..3 {
+        stream.synchronize()?;
+        let t0 = Instant::now();
+        for _ in 0..copies {
+            // SAFETY: both sides hold PROBE_PINNED bytes and outlive the synchronise below;
+            // nothing writes the pinned memory meanwhile.
+            unsafe {
+                pinfeed_cuda::memcpy_htod_async(
+                    device.ptr(),
+                    pinned.as_ptr(),
+                    PROBE_PINNED,
+                    &stream,
+                )?
+            };
+        }
+        stream.synchronize()?;
+        if round > 0 {
+            best = best.min(t0.elapsed().as_secs_f64()); // the first round warms the path up
+        }
+    }
+    let bus_gbps = (copies * PROBE_PINNED) as f64 / best / 1e9;
+    Ok(MachineRates {
+        copy_gbps,
+        bus_gbps,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rates(copy_gbps: f64, bus_gbps: f64) -> Option<MachineRates> {
+        Some(MachineRates {
+            copy_gbps,
+            bus_gbps,
+        })
+    }
+
+    #[test]
+    fn threads_cover_the_bus_with_headroom_within_the_cores() {
+        // 1.6 × 55 / 7.6 = 11.6: twelve threads, which reached 97% of the bus where 8 gave 85%.
+        assert_eq!(threads_for(rates(7.6, 55.0), 16).threads, 12);
+        // A host where a thread copies half as fast wants 20: every core.
+        let slow = threads_for(rates(4.4, 55.0), 16);
+        assert_eq!(slow.threads, 16);
+        assert!(
+            slow.reason.contains("capped at 16 cores"),
+            "{}",
+            slow.reason
+        );
+        // A fast CPU on a slow link needs few.
+        assert_eq!(threads_for(rates(10.0, 12.0), 16).threads, 2);
+        assert_eq!(threads_for(rates(100.0, 1.0), 16).threads, 1);
+    }
+
+    #[test]
+    fn without_rates_one_thread_per_core_up_to_the_fallback() {
+        assert_eq!(threads_for(None, 16).threads, FALLBACK_MAX_THREADS);
+        assert_eq!(threads_for(None, 3).threads, 3);
+        assert_eq!(threads_for(None, 0).threads, 1);
+        assert_eq!(
+            threads_for(rates(0.0, 55.0), 16).threads,
+            FALLBACK_MAX_THREADS
+        );
+        assert!(threads_for(None, 16).reason.contains("bus rate unknown"));
+        assert_eq!(choose(None).threads, cores().min(FALLBACK_MAX_THREADS));
+    }
+
+    #[test]
+    fn the_cache_file_reads_back_whole_or_not_at_all() {
+        let dir = std::env::temp_dir().join(format!("pinfeed-tune-{}", std::process::id()));
+        let path = dir.join("machine-test.txt");
+        write_cache(&path, rates(7.912, 55.25).unwrap());
+        assert_eq!(read_cache(&path), rates(7.912, 55.25));
+        assert_eq!(parse_cache("copy_gbps 7.9\n"), None, "no bus");
+        assert_eq!(parse_cache("copy_gbps 7.9\nbus_gbps x\n"), None);
+        assert_eq!(parse_cache("copy_gbps 7.9\nbus_gbps -1\n"), None);
+        assert_eq!(parse_cache("copy_gbps 7.9\nbus_gbps 55\nother 1\n"), None);
+        assert_eq!(parse_cache(""), None);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
