@@ -5,12 +5,13 @@
 # binaries, wheel into .device-carry/). bench/README.md lists what each section measures.
 #
 #   bash bench/gpu_run.sh [SECTION...]   (default: tests rust torch python)
-#   sections: tests rust torch python pytests ab tokens machine nvjpeg jax bigcached bigsweep
-#             bigcold legacysoak soakstart soakwait
+#   sections: tests rust torch python pytests ab tokens machine nvjpeg jax images bigcached
+#             bigsweep bigcold legacysoak soakstart soakwait
 #   env: SKIP_DOCTOR=1 (no doctor/copy_path in `rust`), PYBENCH_SECTIONS=seed,loaders,...,sweep,
 #        PYBENCH_ONLY=1 (no torchrun/tests in `python`), SOAK_SECONDS, LEGACY_SOAK_SECONDS, BIGDIR,
 #        AB_ROUNDS (default 3), TOKENS_ARGS (extra arguments of tokens_bench.py),
-#        JAX_BENCH_ARGS (extra arguments of jax_bench.py)
+#        JAX_BENCH_ARGS (extra arguments of jax_bench.py),
+#        IMAGES_COUNT (JPEGs of the `images` section, default 20000), IMAGES_ARGS
 set -uo pipefail
 C=.device-carry
 OUT=${OUT:-/tmp/pinfeed-out}
@@ -215,6 +216,18 @@ if want jax && ls $C/*.whl >/dev/null 2>&1; then
     fi
     PYTHONPATH=/tmp/site timeout 500 python3 bench/jax_bench.py --npy "$DATA" \
         --out "$OUT/$(date +%F)-h200-jax.json" ${JAX_BENCH_ARGS:-} 2>&1 | tail -12
+fi
+
+if want images && ls $C/*.whl >/dev/null 2>&1; then
+    echo "== JPEG input (issue 19): DataLoader+PIL, decode_jpeg(cuda), pinfeed CPU/GPU decode, resnet50"
+    install_wheel /tmp/site $C/*.whl
+    IMG=/tmp/pinfeed-images
+    if [ ! -d "$IMG/train" ]; then
+        python3 bench/make_images.py "$IMG" --count "${IMAGES_COUNT:-20000}" --classes 100 --no-tar 2>&1 | tail -3
+    fi
+    find "$IMG/train" -type f -exec cat {} + > /dev/null   # page-cached from here on
+    PYTHONPATH=/tmp/site timeout 580 python3 bench/images_bench.py "$IMG/train" --out "$OUT/$(date +%F)-h200-images.json" ${IMAGES_ARGS:-} 2>&1 | tail -16
+    $C/pinfeed stream "$IMG/train" --images --size 224 --batch-size 256 --shuffle random --threads "$(nproc)" --json > "$OUT/images_stream.json" && tail -c 400 "$OUT/images_stream.json"
 fi
 
 if want legacysoak && ls $C/*.whl >/dev/null 2>&1; then

@@ -123,6 +123,8 @@ pub(crate) fn source_error(e: &SourceError) -> Raised {
         SourceError::NoShards { .. } => (Kind::Value, "NoShards", None),
         SourceError::Tokens { .. } => (Kind::Value, "Tokens", None),
         SourceError::TokenDtypeMissing { .. } => (Kind::Value, "TokenDtypeMissing", None),
+        SourceError::Image { .. } => (Kind::Value, "Image", None),
+        SourceError::ImageDataset { .. } => (Kind::Value, "ImageDataset", None),
         _ => (Kind::Base, "Source", None),
     };
     Raised {

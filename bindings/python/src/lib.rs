@@ -12,6 +12,7 @@ mod cli;
 mod dlpack;
 mod errors;
 mod fork;
+mod images;
 mod loader;
 mod options;
 mod stage;
@@ -91,5 +92,6 @@ fn _pinfeed(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(options::byte_size, m)?)?;
     m.add_function(wrap_pyfunction!(options::bottleneck, m)?)?;
     tokens::register(m)?;
+    images::register(m)?;
     Ok(())
 }

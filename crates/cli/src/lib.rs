@@ -25,6 +25,7 @@ macro_rules! note {
 mod bench;
 mod doctor;
 mod gen;
+mod images;
 mod output;
 mod plot;
 mod stream;

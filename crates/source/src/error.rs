@@ -276,6 +276,25 @@ pub enum SourceError {
         /// What is wrong, and what is accepted.
         reason: String,
     },
+    /// An image that cannot be decoded as asked: not a JPEG or PNG, truncated, corrupt, or
+    /// larger than the pixel limit. `name` is the file, or `shard.tar:member` for a sample
+    /// of a tar shard.
+    #[error("{name}: {reason}")]
+    Image {
+        /// The file or tar member.
+        name: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// An image dataset (an ImageFolder tree or WebDataset tar shards) that cannot be used: no
+    /// classes, an empty class folder, a tar sample without its label.
+    #[error("{name}: {reason}")]
+    ImageDataset {
+        /// The folder, shard or sample.
+        name: String,
+        /// What is wrong, and what is accepted.
+        reason: String,
+    },
     /// A raw token file was opened without its token type (a `.npy` or a Megatron index says
     /// its own; a raw file cannot).
     #[error(

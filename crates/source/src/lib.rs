@@ -15,6 +15,8 @@
 //!   records;
 //! - [`ShardedSource`]: several files of one layout (a directory or a glob pattern), records
 //!   numbered across them.
+//! - [`images::ImageSource`]: JPEG and PNG images (an ImageFolder tree or WebDataset tar
+//!   shards), each record an image decoded, cropped and resized to a fixed size, then its label.
 //!
 //! Every file format is a [`Format`] listed in [`formats::ALL`]; [`open_path`] picks one by the
 //! file's extension or first bytes; [`open_with`] also opens directories, patterns and
@@ -53,6 +55,7 @@ pub mod dtype;
 mod error;
 pub mod formats;
 mod host;
+pub mod images;
 mod literal;
 mod read;
 mod readers;

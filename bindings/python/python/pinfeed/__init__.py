@@ -10,6 +10,8 @@ ring of pinned memory.
   sharded across ranks and resumable (``state_dict``).
 - :class:`MultiLoader`: one process feeding several devices: a ring per device, each on its
   shard, or (``replicate=True``) the same batches to every device, read once.
+- :class:`ImageLoader`: JPEG/PNG datasets (ImageFolder or WebDataset tars) decoded and
+  cropped on the reader threads, as ``(images, labels)`` batches.
 - :func:`epoch_order`: the records each batch of a shuffled, sharded epoch holds.
 - :func:`merge_states`: one resume state from several ranks' (the one that got least far).
 - :func:`prefetch`: any iterable of (nested) arrays moved to the GPU, a few batches ahead.
@@ -31,6 +33,7 @@ from .errors import (
     PinfeedValueError,
     PinfeedWarning,
 )
+from .images import ImageLoader
 from .loader import Loader, merge_states
 from .multi import MultiLoader
 from .order import epoch_order
@@ -43,6 +46,7 @@ __all__ = [
     "free_staging_memory",
     "Loader",
     "TokenLoader",
+    "ImageLoader",
     "epoch_order",
     "merge_states",
     "prefetch",

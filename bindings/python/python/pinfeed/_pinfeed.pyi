@@ -8,9 +8,11 @@ import numpy as np
 from typing_extensions import Self
 
 __all__ = [
+    "DEFAULT_MAX_PIXELS",
     "DEFAULT_PINNED_BUDGET",
     "DEFAULT_STAGING_BUDGET",
     "DeviceBuffer",
+    "ImageDataset",
     "NormalizeSpec",
     "PinnedRegion",
     "Source",
@@ -21,6 +23,7 @@ __all__ = [
     "__version__",
     "bottleneck",
     "byte_size",
+    "crop_params",
     "cli_main",
     "cuda_device_count",
     "device_share",
@@ -34,6 +37,7 @@ __all__ = [
     "token_offsets",
 ]
 __version__: str
+DEFAULT_MAX_PIXELS: int
 DEFAULT_PINNED_BUDGET: int
 DEFAULT_STAGING_BUDGET: int
 
@@ -314,3 +318,45 @@ def open_tokens(
     steps_per_batch: int = 1,
 ) -> tuple[Source, str, int]: ...
 def token_offsets(seed: int, epoch: int, num_offsets: int, first: int, count: int) -> list[int]: ...
+
+# Image datasets (pinfeed.ImageLoader's Rust half).
+@final
+class ImageDataset:
+    """An image dataset (ImageFolder tree or WebDataset shards), indexed once."""
+
+    def __new__(
+        cls,
+        path: Union[str, PathLike[str]],
+        *,
+        height: int,
+        width: int,
+        crop: str = "random",
+        scale: tuple[float, float] = ...,
+        ratio: tuple[float, float] = ...,
+        resize: int | None = None,
+        flip: bool = True,
+        layout: str = "NCHW",
+        on_error: str = "raise",
+        max_pixels: int | None = None,
+        seed: int = 0,
+    ) -> ImageDataset: ...
+    def source(self, epoch: int) -> Source: ...
+    def __len__(self) -> int: ...
+    @property
+    def classes(self) -> list[str]: ...
+    def labels(self) -> list[int]: ...
+    def sample_name(self, i: int) -> str: ...
+    def skipped(self) -> int: ...
+    def skipped_at_open(self) -> list[str]: ...
+    def record_parts(self) -> tuple[int, int]: ...
+    def crop_of(
+        self, sample: int, epoch: int, width: int, height: int
+    ) -> tuple[float, float, float, float, bool]: ...
+
+def crop_params(
+    width: int,
+    height: int,
+    scale: tuple[float, float],
+    ratio: tuple[float, float],
+    draws: list[float],
+) -> tuple[int, int, int, int]: ...

@@ -12,6 +12,7 @@ use std::time::Instant;
 use anyhow::{bail, Result};
 use clap::Args;
 use pinfeed::{parse_size, DeviceSpec, LoaderOptions, MultiLoader};
+use pinfeed_source::images::ImageSource;
 use pinfeed_source::tokens::TokenSource;
 use pinfeed_source::{FormatOptions, ReadOptions, Reader, Source};
 
@@ -127,6 +128,31 @@ pub struct StreamArgs {
     #[arg(long, requires = "seq_len",
           value_parser = clap::builder::RangedU64ValueParser::<u64>::new().range(1..))]
     pub(crate) steps: Option<u64>,
+    /// Stream an image dataset: an ImageFolder tree (PATH/<class>/<image>, labels from the
+    /// sorted class names) or WebDataset .tar shards (a file, a directory or a glob), each
+    /// JPEG or PNG decoded, cropped and resized on the reader threads; a record is the uint8
+    /// pixels then the label as int64. Every pass of --epochs draws the crops of epoch 0.
+    #[arg(long, conflicts_with_all = ["dtype", "shape", "tensor", "seq_len"])]
+    pub(crate) images: bool,
+    /// With --images: the output side in pixels (square).
+    #[arg(long, requires = "images",
+          value_parser = clap::builder::RangedU64ValueParser::<u32>::new().range(1..=8192))]
+    pub(crate) size: Option<u32>,
+    /// With --images: random (torchvision's RandomResizedCrop and a random flip) or center
+    /// (Resize to size / 0.875, then CenterCrop).
+    #[arg(long, requires = "images", default_value = "random")]
+    pub(crate) crop: String,
+    /// With --images: NCHW or NHWC.
+    #[arg(long, requires = "images", default_value = "NCHW")]
+    pub(crate) layout: String,
+    /// With --images: raise (stop at an image that does not decode, naming it) or skip (count
+    /// it and fill its place with the next image that decodes).
+    #[arg(long, requires = "images", default_value = "raise")]
+    pub(crate) on_error: String,
+    /// With --images: images with more pixels are refused before decoding (default 89478485,
+    /// Pillow's limit).
+    #[arg(long, requires = "images")]
+    pub(crate) max_pixels: Option<u64>,
     /// Draw throughput and each stage's waiting over time into this PNG file.
     #[arg(long)]
     plot: Option<std::path::PathBuf>,
@@ -142,6 +168,7 @@ pub fn run(args: StreamArgs) -> Result<Outcome> {
         devices,
         auto_reason,
         tokens,
+        images,
     } = prepare(&args)?;
     if args.devices.is_some() && args.plot.is_some() {
         bail!("--plot draws the stages of one loader; it does not take --devices");
@@ -184,6 +211,7 @@ pub fn run(args: StreamArgs) -> Result<Outcome> {
             .map(|crc| check.then(|| crc.finalize()))
             .collect(),
         verified: args.verify && delivery.mismatches.is_empty(),
+        skipped: images.as_ref().map(|i| i.skipped()),
         auto_reason,
         devices,
         stats,
@@ -214,6 +242,8 @@ struct Plan {
     auto_reason: Option<String>,
     /// With `--seq-len`: the token windows `source` is.
     tokens: Option<TokenSource>,
+    /// With `--images`: the image dataset `source` is.
+    images: Option<Arc<ImageSource>>,
 }
 
 /// The source, the loader's options and the devices that `args` ask for.
@@ -258,9 +288,15 @@ fn prepare(args: &StreamArgs) -> Result<Plan> {
         ),
         None => None,
     };
-    let source = match &tokens {
-        Some(windows) => windows.source(),
-        None => open_source(
+    let images = if args.images {
+        Some(crate::images::open(args)?)
+    } else {
+        None
+    };
+    let source = match (&tokens, &images) {
+        (Some(windows), _) => windows.source(),
+        (None, Some(images)) => Arc::clone(images) as Arc<dyn Source>,
+        (None, None) => open_source(
             &args.path,
             args.dtype.as_deref(),
             args.shape.as_ref().map(|s| s.0.as_slice()),
@@ -290,5 +326,6 @@ fn prepare(args: &StreamArgs) -> Result<Plan> {
         devices,
         auto_reason: why,
         tokens,
+        images,
     })
 }

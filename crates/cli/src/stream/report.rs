@@ -24,6 +24,8 @@ pub(super) struct Measured {
     /// `--crc`: each device's own batches.
     pub(super) device_crcs: Vec<Option<u32>>,
     pub(super) verified: bool,
+    /// `--images`: samples skipped (`--on-error skip`).
+    pub(super) skipped: Option<u64>,
     pub(super) auto_reason: Option<String>,
 }
 
@@ -125,6 +127,18 @@ pub(super) fn report_json(args: &StreamArgs, m: &Measured) -> serde_json::Value 
             "tokens_per_second".into(),
             json!(tokens_per_second(stats, seq_len, seconds)),
         );
+    }
+    if let Some(skipped) = m.skipped {
+        let fields = report.as_object_mut().expect("the report is an object");
+        fields.insert(
+            "images_per_second".into(),
+            json!(stats.records as f64 / seconds),
+        );
+        fields.insert(
+            "cpu_seconds_per_1000_images".into(),
+            json!(m.cpu_seconds * 1000.0 / stats.records.max(1) as f64),
+        );
+        fields.insert("skipped".into(), json!(skipped));
     }
     report
 }
@@ -253,6 +267,14 @@ fn print_pipeline(out: &mut impl Write, args: &StreamArgs, m: &Measured) -> io::
             "  {:.2} M tokens/s ({} windows of seq_len {seq_len})",
             tokens_per_second(stats, seq_len, seconds) / 1e6,
             crate::tokens::sample(args).name()
+        )?;
+    }
+    if let Some(skipped) = m.skipped {
+        writeln!(
+            out,
+            "  {:.0} images/s, {:.2} CPU s per 1000 images, {skipped} skipped",
+            stats.records as f64 / seconds,
+            m.cpu_seconds * 1000.0 / stats.records.max(1) as f64
         )?;
     }
     writeln!(out, "  {}", stats.explain())?;

@@ -9,6 +9,7 @@
 mod common;
 mod corpus;
 mod gen;
+mod images;
 mod library;
 mod multi;
 mod npy_errors;

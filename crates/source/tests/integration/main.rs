@@ -3,6 +3,7 @@
 
 mod direct;
 mod errors;
+mod images;
 mod memory;
 mod npy_files;
 mod raw_files;

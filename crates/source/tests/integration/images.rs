@@ -1,0 +1,403 @@
+//! Image datasets: decoded pixels against Pillow's (the fixtures' `.rgb` references, written by
+//! bench/make_images.py), ImageFolder and tar indexing, records, and every bad input.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use pinfeed_source::images::{
+    decode_rgb, Crop, ImageIndex, ImageOptions, ImageSource, OnError, PixelLayout,
+    DEFAULT_MAX_PIXELS,
+};
+use pinfeed_source::{Source, SourceError};
+
+fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/images")
+}
+
+fn fixture(name: &str) -> Vec<u8> {
+    std::fs::read(fixtures().join(name)).unwrap()
+}
+
+/// Pillow's `convert("RGB")` of a fixture: (width, height, pixels).
+fn reference(name: &str) -> (u32, u32, Vec<u8>) {
+    let stem = name.replace('.', "_");
+    let raw = fixture(&format!("{stem}.rgb"));
+    let w = u32::from_le_bytes(raw[..4].try_into().unwrap());
+    let h = u32::from_le_bytes(raw[4..8].try_into().unwrap());
+    (w, h, raw[8..].to_vec())
+}
+
+/// Mean and maximum absolute difference per channel.
+fn differences(a: &[u8], b: &[u8]) -> [(f64, u8); 3] {
+    assert_eq!(a.len(), b.len());
+    std::array::from_fn(|c| {
+        let diffs: Vec<u8> = a
+            .iter()
+            .zip(b)
+            .skip(c)
+            .step_by(3)
+            .map(|(x, y)| x.abs_diff(*y))
+            .collect();
+        let mean = diffs.iter().map(|&d| f64::from(d)).sum::<f64>() / diffs.len() as f64;
+        (mean, diffs.into_iter().max().unwrap())
+    })
+}
+
+fn assert_close(name: &str, got: &[u8], want: &[u8]) {
+    for (c, (mean, max)) in differences(got, want).into_iter().enumerate() {
+        assert!(
+            mean < 1.0 && max < 8,
+            "{name} channel {c}: mean abs diff {mean:.3}, max {max} (Pillow's decode)"
+        );
+    }
+}
+
+const DECODABLE: &[&str] = &[
+    "baseline.jpg",
+    "progressive.jpg",
+    "444.jpg",
+    "grayscale.jpg",
+    "cmyk.jpg",
+    "one_by_one.jpg",
+    "tall.jpg",
+    "rgb.png",
+    "grayscale.png",
+    "palette.png",
+    "rgba.png",
+];
+
+#[test]
+fn decoded_pixels_match_pillow() {
+    for name in DECODABLE {
+        let mut out = Vec::new();
+        let (w, h) = decode_rgb(&fixture(name), DEFAULT_MAX_PIXELS, &mut out)
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        let (rw, rh, want) = reference(name);
+        assert_eq!((w, h), (rw, rh), "{name}");
+        assert_close(name, &out, &want);
+    }
+}
+
+#[test]
+fn bad_images_are_refused_with_what_is_wrong() {
+    let cases = [
+        ("truncated.jpg", "corrupt or truncated JPEG"),
+        ("not_an_image.jpg", "not a JPEG or PNG image"),
+        (
+            "bomb.jpg",
+            "JPEG of 20000x20000 = 400000000 pixels, over the limit",
+        ),
+        (
+            "bomb.png",
+            "PNG of 20000x20000 = 400000000 pixels, over the limit",
+        ),
+    ];
+    for (name, want) in cases {
+        let mut out = Vec::new();
+        let e = decode_rgb(&fixture(name), DEFAULT_MAX_PIXELS, &mut out).unwrap_err();
+        assert!(e.contains(want), "{name}: {e}");
+        assert!(!e.contains('\n'), "{name}: one line: {e}");
+        // Nothing the size of the claimed image was allocated.
+        assert!(out.capacity() < 1 << 20, "{name}: {} bytes", out.capacity());
+    }
+    let mut out = Vec::new();
+    let e = decode_rgb(b"BM\0\0\0\0", DEFAULT_MAX_PIXELS, &mut out).unwrap_err();
+    assert!(e.contains("BMP image; pinfeed decodes JPEG and PNG"), "{e}");
+    assert!(decode_rgb(&fixture("baseline.jpg"), 77 * 53 - 1, &mut out).is_err());
+}
+
+/// An ImageFolder tree: classes `b_dogs` (two images, one in a sub-folder), `a_cats` (two),
+/// with upper-case extensions and a file that is not an image by extension.
+fn folder(dir: &Path, extra: &[(&str, &str)]) -> PathBuf {
+    let root = dir.join("train");
+    let put = |rel: &str, src: &str| {
+        let path = root.join(rel);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, fixture(src)).unwrap();
+    };
+    put("b_dogs/z.JPEG", "baseline.jpg");
+    put("b_dogs/sub/a.png", "rgb.png");
+    put("a_cats/2.jpg", "progressive.jpg");
+    put("a_cats/1.jpeg", "cmyk.jpg");
+    put("a_cats/notes.txt", "not_an_image.jpg");
+    for (rel, src) in extra {
+        put(rel, src);
+    }
+    root
+}
+
+fn label_of(source: &ImageSource, record: &[u8]) -> i64 {
+    let at = source.label_offset();
+    i64::from_le_bytes(record[at..at + 8].try_into().unwrap())
+}
+
+fn read_all(source: &ImageSource) -> Vec<Vec<u8>> {
+    let n = source.num_records();
+    let mut all = vec![0u8; n as usize * source.layout().record_bytes()];
+    source.read_records(0, &mut all).unwrap();
+    all.chunks(source.layout().record_bytes())
+        .map(<[u8]>::to_vec)
+        .collect()
+}
+
+#[test]
+fn image_folder_orders_and_labels_as_torchvision() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = folder(dir.path(), &[]);
+    let index = Arc::new(ImageIndex::open(&root, false).unwrap());
+    assert_eq!(index.classes(), &["a_cats", "b_dogs"]);
+    assert_eq!(index.labels().collect::<Vec<_>>(), vec![0, 0, 1, 1]);
+    let source = ImageSource::new(index, ImageOptions::default()).unwrap();
+    let records = read_all(&source);
+    let labels: Vec<i64> = records.iter().map(|r| label_of(&source, r)).collect();
+    assert_eq!(labels, vec![0, 0, 1, 1]);
+    assert_eq!(source.layout().record_bytes(), 224 * 224 * 3 + 8);
+    // Sorted within a class; torchvision sorts os.walk's folders ("b_dogs" before
+    // "b_dogs/sub"), then the files of each.
+    let names: Vec<String> = (0..4)
+        .map(|i| {
+            let name = source.index().sample_name(i);
+            name[root.to_str().unwrap().len() + 1..].to_owned()
+        })
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "a_cats/1.jpeg",
+            "a_cats/2.jpg",
+            "b_dogs/z.JPEG",
+            "b_dogs/sub/a.png"
+        ]
+    );
+    let e = source.gather(&[0], &mut [0; 8]).unwrap_err();
+    assert!(matches!(e, SourceError::Destination { .. }));
+}
+
+#[test]
+fn records_are_a_pure_function_of_seed_epoch_and_sample() {
+    let dir = tempfile::tempdir().unwrap();
+    let index = Arc::new(ImageIndex::open(&folder(dir.path(), &[]), false).unwrap());
+    let opts = |epoch| ImageOptions {
+        height: 32,
+        width: 40,
+        epoch,
+        ..ImageOptions::default()
+    };
+    let a = ImageSource::new(index.clone(), opts(1)).unwrap();
+    let b = ImageSource::new(index.clone(), opts(1)).unwrap();
+    let c = ImageSource::new(index, opts(2)).unwrap();
+    let all = read_all(&a);
+    assert_eq!(all, read_all(&b));
+    assert_ne!(all, read_all(&c));
+    // A gather in any order gives each sample's own record.
+    let rb = a.layout().record_bytes();
+    let mut gathered = vec![0u8; 5 * rb];
+    a.gather(&[3, 1, 1, 0, 2], &mut gathered).unwrap();
+    for (k, i) in [3usize, 1, 1, 0, 2].into_iter().enumerate() {
+        assert_eq!(gathered[k * rb..(k + 1) * rb], all[i][..], "place {k}");
+    }
+}
+
+#[test]
+fn an_identity_center_crop_is_the_decoded_image_and_layouts_agree() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("t");
+    std::fs::create_dir_all(root.join("c")).unwrap();
+    std::fs::write(root.join("c/x.jpg"), fixture("baseline.jpg")).unwrap();
+    let index = Arc::new(ImageIndex::open(&root, false).unwrap());
+    let opts = |layout, flip| ImageOptions {
+        height: 53,
+        width: 77,
+        crop: Crop::Center { resize: 53 },
+        flip,
+        layout,
+        ..ImageOptions::default()
+    };
+    let hwc = read_all(&ImageSource::new(index.clone(), opts(PixelLayout::Nhwc, false)).unwrap());
+    let (_, _, want) = reference("baseline.jpg");
+    assert_close("identity crop", &hwc[0][..want.len()], &want);
+    let chw = read_all(&ImageSource::new(index.clone(), opts(PixelLayout::Nchw, false)).unwrap());
+    let plane = 77 * 53;
+    for (p, px) in hwc[0][..plane * 3].chunks(3).enumerate() {
+        assert_eq!(
+            [chw[0][p], chw[0][plane + p], chw[0][2 * plane + p]],
+            [px[0], px[1], px[2]]
+        );
+    }
+    // Center crops are not flipped at random unless asked; with flip, some seed flips it.
+    let flipped = (0..16)
+        .map(|seed| {
+            let o = ImageOptions {
+                seed,
+                ..opts(PixelLayout::Nhwc, true)
+            };
+            read_all(&ImageSource::new(index.clone(), o).unwrap()).remove(0)
+        })
+        .find(|r| r != &hwc[0])
+        .expect("one of 16 seeds flips");
+    for (row, frow) in hwc[0][..plane * 3]
+        .chunks(77 * 3)
+        .zip(flipped[..plane * 3].chunks(77 * 3))
+    {
+        let mirrored: Vec<u8> = row.chunks(3).rev().flatten().copied().collect();
+        assert_eq!(frow, &mirrored[..]);
+    }
+}
+
+#[test]
+fn a_bad_sample_raises_naming_the_file_or_is_skipped_and_counted() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = folder(dir.path(), &[("a_cats/3.jpg", "truncated.jpg")]);
+    let index = Arc::new(ImageIndex::open(&root, false).unwrap());
+    let small = ImageOptions {
+        height: 16,
+        width: 16,
+        ..ImageOptions::default()
+    };
+    let raising = ImageSource::new(index.clone(), small.clone()).unwrap();
+    let rb = raising.layout().record_bytes();
+    let e = raising.read_records(2, &mut vec![0; rb]).unwrap_err();
+    let text = e.to_string();
+    assert!(
+        text.contains("a_cats/3.jpg") && text.contains("truncated"),
+        "{text}"
+    );
+    let skipping = ImageSource::new(
+        index,
+        ImageOptions {
+            on_error: OnError::Skip,
+            ..small
+        },
+    )
+    .unwrap();
+    let all = read_all(&skipping);
+    assert_eq!(skipping.skipped(), 1);
+    // Its place holds the next sample (b_dogs' first), with that sample's label.
+    assert_eq!(label_of(&skipping, &all[2]), 1);
+}
+
+#[test]
+fn empty_class_folders_are_refused_or_skipped() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = folder(dir.path(), &[("c_empty/readme.txt", "not_an_image.jpg")]);
+    let e = ImageIndex::open(&root, false).unwrap_err().to_string();
+    assert!(
+        e.contains("c_empty") && e.contains("empty class folder"),
+        "{e}"
+    );
+    let index = ImageIndex::open(&root, true).unwrap();
+    assert_eq!(index.skipped().len(), 1);
+    assert_eq!(index.classes().len(), 3);
+    let e = ImageIndex::open(&dir.path().join("nothing"), false).unwrap_err();
+    assert!(matches!(e, SourceError::Open { .. }), "{e}");
+    let e = ImageIndex::open(&root.join("a_cats/2.jpg"), false).unwrap_err();
+    assert!(e.to_string().contains("not a .tar shard"), "{e}");
+    std::os::unix::fs::symlink(&root, root.join("b_dogs/sub/loop")).unwrap();
+    let e = ImageIndex::open(&root, true).unwrap_err().to_string();
+    assert!(
+        e.contains("b_dogs/sub/loop") && e.contains("link loop"),
+        "{e}"
+    );
+}
+
+fn tar_with(path: &Path, members: &[(&str, Vec<u8>)]) {
+    let mut builder = tar::Builder::new(std::fs::File::create(path).unwrap());
+    for (name, data) in members {
+        let mut header = tar::Header::new_gnu();
+        header.set_size(data.len() as u64);
+        header.set_mode(0o644);
+        header.set_cksum();
+        builder.append_data(&mut header, name, &data[..]).unwrap();
+    }
+    builder.finish().unwrap();
+}
+
+#[test]
+fn tar_shards_group_members_by_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let shards = dir.path().join("shards");
+    std::fs::create_dir(&shards).unwrap();
+    tar_with(
+        &shards.join("s-000001.tar"),
+        &[
+            ("k/0003.jpg", fixture("grayscale.jpg")),
+            ("k/0003.json", br#"{"label": 7, "x": 1}"#.to_vec()),
+        ],
+    );
+    tar_with(
+        &shards.join("s-000000.tar"),
+        &[
+            ("0001.cls", b"5\n".to_vec()),
+            ("0001.jpg", fixture("baseline.jpg")),
+            ("0002.png", fixture("rgb.png")),
+            ("0002.json", b"12".to_vec()),
+        ],
+    );
+    let index = Arc::new(ImageIndex::open(&shards, false).unwrap());
+    assert_eq!(index.labels().collect::<Vec<_>>(), vec![5, 12, 7]);
+    let source = ImageSource::new(index.clone(), ImageOptions::default()).unwrap();
+    let labels: Vec<i64> = read_all(&source)
+        .iter()
+        .map(|r| label_of(&source, r))
+        .collect();
+    assert_eq!(labels, vec![5, 12, 7]);
+    // One shard by name, and a pattern.
+    let one = ImageIndex::open(&shards.join("s-000001.tar"), false).unwrap();
+    assert_eq!(one.len(), 1);
+    let pattern = ImageIndex::open(&shards.join("s-*.tar"), false).unwrap();
+    assert_eq!(pattern.len(), 3);
+}
+
+#[test]
+fn a_tar_sample_without_its_label_is_refused_or_skipped() {
+    let dir = tempfile::tempdir().unwrap();
+    let shard = dir.path().join("bad.tar");
+    tar_with(
+        &shard,
+        &[
+            ("a.jpg", fixture("baseline.jpg")),
+            ("a.cls", b"1".to_vec()),
+            ("b.jpg", fixture("baseline.jpg")),
+            ("c.jpg", fixture("truncated.jpg")),
+            ("c.cls", b"3".to_vec()),
+        ],
+    );
+    let e = ImageIndex::open(&shard, false).unwrap_err().to_string();
+    assert!(e.contains("bad.tar:b") && e.contains("no label"), "{e}");
+    // A member whose header claims more bytes than an image may have is refused, unread
+    // (its data a hole of a sparse file).
+    let huge = dir.path().join("huge.tar");
+    tar_with(&huge, &[("h.cls", b"1".to_vec())]);
+    let cls_end = 1024; // the label's header and its padded block
+    let mut header = tar::Header::new_gnu();
+    header.set_path("h.jpg").unwrap();
+    header.set_size(300 << 20);
+    header.set_mode(0o644);
+    header.set_cksum();
+    let mut file = std::fs::OpenOptions::new().write(true).open(&huge).unwrap();
+    std::io::Seek::seek(&mut file, std::io::SeekFrom::Start(cls_end)).unwrap();
+    std::io::Write::write_all(&mut file, header.as_bytes()).unwrap();
+    file.set_len(cls_end + 512 + (300 << 20) + 1024).unwrap();
+    let index = Arc::new(ImageIndex::open(&huge, false).unwrap());
+    let source = ImageSource::new(index, ImageOptions::default()).unwrap();
+    let e = source
+        .read_records(0, &mut vec![0; source.layout().record_bytes()])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("huge.tar:h.jpg: 314572800 bytes, more than the 256 MiB"),
+        "{e}"
+    );
+    let garbage = dir.path().join("garbage.tar");
+    std::fs::write(&garbage, vec![0x41u8; 1000]).unwrap();
+    let e = ImageIndex::open(&garbage, false).unwrap_err().to_string();
+    assert!(e.contains("garbage.tar: not a readable tar archive"), "{e}");
+    let index = Arc::new(ImageIndex::open(&shard, true).unwrap());
+    assert_eq!((index.len(), index.skipped().len()), (2, 1));
+    let source = ImageSource::new(index, ImageOptions::default()).unwrap();
+    let e = source
+        .read_records(1, &mut vec![0; source.layout().record_bytes()])
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("bad.tar:c.jpg"), "{e}");
+}
