@@ -131,6 +131,8 @@ def test_prefetch_passes_a_stateful_dataloaders_state_through(device, workers):
             batch_size=BATCH,
             shuffle=True,
             num_workers=workers,
+            # Not fork: this process may run JAX's or pinfeed's threads from other tests.
+            multiprocessing_context="spawn" if workers else None,
             generator=torch.Generator().manual_seed(7),
         )
 
