@@ -43,16 +43,26 @@ impl Backend {
     /// The caller has `ctx` current.
     pub(crate) fn create(api: &Arc<Api>, ctx: &Arc<Context>, backend: c_int) -> Result<Backend> {
         let mut handle: Handle = std::ptr::null_mut();
-        // SAFETY: null allocators select nvJPEG's defaults; `handle` is a valid out-pointer.
-        check("nvjpegCreateEx", unsafe {
-            (api.nvjpegCreateEx)(
-                backend,
-                std::ptr::null_mut(),
-                std::ptr::null_mut(),
-                0,
-                &mut handle,
-            )
-        })?;
+        let create = |flags: c_uint, handle: &mut Handle| {
+            // SAFETY: null allocators select nvJPEG's defaults; `handle` is a valid out-pointer.
+            unsafe {
+                (api.nvjpegCreateEx)(
+                    backend,
+                    std::ptr::null_mut(),
+                    std::ptr::null_mut(),
+                    flags,
+                    handle,
+                )
+            }
+        };
+        // Chroma upsampled by interpolation, as libjpeg's "fancy upsampling" (Pillow's default)
+        // does, rather than replicated: closer to the CPU decode. nvJPEG before 12.1 lacks the
+        // flag and refuses it as an invalid parameter; it then decodes without.
+        let mut status = create(ffi::FLAGS_UPSAMPLING_WITH_INTERPOLATION, &mut handle);
+        if status == ffi::INVALID_PARAMETER {
+            status = create(0, &mut handle);
+        }
+        check("nvjpegCreateEx", status)?;
         let events = (Event::new(ctx), Event::new(ctx));
         let mut b = Backend {
             api: Arc::clone(api),
@@ -226,4 +236,25 @@ impl Drop for Backend {
             (self.api.nvjpegDestroy)(self.handle);
         }
     }
+}
+
+/// What this process's nvJPEG offers on one device, for a report such as `pinfeed doctor`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NvjpegProbe {
+    /// nvJPEG's version, `(major, minor, patch)`.
+    pub version: (i32, i32, i32),
+    /// The hardware JPEG decoder: `(engines, cores per engine)`, or why it cannot be used.
+    pub hardware: std::result::Result<(u32, u32), String>,
+}
+
+/// Loads nvJPEG and asks for the hardware decoder of `ctx`'s device (a handle made and
+/// destroyed). Fails only when `libnvjpeg` cannot be loaded or the context not entered.
+pub fn probe(ctx: &Arc<Context>) -> Result<NvjpegProbe> {
+    let version = ffi::version()?;
+    let api = ffi::api()?;
+    let _current = ctx.enter()?;
+    let hardware = Backend::create(&api, ctx, ffi::BACKEND_HARDWARE)
+        .and_then(|b| b.hardware_info())
+        .map_err(|e| e.to_string());
+    Ok(NvjpegProbe { version, hardware })
 }

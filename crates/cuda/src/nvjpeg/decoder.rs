@@ -8,105 +8,15 @@ use cudarc::driver::sys::CUdeviceptr;
 use super::backend::Backend;
 use super::ffi::{self, Image};
 use super::resize::{CropBox, CropKernel, CropParams, OutputSpec};
+use super::types::{
+    about_the_image, framing_problem, DecoderOptions, ImageInfo, ImageRequest, JpegBackend,
+    JpegOutcome, ALIGN,
+};
 use crate::context::Context;
 use crate::error::{CudaError, Result};
 use crate::memory::memcpy_htod_async;
 use crate::pool::{DeviceBuffer, DevicePool};
 use crate::stream::{Event, Stream};
-
-/// Pillow's `Image.MAX_IMAGE_PIXELS`: larger images are refused, not decoded.
-pub const DEFAULT_MAX_PIXELS: u64 = 89_478_485;
-
-/// Device memory for decoded images before the crop, by default: at most this much is held.
-pub const DEFAULT_SCRATCH_BYTES: usize = 1 << 30;
-
-/// Start of each decoded image in the scratch buffer, in bytes.
-const ALIGN: usize = 256;
-
-/// Which nvJPEG backend decodes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum JpegBackend {
-    /// The hardware decoder where the device has one and it supports the image, the GPU hybrid
-    /// backend for the rest.
-    Auto,
-    /// As `Auto`, but a device without the hardware decoder is an error (for measuring it).
-    Hardware,
-    /// The GPU hybrid backend only (for measuring it, or on devices without the engines).
-    Hybrid,
-}
-
-/// How a [`JpegDecoder`] is set up.
-#[derive(Debug, Clone)]
-pub struct DecoderOptions {
-    /// The backend choice.
-    pub backend: JpegBackend,
-    /// Images with more pixels than this are refused ([`JpegOutcome::Refused`]).
-    pub max_pixels: u64,
-    /// The most device memory held for decoded images before the crop; a batch needing more is
-    /// decoded in parts. At least `3 * max_pixels` (one image of the largest size).
-    pub scratch_bytes: usize,
-}
-
-impl Default for DecoderOptions {
-    fn default() -> Self {
-        DecoderOptions {
-            backend: JpegBackend::Auto,
-            max_pixels: DEFAULT_MAX_PIXELS,
-            scratch_bytes: DEFAULT_SCRATCH_BYTES,
-        }
-    }
-}
-
-/// One image of a batch: its bitstream's place in the batch's host bytes, and whether to
-/// mirror it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ImageRequest {
-    /// Offset of the JPEG bitstream in the batch's host bytes.
-    pub offset: usize,
-    /// Its length in bytes.
-    pub len: usize,
-    /// Mirror the output horizontally.
-    pub flip: bool,
-}
-
-/// What the header says about an image, handed to the crop callback.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ImageInfo {
-    /// Width in pixels.
-    pub width: u32,
-    /// Height in pixels.
-    pub height: u32,
-    /// Colour components: 1 (grayscale) or 3.
-    pub components: u32,
-}
-
-/// What became of one image of a batch.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum JpegOutcome {
-    /// Decoded by the hardware JPEG engines; its output is written.
-    Hardware,
-    /// Decoded by the GPU hybrid backend; its output is written.
-    Hybrid,
-    /// Not decoded here (not a JPEG, CMYK, truncated, or nvJPEG refused it): its output is
-    /// untouched and the caller decodes it on the CPU, whose decoder has the last word.
-    Cpu {
-        /// Why, in words.
-        reason: String,
-    },
-    /// Larger than [`DecoderOptions::max_pixels`]: refused, output untouched.
-    Refused {
-        /// The size and the limit, in words.
-        reason: String,
-    },
-}
-
-impl JpegOutcome {
-    /// Whether the image's output was written by the GPU.
-    pub fn decoded(&self) -> bool {
-        matches!(self, JpegOutcome::Hardware | JpegOutcome::Hybrid)
-    }
-}
 
 /// An image headed for the GPU: where its bitstream and its decoded pixels are.
 #[derive(Debug, Clone, Copy)]
@@ -149,6 +59,7 @@ pub struct JpegDecoder {
     params_dev: Option<DeviceBuffer>,
     // Per-batch host vectors, kept to reuse their capacity.
     planned: Vec<Planned>,
+    group: Vec<Planned>,
     params: Vec<CropParams>,
     data: Vec<*const u8>,
     lengths: Vec<usize>,
@@ -188,7 +99,18 @@ impl JpegDecoder {
         let one_image = usize::try_from(options.max_pixels.saturating_mul(3))
             .unwrap_or(usize::MAX)
             .next_multiple_of(ALIGN);
-        if options.max_pixels == 0 || options.scratch_bytes < one_image {
+        // Row pitches and kernel indices are 32-bit: a row of 3-byte pixels must fit an i32.
+        if options.max_pixels == 0 || options.max_pixels > (i32::MAX / 3) as u64 {
+            return Err(CudaError::InvalidArgument {
+                call: "JpegDecoder::new",
+                detail: format!(
+                    "max_pixels {} must be between 1 and {}",
+                    options.max_pixels,
+                    i32::MAX / 3
+                ),
+            });
+        }
+        if options.scratch_bytes < one_image {
             return Err(CudaError::InvalidArgument {
                 call: "JpegDecoder::new",
                 detail: format!(
@@ -233,6 +155,7 @@ impl JpegDecoder {
             scratch: None,
             params_dev: None,
             planned: Vec::new(),
+            group: Vec::new(),
             params: Vec::new(),
             data: Vec::new(),
             lengths: Vec::new(),
@@ -261,12 +184,13 @@ impl JpegDecoder {
     /// Decodes the JPEG bitstreams `images` (ranges of `bytes`) into the output batch at `out`,
     /// image `i` at `i * spec.image_bytes()`, and records `done` on [`Self::stream`] after the
     /// last of the work. `crop(i, info)` picks image `i`'s crop box once its header is read (a
-    /// box outside the image is an error).
+    /// box outside the image is an error); it is called only for images headed to the GPU.
     ///
     /// `outcomes` is cleared and gets one [`JpegOutcome`] per image; images not
     /// [`decoded`](JpegOutcome::decoded) have their output left untouched for the caller.
     /// Errors are reserved for bad arguments and runtime faults (driver, nvJPEG allocation or
-    /// execution), never for a bad image.
+    /// execution), never for a bad image. After an error `done` is not recorded and work may
+    /// already be queued: synchronise [`Self::stream`] before reusing `bytes` or `out`.
     ///
     /// # Safety
     /// `bytes` (best page-locked: a ring slot) must stay valid and unmodified, and `out` must be
@@ -374,14 +298,8 @@ impl JpegDecoder {
     /// The header of one bitstream, or the outcome that keeps it off the GPU.
     fn inspect(&self, data: &[u8]) -> Result<std::result::Result<ImageInfo, JpegOutcome>> {
         let cpu = |reason: String| Ok(Err(JpegOutcome::Cpu { reason }));
-        if !data.starts_with(&[0xFF, 0xD8]) {
-            return cpu("not a JPEG bitstream (no start-of-image marker)".into());
-        }
-        // nvJPEG may decode a truncated scan without complaint (filling the rest); the CPU
-        // decoder reports it, so a stream without its end marker goes there.
-        let tail = &data[data.len().saturating_sub(64)..];
-        if !tail.windows(2).any(|w| w == [0xFF, 0xD9]) {
-            return cpu("no end-of-image marker at the end (truncated?)".into());
+        if let Some(reason) = framing_problem(data) {
+            return cpu(reason.into());
         }
         let (components, css, width, height) = match self.hybrid.image_info(data) {
             Ok(v) => v,
@@ -453,19 +371,24 @@ impl JpegDecoder {
         grown?;
         let base = self.scratch.as_ref().map_or(0, |b| b.ptr());
         for hardware in [true, false] {
-            let group: Vec<Planned> = self.planned[range.clone()]
-                .iter()
-                .filter(|p| p.hardware == hardware)
-                .copied()
-                .collect();
-            if group.is_empty() {
-                continue;
-            }
-            // SAFETY: the bitstreams lie in `bytes` (checked in `plan`) and each destination in
-            // the scratch buffer (`used` bytes from `base`, sized above); both stay valid until
-            // the stream's work completes by this function's contract and the buffer's
-            // stream-ordered free.
-            unsafe { self.decode_group(bytes, images, &group, base, hardware, outcomes)? };
+            let mut group = std::mem::take(&mut self.group);
+            group.clear();
+            group.extend(
+                self.planned[range.clone()]
+                    .iter()
+                    .filter(|p| p.hardware == hardware),
+            );
+            let decoded = if group.is_empty() {
+                Ok(())
+            } else {
+                // SAFETY: the bitstreams lie in `bytes` (checked in `plan`) and each destination
+                // in the scratch buffer (`used` bytes from `base`, sized above); both stay valid
+                // until the stream's work completes by this function's contract and the
+                // buffer's stream-ordered free.
+                unsafe { self.decode_group(bytes, images, &group, base, hardware, outcomes) }
+            };
+            self.group = group;
+            decoded?;
         }
         self.params.clear();
         for p in &self.planned[range] {
@@ -513,8 +436,8 @@ impl JpegDecoder {
     }
 
     /// Decodes one backend's share of a part with one batched call; when nvJPEG refuses the
-    /// batch for its content, decodes each image alone on the hybrid backend, and the images
-    /// refused again go to the CPU.
+    /// batch for its content (or the hardware engines refuse it at all), decodes each image
+    /// alone on the hybrid backend, and the images refused again go to the CPU.
     ///
     /// # Safety
     /// As for [`Self::decode_part`].
@@ -549,6 +472,9 @@ impl JpegDecoder {
         };
         match whole {
             Ok(()) => return Ok(()),
+            // Any nvJPEG status from the hardware engines is retried on the hybrid backend: a
+            // device fault fails there again and is returned below.
+            Err(CudaError::Nvjpeg { .. }) if hardware => {}
             Err(e) if !about_the_image(&e) => return Err(e),
             Err(_) => {}
         }
@@ -581,18 +507,6 @@ impl Drop for JpegDecoder {
     }
 }
 
-/// Whether an nvJPEG error is about the bitstream (the image goes to the CPU) rather than a
-/// fault of the library or device (an error of the batch).
-fn about_the_image(e: &CudaError) -> bool {
-    matches!(
-        e,
-        CudaError::Nvjpeg {
-            status: 2..=4 | 9 | 10,
-            ..
-        }
-    )
-}
-
 fn bad_batch(detail: String) -> CudaError {
     CudaError::InvalidArgument {
         call: "JpegDecoder::decode_batch",
@@ -603,21 +517,6 @@ fn bad_batch(detail: String) -> CudaError {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn image_faults_and_device_faults_are_told_apart() {
-        let nv = |status| CudaError::Nvjpeg {
-            call: "nvjpegDecodeBatched",
-            status,
-            name: ffi::status_name(status),
-        };
-        for status in [2, 3, 4, 9, 10] {
-            assert!(about_the_image(&nv(status)), "{status}");
-        }
-        for status in [1, 5, 6, 7, 8] {
-            assert!(!about_the_image(&nv(status)), "{status}");
-        }
-    }
 
     #[test]
     fn decoded_images_are_aligned() {

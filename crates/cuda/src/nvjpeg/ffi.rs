@@ -26,6 +26,11 @@ pub(crate) type JpegStream = *mut c_void;
 pub(crate) const BACKEND_GPU_HYBRID: c_int = 2;
 pub(crate) const BACKEND_HARDWARE: c_int = 3;
 
+/// `NVJPEG_FLAGS_UPSAMPLING_WITH_INTERPOLATION` (nvJPEG 12.1 and later).
+pub(crate) const FLAGS_UPSAMPLING_WITH_INTERPOLATION: c_uint = 32;
+/// `NVJPEG_STATUS_INVALID_PARAMETER`.
+pub(crate) const INVALID_PARAMETER: Status = 2;
+
 /// `NVJPEG_OUTPUT_RGBI`: interleaved RGB in `channel[0]`.
 pub(crate) const OUTPUT_RGBI: c_int = 5;
 

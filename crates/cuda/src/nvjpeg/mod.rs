@@ -7,6 +7,7 @@
 //!   kernel crops, resizes, flips and writes every image into the output batch. Images nvJPEG
 //!   should not decode (CMYK, truncated, not a JPEG) come back as [`JpegOutcome::Cpu`] for the
 //!   caller's CPU decoder; images over the pixel limit as [`JpegOutcome::Refused`].
+//! - [`probe`]: nvJPEG's version and the device's hardware decoder, for a report.
 //! - [`OutputSpec`], [`CropBox`], [`crop_resize_reference`]: the output form, and the CPU
 //!   reference of the kernel's formula (torchvision's bilinear resize, optionally antialiased).
 //!
@@ -52,12 +53,17 @@ mod backend;
 mod decoder;
 mod ffi;
 mod nvrtc;
+mod reference;
 mod resize;
+mod types;
 
 pub use crate::dynlib::LIBS_ENV;
-pub use decoder::{
-    DecoderOptions, ImageInfo, ImageRequest, JpegBackend, JpegDecoder, JpegOutcome,
-    DEFAULT_MAX_PIXELS, DEFAULT_SCRATCH_BYTES,
-};
+pub use backend::{probe, NvjpegProbe};
+pub use decoder::JpegDecoder;
 pub use ffi::version;
-pub use resize::{crop_resize_reference, CropBox, Layout, OutputSpec, OutputType};
+pub use reference::crop_resize_reference;
+pub use resize::{CropBox, Layout, OutputSpec, OutputType};
+pub use types::{
+    DecoderOptions, ImageInfo, ImageRequest, JpegBackend, JpegOutcome, DEFAULT_MAX_PIXELS,
+    DEFAULT_SCRATCH_BYTES,
+};

@@ -6,6 +6,7 @@
 mod common;
 mod device;
 mod events;
+mod kernel_cpu;
 mod nodriver;
 mod nvjpeg;
 mod pinned;

@@ -430,3 +430,26 @@ fn steady_state_batches_allocate_no_device_memory() {
         "{reserved:?}"
     );
 }
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn probe_reports_the_version_and_the_hardware_decoder() {
+    let ctx = ctx();
+    let p = pinfeed_cuda::nvjpeg::probe(&ctx).unwrap_or_else(|e| panic!("probe: {e}"));
+    let name = ctx.name().unwrap();
+    eprintln!(
+        "{name}: nvJPEG {:?}, hardware decoder {:?}",
+        p.version, p.hardware
+    );
+    assert!(p.version.0 >= 11, "{:?}", p.version);
+    // The GPUs with JPEG engines that nvJPEG's hardware backend drives.
+    if ["A100", "A30", "H100", "H200", "H800", "H20"]
+        .iter()
+        .any(|m| name.contains(m))
+    {
+        let (engines, cores) = p
+            .hardware
+            .unwrap_or_else(|e| panic!("{name} has JPEG engines: {e}"));
+        assert!(engines > 0 && cores > 0, "{engines} engines, {cores} cores");
+    }
+}
