@@ -223,6 +223,11 @@ impl ImageSource {
         self.pixel_bytes().next_multiple_of(8)
     }
 
+    /// The output image's height, width and layout.
+    pub fn output_form(&self) -> (u32, u32, PixelLayout) {
+        (self.options.height, self.options.width, self.options.layout)
+    }
+
     /// The dataset.
     pub fn index(&self) -> &Arc<ImageIndex> {
         &self.index
