@@ -238,6 +238,51 @@ impl GpuImageDecode {
     }
 }
 
+/// Where images are decoded: `decode="cpu"`, `"gpu"` or `"auto"`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Decode {
+    /// On the reader threads.
+    Cpu,
+    /// With nvJPEG on the device, by the copy thread.
+    Gpu,
+}
+
+impl Decode {
+    /// What `decode` asks for on `device`: `"auto"` is the GPU when the device is CUDA and
+    /// nvJPEG loads (`gpu_decoder` says whether it does, or why not), else the CPU; `"gpu"` is
+    /// the GPU whatever the device (the loader refuses it on the host backend, saying so).
+    /// Returns the choice and why, in words.
+    pub fn resolve(
+        decode: &str,
+        device: crate::DeviceSpec,
+        gpu_decoder: std::result::Result<(), String>,
+    ) -> Result<(Decode, String)> {
+        match decode {
+            "cpu" => Ok((Decode::Cpu, "cpu: as asked".into())),
+            "gpu" => Ok((Decode::Gpu, "gpu: as asked".into())),
+            "auto" => Ok(match (device.resolve(), gpu_decoder) {
+                (crate::DeviceSpec::Cuda(n), Ok(())) => {
+                    (Decode::Gpu, format!("gpu: nvJPEG on cuda:{n}"))
+                }
+                (crate::DeviceSpec::Cuda(_), Err(why)) => {
+                    (Decode::Cpu, format!("cpu: no GPU decoder ({why})"))
+                }
+                _ => (Decode::Cpu, "cpu: batches go to the host backend".into()),
+            }),
+            other => Err(LoaderError::Config(format!(
+                "unknown decode {other:?}: expected cpu, gpu or auto"
+            ))),
+        }
+    }
+
+    /// Whether nvJPEG loads here, or why not: what [`resolve`](Decode::resolve) takes.
+    pub fn gpu_decoder_present() -> std::result::Result<(), String> {
+        pinfeed_cuda::nvjpeg::version()
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    }
+}
+
 /// The CPU path's crop box in whole pixels, inside a `width` x `height` image (random crops are
 /// whole already; a center crop's fractional edges are rounded).
 pub(crate) fn whole_pixels(
@@ -261,6 +306,35 @@ pub(crate) fn whole_pixels(
 mod tests {
     use super::*;
     use pinfeed_source::images::CropBox as Box64;
+
+    #[test]
+    fn auto_picks_the_gpu_only_on_a_cuda_device_with_nvjpeg() {
+        use crate::DeviceSpec;
+        let pick = |decode, device, present: std::result::Result<(), String>| {
+            Decode::resolve(decode, device, present).map(|(d, _)| d)
+        };
+        let absent = || Err("libnvjpeg not found".to_string());
+        assert_eq!(
+            pick("auto", DeviceSpec::Cuda(0), Ok(())).unwrap(),
+            Decode::Gpu
+        );
+        assert_eq!(
+            pick("auto", DeviceSpec::Cuda(0), absent()).unwrap(),
+            Decode::Cpu
+        );
+        assert_eq!(pick("auto", DeviceSpec::Cpu, Ok(())).unwrap(), Decode::Cpu);
+        let (_, why) = Decode::resolve("auto", DeviceSpec::Cuda(1), absent()).unwrap();
+        assert!(why.contains("libnvjpeg not found"), "{why}");
+        assert_eq!(pick("gpu", DeviceSpec::Cpu, absent()).unwrap(), Decode::Gpu);
+        assert_eq!(
+            pick("cpu", DeviceSpec::Cuda(0), Ok(())).unwrap(),
+            Decode::Cpu
+        );
+        let err = pick("nvjpeg", DeviceSpec::Cpu, Ok(()))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("cpu, gpu or auto"), "{err}");
+    }
 
     #[test]
     fn crop_boxes_become_whole_pixels_inside_the_image() {

@@ -51,7 +51,7 @@ use std::sync::Arc;
 
 pub use backend::{CopyFence, CudaFence, DeviceMemory, DeviceSpec};
 pub use error::{LoaderError, Result};
-pub use gpu_images::GpuImageDecode;
+pub use gpu_images::{Decode, GpuImageDecode};
 pub use multi::{DeviceShare, MultiLoader};
 pub use order::{BatchRecords, EpochOrder, OrderSpec, Position, Shuffle};
 pub use pinfeed_cuda::PinMethod;

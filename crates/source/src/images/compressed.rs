@@ -31,9 +31,10 @@ use crate::{DType, Layout, Result, Source, SourceError};
 /// Bytes of a record's header.
 pub const HEADER_BYTES: usize = 72;
 
-/// Payload bytes a record holds by default: JPEGs larger than this (rare at ImageNet's sizes,
-/// whose mean is about 110 KiB) are decoded on the CPU.
-pub const DEFAULT_CAPACITY: usize = 512 << 10;
+/// Payload bytes a record holds by default: JPEGs larger than this (a few percent of
+/// ImageNet's, whose mean is about 110 KiB) are decoded on the reader threads. A batch of 256
+/// then takes 64 MiB of pinned memory, so the default pinned budget (256 MiB) holds 4 slots.
+pub const DEFAULT_CAPACITY: usize = 256 << 10;
 
 /// What a record's payload holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
