@@ -133,27 +133,8 @@ impl GpuImageDecode {
         labels_at: usize,
         out: u64,
     ) -> Result<()> {
-        let rb = self.source.layout().record_bytes();
         let (pix, label_offset) = (self.pixel_bytes(), self.labels_offset(count));
-        let mut headers = Vec::with_capacity(count);
-        let mut requests = Vec::with_capacity(count);
-        for i in 0..count {
-            let head = RecordHeader::parse(&slot[i * rb..(i + 1) * rb]).map_err(|reason| {
-                LoaderError::Config(format!("{}: record {i}: {reason}", self.source.name()))
-            })?;
-            // An empty request: not a JPEG, handed back untouched.
-            let len = if head.kind == RecordKind::Jpeg {
-                head.len
-            } else {
-                0
-            };
-            requests.push(ImageRequest {
-                offset: i * rb + HEADER_BYTES,
-                len,
-                flip: head.flip,
-            });
-            headers.push(head);
-        }
+        let (headers, requests) = self.requests(slot, count)?;
         let mut decoder = self.decoder.lock().unwrap_or_else(|p| p.into_inner());
         if decoder.is_none() {
             let options = DecoderOptions {
@@ -190,10 +171,68 @@ impl GpuImageDecode {
                 &mut outcomes,
             )?
         };
+        // SAFETY: forwarded from this function's contract.
+        unsafe { self.place_cpu_images(stream, slot, &headers, &outcomes, labels_at, out)? };
+        // SAFETY: the labels lie in the slot's tail (kept until the caller's fence); their
+        // place, `count * 8` bytes at `label_offset`, ends at `count * output_record_bytes()`.
+        unsafe {
+            pinfeed_cuda::memcpy_htod_async(
+                out + label_offset as u64,
+                slot[labels_at..].as_ptr(),
+                count * 8,
+                stream,
+            )?
+        };
+        Ok(())
+    }
+
+    /// Each record's header, and its request to the decoder (an empty one, which the decoder
+    /// hands back untouched, for a record the reader decoded on the CPU).
+    fn requests(
+        &self,
+        slot: &[u8],
+        count: usize,
+    ) -> Result<(Vec<RecordHeader>, Vec<ImageRequest>)> {
+        let rb = self.source.layout().record_bytes();
+        let mut headers = Vec::with_capacity(count);
+        let mut requests = Vec::with_capacity(count);
+        for i in 0..count {
+            let head = RecordHeader::parse(&slot[i * rb..(i + 1) * rb]).map_err(|reason| {
+                LoaderError::Config(format!("{}: record {i}: {reason}", self.source.name()))
+            })?;
+            let jpeg = head.kind == RecordKind::Jpeg;
+            requests.push(ImageRequest {
+                offset: i * rb + HEADER_BYTES,
+                len: if jpeg { head.len } else { 0 },
+                flip: head.flip,
+            });
+            headers.push(head);
+        }
+        Ok((headers, requests))
+    }
+
+    /// Copies the images the GPU did not decode into their places in `out` (those the reader
+    /// decoded, and those the decoder declined, decoded here by the CPU path over their own
+    /// payload, which nothing on the device reads), and gathers every label into the slot's
+    /// tail at `labels_at`.
+    ///
+    /// # Safety
+    /// As for [`issue`](Self::issue), after the decoder's work was queued with `outcomes`.
+    unsafe fn place_cpu_images(
+        &self,
+        stream: &Stream,
+        slot: &mut [u8],
+        headers: &[RecordHeader],
+        outcomes: &[JpegOutcome],
+        labels_at: usize,
+        out: u64,
+    ) -> Result<()> {
+        let images = self.source.images();
+        let rb = self.source.layout().record_bytes();
+        let (pix, label_at) = (self.pixel_bytes(), images.label_offset());
         let cpu_bytes = self.output_record_bytes();
-        let label_at = images.label_offset();
         let mut on_gpu = 0;
-        for (i, (head, outcome)) in headers.iter().zip(outcomes.iter()).enumerate() {
+        for (i, (head, outcome)) in headers.iter().zip(outcomes).enumerate() {
             if outcome.decoded() {
                 on_gpu += 1;
                 self.put_label(slot, labels_at, i, head.label);
@@ -201,8 +240,7 @@ impl GpuImageDecode {
             }
             let record = &mut slot[i * rb + HEADER_BYTES..(i + 1) * rb];
             if head.kind == RecordKind::Jpeg {
-                // The decoder declined it, so nothing on the device reads this payload: the CPU
-                // path decodes the sample over it (raising or skipping as it would).
+                // Raising or skipping as the CPU path would.
                 images.read_records(head.place, &mut record[..cpu_bytes])?;
             }
             let label = i64::from_le_bytes(record[label_at..label_at + 8].try_into().expect("8"));
@@ -220,16 +258,6 @@ impl GpuImageDecode {
             self.put_label(slot, labels_at, i, label);
         }
         self.on_gpu.fetch_add(on_gpu, Ordering::Relaxed);
-        // SAFETY: the labels lie in the slot's tail (kept until the caller's fence); their
-        // place, `count * 8` bytes at `label_offset`, ends at `count * output_record_bytes()`.
-        unsafe {
-            pinfeed_cuda::memcpy_htod_async(
-                out + label_offset as u64,
-                slot[labels_at..].as_ptr(),
-                count * 8,
-                stream,
-            )?
-        };
         Ok(())
     }
 
