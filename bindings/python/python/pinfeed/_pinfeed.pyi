@@ -30,6 +30,7 @@ __all__ = [
     "dlpack_dtype",
     "epoch_order",
     "epoch_size",
+    "image_decoder",
     "open_tokens",
     "parse_dtype",
     "pinned_allocations",
