@@ -33,7 +33,8 @@ pub const HEADER_BYTES: usize = 72;
 
 /// Payload bytes a record holds by default: JPEGs larger than this (a few percent of
 /// ImageNet's, whose mean is about 110 KiB) are decoded on the reader threads. A batch of 256
-/// then takes 64 MiB of pinned memory, so the default pinned budget (256 MiB) holds 4 slots.
+/// then takes just over 64 MiB of pinned memory: the default pinned budget (256 MiB) holds 3
+/// slots, and `pinned_budget` must grow with larger batches.
 pub const DEFAULT_CAPACITY: usize = 256 << 10;
 
 /// What a record's payload holds.
