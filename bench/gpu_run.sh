@@ -226,6 +226,11 @@ if want images && ls $C/*.whl >/dev/null 2>&1; then
         python3 bench/make_images.py "$IMG" --count "${IMAGES_COUNT:-20000}" --classes 100 --no-tar 2>&1 | tail -3
     fi
     find "$IMG/train" -type f -exec cat {} + > /dev/null   # page-cached from here on
+    # decode="gpu" (issue 19 item 3): its GPU tests, Rust (against decode="cpu" batches) and Python.
+    "$C/tests/pinfeed-integration" --ignored --test-threads=1 gpu_images:: > "$OUT/images_gpu_tests.txt" 2>&1
+    grep -E "^test |test result|panicked|mean" "$OUT/images_gpu_tests.txt" | head -20
+    PYTHONPATH=/tmp/site timeout 200 python3 -m pytest -q -rs -p no:cacheprovider --gpu \
+        bindings/python/tests/test_images.py 2>&1 | tail -8 | tee "$OUT/images_gpu_pytests.txt"
     PYTHONPATH=/tmp/site timeout 580 python3 bench/images_bench.py "$IMG/train" --out "$OUT/$(date +%F)-h200-images.json" ${IMAGES_ARGS:-} 2>&1 | tail -16
     $C/pinfeed stream "$IMG/train" --images --size 224 --batch-size 256 --shuffle random --threads "$(nproc)" --json > "$OUT/images_stream.json" && tail -c 400 "$OUT/images_stream.json"
 fi

@@ -4,8 +4,10 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+use pinfeed_cuda::nvjpeg::JpegBackend;
 use pinfeed_source::images::{
-    random_resized_crop, Crop, ImageIndex, ImageOptions, ImageSource, OnError, PixelLayout,
+    random_resized_crop, CompressedImageSource, Crop, ImageIndex, ImageOptions, ImageSource,
+    OnError, PixelLayout,
 };
 use pyo3::prelude::*;
 
@@ -19,7 +21,27 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
         "DEFAULT_MAX_PIXELS",
         pinfeed_source::images::DEFAULT_MAX_PIXELS,
     )?;
-    m.add_function(wrap_pyfunction!(crop_params, m)?)
+    m.add_function(wrap_pyfunction!(crop_params, m)?)?;
+    m.add_function(wrap_pyfunction!(image_decoder, m)?)
+}
+
+/// ``(decoder, why)``: where ``decode`` (``"cpu"``, ``"gpu"`` or ``"auto"``) decodes images
+/// for batches going to ``device``: ``"auto"`` is ``"gpu"`` on a CUDA device where nvJPEG
+/// loads, else ``"cpu"``.
+#[pyfunction]
+pub(crate) fn image_decoder(
+    py: Python<'_>,
+    decode: &str,
+    device: &str,
+) -> PyResult<(String, String)> {
+    let device = crate::options::device_arg(py, device)?;
+    let present = py.detach(pinfeed::Decode::gpu_decoder_present);
+    let (choice, why) = pinfeed::Decode::resolve(decode, device, present).py_err(py)?;
+    let name = match choice {
+        pinfeed::Decode::Cpu => "cpu",
+        pinfeed::Decode::Gpu => "gpu",
+    };
+    Ok((name.to_owned(), why))
 }
 
 /// An image dataset (an ImageFolder tree or WebDataset ``.tar`` shards), indexed once, and how
@@ -107,15 +129,31 @@ impl ImageDataset {
     }
 
     /// The loader source of ``epoch``: record ``i`` is sample ``i`` with that epoch's crop.
-    fn source(&self, py: Python<'_>, epoch: u64) -> PyResult<Source> {
+    /// With ``gpu``, its records are the compressed bytes and draws, decoded by nvJPEG on the
+    /// device; delivered batches are then planar (the images, then the labels from
+    /// ``batch * label offset``).
+    #[pyo3(signature = (epoch, gpu=false))]
+    fn source(&self, py: Python<'_>, epoch: u64, gpu: bool) -> PyResult<Source> {
         let options = ImageOptions {
             epoch,
             ..self.options.clone()
         };
         let source = ImageSource::with_counter(self.index.clone(), options, self.skipped.clone())
             .py_err(py)?;
+        if !gpu {
+            return Ok(Source {
+                inner: Arc::new(source),
+                gpu_images: None,
+            });
+        }
+        let compressed = Arc::new(
+            CompressedImageSource::new(source, pinfeed_source::images::DEFAULT_CAPACITY)
+                .py_err(py)?,
+        );
+        let decode = pinfeed::GpuImageDecode::new(compressed.clone(), JpegBackend::Auto);
         Ok(Source {
-            inner: Arc::new(source),
+            inner: compressed,
+            gpu_images: Some(Arc::new(decode)),
         })
     }
 

@@ -44,6 +44,9 @@ pub(crate) fn array_memory(
 #[pyclass(module = "pinfeed._pinfeed", frozen)]
 pub struct Source {
     pub(crate) inner: Arc<dyn pinfeed_source::Source>,
+    /// With `decode="gpu"`: the decoder of `inner`'s compressed image records, whose delivered
+    /// records are the CPU path's size.
+    pub(crate) gpu_images: Option<Arc<pinfeed::GpuImageDecode>>,
 }
 
 #[pymethods]
@@ -147,6 +150,7 @@ impl Source {
         }
         Ok(Source {
             inner: Arc::from(inner),
+            gpu_images: None,
         })
     }
 
@@ -181,6 +185,7 @@ impl Source {
                 .py_err(py)?;
         Ok(Source {
             inner: Arc::new(buffer),
+            gpu_images: None,
         })
     }
 
@@ -196,16 +201,22 @@ impl Source {
         self.inner.num_records()
     }
 
-    /// Bytes in one record.
+    /// Bytes in one record as delivered (with GPU image decoding, the decoded record's).
     #[getter]
     fn record_bytes(&self) -> usize {
-        self.inner.layout().record_bytes()
+        match &self.gpu_images {
+            Some(g) => g.output_record_bytes(),
+            None => self.inner.layout().record_bytes(),
+        }
     }
 
-    /// The shape of one record.
+    /// The shape of one record as delivered.
     #[getter]
     fn record_shape(&self) -> Vec<u64> {
-        self.inner.layout().shape.clone()
+        match &self.gpu_images {
+            Some(g) => vec![g.output_record_bytes() as u64],
+            None => self.inner.layout().shape.clone(),
+        }
     }
 
     /// The element dtype as a numpy descr literal.
@@ -362,9 +373,11 @@ impl Stream {
             }
         };
         let (transform, py_transform) = build_transform(py, options, &named)?;
-        let out_record_bytes = transform
-            .as_ref()
-            .map_or(src.layout().record_bytes(), |t| t.output_record_bytes());
+        let out_record_bytes = match (&transform, &options.loader.gpu_images) {
+            (Some(t), _) => t.output_record_bytes(),
+            (None, Some(g)) => g.output_record_bytes(),
+            (None, None) => src.layout().record_bytes(),
+        };
         let (export_dtype, record_shape) = (options.export_dtype, options.record_shape.clone());
         let elements = record_shape.iter().try_fold(1usize, |acc, &d| {
             usize::try_from(d).ok().and_then(|d| acc.checked_mul(d))

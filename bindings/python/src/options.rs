@@ -269,6 +269,7 @@ impl StreamOptions {
                 seed,
                 rank,
                 world_size,
+                gpu_images: source.gpu_images.clone(),
                 ..LoaderOptions::default()
             },
             transform,

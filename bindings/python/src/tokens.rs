@@ -90,6 +90,7 @@ pub(crate) fn open_tokens(
     Ok((
         Source {
             inner: opened.source(),
+            gpu_images: None,
         },
         info.0,
         info.1,

@@ -262,8 +262,7 @@ def test_empty_class_folder_and_unlabelled_tar_sample(tmp_path):
 def test_options_are_checked(tmp_path):
     root = folder(tmp_path, ["baseline.jpg"])
     for kwargs, why in [
-        (dict(decode="gpu"), "nvJPEG"),
-        (dict(decode="auto"), "nvJPEG"),
+        (dict(decode="gpu"), "decode='gpu' needs one CUDA device"),
         (dict(decode="fast"), "unknown decode"),
         (dict(layout="CHW"), "layout"),
         (dict(crop="middle"), "unknown crop"),
@@ -276,6 +275,51 @@ def test_options_are_checked(tmp_path):
             pinfeed.ImageLoader(root, batch_size=1, device="cpu", **kwargs)
     with pytest.raises(pinfeed.PinfeedOSError, match="missing"):
         pinfeed.ImageLoader(tmp_path / "missing", batch_size=1, device="cpu")
+
+
+def test_auto_decodes_on_the_cpu_for_the_host_backend(tmp_path):
+    root = folder(tmp_path, GOOD[:2])
+    auto = pinfeed.ImageLoader(root, batch_size=2, size=16, device="cpu", decode="auto", seed=3)
+    assert (auto.decode, auto.decode_reason) == ("cpu", "cpu: batches go to the host backend")
+    cpu = pinfeed.ImageLoader(root, batch_size=2, size=16, device="cpu", seed=3)
+    for (ax, ay), (cx, cy) in zip(auto, cpu):
+        np.testing.assert_array_equal(ax, cx)
+        np.testing.assert_array_equal(ay, cy)
+
+
+@pytest.mark.gpu
+def test_gpu_decode_matches_cpu_decode(tmp_path, torch):
+    # Every fixture 3 times: JPEGs the GPU decodes, PNG and CMYK that the CPU path does.
+    root = tmp_path / "train"
+    for k in range(3):
+        for j, name in enumerate(GOOD):
+            d = root / f"c{(j + k) % 4}"
+            d.mkdir(parents=True, exist_ok=True)
+            shutil.copy(FIXTURES / name, d / f"{k}_{name}")
+    for layout in ("NCHW", "NHWC"):
+        args = dict(batch_size=7, size=64, layout=layout, seed=5, shuffle=True, device="cuda")
+        gpu = pinfeed.ImageLoader(root, decode="gpu", **args)
+        cpu = pinfeed.ImageLoader(root, decode="cpu", **args)
+        assert gpu.decode == "gpu" and cpu.decode == "cpu"
+        pairs = list(zip(gpu, cpu))
+        assert len(pairs) == len(cpu) == math.ceil(3 * len(GOOD) / 7)
+        for (gx, gy), (cx, cy) in pairs:
+            assert gx.is_cuda and gx.shape == cx.shape and gx.dtype == torch.uint8
+            np.testing.assert_array_equal(gy.cpu().numpy(), cy.cpu().numpy())
+            diff = (gx.int() - cx.int()).abs()
+            channel_dim = 1 if layout == "NCHW" else 3
+            dims = [d for d in range(4) if d != channel_dim]
+            assert float(diff.float().mean(dim=dims).max()) < 1.0, layout
+            assert int(diff.amax()) < 8, layout
+        # Resume: the batches after the second are those of a fresh run.
+        gpu.set_epoch(1)
+        it = iter(gpu)
+        next(it), next(it)
+        state = gpu.state_dict()
+        rest = [y.cpu().numpy() for _, y in it]
+        again = pinfeed.ImageLoader(root, decode="gpu", **args)
+        again.load_state_dict(state)
+        assert [y.cpu().numpy().tolist() for _, y in again] == [r.tolist() for r in rest]
 
 
 @pytest.mark.gpu

@@ -37,6 +37,7 @@
 
 mod backend;
 mod error;
+mod gpu_images;
 mod multi;
 mod order;
 mod pipeline;
@@ -50,6 +51,7 @@ use std::sync::Arc;
 
 pub use backend::{CopyFence, CudaFence, DeviceMemory, DeviceSpec};
 pub use error::{LoaderError, Result};
+pub use gpu_images::{Decode, GpuImageDecode};
 pub use multi::{DeviceShare, MultiLoader};
 pub use order::{BatchRecords, EpochOrder, OrderSpec, Position, Shuffle};
 pub use pinfeed_cuda::PinMethod;
@@ -182,6 +184,11 @@ pub struct LoaderOptions {
     pub piece_bytes: Option<usize>,
     /// Optional preprocessing on the reader threads.
     pub transform: Option<Arc<dyn Transform>>,
+    /// Image records decoded on the GPU by the copy thread (`decode="gpu"`): the source must be
+    /// this decoder's [`CompressedImageSource`](pinfeed_source::images::CompressedImageSource);
+    /// batches are delivered planar (see [`GpuImageDecode`]). CUDA devices only, one batch a
+    /// slot; not with a transform or the register reader.
+    pub gpu_images: Option<Arc<GpuImageDecode>>,
     /// How records reach the device: through pinned slots, or straight from a registered
     /// mapping of a page-cached file.
     pub reader: Reader,
@@ -213,6 +220,7 @@ impl Default for LoaderOptions {
             prefetch: 4,
             piece_bytes: Some(DEFAULT_PIECE_BYTES),
             transform: None,
+            gpu_images: None,
             reader: Reader::Auto,
             shuffle: Shuffle::None,
             seed: 0,

@@ -21,24 +21,18 @@ from .order import distributed_defaults
 
 __all__ = ["ImageLoader", "DECODERS"]
 
-#: The values of ``decode``. ``"gpu"`` (nvJPEG) and ``"auto"`` are refused until the GPU
-#: decoder is part of the build; :func:`_decoder` is the one place that resolves them.
+#: The values of ``decode``: :func:`_pinfeed.image_decoder` resolves them (Rust owns the rule).
 DECODERS = ("cpu", "gpu", "auto")
 _DTYPES = ("float32", "float16", "bfloat16")
 
 
-def _decoder(decode: str, name: str) -> str:
-    """The decoder ``decode`` asks for, as this build has it: ``"cpu"``, or an error."""
+def _decoder(decode: str, device: Any, name: str) -> tuple[str, str]:
+    """``(decoder, why)``: ``"cpu"`` or ``"gpu"`` for ``decode`` and ``device``, or an error."""
     if decode not in DECODERS:
         raise PinfeedValueError(
             f"{name}: unknown decode {decode!r}: expected one of {', '.join(DECODERS)}"
         )
-    if decode != "cpu":
-        raise PinfeedValueError(
-            f"{name}: decode={decode!r} needs pinfeed's GPU JPEG decoder (nvJPEG), which this "
-            "build does not have yet; use decode='cpu' (Rust decoding on the reader threads)"
-        )
-    return decode
+    return _pinfeed.image_decoder(decode, str(device))
 
 
 def _size_pair(size: Union[int, Sequence[int]], name: str) -> tuple[int, int]:
@@ -96,8 +90,16 @@ class ImageLoader:
     the next sample of the dataset that decodes (batches keep their size); an empty class keeps
     its label number.
 
-    ``decode="cpu"`` decodes on the reader threads; ``"gpu"`` and ``"auto"`` are refused until
-    pinfeed's nvJPEG decoder is part of the build.
+    ``decode="cpu"`` decodes on the reader threads. ``decode="gpu"`` has the reader threads
+    read each JPEG's bytes (once) with its crop, flip and label, drawn as the CPU path draws
+    them, into the pinned slot, and the copy thread decode the batch with nvJPEG on the GPU
+    (the hardware JPEG engines where the GPU has them) and crop, resize and flip it there; PNG,
+    CMYK and JPEGs nvJPEG declines are decoded on the CPU as with ``"cpu"`` (the same
+    ``on_error``). It needs a CUDA device and nvJPEG (``libnvjpeg``, e.g. from the
+    ``nvidia-nvjpeg`` wheel); on the host backend it is refused. ``decode="auto"`` is ``"gpu"``
+    on a CUDA device where nvJPEG loads, else ``"cpu"``; :attr:`decode` says which and
+    :attr:`decode_reason` why. The batches are the same either way, within the IDCT's
+    rounding.
 
     Shuffling, sharding (``rank``, ``world_size``), ``set_epoch``, ``state_dict`` and
     ``load_state_dict`` are :class:`pinfeed.Loader`'s, with the same exact resume.
@@ -133,8 +135,8 @@ class ImageLoader:
         prefetch: int = 4,
     ) -> None:
         self.path = os.fsdecode(os.fspath(path))
-        #: The decoder in use: ``"cpu"``.
-        self.decode: str = _decoder(decode, self.path)
+        #: The decoder in use, ``"cpu"`` or ``"gpu"``, and why (``decode="auto"`` chooses).
+        self.decode, self.decode_reason = _decoder(decode, device, self.path)
         self.height, self.width = _size_pair(size, self.path)
         if layout not in ("NCHW", "NHWC"):
             raise PinfeedValueError(f"{self.path}: layout must be 'NCHW' or 'NHWC', not {layout!r}")
@@ -194,7 +196,8 @@ class ImageLoader:
         self._scale_shift: Any = None
 
     def _make_loader(self, epoch: int) -> Loader:
-        return Loader(self._dataset.source(epoch), self.batch_size, **self._loader_args)
+        source = self._dataset.source(epoch, gpu=self.decode == "gpu")
+        return Loader(source, self.batch_size, **self._loader_args)
 
     def _loader_for(self, epoch: int) -> Loader:
         if epoch != self._loader_epoch:
@@ -247,6 +250,8 @@ class ImageLoader:
             if self.layout == "NCHW"
             else (b, self.height, self.width, 3)
         )
+        if self.decode == "gpu":
+            return self._split_planar(raw, shape)
         label_bytes = raw[:, self._label_at : self._label_at + 8]
         if not self.device.startswith("cuda"):
             labels = np.ascontiguousarray(label_bytes).view("<i8").reshape(b)
@@ -265,6 +270,22 @@ class ImageLoader:
         scale, shift = self._cuda_scale_shift(raw.device)
         out = torch.empty(shape, dtype=getattr(torch, self.dtype), device=raw.device)
         # One pass: out = x * (1 / (255 std)) - mean / std, in float32, stored as dtype.
+        torch.sub(pixels.to(torch.float32).mul_(scale), shift, out=out)
+        return out, labels
+
+    def _split_planar(self, raw: Any, shape: tuple[int, ...]) -> tuple[Any, Any]:
+        """``(images, labels)`` of a GPU-decoded batch: the images back to back, then the
+        labels from ``batch * label offset`` (``GpuImageDecode``'s layout)."""
+        torch = torch_module()
+        b = int(raw.shape[0])
+        flat = raw.reshape(-1)
+        at = b * self._label_at
+        labels = flat[at : at + 8 * b].view(torch.int64)
+        pixels = flat[: b * self._pixel_bytes].view(shape)
+        if self.normalize is None:
+            return pixels, labels
+        scale, shift = self._cuda_scale_shift(raw.device)
+        out = torch.empty(shape, dtype=getattr(torch, self.dtype), device=raw.device)
         torch.sub(pixels.to(torch.float32).mul_(scale), shift, out=out)
         return out, labels
 

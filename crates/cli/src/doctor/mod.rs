@@ -72,6 +72,8 @@ struct Report {
     /// chosen from (`pinfeed::tune`).
     threads: Option<Threads>,
     file: Option<FileReport>,
+    /// What `ImageLoader(decode="auto")` picks for this device, and why.
+    image_decode: String,
     advice: Vec<String>,
 }
 
@@ -255,6 +257,11 @@ pub fn run(args: DoctorArgs) -> Result<Outcome> {
         }
         Err(why) => report.gpu_unavailable = Some(why),
     }
+    report.image_decode =
+        match pinfeed::Decode::resolve("auto", device, pinfeed::Decode::gpu_decoder_present()) {
+            Ok((_, why)) => why,
+            Err(e) => e.to_string(),
+        };
     report.host_copies = measure_host(report.host.mem_available_bytes);
     if let (Some(path), Some(file)) = (&args.path, &file) {
         report.file = Some(measure_file(path, file)?);

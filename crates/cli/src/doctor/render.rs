@@ -251,6 +251,7 @@ fn render_measurements(s: &mut String, r: &Report) {
     if let Some(t) = &r.threads {
         line(s, "copy threads by default", &t.reason);
     }
+    line(s, "image decode=\"auto\"", &r.image_decode);
     let batch = format!("mlock of one {} batch", mb(BATCH_BYTES));
     match (&hc.mlock_error, hc.batch_mlock_ms, hc.batch_munlock_ms) {
         (Some(e), _, _) => line(s, &batch, format!("refused: {e}")),

@@ -83,3 +83,24 @@ fn a_bad_image_is_one_line_naming_it_or_skipped() {
     let run = stream_batches(&root, "2", &["--images", "--layout", "CHW"]);
     one_line_error(&run, &["--layout", "NCHW or NHWC"]);
 }
+
+#[test]
+fn doctor_shows_what_decode_auto_picks() {
+    let run = crate::common::pinfeed(["doctor", "--device", "cpu", "--json"]);
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    let report: serde_json::Value = serde_json::from_str(&run.stdout).unwrap();
+    assert_eq!(
+        report["image_decode"],
+        "cpu: batches go to the host backend"
+    );
+    let text = crate::common::pinfeed(["doctor", "--device", "cpu"]);
+    let shown = text
+        .stdout
+        .lines()
+        .find(|l| l.contains("image decode=\"auto\""));
+    assert!(
+        shown.is_some_and(|l| l.ends_with("cpu: batches go to the host backend")),
+        "{}",
+        text.stdout
+    );
+}

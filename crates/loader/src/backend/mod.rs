@@ -162,6 +162,22 @@ impl Backend {
         }
     }
 
+    /// What GPU image decoding runs on: the copy stream, the memory pool and the events of a
+    /// CUDA device; `None` on the host backend.
+    pub(crate) fn gpu_decode_parts(
+        &self,
+    ) -> Option<(&Arc<Stream>, &Arc<DevicePool>, &Arc<EventPool>)> {
+        match self {
+            Backend::Host { .. } => None,
+            Backend::Cuda {
+                copy_stream,
+                pool,
+                events,
+                ..
+            } => Some((copy_stream, pool, events)),
+        }
+    }
+
     /// Device memory for one batch, counted against `budget`.
     pub(crate) fn alloc(&self, len: usize, budget: &Arc<DeviceBudget>) -> Result<DeviceMemory> {
         budget.take(len)?;

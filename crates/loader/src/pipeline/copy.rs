@@ -104,6 +104,30 @@ fn copy_slots(shared: &Arc<Shared>, pool: &PinnedPool, batches: &SyncSender<Resu
                 Ok(fence) => (Some(fence), None),
                 Err(e) => (None, Some(e)),
             }
+        } else if let Some((decode, labels_at)) = &shared.gpu_images {
+            // SAFETY: as for the copy below: the slot is this thread's until `copy_issued` and
+            // then kept until the fence made after the decode; the batch's memory is read by
+            // nobody before it. With GPU decoding a batch is one piece (`records` is all of it).
+            let slot_bytes = unsafe { pool.slot_mut(slot, pool.slot_bytes()) };
+            // SAFETY: as above; `labels_at` (past the records) lies inside the slot.
+            let issued = unsafe {
+                decode_into(
+                    shared,
+                    decode,
+                    &mut slot_bytes[offset..],
+                    *labels_at - offset,
+                    &mut batch.on[0].0,
+                    records.len(),
+                )
+            };
+            match issued.and_then(|()| shared.backend().completed_fence()) {
+                Ok(fence) => {
+                    batch.on[0].1 = Some(fence.clone());
+                    (Some(fence), None)
+                }
+                // Work may be queued that reads the slot: it waits for the whole stream.
+                Err(e) => (shared.backend().completed_fence().ok(), Some(e)),
+            }
         } else {
             let src = pool.slot_ptr(slot).wrapping_add(offset);
             // SAFETY: the slot stays `Filled` (untouched by readers) until `copy_issued`, after
@@ -182,6 +206,30 @@ fn deliver_assembled(
         }
     }
     true
+}
+
+/// Decodes the `count` image records at the start of `slot` into `memory` on the one device's
+/// copy stream (see [`GpuImageDecode`](crate::GpuImageDecode)).
+///
+/// # Safety
+/// `slot` is page-locked and nothing else touches it until a fence recorded on the copy stream
+/// after this call completes; nothing reads `memory` before then.
+unsafe fn decode_into(
+    shared: &Shared,
+    decode: &crate::GpuImageDecode,
+    slot: &mut [u8],
+    labels_at: usize,
+    memory: &mut DeviceMemory,
+    count: usize,
+) -> Result<()> {
+    let (stream, pool, events) = shared
+        .backend()
+        .gpu_decode_parts()
+        .expect("Loader::start refuses GPU decoding without a CUDA device");
+    assert!(count * decode.output_record_bytes() <= memory.len());
+    let out = memory.write_address();
+    // SAFETY: forwarded from this function's contract; `out` holds the batch.
+    unsafe { decode.issue(stream, pool, events, slot, count, labels_at, out) }
 }
 
 /// Issues the copy of `len` bytes at `src` to `offset` of the batch's memory on every device,

@@ -81,6 +81,8 @@ struct Shared {
     targets: Vec<Target>,
     source: Arc<dyn Source>,
     transform: Option<Arc<dyn Transform>>,
+    /// GPU image decoding on the copy thread, and where it gathers a slot's labels.
+    gpu_images: Option<(Arc<crate::GpuImageDecode>, usize)>,
     plan: Plan,
     out_record_bytes: usize,
     error: Mutex<Option<LoaderError>>,
@@ -216,6 +218,16 @@ impl Loader {
         if backends.is_empty() {
             return Err(LoaderError::Config("no device given".into()));
         }
+        if options.gpu_images.is_some()
+            && (backends.len() != 1 || backends[0].gpu_decode_parts().is_none())
+        {
+            return Err(LoaderError::Config(format!(
+                "{}: decode='gpu' needs one CUDA device (nvJPEG decodes there); the {} backend \
+                 has none: use decode='cpu'",
+                source.name(),
+                backends[0].device()
+            )));
+        }
         let choice = match options.num_threads {
             Some(n) => crate::tune::ThreadChoice {
                 threads: n,
@@ -271,6 +283,7 @@ impl Loader {
                 .collect(),
             source,
             transform: options.transform.clone(),
+            gpu_images: options.gpu_images.clone().zip(layout.labels_at),
             plan,
             out_record_bytes: layout.out_record_bytes,
             error: Mutex::new(None),

@@ -197,6 +197,8 @@ impl Pieces {
 pub(super) struct SlotLayout {
     /// Bytes of one record as delivered (after the transform).
     pub(super) out_record_bytes: usize,
+    /// With GPU image decoding, where in a slot the copy thread gathers the batch's labels.
+    pub(super) labels_at: Option<usize>,
     /// Bytes of the largest batch as delivered.
     pub(super) batch_bytes: usize,
     pub(super) pieces: Pieces,
@@ -210,6 +212,31 @@ pub(super) struct SlotLayout {
     pub(super) threads: usize,
 }
 
+/// A GPU image decoder's source is the loader's, read through pinned slots.
+fn check_gpu_images(
+    g: &crate::GpuImageDecode,
+    source: &dyn Source,
+    options: &LoaderOptions,
+) -> Result<()> {
+    let mine = g.source().as_ref() as &dyn Source;
+    if mine.name() != source.name()
+        || mine.layout().record_bytes() != source.layout().record_bytes()
+        || mine.num_records() != source.num_records()
+    {
+        return Err(LoaderError::Config(format!(
+            "GPU image decoding of {} given another source, {}",
+            mine.name(),
+            source.name()
+        )));
+    }
+    if options.reader == Reader::Register {
+        return Err(LoaderError::Config(
+            "GPU image decoding reads through pinned slots, not the register reader".into(),
+        ));
+    }
+    Ok(())
+}
+
 impl SlotLayout {
     /// Sizes the slots for `plan`'s batches of `source` within the options' pinned budget.
     pub(super) fn new(
@@ -219,10 +246,19 @@ impl SlotLayout {
     ) -> Result<SlotLayout> {
         let batch_size = plan.largest_batch;
         let record_bytes = source.layout().record_bytes();
-        let out_record_bytes = options
-            .transform
-            .as_ref()
-            .map_or(record_bytes, |t| t.output_record_bytes());
+        let out_record_bytes = match (&options.transform, &options.gpu_images) {
+            (Some(_), Some(_)) => {
+                return Err(LoaderError::Config(
+                    "GPU image decoding takes no transform".into(),
+                ))
+            }
+            (Some(t), None) => t.output_record_bytes(),
+            (None, Some(g)) => {
+                check_gpu_images(g, source, options)?;
+                g.output_record_bytes()
+            }
+            (None, None) => record_bytes,
+        };
         if out_record_bytes == 0 {
             return Err(LoaderError::Config(
                 "the transform's output records are 0 bytes long".into(),
@@ -237,7 +273,9 @@ impl SlotLayout {
         // what keeps copies aligned.
         let align = source.alignment().max(4096);
         // Large batches go in pieces, each its own slot (see `LoaderOptions::piece_bytes`).
-        let pieces = if options.transform.is_some() || options.reader == Reader::Register {
+        // GPU decoding wants a whole batch per call, as a transform does.
+        let whole_batches = options.transform.is_some() || options.gpu_images.is_some();
+        let pieces = if whole_batches || options.reader == Reader::Register {
             Pieces::new(batch_size, out_record_bytes, None)
         } else {
             Pieces::new(batch_size, out_record_bytes, options.piece_bytes)
@@ -249,7 +287,9 @@ impl SlotLayout {
                 .aligned_span(pieces.records)
                 .max(pieces.records * out_record_bytes)
         };
-        let slot_bytes = read_span
+        // GPU decoding gathers a batch's labels after its records, in the slot.
+        let labels_at = options.gpu_images.as_ref().map(|_| read_span);
+        let slot_bytes = (read_span + labels_at.map_or(0, |_| 8 * batch_size))
             .checked_next_multiple_of(align)
             .ok_or_else(|| LoaderError::Config("batch too large".into()))?;
         let fits = options.pinned_budget / slot_bytes;
@@ -272,6 +312,7 @@ impl SlotLayout {
             .unwrap_or_else(|| crate::tune::threads_for(None, crate::tune::cores()).threads);
         Ok(SlotLayout {
             out_record_bytes,
+            labels_at,
             batch_bytes,
             pieces,
             slot_bytes,

@@ -11,6 +11,9 @@
 //! multiple of 8 bytes ([`ImageSource::label_offset`]). The random draws are a pure function
 //! of (seed, epoch, sample), so shuffling, sharding and resuming give the same pixels.
 //!
+//! For GPU decoding, a [`CompressedImageSource`] wraps an `ImageSource`: its records carry the
+//! JPEG bytes with the same draws and the label, for the loader's copy side to decode.
+//!
 //! ```no_run
 //! use std::sync::Arc;
 //! use pinfeed_source::images::{ImageIndex, ImageOptions, ImageSource};
@@ -23,6 +26,7 @@
 //! # Ok::<(), pinfeed_source::SourceError>(())
 //! ```
 
+mod compressed;
 mod decode;
 mod geometry;
 mod index;
@@ -32,6 +36,9 @@ use std::cell::RefCell;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+pub use compressed::{
+    CompressedImageSource, RecordHeader, RecordKind, DEFAULT_CAPACITY, HEADER_BYTES,
+};
 pub use decode::decode_rgb;
 pub use geometry::{center_crop, random_resized_crop, CropBox};
 pub use index::{ImageIndex, IMAGE_EXTENSIONS, MAX_COMPRESSED_BYTES};
@@ -214,6 +221,11 @@ impl ImageSource {
     /// to a multiple of 8.
     pub fn label_offset(&self) -> usize {
         self.pixel_bytes().next_multiple_of(8)
+    }
+
+    /// The output image's height, width and layout.
+    pub fn output_form(&self) -> (u32, u32, PixelLayout) {
+        (self.options.height, self.options.width, self.options.layout)
     }
 
     /// The dataset.

@@ -1,6 +1,7 @@
 //! Integration tests of pinfeed-source, one module per area. Fixtures are written by numpy
 //! itself (`python3 -c ...`), so numpy must be installed: `pip install numpy`.
 
+mod compressed_images;
 mod direct;
 mod errors;
 mod images;
