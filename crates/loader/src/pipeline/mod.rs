@@ -405,6 +405,7 @@ impl Loader {
             slots_recycled: ring.recycled,
             slot_waits: ring.claims_waited,
             slots_peak_in_use: ring.peak_in_use,
+            network: s.source.network(),
         }
     }
 
