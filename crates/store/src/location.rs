@@ -69,24 +69,21 @@ impl Location {
             return Err(bad("the URL names no bucket, container or host"));
         }
         let base = format!("{}://{authority}", scheme.to_ascii_lowercase());
-        let selection = match key.rsplit_once('/') {
-            _ if key.is_empty() || key.ends_with('/') => Selection::Prefix(key.to_owned()),
-            Some((dir, last)) if is_pattern(last) => {
-                if is_pattern(dir) {
-                    return Err(bad(
-                        "wildcards are supported in the last name component only",
-                    ));
-                }
-                Selection::Pattern {
-                    prefix: format!("{dir}/"),
-                    pattern: last.to_owned(),
-                }
+        if key.rsplit_once('/').is_some_and(|(dir, _)| is_pattern(dir)) {
+            return Err(bad(
+                "wildcards are supported in the last name component only",
+            ));
+        }
+        let last = key.rsplit('/').next().unwrap_or_default();
+        let selection = if key.is_empty() || key.ends_with('/') {
+            Selection::Prefix(key.to_owned())
+        } else if is_pattern(last) {
+            Selection::Pattern {
+                prefix: key[..key.len() - last.len()].to_owned(),
+                pattern: last.to_owned(),
             }
-            None if is_pattern(key) => Selection::Pattern {
-                prefix: String::new(),
-                pattern: key.to_owned(),
-            },
-            _ => Selection::Object(key.to_owned()),
+        } else {
+            Selection::Object(key.to_owned())
         };
         Ok(Location { base, selection })
     }
