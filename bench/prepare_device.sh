@@ -35,4 +35,8 @@ test_binary "$C/soak" -p pinfeed --test soak
 if [ -f bindings/python/pyproject.toml ]; then
     python3 -m maturin build --release -m bindings/python/Cargo.toml -o "$C" --quiet
 fi
+# The S3 server of the `store` section (moto, without the extras of moto[server], which the S3
+# service does not need) and what it imports, for a machine with no network; pip there installs
+# only what is missing.
+python3 -m pip download -q --only-binary=:all: -d "$C/store-wheels" moto==5.2.1 flask flask-cors
 du -sh "$C"/* "$C"/tests/*

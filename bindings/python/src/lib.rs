@@ -15,6 +15,7 @@ mod fork;
 mod loader;
 mod options;
 mod stage;
+mod store;
 mod tokens;
 mod transform;
 
