@@ -880,6 +880,9 @@ fn stats_dict<'py>(py: Python<'py>, s: &Stats, held: usize) -> PyResult<Bound<'p
     d.set_item("gbps", s.gbps())?;
     d.set_item("bottleneck", s.bottleneck().to_string())?;
     d.set_item("explanation", s.explain())?;
-    d.set_item("network", crate::store::network_dict(py, s.network.as_ref())?)?;
+    d.set_item(
+        "network",
+        crate::store::network_dict(py, s.network.as_ref())?,
+    )?;
     Ok(d)
 }

@@ -40,8 +40,8 @@ pub(crate) fn store_options(
             .set(&key, value)
             .map_err(|e| source_error(&e).into_pyerr(py))?;
     }
-    store.cache_limit = size_arg(cache_limit, "cache_limit")?
-        .map_or(DEFAULT_CACHE_LIMIT, |n| n as u64);
+    store.cache_limit =
+        size_arg(cache_limit, "cache_limit")?.map_or(DEFAULT_CACHE_LIMIT, |n| n as u64);
     store.cache_dir = cache_dir;
     Ok(store)
 }
