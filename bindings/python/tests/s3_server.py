@@ -140,12 +140,14 @@ class FaultProxy:
     """Forwards HTTP/1.1 requests to ``upstream`` (one upstream connection per request) and,
     for the next ranged GETs, injects the faults queued with :meth:`inject`: ``"503"`` (a
     SlowDown reply, nothing forwarded) or ``"cut"`` (the reply's head and half its body, then
-    the connection closed). ``always`` makes every ranged GET fail so."""
+    the connection closed). ``always`` makes every ranged GET fail so; while ``down`` is set,
+    every connection is closed at once, as by a server that is not there."""
 
     def __init__(self, upstream_port):
         self.upstream = (HOST, upstream_port)
         self.faults = []
         self.always = None
+        self.down = False
         self.injected = 0
         self.lock = threading.Lock()
         self.server = socket.create_server((HOST, 0))
@@ -180,7 +182,7 @@ class FaultProxy:
 
     def _serve(self, conn):
         with conn:
-            while True:
+            while not self.down:
                 head, rest = read_head(conn)
                 if head is None:
                     return
@@ -188,6 +190,8 @@ class FaultProxy:
                 fault = self._next_fault(head)
                 if fault == "503":
                     conn.sendall(SLOW_DOWN)
+                    return
+                if self.down:
                     return
                 with socket.create_connection(self.upstream) as up:
                     up.sendall(head + body)

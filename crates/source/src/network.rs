@@ -25,6 +25,20 @@ pub struct NetworkStats {
 }
 
 impl NetworkStats {
+    /// What was counted after `earlier`, a snapshot of the same counters: a loader's pass
+    /// reports what it fetched, not what the source fetched before it started.
+    pub fn since(&self, earlier: &NetworkStats) -> NetworkStats {
+        NetworkStats {
+            bytes_fetched: self.bytes_fetched.saturating_sub(earlier.bytes_fetched),
+            requests: self.requests.saturating_sub(earlier.requests),
+            retries: self.retries.saturating_sub(earlier.retries),
+            cache_hits: self.cache_hits.saturating_sub(earlier.cache_hits),
+            cache_misses: self.cache_misses.saturating_sub(earlier.cache_misses),
+            cache_errors: self.cache_errors.saturating_sub(earlier.cache_errors),
+            wait: self.wait.saturating_sub(earlier.wait),
+        }
+    }
+
     /// Adds `other`'s counters to these: the network of several loaders side by side.
     pub fn add(&mut self, other: &NetworkStats) {
         self.bytes_fetched += other.bytes_fetched;

@@ -98,6 +98,9 @@ struct Shared {
     threads: usize,
     /// The process's page-locked allocations when the loader finished starting.
     pinned_allocations_at_start: AtomicU64,
+    /// The source's network counters when the loader started: `Stats::network` counts from
+    /// here, so a pass reports what it fetched.
+    network_at_start: Option<pinfeed_source::NetworkStats>,
 }
 
 impl Shared {
@@ -239,6 +242,7 @@ impl Loader {
         };
         let registrar = matches!(staging, Staging::Windows(_));
         let threads = if registrar { 1 } else { layout.threads };
+        let network_at_start = source.network();
         let shared = Arc::new(Shared {
             ring: Ring::new(ring_slots, ring_total),
             staging,
@@ -258,6 +262,7 @@ impl Loader {
             startup: begun.elapsed(),
             threads,
             pinned_allocations_at_start: AtomicU64::new(pinned_allocations()),
+            network_at_start,
         });
         Loader::spawn(shared, depth)
     }
@@ -405,7 +410,10 @@ impl Loader {
             slots_recycled: ring.recycled,
             slot_waits: ring.claims_waited,
             slots_peak_in_use: ring.peak_in_use,
-            network: s.source.network(),
+            network: s
+                .source
+                .network()
+                .map(|now| now.since(&s.network_at_start.clone().unwrap_or_default())),
         }
     }
 
