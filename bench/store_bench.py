@@ -48,10 +48,12 @@ def checksum(a):
 
 
 def put(endpoint, path, body):
-    """An unsigned PUT (moto checks no signature by default): no boto3 needed to upload."""
+    """An unsigned PUT (moto checks no signature by default): no boto3 needed to upload. The
+    objects are public-read, so that the server-limit probe can GET them without signing."""
     u = urllib.parse.urlsplit(endpoint)
     conn = http.client.HTTPConnection(u.hostname, u.port, timeout=600)
-    conn.request("PUT", path, body=body, headers={"Content-Length": str(len(body))})
+    headers = {"Content-Length": str(len(body)), "x-amz-acl": "public-read"}
+    conn.request("PUT", path, body=body, headers=headers)
     r = conn.getresponse()
     r.read()
     conn.close()
@@ -87,6 +89,8 @@ def server_limit(endpoint, bucket, key, size, threads=16, piece=8 << 20, seconds
             end = min(off + piece, size) - 1
             conn.request("GET", f"/{bucket}/{key}", headers={"Range": f"bytes={off}-{end}"})
             r = conn.getresponse()
+            if r.status != 206:
+                raise RuntimeError(f"server limit probe: GET {key} gave HTTP {r.status}")
             n = 0
             while True:
                 k = r.readinto(view[n:])

@@ -42,6 +42,7 @@
 
 use std::sync::Arc;
 
+use pinfeed_source::tokens::{TokenDType, TokenStream};
 use pinfeed_source::{Layout, ReadOptions, Result, ShardedSource, Source, SourceError};
 
 mod cache;
@@ -91,6 +92,27 @@ pub fn open(
         _ => Box::new(ShardedSource::from_sources(url, shards)?),
     };
     Ok(RemoteDataset::new(inner, client, &location.base))
+}
+
+/// Opens the token data at `url` (a raw token object such as nanoGPT's `train.bin`, `dtype`
+/// required; a 1-D integer `.npy`; or several as shards, as [`open`] takes them) as one stream
+/// of tokens, for [`pinfeed_source::tokens::from_stream`].
+pub fn open_tokens(
+    url: &str,
+    dtype: Option<TokenDType>,
+    read: &ReadOptions,
+    store: &StoreOptions,
+) -> Result<TokenStream> {
+    let layout = dtype
+        .map(|d| Layout::new(d.dtype(), Vec::new()))
+        .transpose()?;
+    let source = match open(url, layout, read, store) {
+        Err(SourceError::NotNpy { path }) => {
+            return Err(SourceError::TokenDtypeMissing { path });
+        }
+        other => other?,
+    };
+    TokenStream::from_source(Box::new(source), dtype)
 }
 
 /// The objects `location` names, listed once, in byte order of their keys.

@@ -231,15 +231,22 @@ struct Plan {
     tokens: Option<TokenSource>,
 }
 
-/// The object-store options of `--storage-option`, `--cache-dir` and `--cache-limit`.
-fn store_options(args: &StreamArgs) -> Result<pinfeed_store::StoreOptions> {
+/// The object-store options of `--storage-option`, `--cache-dir` and `--cache-limit`, and the
+/// read options that apply to object storage (`--queue-depth`).
+pub(crate) fn store_options(
+    args: &StreamArgs,
+) -> Result<(pinfeed_store::StoreOptions, ReadOptions)> {
     let mut store = pinfeed_store::StoreOptions::new();
     for pair in &args.storage_options {
         store.set_pair(pair)?;
     }
     store.cache_dir = args.cache_dir.clone();
     store.cache_limit = parse_size(&args.cache_limit)? as u64;
-    Ok(store)
+    let read = ReadOptions {
+        queue_depth: args.queue_depth,
+        ..ReadOptions::default()
+    };
+    Ok((store, read))
 }
 
 /// The source, the loader's options and the devices that `args` ask for.
@@ -291,7 +298,7 @@ fn prepare(args: &StreamArgs) -> Result<Plan> {
             args.dtype.as_deref(),
             args.shape.as_ref().map(|s| s.0.as_slice()),
             &read,
-            &store_options(args)?,
+            &store_options(args)?.0,
         )?,
     };
     let options = LoaderOptions {

@@ -148,3 +148,67 @@ fn a_gather_of_neighbours_is_one_request_and_the_cache_serves_it_again() {
     assert_eq!(got, want);
     assert_eq!(plain.network().unwrap().requests - before, 1);
 }
+
+#[test]
+fn a_token_file_in_a_bucket_streams_as_windows() {
+    use pinfeed_source::tokens::{self, Sample, TokenDType, TokenOptions};
+
+    let moto = Moto::start();
+    upload(&moto);
+    // nanoGPT's train.bin: uint16 tokens back to back; here 20 000 of them.
+    let tokens: Vec<u16> = (0..20_000u32).map(|i| (i * 7919 % 50_257) as u16).collect();
+    let bytes: Vec<u8> = tokens.iter().flat_map(|t| t.to_le_bytes()).collect();
+    let store: Arc<dyn ObjectStore> = Arc::new(
+        object_store::aws::AmazonS3Builder::new()
+            .with_endpoint(moto.endpoint())
+            .with_allow_http(true)
+            .with_region("us-east-1")
+            .with_bucket_name("data")
+            .with_access_key_id("test")
+            .with_secret_access_key("test")
+            .build()
+            .unwrap(),
+    );
+    tokio::runtime::Runtime::new()
+        .unwrap()
+        .block_on(store.put(&ObjectPath::from("tok/train.bin"), PutPayload::from(bytes)))
+        .unwrap();
+    let read = ReadOptions::default();
+    let url = "s3://data/tok/train.bin";
+    let e = pinfeed_store::open_tokens(url, None, &read, &options(&moto)).unwrap_err();
+    assert!(
+        matches!(e, pinfeed_source::SourceError::TokenDtypeMissing { .. }),
+        "{e}"
+    );
+    let stream =
+        pinfeed_store::open_tokens(url, Some(TokenDType::U16), &read, &options(&moto)).unwrap();
+    assert_eq!(stream.num_tokens(), 20_000);
+    let options = TokenOptions {
+        dtype: Some(TokenDType::U16),
+        seq_len: 64,
+        sample: Sample::Sequential,
+        seed: 0,
+        epoch: 0,
+        steps: None,
+        batch_size: 8,
+        world_size: 1,
+        steps_per_batch: 1,
+    };
+    let windows = tokens::from_stream(Arc::new(stream), &options)
+        .unwrap()
+        .source();
+    // Windows of 65 tokens every 64: window w is tokens 64w ..= 64w + 64.
+    let mut got = vec![0u8; 3 * 65 * 2];
+    windows.read_records(100, &mut got).unwrap();
+    let want: Vec<u8> = (100 * 64..100 * 64 + 65)
+        .chain(101 * 64..101 * 64 + 65)
+        .chain(102 * 64..102 * 64 + 65)
+        .flat_map(|i| tokens[i].to_le_bytes())
+        .collect();
+    assert_eq!(got, want);
+    let net = windows
+        .network()
+        .expect("windows of a bucket report its network");
+    assert!(net.requests > 0);
+    assert!(windows.reader_description().starts_with("object store"));
+}
