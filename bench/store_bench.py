@@ -228,6 +228,7 @@ def main():
     p.add_argument("--bucket", default="pinfeed-bench")
     p.add_argument("--s3fs-site", default=None)
     p.add_argument("--limit-threads", type=int, default=16)
+    p.add_argument("--request-mib", type=float, default=None, help="storage option request_size")
     args = p.parse_args()
 
     from s3_server import Moto
@@ -248,6 +249,8 @@ def main():
             access_key_id=KEY,
             secret_access_key=SECRET,
         )
+        if args.request_mib:
+            store["request_size"] = str(int(args.request_mib * (1 << 20)))
         url = f"s3://{args.bucket}/bench/"
         results = {}
         results["server_limit"] = dict(

@@ -341,7 +341,8 @@ impl Stats {
                      on object storage ({:.2} GB/s fetched in {} requests, {} retried); the copy \
                      engine waited {:.0}% of the time",
                     self.threads,
-                    net.wait.as_secs_f64(),
+                    // Timed around each request, so it may pass the read time by a hair.
+                    net.wait.min(self.read_time).as_secs_f64(),
                     self.read_time.as_secs_f64(),
                     net.bytes_fetched as f64 / self.elapsed.as_secs_f64().max(1e-9) / 1e9,
                     net.requests,
