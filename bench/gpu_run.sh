@@ -5,8 +5,8 @@
 # binaries, wheel into .device-carry/). bench/README.md lists what each section measures.
 #
 #   bash bench/gpu_run.sh [SECTION...]   (default: tests rust torch python)
-#   sections: tests rust torch python pytests ab tokens machine nvjpeg jax images bigcached
-#             bigsweep bigcold legacysoak soakstart soakwait
+#   sections: tests rust torch python pytests ab tokens machine nvjpeg jax images store
+#             bigcached bigsweep bigcold legacysoak soakstart soakwait
 #   env: SKIP_DOCTOR=1 (no doctor/copy_path in `rust`), PYBENCH_SECTIONS=seed,loaders,...,sweep,
 #        PYBENCH_ONLY=1 (no torchrun/tests in `python`), SOAK_SECONDS, LEGACY_SOAK_SECONDS, BIGDIR,
 #        AB_ROUNDS (default 3), TOKENS_ARGS (extra arguments of tokens_bench.py),
@@ -233,6 +233,18 @@ if want images && ls $C/*.whl >/dev/null 2>&1; then
         bindings/python/tests/test_images.py 2>&1 | tail -8 | tee "$OUT/images_gpu_pytests.txt"
     PYTHONPATH=/tmp/site timeout 580 python3 bench/images_bench.py "$IMG/train" --out "$OUT/$(date +%F)-h200-images.json" ${IMAGES_ARGS:-} 2>&1 | tail -16
     $C/pinfeed stream "$IMG/train" --images --size 224 --batch-size 256 --shuffle random --threads "$(nproc)" --json > "$OUT/images_stream.json" && tail -c 400 "$OUT/images_stream.json"
+fi
+
+if want store && ls $C/*.whl >/dev/null 2>&1; then
+    echo "== Object storage: a moto S3 server on 127.0.0.1 (wheels carried), streamed to the GPU"
+    install_wheel /tmp/site $C/*.whl
+    # The server's wheels (bench/prepare_device.sh), nothing fetched: the pure-Python ones, and
+    # the binary ones built for this Python (others are taken from the environment).
+    py=$(python3 -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site-moto \
+        $(ls $C/store-wheels/*.whl | grep -E -- "-none-any|-abi3-|-$py-") 2>&1 | tail -2
+    export PATH=/tmp/site-moto/bin:$PATH
+    PYTHONPATH=/tmp/site:/tmp/site-moto timeout 580 python3 bench/store_bench.py --device cuda --threads 8 --out "$OUT/store.json" ${STORE_ARGS:-} 2>&1 | tail -14
 fi
 
 if want legacysoak && ls $C/*.whl >/dev/null 2>&1; then

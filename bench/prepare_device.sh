@@ -42,4 +42,8 @@ fi
 # torchdata's wheel (pure Python; the GPU machine has torch and Lightning but not torchdata),
 # installed there into a --target folder by gpu_run.sh's jax section.
 python3 -m pip download -q --no-deps -d "$C/wheels" torchdata
+# The S3 server of the `store` section (moto, without the extras of moto[server], which the S3
+# service does not need) and what it imports, for a machine with no network; pip there installs
+# only what is missing.
+python3 -m pip download -q --only-binary=:all: -d "$C/store-wheels" moto==5.2.1 flask flask-cors
 du -sh "$C"/* "$C"/tests/*

@@ -16,6 +16,7 @@ mod images;
 mod loader;
 mod options;
 mod stage;
+mod store;
 mod tokens;
 mod transform;
 

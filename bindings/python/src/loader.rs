@@ -64,8 +64,12 @@ impl Source {
     /// (``O_DIRECT``), ``"uring"`` (io_uring, ``queue_depth`` reads in flight, ``read_size``
     /// bytes each), or ``"auto"``: ``"mmap"`` for files mostly page-cached or smaller than half
     /// the memory available, ``O_DIRECT`` for larger cold ones.
+    /// A URL (``s3://bucket/prefix/``, a glob of objects, ``gs://``, ``az://``, ``https://``)
+    /// is read from object storage by ranged GETs, ``queue_depth`` in flight over all reader
+    /// threads, as ``storage_options`` (str to str) say, with an optional block cache in
+    /// ``cache_dir`` of at most ``cache_limit`` bytes.
     #[staticmethod]
-    #[pyo3(signature = (path, *, descr=None, user_dtype=None, shape=None, reader="auto", read_size=None, queue_depth=None, tensor=None))]
+    #[pyo3(signature = (path, *, descr=None, user_dtype=None, shape=None, reader="auto", read_size=None, queue_depth=None, tensor=None, storage_options=None, cache_dir=None, cache_limit=None))]
     #[allow(clippy::too_many_arguments)]
     fn open(
         py: Python<'_>,
@@ -77,7 +81,18 @@ impl Source {
         read_size: Option<Bound<'_, PyAny>>,
         queue_depth: Option<u32>,
         tensor: Option<String>,
+        storage_options: Option<std::collections::BTreeMap<String, String>>,
+        cache_dir: Option<PathBuf>,
+        cache_limit: Option<Bound<'_, PyAny>>,
     ) -> PyResult<Source> {
+        let url = path.to_str().filter(|p| pinfeed_store::is_url(p));
+        let store = crate::store::store_options(
+            py,
+            url.is_some(),
+            storage_options,
+            cache_dir,
+            cache_limit.as_ref(),
+        )?;
         let named = |e: pinfeed_source::SourceError| {
             let mut raised = source_error(&e);
             let name = path.display().to_string();
@@ -113,13 +128,20 @@ impl Source {
             format.set("tensor", tensor);
         }
         let read = pinfeed_source::ReadOptions {
-            reader: py.detach(|| reader.resolve(&path).0),
+            reader: match url {
+                Some(_) => pinfeed_source::Reader::Pread,
+                None => py.detach(|| reader.resolve(&path).0),
+            },
             read_size: size_arg(read_size.as_ref(), "read_size")?
                 .unwrap_or(pinfeed_source::DEFAULT_READ_SIZE),
             queue_depth: queue_depth.unwrap_or(pinfeed_source::DEFAULT_QUEUE_DEPTH),
             format,
         };
-        let opened = py.detach(|| pinfeed_source::open_with(&path, layout.clone(), &read));
+        let opened = py.detach(|| match url {
+            Some(url) => pinfeed_store::open(url, layout.clone(), &read, &store)
+                .map(|s| Box::new(s) as Box<dyn pinfeed_source::Source>),
+            None => pinfeed_source::open_with(&path, layout.clone(), &read),
+        });
         let inner: Box<dyn pinfeed_source::Source> = opened.map_err(named).py_err(py)?;
         let found = inner.layout();
         let contradicts = match &layout {
@@ -875,5 +897,9 @@ fn stats_dict<'py>(py: Python<'py>, s: &Stats, held: usize) -> PyResult<Bound<'p
     d.set_item("gbps", s.gbps())?;
     d.set_item("bottleneck", s.bottleneck().to_string())?;
     d.set_item("explanation", s.explain())?;
+    d.set_item(
+        "network",
+        crate::store::network_dict(py, s.network.as_ref())?,
+    )?;
     Ok(d)
 }

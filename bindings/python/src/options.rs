@@ -450,6 +450,7 @@ pub(crate) fn bottleneck(
         consumer_wait: secs(consumer_wait),
         copy_starved: secs(copy_starved),
         copy_blocked: Some(secs(copy_blocked)),
+        network: None,
     };
     let kind = match times.bottleneck() {
         pinfeed::Bottleneck::Consumer => "consumer",

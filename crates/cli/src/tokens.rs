@@ -55,7 +55,16 @@ pub fn open(args: &StreamArgs, seq_len: u64, world_size: u64) -> Result<TokenSou
         world_size,
         steps_per_batch: 1,
     };
-    tokens::open(path, &options).map_err(|e| {
+    let url = path.to_str().filter(|p| pinfeed_store::is_url(p));
+    let opened = match url {
+        Some(url) => {
+            let (store, read) = crate::stream::store_options(args)?;
+            pinfeed_store::open_tokens(url, dtype, &read, &store)
+                .and_then(|stream| tokens::from_stream(std::sync::Arc::new(stream), &options))
+        }
+        None => tokens::open(path, &options),
+    };
+    opened.map_err(|e| {
         if matches!(e, SourceError::TokenDtypeMissing { .. }) {
             anyhow::anyhow!(
                 "{}: a raw token file needs its token type: give --tokens (uint16 for nanoGPT's \

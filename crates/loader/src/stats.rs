@@ -44,6 +44,9 @@ pub enum Bottleneck {
     Read,
     /// Filled slots wait for the copy engine (PCIe, or the host copy thread).
     Copy,
+    /// Readers cannot keep the slots filled because they wait on object storage: the
+    /// network (or the store behind it) is the limit.
+    Network,
     /// Too little has happened yet to tell.
     Unknown,
 }
@@ -54,6 +57,7 @@ impl fmt::Display for Bottleneck {
             Bottleneck::Consumer => "consumer-bound",
             Bottleneck::Read => "read-bound",
             Bottleneck::Copy => "copy-bound",
+            Bottleneck::Network => "network-bound",
             Bottleneck::Unknown => "unknown",
         })
     }
@@ -75,6 +79,9 @@ pub struct StageTimes {
     /// Time the copy stage waited for the consumer to take an item (its queue was full);
     /// `None` where that wait is not told apart from `copy_starved`.
     pub copy_blocked: Option<Duration>,
+    /// For a producer that reads object storage: the time it spent producing (summed over its
+    /// threads) and, of that, the time it waited on the network. `None` otherwise.
+    pub network: Option<(Duration, Duration)>,
 }
 
 impl StageTimes {
@@ -83,8 +90,9 @@ impl StageTimes {
     /// A consumer that rarely waits (under 10% of the time), while the copy stage waits for it
     /// (over 10%, when that is known), is the bottleneck itself. Otherwise a copy stage that
     /// waits for the producer over a quarter of the time means the producer is behind
-    /// ([`Bottleneck::Read`]); else the copy stage is ([`Bottleneck::Copy`]). Fewer than two
-    /// items tell nothing ([`Bottleneck::Unknown`]).
+    /// ([`Bottleneck::Read`]), and when more than half of the producer's time went waiting on
+    /// object storage, the network is ([`Bottleneck::Network`]); else the copy stage is
+    /// ([`Bottleneck::Copy`]). Fewer than two items tell nothing ([`Bottleneck::Unknown`]).
     pub fn bottleneck(&self) -> Bottleneck {
         let wall = self.elapsed.as_secs_f64();
         if self.items < 2 || wall <= 0.0 {
@@ -95,7 +103,12 @@ impl StageTimes {
         if share(self.consumer_wait) < 0.1 && copier_blocked {
             Bottleneck::Consumer
         } else if share(self.copy_starved) > 0.25 {
-            Bottleneck::Read
+            match self.network {
+                Some((busy, waited)) if waited.as_secs_f64() > 0.5 * busy.as_secs_f64() => {
+                    Bottleneck::Network
+                }
+                _ => Bottleneck::Read,
+            }
         } else {
             Bottleneck::Copy
         }
@@ -121,6 +134,16 @@ impl StageTimes {
                 "{producer}: {copier} waited {starved:.3} s of {wall:.3} s for it (the consumer \
                  waited {waited:.3} s)"
             ),
+            Bottleneck::Network => {
+                let (busy, net) = self.network.unwrap_or_default();
+                format!(
+                    "the network: {producer} spent {:.3} s of its {:.3} s waiting on object \
+                     storage, and {copier} waited {starved:.3} s of {wall:.3} s for it (the \
+                     consumer waited {waited:.3} s)",
+                    net.as_secs_f64(),
+                    busy.as_secs_f64()
+                )
+            }
             Bottleneck::Copy => format!(
                 "{copier}: it waited only {starved:.3} s of {wall:.3} s for {producer}, and the \
                  consumer waited {waited:.3} s"
@@ -219,6 +242,8 @@ pub struct Stats {
     /// The most device bytes held by batches at once on one device (the largest of
     /// `devices`' peaks).
     pub device_bytes_peak: usize,
+    /// What the source fetched from object storage (`None` for local files and memory).
+    pub network: Option<pinfeed_source::NetworkStats>,
 }
 
 impl Stats {
@@ -258,6 +283,13 @@ impl Stats {
             all.slot_waits += s.slot_waits;
             all.slots_peak_in_use += s.slots_peak_in_use;
             all.device_bytes_peak = all.device_bytes_peak.max(s.device_bytes_peak);
+            all.network = match (all.network.take(), &s.network) {
+                (Some(mut a), Some(b)) => {
+                    a.add(b);
+                    Some(a)
+                }
+                (a, b) => a.or_else(|| b.clone()),
+            };
         }
         Some(all)
     }
@@ -275,6 +307,10 @@ impl Stats {
             consumer_wait: self.consumer_wait,
             copy_starved: self.wait_filled,
             copy_blocked: Some(self.wait_consumer),
+            network: self
+                .network
+                .as_ref()
+                .map(|n| (self.read_time, n.wait.min(self.read_time))),
         }
     }
 
@@ -302,6 +338,22 @@ impl Stats {
                 self.gbps(),
                 self.wait_free_slot.as_secs_f64()
             ),
+            Bottleneck::Network => {
+                let net = self.network.clone().unwrap_or_default();
+                format!(
+                    "network-bound: {} reader thread(s) waited {:.2} s of their {:.2} s reading \
+                     on object storage ({:.2} GB/s fetched in {} requests, {} retried); the copy \
+                     engine waited {:.0}% of the time",
+                    self.threads,
+                    // Timed around each request, so it may pass the read time by a hair.
+                    net.wait.min(self.read_time).as_secs_f64(),
+                    self.read_time.as_secs_f64(),
+                    net.bytes_fetched as f64 / self.elapsed.as_secs_f64().max(1e-9) / 1e9,
+                    net.requests,
+                    net.retries,
+                    100.0 * self.wait_filled.as_secs_f64() / self.elapsed.as_secs_f64().max(1e-9)
+                )
+            }
             Bottleneck::Unknown => "too few batches to tell what limits the loader".to_string(),
         }
     }
@@ -318,6 +370,7 @@ mod tests {
             consumer_wait: Duration::from_secs_f64(consumer_wait),
             copy_starved: Duration::from_secs_f64(copy_starved),
             copy_blocked: copy_blocked.map(Duration::from_secs_f64),
+            network: None,
         }
     }
 
@@ -339,6 +392,31 @@ mod tests {
             ..times(6.0, 5.0, None)
         };
         assert_eq!(one.bottleneck(), Bottleneck::Unknown);
+    }
+
+    #[test]
+    fn readers_waiting_on_the_network_name_the_network() {
+        let secs = Duration::from_secs_f64;
+        let starved = times(6.0, 5.0, Some(0.0));
+        let mostly_network = StageTimes {
+            network: Some((secs(8.0), secs(6.0))),
+            ..starved
+        };
+        assert_eq!(mostly_network.bottleneck(), Bottleneck::Network);
+        assert!(mostly_network
+            .explain("the readers", "the copy thread")
+            .starts_with("the network: the readers spent 6.000 s of its 8.000 s"));
+        let mostly_parsing = StageTimes {
+            network: Some((secs(8.0), secs(2.0))),
+            ..starved
+        };
+        assert_eq!(mostly_parsing.bottleneck(), Bottleneck::Read);
+        // A copy-bound pipeline stays copy-bound, however slow its network.
+        let copy_bound = StageTimes {
+            network: Some((secs(8.0), secs(8.0))),
+            ..times(6.0, 1.0, Some(0.0))
+        };
+        assert_eq!(copy_bound.bottleneck(), Bottleneck::Copy);
     }
 
     #[test]

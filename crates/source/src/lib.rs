@@ -57,6 +57,7 @@ pub mod formats;
 mod host;
 pub mod images;
 mod literal;
+mod network;
 mod read;
 mod readers;
 mod records;
@@ -71,15 +72,16 @@ pub use error::{escape_path, SourceError};
 pub use formats::raw::RawFile;
 pub use formats::{npy, safetensors, Format, FormatOptions};
 pub use host::HostBuffer;
+pub use network::NetworkStats;
 pub use npy::NpyFile;
 pub use read::open_regular;
 pub use readers::auto::cached_fraction;
 pub use readers::{
-    resolve_auto, AlignedBuffer, ReadOptions, Reader, UnknownReader, DEFAULT_QUEUE_DEPTH,
-    DEFAULT_READ_SIZE, DIRECT_ALIGN,
+    resolve_auto, AlignedBuffer, GatherRun, ReadOptions, Reader, UnknownReader,
+    DEFAULT_QUEUE_DEPTH, DEFAULT_READ_SIZE, DIRECT_ALIGN,
 };
 pub use safetensors::SafetensorsFile;
-pub use shards::ShardedSource;
+pub use shards::{glob_match, ShardedSource};
 
 pub use sigbus::Guard as MappingGuard;
 
@@ -235,6 +237,12 @@ pub trait Source: Send + Sync + std::fmt::Debug {
         "pread".into()
     }
 
+    /// What the source fetched over the network so far (an object-store source's requests,
+    /// retries, cache hits and time waited); `None` for sources that read local files or memory.
+    fn network(&self) -> Option<NetworkStats> {
+        None
+    }
+
     /// Gathers records in the given order (any order, repeats allowed) into `dst`, back to back;
     /// `dst.len()` must be `indices.len()` records.
     ///
@@ -344,7 +352,7 @@ pub(crate) fn check_places(
 /// Coalesces a gather's indices into runs of consecutive records, after checking the
 /// destination's size and every index; for sources that read a file at `data_offset + index *
 /// record_bytes`. Record `k` goes to place `k`.
-pub(crate) fn gather_runs(
+pub fn gather_runs(
     source: &(impl Source + ?Sized),
     data_offset: u64,
     indices: &[u64],
@@ -355,7 +363,7 @@ pub(crate) fn gather_runs(
 }
 
 /// [`gather_runs`] for [`Source::gather_at`]: records to the places given.
-pub(crate) fn gather_runs_at(
+pub fn gather_runs_at(
     source: &(impl Source + ?Sized),
     data_offset: u64,
     records: &[(u64, usize)],
@@ -388,11 +396,7 @@ fn runs_of(
 
 /// Checks a `read_records` request: `len` is whole records and they lie inside the dataset.
 /// Returns the number of records.
-pub(crate) fn check_request(
-    source: &(impl Source + ?Sized),
-    first: u64,
-    len: usize,
-) -> Result<u64> {
+pub fn check_request(source: &(impl Source + ?Sized), first: u64, len: usize) -> Result<u64> {
     let record_bytes = source.layout().record_bytes();
     if len % record_bytes != 0 {
         return Err(SourceError::Destination {

@@ -366,7 +366,8 @@ fn list_pattern(path: &Path) -> Result<Vec<PathBuf>> {
 
 /// Shell-style matching of one file name, byte by byte: `*` any run, `?` one byte, `[abc]`,
 /// `[a-z]` and `[!a-z]` (or `[^a-z]`) one byte of a set. A `[` without a closing `]` is literal.
-pub(crate) fn glob_match(pattern: &[u8], name: &[u8]) -> bool {
+/// Shard patterns of local paths and of object-store URLs match by this one rule.
+pub fn glob_match(pattern: &[u8], name: &[u8]) -> bool {
     let (mut p, mut n) = (0, 0);
     // Where the last `*` was and the name position it is currently matched up to.
     let mut star: Option<(usize, usize)> = None;

@@ -97,6 +97,9 @@ class Source:
         read_size: int | str | None = None,
         queue_depth: int | None = None,
         tensor: str | None = None,
+        storage_options: dict[str, str] | None = None,
+        cache_dir: str | PathLike[str] | None = None,
+        cache_limit: int | str | None = None,
     ) -> Source: ...
     @staticmethod
     def from_array(array: Any, descr: str) -> Source: ...

@@ -128,12 +128,36 @@ def _caller_outside_pinfeed() -> int:
     return level
 
 
+def _store_args(
+    storage_options: Optional[dict[str, Any]],
+    cache_dir: Any,
+    cache_limit: Any,
+    queue_depth: Optional[int],
+) -> dict[str, Any]:
+    """The object-storage arguments of ``Source.open`` that were given (values as strings,
+    as ``--storage-option key=value`` gives them: ``True`` becomes ``"true"``)."""
+    store: dict[str, Any] = {}
+    if storage_options:
+        store["storage_options"] = {
+            str(k): (str(v).lower() if isinstance(v, bool) else str(v))
+            for k, v in storage_options.items()
+        }
+    if cache_dir is not None:
+        store["cache_dir"] = os.fspath(cache_dir)
+    if cache_limit is not None:
+        store["cache_limit"] = cache_limit
+    if queue_depth is not None:
+        store["queue_depth"] = int(queue_depth)
+    return store
+
+
 def _open_source(
     source: Any,
     dtype: Any,
     shape: Optional[Sequence[int]],
     reader: str = "auto",
     tensor: Optional[str] = None,
+    store: Optional[dict[str, Any]] = None,
 ) -> "_pinfeed.Source":
     if isinstance(source, _pinfeed.Source):  # opened already, e.g. by pinfeed.TokenLoader
         return source
@@ -142,7 +166,7 @@ def _open_source(
         if isinstance(path, bytes):
             path = os.fsdecode(path)
         record_shape = None if shape is None else [int(d) for d in np.atleast_1d(shape)]
-        how = dict(reader=reader, tensor=tensor)
+        how: dict[str, Any] = dict(reader=reader, tensor=tensor, **(store or {}))
         if dtype is None:
             return _pinfeed.Source.open(path, shape=record_shape, **how)
         if isinstance(dtype, str):
@@ -218,6 +242,18 @@ class Loader:
     of a page-cached file, no CPU copy; in-order, one rank), or ``"auto"``: ``"mmap"`` for a
     file mostly in the page cache or smaller than half the memory available, ``O_DIRECT`` for a
     larger cold one.
+
+    ``source`` may also be a URL in object storage: ``s3://bucket/prefix/`` (its ``.npy``
+    objects as shards), a glob such as ``s3://bucket/train/part-*.npy``, one object, or
+    ``gs://``, ``az://``, ``https://``. Records are fetched by ranged GETs straight into the
+    pinned slots, neighbouring ranges coalesced, at most ``queue_depth`` (default 32) requests
+    in flight over all reader threads. ``storage_options`` (a dict) sets the store's
+    ``endpoint``, ``region``, ``path_style``, ``allow_http``, credentials and timeouts, and
+    pinfeed's ``retries``; credentials otherwise come from the standard chain (``AWS_*``
+    variables, instance metadata). ``cache_dir`` keeps fetched blocks on local disk for later
+    epochs and other processes, at most ``cache_limit`` bytes (default 10 GiB).
+    ``shuffle="random"`` works but fetches records one small range at a time: slow over a
+    network; ``"block"`` reads large ranges.
 
     ``transform`` is run by the reader threads on each batch: ``transforms.ToFloat()``,
     ``transforms.Normalize(mean, std)`` (Rust, no GIL), or a Python callable ``f(raw, out)`` whose
@@ -313,9 +349,14 @@ class Loader:
         tensor: Optional[str] = None,
         piece_size: Any = "4MiB",
         framework: Optional[str] = None,
+        storage_options: Optional[dict[str, Any]] = None,
+        cache_dir: Any = None,
+        cache_limit: Any = None,
+        queue_depth: Optional[int] = None,
     ) -> None:
         self._pid = os.getpid()
-        self._source = _open_source(source, dtype, shape, str(reader), tensor)
+        store = _store_args(storage_options, cache_dir, cache_limit, queue_depth)
+        self._source = _open_source(source, dtype, shape, str(reader), tensor, store)
         name = self._source.name
         #: ``"none"``, ``"random"``, ``"block"`` or ``"gpu"``.
         self.shuffle: str = shuffle_mode(shuffle)

@@ -95,9 +95,24 @@ pub struct StreamArgs {
     /// Bytes per read request of the direct and uring readers, e.g. 1MiB.
     #[arg(long, default_value = "1MiB")]
     read_size: String,
-    /// Reads in flight per thread for the uring reader.
+    /// Reads in flight per thread for the uring reader; for a dataset in object storage, ranged
+    /// GETs in flight over all reader threads.
     #[arg(long, default_value_t = pinfeed_source::DEFAULT_QUEUE_DEPTH)]
     queue_depth: u32,
+    /// An option of the object store a URL dataset (s3://, gs://, az://, https://) is read
+    /// from, KEY=VALUE, repeatable: endpoint, region, path_style, allow_http, access_key_id,
+    /// secret_access_key, timeout, connect_timeout, read_timeout (object_store's keys), and
+    /// pinfeed's retries, request_size, coalesce_gap. Credentials otherwise come from the
+    /// store's standard chain (AWS_* variables, instance metadata, ...).
+    #[arg(long = "storage-option", value_name = "KEY=VALUE")]
+    storage_options: Vec<String>,
+    /// Keep blocks fetched from object storage in this directory, for later epochs and other
+    /// processes (least recently used removed past --cache-limit).
+    #[arg(long)]
+    cache_dir: Option<PathBuf>,
+    /// Most bytes --cache-dir may hold, e.g. 10GiB.
+    #[arg(long, default_value = "10GiB", requires = "cache_dir")]
+    cache_limit: String,
     /// The tensor of a .safetensors file whose first dimension counts records.
     #[arg(long)]
     tensor: Option<String>,
@@ -246,6 +261,24 @@ struct Plan {
     images: Option<Arc<ImageSource>>,
 }
 
+/// The object-store options of `--storage-option`, `--cache-dir` and `--cache-limit`, and the
+/// read options that apply to object storage (`--queue-depth`).
+pub(crate) fn store_options(
+    args: &StreamArgs,
+) -> Result<(pinfeed_store::StoreOptions, ReadOptions)> {
+    let mut store = pinfeed_store::StoreOptions::new();
+    for pair in &args.storage_options {
+        store.set_pair(pair)?;
+    }
+    store.cache_dir = args.cache_dir.clone();
+    store.cache_limit = parse_size(&args.cache_limit)? as u64;
+    let read = ReadOptions {
+        queue_depth: args.queue_depth,
+        ..ReadOptions::default()
+    };
+    Ok((store, read))
+}
+
 /// The source, the loader's options and the devices that `args` ask for.
 fn prepare(args: &StreamArgs) -> Result<Plan> {
     let reader: Reader = args.reader.parse()?;
@@ -301,6 +334,7 @@ fn prepare(args: &StreamArgs) -> Result<Plan> {
             args.dtype.as_deref(),
             args.shape.as_ref().map(|s| s.0.as_slice()),
             &read,
+            &store_options(args)?.0,
         )?,
     };
     let options = LoaderOptions {

@@ -43,6 +43,7 @@ pub fn open_source(
     dtype: Option<&str>,
     shape: Option<&[u64]>,
     read: &ReadOptions,
+    store: &pinfeed_store::StoreOptions,
 ) -> Result<Arc<dyn Source>> {
     let raw_layout = match dtype {
         None => None,
@@ -52,8 +53,15 @@ pub fn open_source(
                 .with_context(|| format!("{}: --dtype/--shape", path.display()))?,
         ),
     };
-    let source: Arc<dyn Source> = match open_with(path, raw_layout.clone(), read) {
+    let url = path.to_str().filter(|p| pinfeed_store::is_url(p));
+    let opened = match url {
+        Some(url) => pinfeed_store::open(url, raw_layout.clone(), read, store)
+            .map(|s| Box::new(s) as Box<dyn Source>),
+        None => open_with(path, raw_layout.clone(), read),
+    };
+    let source: Arc<dyn Source> = match opened {
         Ok(source) => Arc::from(source),
+        Err(e) if url.is_some() => return Err(e.into()),
         // Python refuses to guess the element type of raw records; so does the command.
         Err(_) if raw_layout.is_none() && shape.is_some() && is_raw(path, read) => bail!(
             "{}: a raw record file needs --dtype (its element type, e.g. --dtype u8) as well as \

@@ -118,6 +118,21 @@ pub(super) fn report_json(args: &StreamArgs, m: &Measured) -> serde_json::Value 
     if args.devices.is_some() {
         add_devices(&mut report, args, m);
     }
+    if let Some(net) = &stats.network {
+        let fields = report.as_object_mut().expect("the report is an object");
+        fields.insert(
+            "network".into(),
+            json!({
+                "bytes_fetched": net.bytes_fetched,
+                "requests": net.requests,
+                "retries": net.retries,
+                "cache_hits": net.cache_hits,
+                "cache_misses": net.cache_misses,
+                "cache_errors": net.cache_errors,
+                "wait_s": net.wait.as_secs_f64(),
+            }),
+        );
+    }
     if let Some(seq_len) = args.seq_len {
         let fields = report.as_object_mut().expect("the report is an object");
         fields.insert("sample".into(), json!(crate::tokens::sample(args).name()));
@@ -261,6 +276,20 @@ fn print_pipeline(out: &mut impl Write, args: &StreamArgs, m: &Measured) -> io::
         stats.wait_free_slot.as_secs_f64(),
         stats.slots_peak_in_use
     )?;
+    if let Some(net) = &stats.network {
+        writeln!(
+            out,
+            "  network: {:.1} MB fetched in {} requests ({} retried), readers waited {:.3} s; \
+             cache {} hits, {} misses, {} errors",
+            net.bytes_fetched as f64 / 1e6,
+            net.requests,
+            net.retries,
+            net.wait.as_secs_f64(),
+            net.cache_hits,
+            net.cache_misses,
+            net.cache_errors
+        )?;
+    }
     if let Some(seq_len) = args.seq_len {
         writeln!(
             out,

@@ -102,6 +102,9 @@ struct Shared {
     thread_choice: crate::tune::ThreadChoice,
     /// The process's page-locked allocations when the loader finished starting.
     pinned_allocations_at_start: AtomicU64,
+    /// The source's network counters when the loader started: `Stats::network` counts from
+    /// here, so a pass reports what it fetched.
+    network_at_start: Option<pinfeed_source::NetworkStats>,
 }
 
 impl Shared {
@@ -274,6 +277,7 @@ impl Loader {
         } else {
             (layout.threads, choice)
         };
+        let network_at_start = source.network();
         let shared = Arc::new(Shared {
             ring: Ring::new(ring_slots, ring_total),
             staging,
@@ -295,6 +299,7 @@ impl Loader {
             threads,
             thread_choice: choice,
             pinned_allocations_at_start: AtomicU64::new(pinned_allocations()),
+            network_at_start,
         });
         Loader::spawn(shared, depth)
     }
@@ -444,6 +449,10 @@ impl Loader {
             slots_recycled: ring.recycled,
             slot_waits: ring.claims_waited,
             slots_peak_in_use: ring.peak_in_use,
+            network: s
+                .source
+                .network()
+                .map(|now| now.since(&s.network_at_start.clone().unwrap_or_default())),
         }
     }
 

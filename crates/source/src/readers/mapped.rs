@@ -58,10 +58,13 @@ impl FileReader for Mapped {
 
 /// One run of a gather: `len` bytes from byte `offset` of the file to `dst[at .. at + len]`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct GatherRun {
-    pub(crate) offset: u64,
-    pub(crate) at: usize,
-    pub(crate) len: usize,
+pub struct GatherRun {
+    /// Byte offset of the run in the file (or object).
+    pub offset: u64,
+    /// Where the run goes in the destination.
+    pub at: usize,
+    /// Bytes in the run: whole records.
+    pub len: usize,
 }
 
 /// Bytes `offset .. offset + len` of a file, mapped read-only and shared.

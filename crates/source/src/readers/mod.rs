@@ -38,7 +38,7 @@ pub(crate) mod uring;
 
 pub use aligned::AlignedBuffer;
 pub use auto::resolve_auto;
-pub(crate) use mapped::GatherRun;
+pub use mapped::GatherRun;
 use pread::{Fallback, Pread};
 
 /// Default [`ReadOptions::read_size`]: 1 MiB.

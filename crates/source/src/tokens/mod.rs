@@ -55,7 +55,7 @@ mod windows;
 pub use documents::{DocumentPlan, DocumentWindows, Segment};
 pub use dtype::TokenDType;
 pub use megatron::IndexedDataset;
-pub use open::{is_indexed, open, Sample, TokenOptions, TokenSource};
+pub use open::{from_stream, is_indexed, open, Sample, TokenOptions, TokenSource};
 pub use sampled::{sampled_offset, SampledWindows};
 pub use stream::TokenStream;
 pub use windows::TokenWindows;

@@ -127,17 +127,45 @@ pub fn is_indexed(path: &Path) -> bool {
 /// from the index). Errors name the file.
 pub fn open(path: &Path, options: &TokenOptions) -> Result<TokenSource> {
     let name = path.display().to_string();
-    let indexed = is_indexed(path);
-    let not_indexed = || {
-        invalid(
-            &name,
-            "documents sampling needs a Megatron indexed dataset (a .bin beside its .idx)",
-        )
-    };
-    if options.sample == Sample::Documents && !indexed {
-        return Err(not_indexed());
+    if !is_indexed(path) {
+        if options.sample == Sample::Documents {
+            return Err(not_indexed(&name));
+        }
+        random_len(&name, options)?;
+        return from_stream(Arc::new(TokenStream::open(path, options.dtype)?), options);
     }
-    let len = match (options.sample, options.steps) {
+    random_len(&name, options)?;
+    let ds = IndexedDataset::open(path)?;
+    if let Some(asked) = options.dtype.filter(|&d| d != ds.dtype()) {
+        return Err(invalid(
+            ds.idx_path().display(),
+            format!(
+                "the index says {} tokens, but dtype {asked} was given",
+                ds.dtype()
+            ),
+        ));
+    }
+    windows(Arc::clone(ds.tokens()), Some(ds), options)
+}
+
+/// Windows of a stream opened elsewhere (token data in object storage:
+/// [`TokenStream::from_source`]), picked as `options` say; `Sample::Documents` needs a
+/// Megatron index, so it is refused here.
+pub fn from_stream(stream: Arc<TokenStream>, options: &TokenOptions) -> Result<TokenSource> {
+    windows(stream, None, options)
+}
+
+fn not_indexed(name: &str) -> crate::SourceError {
+    invalid(
+        name,
+        "documents sampling needs a Megatron indexed dataset (a .bin beside its .idx)",
+    )
+}
+
+/// Records of random windows: `steps × batch_size × world_size` rounded up to whole loader
+/// batches, or whole loader batches of endless windows; 0 for other samples.
+fn random_len(name: &str, options: &TokenOptions) -> Result<u64> {
+    Ok(match (options.sample, options.steps) {
         // Whole loader batches of endless windows (rounded down; 2^40 windows are ample).
         (Sample::Random, None) => {
             let per_batch = options
@@ -156,7 +184,7 @@ pub fn open(path: &Path, options: &TokenOptions) -> Result<TokenSource> {
             .filter(|&n| n > 0)
             .ok_or_else(|| {
                 invalid(
-                    &name,
+                    name,
                     format!(
                         "steps × batch_size × world_size must be between 1 and 2^64 - 1 \
                          (got {s} × {} × {})",
@@ -165,22 +193,16 @@ pub fn open(path: &Path, options: &TokenOptions) -> Result<TokenSource> {
                 )
             })?,
         _ => 0,
-    };
-    let (stream, dataset) = if indexed {
-        let ds = IndexedDataset::open(path)?;
-        if let Some(asked) = options.dtype.filter(|&d| d != ds.dtype()) {
-            return Err(invalid(
-                ds.idx_path().display(),
-                format!(
-                    "the index says {} tokens, but dtype {asked} was given",
-                    ds.dtype()
-                ),
-            ));
-        }
-        (Arc::clone(ds.tokens()), Some(ds))
-    } else {
-        (Arc::new(TokenStream::open(path, options.dtype)?), None)
-    };
+    })
+}
+
+/// The windows of `stream` (with its Megatron `dataset` for documents) as `options` say.
+fn windows(
+    stream: Arc<TokenStream>,
+    dataset: Option<IndexedDataset>,
+    options: &TokenOptions,
+) -> Result<TokenSource> {
+    let len = random_len(stream.name(), options)?;
     let (seq_len, seed, epoch) = (options.seq_len, options.seed, options.epoch);
     Ok(match (options.sample, dataset) {
         (Sample::Random, _) => TokenSource::Random(Arc::new(
@@ -199,6 +221,6 @@ pub fn open(path: &Path, options: &TokenOptions) -> Result<TokenSource> {
             let plan = DocumentPlan::new(Arc::new(ds), seq_len, seed, epoch)?;
             TokenSource::Documents(Arc::new(DocumentWindows::new(plan)?))
         }
-        (Sample::Documents, None) => return Err(not_indexed()),
+        (Sample::Documents, None) => return Err(not_indexed(stream.name())),
     })
 }

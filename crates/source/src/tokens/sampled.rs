@@ -211,7 +211,13 @@ impl Source for SampledWindows {
     }
 
     fn reader_description(&self) -> String {
-        "pread (a read per window)".into()
+        match self.stream.network() {
+            Some(_) => "object store (a ranged GET per window)".into(),
+            None => "pread (a read per window)".into(),
+        }
+    }
+    fn network(&self) -> Option<crate::NetworkStats> {
+        self.stream.network()
     }
 }
 

@@ -10,16 +10,25 @@ use crate::read::{open_regular, read_exact_at};
 use crate::shards::{glob_match, is_pattern};
 use crate::{npy, Result, SourceError};
 
-/// One file's share of a stream: its tokens lie at `data_offset ..` of `file`, and are tokens
-/// `first .. first + tokens` of the stream.
+/// One file's share of a stream: its tokens are tokens `first .. first + tokens` of the
+/// stream.
 #[derive(Debug)]
 struct Piece {
-    file: File,
+    backing: Backing,
     path: PathBuf,
-    data_offset: u64,
     first: u64,
     /// Never zero: empty files are refused at open.
     tokens: u64,
+}
+
+/// Where a piece's tokens are read from.
+#[derive(Debug)]
+enum Backing {
+    /// A local file, its tokens at `data_offset ..`.
+    File { file: File, data_offset: u64 },
+    /// A source whose records are single tokens: objects in object storage
+    /// ([`TokenStream::from_source`]).
+    Records(Box<dyn crate::Source>),
 }
 
 /// The tokens of one or more files back to back: a raw token file (nanoGPT's `train.bin`), a
@@ -71,9 +80,8 @@ impl TokenStream {
             let (file, data_offset, found, tokens) = open_piece(path, dtype)?;
             dtype = found.or(dtype);
             pieces.push(Piece {
-                file,
+                backing: Backing::File { file, data_offset },
                 path: path.clone(),
-                data_offset,
                 first: num_tokens,
                 tokens,
             });
@@ -90,6 +98,57 @@ impl TokenStream {
             dtype,
             pieces,
             num_tokens,
+        })
+    }
+
+    /// The tokens of `source`, whose records must be single integers (a raw object opened with
+    /// the token dtype as its layout, or a 1-D integer `.npy`): how token data in object
+    /// storage becomes a stream. `dtype`, when given, must be the source's.
+    pub fn from_source(
+        source: Box<dyn crate::Source>,
+        dtype: Option<TokenDType>,
+    ) -> Result<TokenStream> {
+        let name = source.name().to_owned();
+        let layout = source.layout();
+        if !layout.shape.is_empty() {
+            return Err(invalid(
+                &name,
+                format!(
+                    "a token file holds a 1-D array of tokens, not records of shape {:?}",
+                    layout.shape
+                ),
+            ));
+        }
+        let found = TokenDType::from_dtype(&layout.dtype).map_err(|reason| SourceError::DType {
+            path: None,
+            descr: layout.dtype.to_string(),
+            reason: format!("{name}: {reason}"),
+        })?;
+        if let Some(asked) = dtype.filter(|&d| d != found) {
+            return Err(invalid(
+                &name,
+                format!("the data holds {found} tokens but {asked} was given"),
+            ));
+        }
+        let tokens = source.num_records();
+        Ok(TokenStream {
+            name: name.clone(),
+            dtype: found,
+            pieces: vec![Piece {
+                backing: Backing::Records(source),
+                path: PathBuf::from(name),
+                first: 0,
+                tokens,
+            }],
+            num_tokens: tokens,
+        })
+    }
+
+    /// What the stream's object-storage source fetched so far; `None` for local files.
+    pub fn network(&self) -> Option<crate::NetworkStats> {
+        self.pieces.iter().find_map(|p| match &p.backing {
+            Backing::Records(source) => source.network(),
+            Backing::File { .. } => None,
         })
     }
 
@@ -133,8 +192,13 @@ impl TokenStream {
             let p = &self.pieces[k];
             let within = at - p.first;
             let n = (p.tokens - within).min(((dst.len() - done) / width) as u64) as usize;
-            let offset = p.data_offset + within * width as u64;
-            read_exact_at(&p.file, &p.path, offset, &mut dst[done..done + n * width])?;
+            let part = &mut dst[done..done + n * width];
+            match &p.backing {
+                Backing::File { file, data_offset } => {
+                    read_exact_at(file, &p.path, data_offset + within * width as u64, part)?
+                }
+                Backing::Records(source) => source.read_records(within, part)?,
+            }
             done += n * width;
             at += n as u64;
             k += 1;

@@ -126,7 +126,13 @@ impl Source for TokenWindows {
     }
 
     fn reader_description(&self) -> String {
-        "pread".into()
+        match self.stream.network() {
+            Some(_) => "object store (ranged GETs)".into(),
+            None => "pread".into(),
+        }
+    }
+    fn network(&self) -> Option<crate::NetworkStats> {
+        self.stream.network()
     }
 }
 

@@ -1,0 +1,311 @@
+"""Object storage: pinfeed reading .npy shards from an S3-compatible server on 127.0.0.1, beside
+a torch-free boto3 loop, fsspec/s3fs into numpy, and the same shards from local disk, with the
+server's own limit (many parallel ranged GETs of one large object) measured in the same run.
+
+    python3 bench/store_bench.py --out bench/results/$(date +%F)-dev-store.json
+    python3 bench/store_bench.py --device cuda --out "$OUT/store.json"     # GPU machine
+
+The server is moto's (``moto_server``), started here on a free loopback port unless
+``--endpoint`` names one already running (with the bucket ``--bucket`` to be filled). The
+s3fs column runs in a subprocess whose ``PYTHONPATH`` starts with ``--s3fs-site`` (s3fs pins a
+botocore of its own); without s3fs it is reported as not run. Every column reads every byte of
+the same shards once, in order, in batches of ``--batch-mib``; each reader's bytes are checked
+(sum of the float64 view) against the shards written.
+"""
+
+import argparse
+import concurrent.futures
+import http.client
+import io
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.parse
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "bindings" / "python" / "tests"))
+
+RECORD = (1024,)  # float32: 4 KiB records
+KEY = "test"
+SECRET = "test"
+
+
+def shard(i, records):
+    rng = np.random.default_rng(i)
+    return rng.standard_normal((records, *RECORD), dtype=np.float32)
+
+
+def checksum(a):
+    """The sum of the bytes as int64 words, modulo 2**64: exact, and independent of how the
+    data is cut into batches."""
+    return int(np.asarray(a).view(np.int64).sum(dtype=np.int64)) % 2**64
+
+
+def put(endpoint, path, body):
+    """An unsigned PUT (moto checks no signature by default): no boto3 needed to upload. The
+    objects are public-read, so that the server-limit probe can GET them without signing."""
+    u = urllib.parse.urlsplit(endpoint)
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=600)
+    headers = {"Content-Length": str(len(body)), "x-amz-acl": "public-read"}
+    conn.request("PUT", path, body=body, headers=headers)
+    r = conn.getresponse()
+    r.read()
+    conn.close()
+    if r.status >= 300:
+        raise RuntimeError(f"PUT {path}: HTTP {r.status}")
+
+
+def upload(endpoint, bucket, shards, records, local_dir):
+    put(endpoint, f"/{bucket}", b"")
+    total = 0
+    for i in range(shards):
+        a = shard(i, records)
+        np.save(local_dir / f"part-{i:03d}.npy", a)
+        total += checksum(a)
+        buf = io.BytesIO()
+        np.save(buf, a)
+        put(endpoint, f"/{bucket}/bench/part-{i:03d}.npy", buf.getvalue())
+    return total % 2**64
+
+
+def server_limit(endpoint, bucket, key, size, threads=16, piece=8 << 20, seconds=5.0):
+    """Many parallel ranged GETs of one large object, bodies read into a reused buffer: the
+    most the server (and loopback) delivers."""
+    u = urllib.parse.urlsplit(endpoint)
+    stop = time.perf_counter() + seconds
+
+    def worker(w):
+        conn = http.client.HTTPConnection(u.hostname, u.port, timeout=60)
+        buf = bytearray(piece)
+        view = memoryview(buf)
+        got, off = 0, (w * piece) % max(size - piece, 1)
+        while time.perf_counter() < stop:
+            end = min(off + piece, size) - 1
+            conn.request("GET", f"/{bucket}/{key}", headers={"Range": f"bytes={off}-{end}"})
+            r = conn.getresponse()
+            if r.status != 206:
+                raise RuntimeError(f"server limit probe: GET {key} gave HTTP {r.status}")
+            n = 0
+            while True:
+                k = r.readinto(view[n:])
+                if not k:
+                    break
+                n += k
+            got += n
+            off = (off + piece * threads) % max(size - piece, 1)
+        conn.close()
+        return got
+
+    start = time.perf_counter()
+    with concurrent.futures.ThreadPoolExecutor(threads) as pool:
+        total = sum(pool.map(worker, range(threads)))
+    return total / (time.perf_counter() - start) / 1e9
+
+
+def run_pinfeed(source, batch, args, store=None):
+    import pinfeed
+
+    torch = None if args.device == "cpu" else __import__("torch")
+    kw = dict(device=args.device, pinned_budget=args.pinned_budget)
+    if args.threads:
+        kw["num_threads"] = args.threads
+    if store:
+        kw.update(storage_options=store, queue_depth=args.queue_depth)
+    start = time.perf_counter()
+    loader = pinfeed.Loader(source, batch, **kw)
+    total, n = 0, 0
+    for b in loader:
+        # On the GPU the sum stays there (no synchronisation per batch) until the end.
+        total = total + (
+            checksum(b) if args.device == "cpu" else b.view(-1).view(torch.int64).sum()
+        )
+        n += b.nbytes
+    total = int(total) % 2**64
+    seconds = time.perf_counter() - start
+    stats = loader.stats()
+    return dict(
+        gbps=n / seconds / 1e9,
+        bytes=n,
+        seconds=seconds,
+        checksum=total,
+        bottleneck=stats["bottleneck"],
+        explanation=stats["explanation"],
+        network=stats.get("network"),
+        reader=stats["reader_description"],
+    )
+
+
+def run_boto3(endpoint, bucket, shards, batch_bytes):
+    import boto3
+
+    s3 = boto3.client(
+        "s3",
+        endpoint_url=endpoint,
+        aws_access_key_id=KEY,
+        aws_secret_access_key=SECRET,
+        region_name="us-east-1",
+    )
+    start = time.perf_counter()
+    total, n = 0, 0
+    for i in range(shards):
+        key = f"bench/part-{i:03d}.npy"
+        size = s3.head_object(Bucket=bucket, Key=key)["ContentLength"]
+        head = s3.get_object(Bucket=bucket, Key=key, Range="bytes=0-4095")["Body"].read()
+        f = io.BytesIO(head)
+        np.lib.format.read_magic(f)
+        shape, _, dtype = np.lib.format.read_array_header_1_0(f)
+        off = f.tell()
+        rec = int(np.prod(shape[1:])) * dtype.itemsize
+        step = max(batch_bytes // rec, 1) * rec
+        while off < size:
+            end = min(off + step, size) - 1
+            body = s3.get_object(Bucket=bucket, Key=key, Range=f"bytes={off}-{end}")["Body"].read()
+            a = np.frombuffer(body, dtype=dtype).reshape(-1, *shape[1:])
+            total = (total + checksum(a)) % 2**64
+            n += a.nbytes
+            off = end + 1
+    seconds = time.perf_counter() - start
+    return dict(gbps=n / seconds / 1e9, bytes=n, seconds=seconds, checksum=total)
+
+
+S3FS_CODE = r"""
+import json, sys, time, numpy as np, s3fs
+endpoint, bucket, shards, batch_bytes = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+fs = s3fs.S3FileSystem(key="test", secret="test", client_kwargs={"endpoint_url": endpoint,
+                       "region_name": "us-east-1"}, default_block_size=8 << 20)
+start = time.perf_counter(); total = 0; n = 0
+for i in range(shards):
+    with fs.open(f"{bucket}/bench/part-{i:03d}.npy", "rb") as f:
+        np.lib.format.read_magic(f)
+        shape, _, dtype = np.lib.format.read_array_header_1_0(f)
+        rec = int(np.prod(shape[1:])) * dtype.itemsize
+        per = max(batch_bytes // rec, 1)
+        left = shape[0]
+        while left:
+            k = min(per, left)
+            a = np.empty((k, *shape[1:]), dtype=dtype)
+            f.readinto(memoryview(a).cast("B"))
+            total = (total + int(a.view(np.int64).sum(dtype=np.int64))) % 2**64
+            n += a.nbytes; left -= k
+s = time.perf_counter() - start
+print(json.dumps(dict(gbps=n / s / 1e9, bytes=n, seconds=s, checksum=total)))
+"""
+
+
+def run_s3fs(endpoint, bucket, shards, batch_bytes, site):
+    env = dict(os.environ)
+    if site:
+        env["PYTHONPATH"] = os.pathsep.join([site, env.get("PYTHONPATH", "")])
+    r = subprocess.run(
+        [sys.executable, "-c", S3FS_CODE, endpoint, bucket, str(shards), str(batch_bytes)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=1200,
+    )
+    if r.returncode != 0:
+        return dict(error=r.stderr.strip().splitlines()[-1] if r.stderr.strip() else "failed")
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--out", required=True)
+    p.add_argument("--shards", type=int, default=4)
+    p.add_argument("--shard-mib", type=int, default=64)
+    p.add_argument("--batch-mib", type=float, default=4)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--queue-depth", type=int, default=32)
+    p.add_argument("--pinned-budget", default="256MiB")
+    p.add_argument("--endpoint", default=None)
+    p.add_argument("--bucket", default="pinfeed-bench")
+    p.add_argument("--s3fs-site", default=None)
+    p.add_argument("--limit-threads", type=int, default=16)
+    p.add_argument("--request-mib", type=float, default=None, help="storage option request_size")
+    args = p.parse_args()
+
+    from s3_server import Moto
+
+    moto = None if args.endpoint else Moto()
+    endpoint = args.endpoint or moto.endpoint
+    try:
+        records = (args.shard_mib << 20) // (4 * RECORD[0])
+        tmp = Path(tempfile.mkdtemp(prefix="pinfeed-store-bench-"))
+        want = upload(endpoint, args.bucket, args.shards, records, tmp)
+        batch = max(int(args.batch_mib * (1 << 20)) // (4 * RECORD[0]), 1)
+        batch_bytes = batch * 4 * RECORD[0]
+        size = (tmp / "part-000.npy").stat().st_size
+        store = dict(
+            endpoint=endpoint,
+            allow_http="true",
+            region="us-east-1",
+            access_key_id=KEY,
+            secret_access_key=SECRET,
+        )
+        if args.request_mib:
+            store["request_size"] = str(int(args.request_mib * (1 << 20)))
+        url = f"s3://{args.bucket}/bench/"
+        results = {}
+        results["server_limit"] = dict(
+            gbps=server_limit(
+                endpoint, args.bucket, "bench/part-000.npy", size, threads=args.limit_threads
+            )
+        )
+        results["pinfeed"] = run_pinfeed(url, batch, args, store)
+        try:
+            results["boto3"] = run_boto3(endpoint, args.bucket, args.shards, batch_bytes)
+        except ImportError as e:
+            results["boto3"] = dict(error=str(e))
+        results["s3fs"] = run_s3fs(endpoint, args.bucket, args.shards, batch_bytes, args.s3fs_site)
+        os.system(f"cat {tmp}/*.npy > /dev/null")  # page-cached, as the server's copy is in memory
+        results["local_disk"] = run_pinfeed(str(tmp), batch, args)
+        for r in results.values():
+            if "checksum" in r:
+                r["bytes_ok"] = r["checksum"] % 2**64 == want
+        limit = results["server_limit"]["gbps"]
+        report = dict(
+            machine=os.uname().nodename,
+            cores=os.cpu_count(),
+            device=args.device,
+            shards=args.shards,
+            shard_bytes=size,
+            batch_bytes=batch_bytes,
+            queue_depth=args.queue_depth,
+            threads=args.threads,
+            results=results,
+            pinfeed_vs_limit=results["pinfeed"]["gbps"] / limit,
+            pinfeed_vs_boto3=(
+                results["pinfeed"]["gbps"] / results["boto3"]["gbps"]
+                if "gbps" in results["boto3"]
+                else None
+            ),
+        )
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(report, indent=1, default=str))
+        print(
+            f"{args.shards} shards of {size / 2**20:.0f} MiB, batches of {batch_bytes / 2**20:.1f} "
+            f"MiB, device {args.device}, {os.cpu_count()} cores"
+        )
+        print(f"{'reader':<14}{'GB/s':>8}  bytes ok")
+        for name, r in results.items():
+            gbps = f"{r['gbps']:8.3f}" if "gbps" in r else f"{'n/a':>8}"
+            print(f"{name:<14}{gbps}  {r.get('bytes_ok', '')} {r.get('error', '')}")
+        print(
+            f"pinfeed / server limit {report['pinfeed_vs_limit']:.2f}; pinfeed / boto3 "
+            f"{report['pinfeed_vs_boto3'] or float('nan'):.2f}"
+        )
+        print(f"pinfeed bottleneck: {results['pinfeed']['explanation']}")
+    finally:
+        if moto:
+            moto.stop()
+
+
+if __name__ == "__main__":
+    main()

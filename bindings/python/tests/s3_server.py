@@ -1,0 +1,213 @@
+"""A real S3-compatible server on 127.0.0.1 for the object-storage tests, started and stopped by
+the tests themselves: moto's standalone server (``moto[server]``), and a small fault-injecting
+HTTP proxy to put in front of it.
+
+Nothing here reaches beyond the loopback interface.
+"""
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+
+HOST = "127.0.0.1"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind((HOST, 0))
+        return s.getsockname()[1]
+
+
+class Moto:
+    """``moto_server`` on a free loopback port (or ``port``), until :meth:`stop`."""
+
+    def __init__(self, port=None, env=None):
+        self.port = port or free_port()
+        self.env = env
+        self.proc = None
+        self.start()
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://{HOST}:{self.port}"
+
+    def start(self):
+        exe = shutil.which("moto_server")
+        cmd = [exe] if exe else [sys.executable, "-m", "moto.server"]
+        env = dict(os.environ, **(self.env or {}))
+        self.proc = subprocess.Popen(
+            [*cmd, "-H", HOST, "-p", str(self.port)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            env=env,
+        )
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                urllib.request.urlopen(self.endpoint + "/moto-api/", timeout=1).read()
+                return
+            except OSError:
+                if self.proc.poll() is not None:
+                    raise RuntimeError(
+                        f"moto_server exited with {self.proc.returncode}: "
+                        "pip install 'moto[server]' (requirements-dev.txt)"
+                    ) from None
+                if time.monotonic() > deadline:
+                    raise RuntimeError("moto_server did not answer within 60 s") from None
+                time.sleep(0.1)
+
+    def kill(self):
+        """SIGKILL: the server dies mid-request, with everything it held."""
+        self.proc.kill()
+        self.proc.wait()
+
+    def pause(self):
+        """SIGSTOP: connections are accepted by the kernel but nothing answers."""
+        self.proc.send_signal(signal.SIGSTOP)
+
+    def resume(self):
+        self.proc.send_signal(signal.SIGCONT)
+
+    def stop(self):
+        if self.proc and self.proc.poll() is None:
+            self.resume()
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+def s3_client(endpoint, key="test", secret="test"):
+    import boto3
+
+    return boto3.client(
+        "s3",
+        endpoint_url=endpoint,
+        aws_access_key_id=key,
+        aws_secret_access_key=secret,
+        region_name="us-east-1",
+    )
+
+
+def read_head(sock):
+    """An HTTP message's head (through the blank line) and whatever body bytes followed it."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        if not chunk:
+            return None, b""
+        data += chunk
+    head, rest = data.split(b"\r\n\r\n", 1)
+    return head + b"\r\n\r\n", rest
+
+
+def content_length(head):
+    for line in head.split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            return int(value.strip())
+    return 0
+
+
+def read_exact(sock, rest, n):
+    data = rest
+    while len(data) < n:
+        chunk = sock.recv(min(1 << 20, n - len(data)))
+        if not chunk:
+            break
+        data += chunk
+    return data
+
+
+_SLOW_DOWN_BODY = (
+    b"<?xml version='1.0' encoding='UTF-8'?><Error><Code>SlowDown</Code>"
+    b"<Message>Please reduce your request rate.</Message></Error>"
+)
+SLOW_DOWN = (
+    b"HTTP/1.1 503 Slow Down\r\nContent-Type: application/xml\r\n"
+    b"Content-Length: %d\r\nConnection: close\r\n\r\n" % len(_SLOW_DOWN_BODY)
+) + _SLOW_DOWN_BODY
+
+
+class FaultProxy:
+    """Forwards HTTP/1.1 requests to ``upstream`` (one upstream connection per request) and,
+    for the next ranged GETs, injects the faults queued with :meth:`inject`: ``"503"`` (a
+    SlowDown reply, nothing forwarded) or ``"cut"`` (the reply's head and half its body, then
+    the connection closed). ``always`` makes every ranged GET fail so; while ``down`` is set,
+    every connection is closed at once, as by a server that is not there."""
+
+    def __init__(self, upstream_port):
+        self.upstream = (HOST, upstream_port)
+        self.faults = []
+        self.always = None
+        self.down = False
+        self.injected = 0
+        self.lock = threading.Lock()
+        self.server = socket.create_server((HOST, 0))
+        self.port = self.server.getsockname()[1]
+        self.running = True
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    @property
+    def endpoint(self):
+        return f"http://{HOST}:{self.port}"
+
+    def inject(self, *faults):
+        with self.lock:
+            self.faults.extend(faults)
+
+    def _next_fault(self, head):
+        if not head.startswith(b"GET ") or b"\r\nrange:" not in head.lower():
+            return None
+        with self.lock:
+            fault = self.always or (self.faults.pop(0) if self.faults else None)
+            if fault:
+                self.injected += 1
+            return fault
+
+    def _accept(self):
+        while self.running:
+            try:
+                conn, _ = self.server.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn):
+        with conn:
+            while not self.down:
+                head, rest = read_head(conn)
+                if head is None:
+                    return
+                body = read_exact(conn, rest, content_length(head))
+                fault = self._next_fault(head)
+                if fault == "503":
+                    conn.sendall(SLOW_DOWN)
+                    return
+                if self.down:
+                    return
+                with socket.create_connection(self.upstream) as up:
+                    up.sendall(head + body)
+                    rhead, rrest = read_head(up)
+                    if rhead is None:
+                        return
+                    n = content_length(rhead)
+                    if head.startswith(b"HEAD "):
+                        n = 0
+                    rbody = read_exact(up, rrest, n)
+                if fault == "cut":
+                    conn.sendall(rhead + rbody[: len(rbody) // 2])
+                    conn.shutdown(socket.SHUT_RDWR)
+                    return
+                conn.sendall(rhead + rbody)
+
+    def close(self):
+        self.running = False
+        self.server.close()

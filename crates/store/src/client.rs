@@ -1,0 +1,367 @@
+//! The connection to one store: `object_store`'s client on a tokio runtime of its own, the
+//! bound on requests in flight, retries, the counters, and the optional local cache.
+
+use std::io;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt as _;
+use object_store::path::Path as ObjectPath;
+use object_store::{
+    GetOptions, GetRange, ObjectMeta, ObjectStore, ObjectStoreExt as _, RetryConfig,
+};
+use pinfeed_source::{NetworkStats, Result, SourceError};
+use tokio::sync::Semaphore;
+
+use crate::cache::Cache;
+use crate::fault::{backoff, Fault};
+use crate::fetch::{plan, Part, Request};
+use crate::location::Location;
+use crate::options::{scrub, StoreOptions};
+
+/// One object of a dataset, as listed (or looked up) once when the dataset was opened.
+#[derive(Clone, Debug)]
+pub(crate) struct Object {
+    pub(crate) path: ObjectPath,
+    /// `scheme://bucket/key`: what errors name.
+    pub(crate) url: String,
+    pub(crate) size: u64,
+    /// Sent as `If-Match` with every read, so that an object replaced while it is streamed is
+    /// an error rather than a mix of two versions.
+    pub(crate) etag: Option<String>,
+}
+
+/// Counters behind [`NetworkStats`].
+#[derive(Debug, Default)]
+pub(crate) struct Counters {
+    pub(crate) bytes_fetched: AtomicU64,
+    pub(crate) requests: AtomicU64,
+    pub(crate) retries: AtomicU64,
+    pub(crate) cache_hits: AtomicU64,
+    pub(crate) cache_misses: AtomicU64,
+    pub(crate) cache_errors: AtomicU64,
+    pub(crate) wait_ns: AtomicU64,
+}
+
+pub(crate) fn bump(counter: &AtomicU64, n: u64) {
+    counter.fetch_add(n, Ordering::Relaxed);
+}
+
+/// A store's client and everything reads of it share.
+#[derive(Debug)]
+pub(crate) struct Client {
+    // Field order is drop order: the store's connections go before the runtime they run on.
+    store: Arc<dyn ObjectStore>,
+    /// Threads of its own (`pinfeed-net`): reading threads block on it, nothing else of
+    /// pinfeed runs there.
+    runtime: tokio::runtime::Runtime,
+    /// Requests in flight over all reading threads: `queue_depth` permits.
+    in_flight: Semaphore,
+    queue_depth: u32,
+    retries: u32,
+    request_size: usize,
+    coalesce_gap: u64,
+    /// Values removed from every message ([`StoreOptions::secrets`]).
+    secrets: Vec<String>,
+    pub(crate) counters: Counters,
+    cache: Option<Cache>,
+}
+
+/// Builds the store for `base` (`s3://bucket`, ...) from the environment's standard
+/// configuration and then `pairs`, with `object_store`'s own retries off (pinfeed retries
+/// itself, resuming a range where it broke off, and counts the retries).
+macro_rules! build_store {
+    ($builder:expr, $key:ty, $base:expr, $pairs:expr, $scheme:expr, $err:expr) => {{
+        let mut builder = $builder.with_url($base).with_retry(RetryConfig {
+            max_retries: 0,
+            ..RetryConfig::default()
+        });
+        for (key, value) in $pairs {
+            let parsed: $key = key.parse().map_err(|_| SourceError::Options {
+                reason: format!(
+                    "storage option {key:?} is not a setting of {} stores (object_store's {})",
+                    $scheme,
+                    stringify!($key)
+                ),
+            })?;
+            builder = builder.with_config(parsed, value);
+        }
+        Arc::new(builder.build().map_err($err)?) as Arc<dyn ObjectStore>
+    }};
+}
+
+impl Client {
+    /// Connects to the store of `location` as `options` say, with at most `queue_depth`
+    /// requests in flight.
+    pub(crate) fn connect(
+        location: &Location,
+        options: &StoreOptions,
+        queue_depth: u32,
+    ) -> Result<Client> {
+        let secrets = options.secrets();
+        let base = location.base.as_str();
+        let pairs = options.builder_pairs();
+        let build_err = |e: object_store::Error| SourceError::Open {
+            path: PathBuf::from(base),
+            source: io::Error::other(scrub(&e.to_string(), &secrets)),
+        };
+        use object_store::{aws, azure, gcp, http};
+        let store = match base.split("://").next().unwrap_or_default() {
+            "s3" | "s3a" => build_store!(
+                aws::AmazonS3Builder::from_env(),
+                aws::AmazonS3ConfigKey,
+                base,
+                pairs,
+                "s3://",
+                build_err
+            ),
+            "gs" => build_store!(
+                gcp::GoogleCloudStorageBuilder::from_env(),
+                gcp::GoogleConfigKey,
+                base,
+                pairs,
+                "gs://",
+                build_err
+            ),
+            "http" | "https" => build_store!(
+                http::HttpBuilder::new(),
+                object_store::ClientConfigKey,
+                base,
+                pairs,
+                "http(s)://",
+                build_err
+            ),
+            _ => build_store!(
+                azure::MicrosoftAzureBuilder::from_env(),
+                azure::AzureConfigKey,
+                base,
+                pairs,
+                "az://",
+                build_err
+            ),
+        };
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("pinfeed-net")
+            .enable_all()
+            .build()
+            .map_err(|e| SourceError::Open {
+                path: PathBuf::from(base),
+                source: e,
+            })?;
+        let cache = options
+            .cache_dir
+            .as_ref()
+            .map(|dir| Cache::new(dir.clone(), options.cache_limit));
+        Ok(Client {
+            store,
+            runtime,
+            in_flight: Semaphore::new(queue_depth.max(1) as usize),
+            queue_depth: queue_depth.max(1),
+            retries: options.retries(),
+            request_size: options.request_size(),
+            coalesce_gap: options.coalesce_gap(),
+            secrets,
+            counters: Counters::default(),
+            cache,
+        })
+    }
+
+    /// The counters so far.
+    pub(crate) fn stats(&self) -> NetworkStats {
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        let c = &self.counters;
+        NetworkStats {
+            bytes_fetched: get(&c.bytes_fetched),
+            requests: get(&c.requests),
+            retries: get(&c.retries),
+            cache_hits: get(&c.cache_hits),
+            cache_misses: get(&c.cache_misses),
+            cache_errors: get(&c.cache_errors),
+            wait: Duration::from_nanos(get(&c.wait_ns)),
+        }
+    }
+
+    /// "object store s3://bucket (32 requests in flight, ...)", for statistics.
+    pub(crate) fn describe(&self, base: &str) -> String {
+        let cache = match &self.cache {
+            Some(c) => format!(", cache {}", c.describe()),
+            None => String::new(),
+        };
+        format!(
+            "object store {base} (ranged GETs of up to {} MiB, {} in flight, {} retries{cache})",
+            self.request_size >> 20,
+            self.queue_depth,
+            self.retries
+        )
+    }
+
+    /// Scrubs credentials out of `text` and keeps it on one line.
+    pub(crate) fn scrub(&self, text: &str) -> String {
+        scrub(text, &self.secrets)
+    }
+
+    /// The error for an object that cannot be listed, looked up or opened.
+    pub(crate) fn open_error(&self, url: &str, fault: Fault) -> SourceError {
+        let mut message = self.scrub(&fault.message);
+        if message.contains("169.254.169.254") {
+            // The end of the credential chain: nothing was configured, so the client asked
+            // the instance metadata endpoint, which is not there.
+            message = format!(
+                "no credentials found (storage options access_key_id/secret_access_key, the \
+                 AWS_* environment variables, or instance metadata, which did not answer): \
+                 {message}"
+            );
+        }
+        SourceError::Open {
+            path: PathBuf::from(url),
+            source: io::Error::new(fault.kind, message),
+        }
+    }
+
+    /// Runs `future` on the client's runtime, blocking the calling thread, and counts the
+    /// time as waiting on the network.
+    pub(crate) fn block_on<F: std::future::Future>(&self, future: F) -> F::Output {
+        let start = Instant::now();
+        let out = self.runtime.block_on(future);
+        bump(&self.counters.wait_ns, start.elapsed().as_nanos() as u64);
+        out
+    }
+
+    /// The objects directly under `prefix` (`""` for the whole store), as one listing.
+    pub(crate) fn list(&self, location: &Location, prefix: &str) -> Result<Vec<ObjectMeta>> {
+        let url = location.url_of(prefix);
+        let path = parse_path(prefix.trim_end_matches('/'), &url)?;
+        let prefix = (!prefix.is_empty()).then_some(&path);
+        bump(&self.counters.requests, 1);
+        let listed = self.block_on(self.store.list_with_delimiter(prefix));
+        listed
+            .map(|l| l.objects)
+            .map_err(|e| self.open_error(&url, Fault::of(&e)))
+    }
+
+    /// The object named `key`, looked up with one `HEAD`.
+    pub(crate) fn head(&self, location: &Location, key: &str) -> Result<ObjectMeta> {
+        let url = location.url_of(key);
+        let path = parse_path(key, &url)?;
+        bump(&self.counters.requests, 1);
+        self.block_on(self.store.head(&path))
+            .map_err(|e| self.open_error(&url, Fault::of(&e)))
+    }
+
+    /// Bytes `range` of `object` in a new buffer (headers).
+    pub(crate) fn fetch_vec(
+        &self,
+        object: &Object,
+        range: std::ops::Range<u64>,
+    ) -> Result<Vec<u8>> {
+        let mut buf = vec![0u8; (range.end - range.start) as usize];
+        self.fetch(
+            object,
+            vec![Part {
+                offset: range.start,
+                dst: &mut buf,
+            }],
+        )?;
+        Ok(buf)
+    }
+
+    /// Fills `parts` from `object` (through the cache when there is one): requests of at most
+    /// the request size, neighbours coalesced, all of them in flight together up to the queue
+    /// depth. An error names the object and the range that failed; the parts are then partly
+    /// written and must not be used.
+    pub(crate) fn fetch(&self, object: &Object, parts: Vec<Part<'_>>) -> Result<()> {
+        if let Some(cache) = &self.cache {
+            return cache.fetch(self, object, parts);
+        }
+        let mut requests = plan(parts, self.request_size, self.coalesce_gap);
+        self.block_on(futures::future::try_join_all(
+            requests.iter_mut().map(|r| self.get(object, r)),
+        ))?;
+        Ok(())
+    }
+
+    /// Bytes of `request` from `object`, retried after a retryable fault from where the
+    /// last attempt broke off (the bytes before it are in place and correct: the `If-Match`
+    /// ETag pins the object's version), at most `retries` times with [`backoff`].
+    pub(crate) async fn get(&self, object: &Object, request: &mut Request<'_>) -> Result<()> {
+        let mut pos = request.start;
+        let mut attempt = 0u32;
+        loop {
+            let fault = match self.get_once(object, request, &mut pos).await {
+                Ok(()) => return Ok(()),
+                Err(fault) => fault,
+            };
+            if !fault.retry || attempt >= self.retries {
+                let retried = match attempt {
+                    0 => String::new(),
+                    n => format!(
+                        " (after {n} retries; storage option retries={})",
+                        self.retries
+                    ),
+                };
+                return Err(SourceError::Read {
+                    path: PathBuf::from(&object.url),
+                    offset: request.start,
+                    len: request.len() as usize,
+                    source: io::Error::new(
+                        fault.kind,
+                        format!("{}{retried}", self.scrub(&fault.message)),
+                    ),
+                });
+            }
+            attempt += 1;
+            bump(&self.counters.retries, 1);
+            tokio::time::sleep(backoff(attempt)).await;
+        }
+    }
+
+    /// One GET of `pos .. request.end`, copying the body into the request's parts as it
+    /// arrives and advancing `pos` past every byte placed.
+    async fn get_once(
+        &self,
+        object: &Object,
+        request: &mut Request<'_>,
+        pos: &mut u64,
+    ) -> std::result::Result<(), Fault> {
+        // The semaphore is never closed, so acquiring only waits.
+        let _permit = self.in_flight.acquire().await.ok();
+        bump(&self.counters.requests, 1);
+        let begin = *pos;
+        let options = GetOptions {
+            range: Some(GetRange::Bounded(begin..request.end)),
+            if_match: object.etag.clone(),
+            ..GetOptions::default()
+        };
+        let got = self
+            .store
+            .get_opts(&object.path, options)
+            .await
+            .map_err(|e| Fault::of(&e))?;
+        let mut body = got.into_stream();
+        while let Some(chunk) = body.next().await {
+            let chunk = chunk.map_err(|e| Fault::of(&e))?;
+            let n = chunk.len() as u64;
+            if *pos + n > request.end {
+                return Err(Fault::overlong(request.end - begin));
+            }
+            request.fill(*pos, &chunk);
+            *pos += n;
+            bump(&self.counters.bytes_fetched, n);
+        }
+        if *pos < request.end {
+            return Err(Fault::truncated(*pos - begin, request.end - begin));
+        }
+        Ok(())
+    }
+}
+
+/// An object path from a key of the URL, or an error naming the URL.
+fn parse_path(key: &str, url: &str) -> Result<ObjectPath> {
+    ObjectPath::parse(key).map_err(|e| SourceError::NoShards {
+        dataset: url.to_owned(),
+        reason: format!("not a valid object key: {e}"),
+    })
+}

@@ -1,0 +1,158 @@
+//! Object storage for pinfeed: `.npy` shards and raw record files in S3 (or any S3-compatible
+//! store), Google Cloud Storage, Azure Blob Storage or over HTTP(S), read by ranged GETs
+//! straight into the caller's memory (in pinfeed, a slot of the pinned ring).
+//!
+//! [`open`] takes a URL (`s3://bucket/prefix/`, `s3://bucket/prefix/part-*.npy`,
+//! `s3://bucket/data.npy`, `gs://...`, `az://...`, `https://host/data.npy`) and returns a
+//! [`RemoteDataset`], a [`Source`] like a local file: the objects are listed and their `.npy`
+//! headers read once, at open; after that each read is ranged GETs of the records asked for,
+//! neighbouring ranges coalesced ([`StoreOptions::coalesce_gap`]), long ranges cut
+//! ([`StoreOptions::request_size`]), every request of a read in flight at once up to the queue
+//! depth (over all reading threads), and each body copied into its place in the caller's
+//! buffer as it arrives: one copy. `object_store` (Apache Arrow's) is the client; its tokio
+//! runtime runs on two threads of its own (`pinfeed-net`) and reading threads block on it, so
+//! the rest of pinfeed stays synchronous.
+//!
+//! Credentials come from the store's standard chain (for S3: `AWS_*` environment variables,
+//! web identity, the container and instance metadata endpoints) and [`StoreOptions`]
+//! (`endpoint`, `region`, `path_style`, `allow_http`, `access_key_id`, ...). No message,
+//! `Debug` output or statistic holds a credential.
+//!
+//! A throttling reply (429, 503 SlowDown), a server error, a reset, a timeout or a body cut
+//! short is retried with exponential backoff and jitter, resuming the range where it broke off,
+//! at most [`StoreOptions::retries`] times; then the read fails with an error naming the object
+//! and the range, and its buffer is not delivered. An optional local cache
+//! ([`StoreOptions::cache_dir`]) keeps fetched blocks for later epochs and other processes.
+//!
+//! ```no_run
+//! use pinfeed_source::{ReadOptions, Source};
+//! use pinfeed_store::StoreOptions;
+//!
+//! let mut store = StoreOptions::new();
+//! store.set_pair("endpoint=http://127.0.0.1:9000")?;
+//! store.set_pair("allow_http=true")?;
+//! let source = pinfeed_store::open("s3://bucket/train/", None, &ReadOptions::default(), &store)?;
+//! let mut first = vec![0u8; source.layout().record_bytes()];
+//! source.read_records(0, &mut first)?;
+//! # Ok::<(), pinfeed_source::SourceError>(())
+//! ```
+#![deny(unsafe_op_in_unsafe_fn)]
+#![warn(clippy::undocumented_unsafe_blocks)]
+#![deny(missing_docs)]
+
+use std::sync::Arc;
+
+use pinfeed_source::tokens::{TokenDType, TokenStream};
+use pinfeed_source::{Layout, ReadOptions, Result, ShardedSource, Source, SourceError};
+
+mod cache;
+mod client;
+mod fault;
+mod fetch;
+mod location;
+mod object;
+mod options;
+
+pub use location::is_url;
+pub use object::RemoteDataset;
+pub use options::{
+    StoreOptions, DEFAULT_COALESCE_GAP, DEFAULT_REQUEST_SIZE, DEFAULT_RETRIES, DEFAULT_TIMEOUTS,
+    FIRST_BACKOFF, MAX_BACKOFF,
+};
+
+use client::{Client, Object};
+use location::{Location, Selection};
+use object::ObjectRecords;
+
+/// Opens the dataset at `url`: one object, the `.npy` objects directly under a prefix (a URL
+/// ending in `/`), or the objects whose last name component matches a glob pattern
+/// (`*`, `?`, `[a-z]`, matched as local shard patterns are); several objects are shards,
+/// taken in byte order of their keys. Objects that are not `.npy` are raw records of
+/// `raw_layout`. `read.queue_depth` bounds the requests in flight over all reading threads.
+pub fn open(
+    url: &str,
+    raw_layout: Option<Layout>,
+    read: &ReadOptions,
+    store: &StoreOptions,
+) -> Result<RemoteDataset> {
+    read.check()?;
+    let location = Location::parse(url)?;
+    let client = Arc::new(Client::connect(&location, store, read.queue_depth)?);
+    let objects = objects(&client, &location, url)?;
+    let mut shards: Vec<Box<dyn Source>> = Vec::with_capacity(objects.len());
+    for object in objects {
+        shards.push(Box::new(ObjectRecords::open(
+            client.clone(),
+            object,
+            raw_layout.as_ref(),
+        )?));
+    }
+    let inner: Box<dyn Source> = match shards.len() {
+        1 => shards.pop().expect("one shard"),
+        _ => Box::new(ShardedSource::from_sources(url, shards)?),
+    };
+    Ok(RemoteDataset::new(inner, client, &location.base))
+}
+
+/// Opens the token data at `url` (a raw token object such as nanoGPT's `train.bin`, `dtype`
+/// required; a 1-D integer `.npy`; or several as shards, as [`open`] takes them) as one stream
+/// of tokens, for [`pinfeed_source::tokens::from_stream`].
+pub fn open_tokens(
+    url: &str,
+    dtype: Option<TokenDType>,
+    read: &ReadOptions,
+    store: &StoreOptions,
+) -> Result<TokenStream> {
+    let layout = dtype
+        .map(|d| Layout::new(d.dtype(), Vec::new()))
+        .transpose()?;
+    let source = match open(url, layout, read, store) {
+        Err(SourceError::NotNpy { path }) => {
+            return Err(SourceError::TokenDtypeMissing { path });
+        }
+        other => other?,
+    };
+    TokenStream::from_source(Box::new(source), dtype)
+}
+
+/// The objects `location` names, listed once, in byte order of their keys.
+fn objects(client: &Client, location: &Location, url: &str) -> Result<Vec<Object>> {
+    let prefix = match &location.selection {
+        Selection::Object(key) => {
+            let meta = client.head(location, key)?;
+            return Ok(vec![object_of(location, meta)]);
+        }
+        Selection::Prefix(prefix) | Selection::Pattern { prefix, .. } => prefix,
+    };
+    let mut found: Vec<Object> = client
+        .list(location, prefix)?
+        .into_iter()
+        .filter(|m| {
+            m.location
+                .filename()
+                .is_some_and(|name| location.selection.keeps(name))
+        })
+        .map(|m| object_of(location, m))
+        .collect();
+    found.sort_by(|a, b| a.url.cmp(&b.url));
+    if found.is_empty() {
+        let reason = match location.selection {
+            Selection::Prefix(_) => "no .npy object under this prefix",
+            _ => "no object matches this pattern",
+        };
+        return Err(SourceError::NoShards {
+            dataset: url.to_owned(),
+            reason: reason.to_owned(),
+        });
+    }
+    Ok(found)
+}
+
+fn object_of(location: &Location, meta: object_store::ObjectMeta) -> Object {
+    Object {
+        url: location.url_of(meta.location.as_ref()),
+        path: meta.location,
+        size: meta.size,
+        etag: meta.e_tag,
+    }
+}
