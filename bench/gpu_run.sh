@@ -175,7 +175,7 @@ install_wheel() {  # DIR WHEEL...: an installed pinfeed in DIR
 if want pytests && ls $C/*.whl >/dev/null 2>&1; then
     echo "== Python GPU tests"
     install_wheel /tmp/site $C/*.whl
-    PYTHONPATH=/tmp/site timeout 300 python3 -m pytest -q -rs -p no:cacheprovider bindings/python/tests --gpu 2>&1 | tail -12 | tee "$OUT/python_gpu_tests.txt"
+    PYTHONPATH=/tmp/site timeout 300 python3 -m pytest -q -rfs -p no:cacheprovider bindings/python/tests --gpu 2>&1 | grep -E "^(FAILED|SKIPPED|ERROR|E  )|passed|failed" | head -40 | tee "$OUT/python_gpu_tests.txt"
 fi
 
 if want ab && ls $C/old/*.whl $C/*.whl >/dev/null 2>&1; then

@@ -116,7 +116,10 @@ def test_jax_mesh_of_the_gpus(big, jax):
     sharding = NamedSharding(Mesh(np.array(gpus), ("data",)), PartitionSpec("data"))
     multi = pinfeed.MultiLoader(path, 256, sharding=sharding, rank=0, world_size=1)
     n = len(gpus)
-    orders = [pinfeed.epoch_order(len(x), 256, rank=r, world_size=n) for r in range(n)]
+    # The loader reads in order (MultiLoader's default); epoch_order's default is shuffled.
+    orders = [
+        pinfeed.epoch_order(len(x), 256, shuffle=False, rank=r, world_size=n) for r in range(n)
+    ]
     for i, g in enumerate(multi):
         assert g.sharding == sharding
         want = np.concatenate([x[o[i * 256 : (i + 1) * 256].astype(np.int64)] for o in orders])
