@@ -96,10 +96,9 @@ class ImageLoader:
     (the hardware JPEG engines where the GPU has them) and crop, resize and flip it there; PNG,
     CMYK and JPEGs nvJPEG declines are decoded on the CPU as with ``"cpu"`` (the same
     ``on_error``). It needs a CUDA device and nvJPEG (``libnvjpeg``, e.g. from the
-    ``nvidia-nvjpeg`` wheel); on the host backend it is refused. ``decode="auto"`` is ``"gpu"``
-    on a CUDA device where nvJPEG loads, else ``"cpu"``; :attr:`decode` says which and
-    :attr:`decode_reason` why. The batches are the same either way, within the IDCT's
-    rounding.
+    ``nvidia-nvjpeg`` wheel); on the host backend it is refused. It is not yet ready: its
+    batches differ from ``"cpu"``'s beyond the IDCT's rounding (docs/BENCHMARKS.md), so
+    ``decode="auto"`` is ``"cpu"``; :attr:`decode` says which and :attr:`decode_reason` why.
 
     Shuffling, sharding (``rank``, ``world_size``), ``set_epoch``, ``state_dict`` and
     ``load_state_dict`` are :class:`pinfeed.Loader`'s, with the same exact resume.
