@@ -10,9 +10,10 @@
 //! So the count comes from two rates measured once per boot of the machine (a fresh start of a
 //! cloud machine may be another host): one thread's copy rate from pageable into pinned memory,
 //! and the bus's rate from pinned memory to the device. The threads are the fewest whose
-//! summed copy rate is [`HEADROOM`] times the bus, at most one per core. The measurement takes
-//! about a quarter of a second and is kept in a file per boot (see [`cache_dir`]) and in the
-//! process, so later loaders and processes on the machine read it instead.
+//! summed copy rate is [`HEADROOM`] times the bus, at most one per core. The measurement (two
+//! passes over 512 MiB of pageable memory, and 24 copies of 32 MiB; its time is not recorded)
+//! is kept in a file per boot (see [`cache_dir`]) and in the process, so later loaders and
+//! processes on the machine read it instead.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -94,17 +95,32 @@ pub fn cores() -> usize {
 
 /// The thread count for copies to device `ctx` (measured, or read from the cache), or the
 /// fallback where there is no device or the measurement fails (the reason says which).
-pub(crate) fn choose(ctx: Option<&Arc<Context>>) -> ThreadChoice {
+/// `pinned_budget` is what the caller may page-lock: a measurement needs [`PROBE_PINNED`] of
+/// it (before the caller's own pool exists), so a smaller budget only reads known rates.
+pub(crate) fn choose(ctx: Option<&Arc<Context>>, pinned_budget: usize) -> ThreadChoice {
     match ctx {
-        Some(ctx) => choose_for(ctx),
+        Some(ctx) => choose_within(ctx, pinned_budget >= PROBE_PINNED),
         None => threads_for(None, cores()),
     }
 }
 
 /// [`choose`] for a device: what a loader or stager on `ctx` starts unless told otherwise.
 pub fn choose_for(ctx: &Arc<Context>) -> ThreadChoice {
-    match machine_rates(ctx) {
-        Ok(rates) => threads_for(Some(rates), cores()),
+    choose_within(ctx, true)
+}
+
+fn choose_within(ctx: &Arc<Context>, may_measure: bool) -> ThreadChoice {
+    match machine_rates(ctx, may_measure) {
+        Ok(Some(rates)) => threads_for(Some(rates), cores()),
+        Ok(None) => {
+            let mut choice = threads_for(None, cores());
+            choice.reason = format!(
+                "{}; the pinned budget is below the {} MiB measuring the machine needs",
+                choice.reason,
+                PROBE_PINNED >> 20
+            );
+            choice
+        }
         Err(e) => {
             let mut choice = threads_for(None, cores());
             choice.reason = format!("{}; measuring the machine failed: {e}", choice.reason);
@@ -116,18 +132,20 @@ pub fn choose_for(ctx: &Arc<Context>) -> ThreadChoice {
 static RATES: OnceLock<Mutex<HashMap<usize, MachineRates>>> = OnceLock::new();
 
 /// This machine's rates for device `ctx`: from this process's memory, the boot's cache file,
-/// or a fresh measurement (then written to both).
-pub fn machine_rates(ctx: &Arc<Context>) -> Result<MachineRates> {
+/// or (where `may_measure`) a fresh measurement, then written to both; `None` where they are
+/// not known and may not be measured.
+pub fn machine_rates(ctx: &Arc<Context>, may_measure: bool) -> Result<Option<MachineRates>> {
     let ordinal = ctx.ordinal();
     let known = RATES.get_or_init(Mutex::default);
     // Held across the measurement, so that loaders started at once measure once.
     let mut known = known.lock().unwrap_or_else(|p| p.into_inner());
     if let Some(r) = known.get(&ordinal) {
-        return Ok(*r);
+        return Ok(Some(*r));
     }
     let path = cache_file(ordinal);
     let rates = match path.as_ref().and_then(|p| read_cache(p)) {
         Some(r) => r,
+        None if !may_measure => return Ok(None),
         None => {
             let r = measure(ctx)?;
             if let Some(p) = &path {
@@ -137,7 +155,7 @@ pub fn machine_rates(ctx: &Arc<Context>) -> Result<MachineRates> {
         }
     };
     known.insert(ordinal, rates);
-    Ok(rates)
+    Ok(Some(rates))
 }
 
 /// Where the per-boot file lives: `$PINFEED_CACHE_DIR`, else `$XDG_CACHE_HOME/pinfeed`, else
@@ -310,7 +328,10 @@ mod tests {
             FALLBACK_MAX_THREADS
         );
         assert!(threads_for(None, 16).reason.contains("bus rate unknown"));
-        assert_eq!(choose(None).threads, cores().min(FALLBACK_MAX_THREADS));
+        assert_eq!(
+            choose(None, 1 << 30).threads,
+            cores().min(FALLBACK_MAX_THREADS)
+        );
     }
 
     #[test]

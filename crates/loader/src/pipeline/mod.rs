@@ -237,7 +237,7 @@ impl Loader {
                 rates: None,
                 reason: format!("{n}: as asked"),
             },
-            None => crate::tune::choose(backends[0].context()),
+            None => crate::tune::choose(backends[0].context(), options.pinned_budget),
         };
         let layout = layout.with_threads(choice.threads);
         debug_assert!(

@@ -274,7 +274,7 @@ impl Stager {
                 rates: None,
                 reason: format!("{}: as asked", n.max(1)),
             },
-            None => crate::tune::choose(backend.context()),
+            None => crate::tune::choose(backend.context(), options.pinned_budget),
         };
         let threads = choice.threads.max(1);
         let pool = backend.pinned_pool(capacity, 1)?;
