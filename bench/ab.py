@@ -43,7 +43,8 @@ def drain(loader, check=None):
 def worker(npy, label):
     import numpy as np
     import torch
-    from torch_baselines import timed as best_of  # bench/ is the script's folder, on sys.path
+    from torch_baselines import bus_rate  # bench/ is the script's folder, on sys.path
+    from torch_baselines import timed as best_of
 
     import pinfeed
 
@@ -74,13 +75,6 @@ def worker(npy, label):
                 "share_of_bus": gbps / bus,
             }
         )
-
-    def bus_rate(nbytes, reps):
-        pin = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
-        dst = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
-        dst.copy_(pin, non_blocking=True)
-        wall, _ = best_of(lambda: [dst.copy_(pin, non_blocking=True) for _ in range(reps)])
-        return nbytes * reps / wall / 1e9
 
     # The seed tensor.
     a = torch.rand(ROWS, COLS)

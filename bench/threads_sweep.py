@@ -16,17 +16,9 @@ import numpy as np
 import torch
 from ab import COLS, ROWS, drain  # bench/ is the script's folder, on sys.path
 from python_bench import upload_through
-from torch_baselines import timed
+from torch_baselines import bus_rate, timed
 
 import pinfeed
-
-
-def bus_rate(nbytes, reps):
-    pin = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
-    dst = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
-    dst.copy_(pin, non_blocking=True)
-    wall, _ = timed(lambda: [dst.copy_(pin, non_blocking=True) for _ in range(reps)])
-    return nbytes * reps / wall / 1e9
 
 
 def main():

@@ -28,6 +28,16 @@ def timed(fn, repeat=3):
     return runs[len(runs) // 2]
 
 
+def bus_rate(nbytes, reps):
+    """GB/s of torch's pinned `copy_` of `nbytes` to the GPU, `reps` copies a run: the bus that
+    the other rows are a share of."""
+    pin = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+    dst = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    dst.copy_(pin, non_blocking=True)
+    wall, _ = timed(lambda: [dst.copy_(pin, non_blocking=True) for _ in range(reps)])
+    return nbytes * reps / wall / 1e9
+
+
 def seed_experiment(rows, cols, repeat):
     a = torch.rand(rows, cols)
     total = a.numel() * 4
