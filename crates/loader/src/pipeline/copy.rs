@@ -76,15 +76,23 @@ fn copy_slots(shared: &Arc<Shared>, pool: &PinnedPool, batches: &SyncSender<Resu
             break;
         };
         let started = Instant::now();
-        let SlotContents {
-            spec,
-            records,
-            offset,
-        } = shared.slot_contents[slot]
+        let contents = shared.slot_contents[slot]
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .take()
             .expect("a filled slot has its contents recorded");
+        let SlotContents {
+            spec,
+            records,
+            offset,
+        } = match contents {
+            Ok(contents) => contents,
+            // Its read failed: every batch before it was delivered; nothing reads the slot.
+            Err(e) => {
+                shared.fail(e);
+                break;
+            }
+        };
         let (seq, piece) = pieces.split(unit);
         if let Some(spec) = spec {
             match Assembling::new(shared, spec) {

@@ -88,10 +88,11 @@ struct Shared {
     error: Mutex<Option<LoaderError>>,
     counters: Counters,
     /// What each filled slot holds: the batch's place in the plan and where its bytes start in
-    /// the slot (aligned reads may put them past the start). Set by the slot's reader before
-    /// `fill_done` and taken by the copy thread after `next_filled`, which the ring orders; so
-    /// the plan is worked out once per batch.
-    slot_contents: Vec<Mutex<Option<SlotContents>>>,
+    /// the slot (aligned reads may put them past the start), or why its read failed. Set by the
+    /// slot's reader before `fill_done` and taken by the copy thread after `next_filled`, which
+    /// the ring orders; so the plan is worked out once per batch, and a failed read reaches the
+    /// consumer in batch order, after every batch before it.
+    slot_contents: Vec<Mutex<Option<Result<SlotContents>>>>,
     /// How batches are cut into slots (one piece a batch with a transform or register reader).
     pieces: Pieces,
     started: Instant,

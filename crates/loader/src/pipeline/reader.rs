@@ -28,33 +28,36 @@ pub(super) fn read_loop(shared: &Shared) {
         let outcome = catch_unwind(AssertUnwindSafe(|| {
             fill(shared, &claim, &mut scratch, &mut last)
         }));
-        match outcome {
-            Ok(Ok(())) => shared.ring.fill_done(claim),
-            Ok(Err(e)) => {
-                shared.fail(e);
-                shared.ring.fill_abandoned(claim);
-                return;
-            }
-            Err(panic) => {
-                shared.fail(LoaderError::Worker {
-                    thread: "reader",
-                    message: panic_message(panic.as_ref()),
-                });
-                shared.ring.fill_abandoned(claim);
-                return;
-            }
+        let failed = match outcome {
+            Ok(Ok(contents)) => Ok(contents),
+            Ok(Err(e)) => Err(e),
+            Err(panic) => Err(LoaderError::Worker {
+                thread: "reader",
+                message: panic_message(panic.as_ref()),
+            }),
+        };
+        let stop = failed.is_err();
+        // A failed read is handed on like a filled slot: the copy thread reports it when the
+        // batch's turn comes, so the consumer gets every batch before it and then this error,
+        // whichever reader failed first. This reader stops; the copy thread stops the rest.
+        *shared.slot_contents[claim.slot()]
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = Some(failed);
+        shared.ring.fill_done(claim);
+        if stop {
+            return;
         }
     }
 }
 
 /// Reads one piece of a batch (the whole batch, when it is one piece) into its claimed slot,
-/// through the transform if there is one.
+/// through the transform if there is one, and says what the slot now holds.
 fn fill(
     shared: &Shared,
     claim: &Claim,
     scratch: &mut Option<AlignedBuffer>,
     last: &mut Option<(u64, Arc<BatchSpec>)>,
-) -> Result<()> {
+) -> Result<SlotContents> {
     let (batch, piece) = shared.pieces.split(claim.seq());
     let spec = match last {
         Some((seq, spec)) if *seq == batch => Arc::clone(spec),
@@ -67,7 +70,7 @@ fn fill(
     let Staging::Slots(pool) = &shared.staging else {
         unreachable!("readers run only with pinned slots");
     };
-    // SAFETY: the claim gives this thread the slot alone until `fill_done`/`fill_abandoned`.
+    // SAFETY: the claim gives this thread the slot alone until `fill_done`.
     let slot = unsafe { pool.slot_mut(claim.slot(), pool.slot_bytes()) };
     let started = Instant::now();
     let offset = match &shared.transform {
@@ -101,14 +104,11 @@ fn fill(
         .counters
         .read_bytes
         .fetch_add(raw_len as u64, std::sync::atomic::Ordering::Relaxed);
-    *shared.slot_contents[claim.slot()]
-        .lock()
-        .unwrap_or_else(|p| p.into_inner()) = Some(SlotContents {
+    Ok(SlotContents {
         spec: (piece == 0).then(|| Arc::clone(&spec)),
         records,
         offset,
-    });
-    Ok(())
+    })
 }
 
 /// Reads records `part` of a batch into `buf` (aligned as the source needs, and at least
