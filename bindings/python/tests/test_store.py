@@ -1,6 +1,6 @@
-"""Object storage: shards uploaded with boto3 to a real S3-compatible server on 127.0.0.1 (moto,
-started and stopped here), read back byte-exact in order, shuffled, across ranks, with resume,
-through faults, and through the local cache.
+"""Object storage: shards uploaded with boto3 to a real S3-compatible server on 127.0.0.1 (moto
+and SeaweedFS, each started and stopped here), read back byte-exact in order, shuffled, across
+ranks, with resume, through faults, and through the local cache.
 
 Records hold their own global index in their first element, so every batch says which records
 it holds; the same shards are also written to local disk, and the two Loaders must agree batch
@@ -17,7 +17,7 @@ import time
 
 import numpy as np
 import pytest
-from s3_server import FaultProxy, Moto, s3_client
+from s3_server import FaultProxy, Moto, Seaweed, s3_client
 
 import pinfeed
 
@@ -52,12 +52,14 @@ def upload(s3, bucket=BUCKET):
     s3.put_object(Bucket=bucket, Key="raw/records.bin", Body=ALL.tobytes())
 
 
-@pytest.fixture(scope="module")
-def server():
-    moto = Moto()
-    upload(s3_client(moto.endpoint))
-    yield moto
-    moto.stop()
+@pytest.fixture(scope="module", params=["moto", "seaweedfs"])
+def server(request):
+    """Each test that takes it runs against both servers: moto checks no signature, SeaweedFS
+    checks every request's against the key ("test", SECRET)."""
+    up = Moto() if request.param == "moto" else Seaweed(key="test", secret=SECRET)
+    upload(s3_client(up.endpoint, secret=SECRET))
+    yield up
+    up.stop()
 
 
 def options(endpoint, **more):
@@ -198,6 +200,25 @@ def test_a_range_that_keeps_failing_is_an_error_naming_object_and_range(server):
         proxy.close()
 
 
+def test_an_object_replaced_mid_epoch_is_an_error_not_a_mix_of_versions(server):
+    s3 = s3_client(server.endpoint, secret=SECRET)
+    key = "train/part-002.npy"
+    original = s3.get_object(Bucket=BUCKET, Key=key)["Body"].read()
+    ld = loader(f"s3://{BUCKET}/train/", server.endpoint, pinned_budget="64KiB", prefetch=1)
+    it = iter(ld)
+    next(it)  # the first shard's records: the third is read much later
+    buf = io.BytesIO()
+    np.save(buf, shard(2) + 1)  # the same size, other bytes
+    s3.put_object(Bucket=BUCKET, Key=key, Body=buf.getvalue())
+    try:
+        with pytest.raises(pinfeed.PinfeedError) as e:
+            batches(it)
+        msg = str(e.value)
+        assert "part-002.npy" in msg and "the object changed while it was read" in msg, msg
+    finally:
+        s3.put_object(Bucket=BUCKET, Key=key, Body=original)
+
+
 def test_a_server_killed_mid_epoch_and_restarted_loses_nothing():
     moto = Moto()
     # The proxy passes everything through, and while `down` resets every connection: moto
@@ -299,6 +320,24 @@ def test_wrong_credentials_are_refused_in_one_line():
             assert SECRET not in msg and key["SecretAccessKey"] not in msg, msg
     finally:
         moto.stop()
+
+
+def test_seaweedfs_refuses_wrong_credentials_in_one_line():
+    seaweed = Seaweed(key="reader", secret=SECRET)
+    try:
+        upload(s3_client(seaweed.endpoint, "reader", SECRET))
+        good = dict(access_key_id="reader")
+        url = f"s3://{BUCKET}/train/"  # a listing, signed, then ranged GETs
+        got = batches(loader(url, seaweed.endpoint, store=good))
+        assert np.array_equal(np.concatenate(got), ALL)
+        for wrong in ({"secret_access_key": "not-the-secret"}, {"access_key_id": "nobody"}):
+            with pytest.raises(pinfeed.PinfeedError) as e:
+                loader(url, seaweed.endpoint, store=dict(good, **wrong))
+            msg = str(e.value)
+            assert isinstance(e.value, OSError) and "403" in msg and "\n" not in msg, msg
+            assert SECRET not in msg and "not-the-secret" not in msg, msg
+    finally:
+        seaweed.stop()
 
 
 ENTRY_POINT = [sys.executable, "-c", "from pinfeed._cli import main; main()"]

@@ -49,7 +49,16 @@ impl Fault {
             E::PermissionDenied { .. } | E::Unauthenticated { .. } => {
                 (io::ErrorKind::PermissionDenied, false)
             }
-            E::Precondition { .. } => (io::ErrorKind::InvalidData, false),
+            E::Precondition { .. } => {
+                // The read's `If-Match` failed: the object was replaced since it was opened.
+                return Fault {
+                    kind: io::ErrorKind::InvalidData,
+                    retry: false,
+                    message: "the object changed while it was read (its ETag no longer matches \
+                              the one it had when opened)"
+                        .into(),
+                };
+            }
             E::Generic { .. } => classify_generic(error),
             _ => (io::ErrorKind::Other, false),
         };
