@@ -1,20 +1,22 @@
 """JAX's own ways of feeding a jitted training step, beside pinfeed's framework="jax".
 
     python3 bench/jax_bench.py --npy /tmp/pinfeed-4g.npy [--batch 4096] [--hidden 512,4096]
-                               [--rounds 2] [--out results.json]
+                               [--epochs 3] [--rounds 2] [--out results.json]
 
 Runs on a CUDA machine with jax (CUDA plugin) and the pinfeed wheel, over the seed-shaped file
 (uint8 records of 3 x 31 x 31, page-cached first). For each hidden width, one epoch of
 batches through the same jitted step (uint8 -> float, a (record_bytes x hidden) layer, the
-gradient of a squared output, an SGD update) fed four ways:
+gradient of a squared output, an SGD update), for --epochs epochs, fed four ways:
 
 - device_put:        numpy batches sliced from a memmap, ``jax.device_put`` each;
 - device_put+thread: the same on a background thread, a few batches ahead (queue of 4);
-- pinfeed:           ``pinfeed.Loader(path, batch, framework="jax")``;
+- pinfeed:           ``pinfeed.Loader(path, batch, framework="jax", epochs=...)``, its
+                     start (page-locking its pool) inside the timed region;
 - bound:             the same number of steps on one batch already on the device.
 
-Each row reports GB/s (file bytes per second of the epoch, the last step's result waited for)
-and its share of the bound (bound seconds / row seconds). Rounds are interleaved; the best of
+A fifth row, ``pinfeed alone``, takes pinfeed's arrays with no step (the feed's own rate).
+Each row reports GB/s (file bytes per second, the last step's result waited for) and its share
+of the bound (bound seconds / row seconds). Rounds are interleaved; the best of
 each row is kept. A short table is printed and everything is written as JSON to --out.
 """
 
@@ -49,17 +51,18 @@ def make_step(record_bytes, hidden):
     return w0, step
 
 
-def batches_device_put(mm, batch, device):
-    for i in range(0, len(mm), batch):
-        yield jax.device_put(np.asarray(mm[i : i + batch]), device)
+def batches_device_put(mm, batch, device, epochs):
+    for _ in range(epochs):
+        for i in range(0, len(mm), batch):
+            yield jax.device_put(np.asarray(mm[i : i + batch]), device)
 
 
-def batches_threaded(mm, batch, device, depth=4):
+def batches_threaded(mm, batch, device, epochs, depth=4):
     q = queue.Queue(maxsize=depth)
     end = object()
 
     def produce():
-        for x in batches_device_put(mm, batch, device):
+        for x in batches_device_put(mm, batch, device, epochs):
             q.put(x)
         q.put(end)
 
@@ -70,14 +73,20 @@ def batches_threaded(mm, batch, device, depth=4):
     t.join()
 
 
-def batches_pinfeed(path, batch):
-    yield from pinfeed.Loader(path, batch, device="cuda", framework="jax")
+def batches_pinfeed(path, batch, epochs):
+    yield from pinfeed.Loader(path, batch, device="cuda", framework="jax", epochs=epochs)
 
 
-def batches_bound(mm, batch, device):
+def batches_bound(mm, batch, device, epochs):
     x = jax.device_put(np.asarray(mm[:batch]), device)
-    for _ in range(0, len(mm), batch):
-        yield x
+    for _ in range(epochs):
+        for _ in range(0, len(mm), batch):
+            yield x
+
+
+def no_step(w, x):
+    """The ``pinfeed alone`` row's step: keeps the array, so the last one is waited for."""
+    return x
 
 
 def run(step, w, batches):
@@ -96,6 +105,7 @@ def main():
     p.add_argument("--npy", default="/tmp/pinfeed-4g.npy")
     p.add_argument("--batch", type=int, default=4096)
     p.add_argument("--hidden", default="512,4096", help="widths of the layer, comma-separated")
+    p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--out", default=None)
     args = p.parse_args()
@@ -104,27 +114,29 @@ def main():
     mm = np.load(args.npy, mmap_mode="r")
     record_bytes = int(np.prod(mm.shape[1:])) * mm.dtype.itemsize
     file_bytes = len(mm) * record_bytes
+    epochs = args.epochs
     with open(args.npy, "rb") as f:  # page-cached from here on
         while f.read(1 << 26):
             pass
     ways = {
-        "device_put": lambda: batches_device_put(mm, args.batch, device),
-        "device_put+thread": lambda: batches_threaded(mm, args.batch, device),
-        "pinfeed": lambda: batches_pinfeed(args.npy, args.batch),
-        "bound": lambda: batches_bound(mm, args.batch, device),
+        "device_put": lambda: batches_device_put(mm, args.batch, device, epochs),
+        "device_put+thread": lambda: batches_threaded(mm, args.batch, device, epochs),
+        "pinfeed": lambda: batches_pinfeed(args.npy, args.batch, epochs),
+        "bound": lambda: batches_bound(mm, args.batch, device, epochs),
+        "pinfeed alone": lambda: batches_pinfeed(args.npy, args.batch, epochs),
     }
     results = []
     for hidden in [int(h) for h in args.hidden.split(",")]:
         w, step = make_step(record_bytes, hidden)
         # Compiled for both batch shapes (a partial last batch is its own) before timing.
-        run(step, w, batches_bound(mm[: args.batch * 3], args.batch, device))
+        run(step, w, batches_bound(mm[: args.batch * 3], args.batch, device, 1))
         if len(mm) % args.batch:
             run(step, w, [jax.device_put(np.asarray(mm[-(len(mm) % args.batch) :]), device)])
         best = {}
         for _ in range(args.rounds):
             for name, make in ways.items():
-                seconds, steps = run(step, w, make())
-                assert steps == -(-len(mm) // args.batch), (name, steps)
+                seconds, steps = run(no_step if name == "pinfeed alone" else step, w, make())
+                assert steps == epochs * -(-len(mm) // args.batch), (name, steps)
                 best[name] = min(best.get(name, float("inf")), seconds)
         for name, seconds in best.items():
             results.append(
@@ -132,7 +144,7 @@ def main():
                     hidden=hidden,
                     way=name,
                     seconds=seconds,
-                    gbps=file_bytes / seconds / 1e9,
+                    gbps=epochs * file_bytes / seconds / 1e9,
                     share_of_bound=best["bound"] / seconds,
                     vs_device_put=best["device_put"] / seconds,
                 )
@@ -149,6 +161,7 @@ def main():
         records=len(mm),
         record_bytes=record_bytes,
         batch=args.batch,
+        epochs=epochs,
         rounds=args.rounds,
         jax=jax.__version__,
         device=str(device),
