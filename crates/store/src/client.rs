@@ -238,6 +238,14 @@ impl Client {
                  AWS_* environment variables, or instance metadata, which did not answer): \
                  {message}"
             );
+        } else if message.contains("URL scheme is not allowed") {
+            // reqwest refuses plain http:// unless object_store was told to allow it.
+            message = format!("plain http:// needs the storage option allow_http=true: {message}");
+        } else if message.contains("invalid peer certificate") {
+            message = format!(
+                "the server's certificate is not trusted (a private authority's root is trusted \
+                 with the storage option root_certificate=FILE.pem or SSL_CERT_FILE): {message}"
+            );
         }
         SourceError::Open {
             path: PathBuf::from(url),
