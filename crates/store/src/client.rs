@@ -10,13 +10,14 @@ use std::time::{Duration, Instant};
 use futures::StreamExt as _;
 use object_store::path::Path as ObjectPath;
 use object_store::{
-    GetOptions, GetRange, ObjectMeta, ObjectStore, ObjectStoreExt as _, RetryConfig,
+    Certificate, ClientOptions, GetOptions, GetRange, ObjectMeta, ObjectStore, ObjectStoreExt as _,
+    RetryConfig,
 };
 use pinfeed_source::{NetworkStats, Result, SourceError};
 use tokio::sync::Semaphore;
 
 use crate::cache::Cache;
-use crate::fault::{backoff, Fault};
+use crate::fault::{backoff, one_line, Fault};
 use crate::fetch::{plan, Part, Request};
 use crate::location::Location;
 use crate::options::{scrub, StoreOptions};
@@ -29,8 +30,22 @@ pub(crate) struct Object {
     pub(crate) url: String,
     pub(crate) size: u64,
     /// Sent as `If-Match` with every read, so that an object replaced while it is streamed is
-    /// an error rather than a mix of two versions.
+    /// an error rather than a mix of two versions (see [`Object::if_match`]).
     pub(crate) etag: Option<String>,
+}
+
+impl Object {
+    /// The `If-Match` a read sends: the ETag when it is a quoted entity-tag (RFC 9110), as
+    /// S3, GCS, Azure and conforming WebDAV servers give it. Some servers give ETags without
+    /// the quotes (SeaweedFS's WebDAV gateway, in its listing and its GET headers alike); Go's
+    /// `net/http`, which serves those GETs, then refuses every `If-Match` with 412, so such an
+    /// ETag is not sent but compared with each response's own ([`Client::get_once`]).
+    fn if_match(&self) -> Option<String> {
+        let tag = self.etag.as_deref()?;
+        let quoted = tag.strip_prefix("W/").unwrap_or(tag);
+        (quoted.len() >= 2 && quoted.starts_with('"') && quoted.ends_with('"'))
+            .then(|| tag.to_owned())
+    }
 }
 
 /// Counters behind [`NetworkStats`].
@@ -108,7 +123,16 @@ impl Client {
             source: io::Error::other(scrub(&e.to_string(), &secrets)),
         };
         use object_store::{aws, azure, gcp, http};
-        let store = match base.split("://").next().unwrap_or_default() {
+        let scheme = base.split("://").next().unwrap_or_default();
+        if options.root_certificate().is_some() && !matches!(scheme, "http" | "https") {
+            return Err(SourceError::Options {
+                reason: format!(
+                    "storage option root_certificate applies to http(s):// URLs, not {scheme}://; \
+                     there, set SSL_CERT_FILE to a PEM file of the roots to trust"
+                ),
+            });
+        }
+        let store = match scheme {
             "s3" | "s3a" => build_store!(
                 aws::AmazonS3Builder::from_env(),
                 aws::AmazonS3ConfigKey,
@@ -126,7 +150,7 @@ impl Client {
                 build_err
             ),
             "http" | "https" => build_store!(
-                http::HttpBuilder::new(),
+                http::HttpBuilder::new().with_client_options(http_client_options(options)?),
                 object_store::ClientConfigKey,
                 base,
                 pairs,
@@ -213,6 +237,14 @@ impl Client {
                 "no credentials found (storage options access_key_id/secret_access_key, the \
                  AWS_* environment variables, or instance metadata, which did not answer): \
                  {message}"
+            );
+        } else if message.contains("URL scheme is not allowed") {
+            // reqwest refuses plain http:// unless object_store was told to allow it.
+            message = format!("plain http:// needs the storage option allow_http=true: {message}");
+        } else if message.contains("invalid peer certificate") {
+            message = format!(
+                "the server's certificate is not trusted (a private authority's root is trusted \
+                 with the storage option root_certificate=FILE.pem or SSL_CERT_FILE): {message}"
             );
         }
         SourceError::Open {
@@ -330,9 +362,14 @@ impl Client {
         let _permit = self.in_flight.acquire().await.ok();
         bump(&self.counters.requests, 1);
         let begin = *pos;
+        let if_match = object.if_match();
+        let compare = if_match
+            .is_none()
+            .then_some(object.etag.as_deref())
+            .flatten();
         let options = GetOptions {
             range: Some(GetRange::Bounded(begin..request.end)),
-            if_match: object.etag.clone(),
+            if_match,
             ..GetOptions::default()
         };
         let got = self
@@ -340,6 +377,10 @@ impl Client {
             .get_opts(&object.path, options)
             .await
             .map_err(|e| Fault::of(&e))?;
+        // An ETag not sent as `If-Match` pins the version here: the response names its own.
+        if compare.is_some_and(|want| got.meta.e_tag.as_deref().is_some_and(|tag| tag != want)) {
+            return Err(Fault::changed());
+        }
         let mut body = got.into_stream();
         while let Some(chunk) = body.next().await {
             let chunk = chunk.map_err(|e| Fault::of(&e))?;
@@ -358,10 +399,52 @@ impl Client {
     }
 }
 
+/// `object_store`'s client options for an http(s):// store: the system's roots, and those of
+/// the `root_certificate` storage option's file besides.
+fn http_client_options(options: &StoreOptions) -> Result<ClientOptions> {
+    let client = ClientOptions::new();
+    let Some(file) = options.root_certificate() else {
+        return Ok(client);
+    };
+    let bad = |what: String| SourceError::Options {
+        reason: format!("storage option root_certificate={file:?}: {what}"),
+    };
+    let pem = std::fs::read(file).map_err(|e| bad(format!("cannot read it: {e}")))?;
+    let roots = Certificate::from_pem_bundle(&pem)
+        .map_err(|e| bad(format!("not PEM certificates: {}", one_line(&e))))?;
+    if roots.is_empty() {
+        return Err(bad("no PEM certificate in it".into()));
+    }
+    Ok(roots
+        .into_iter()
+        .fold(client, ClientOptions::with_root_certificate))
+}
+
 /// An object path from a key of the URL, or an error naming the URL.
 fn parse_path(key: &str, url: &str) -> Result<ObjectPath> {
     ObjectPath::parse(key).map_err(|e| SourceError::NoShards {
         dataset: url.to_owned(),
         reason: format!("not a valid object key: {e}"),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_quoted_etags_are_sent_as_if_match() {
+        let object = |etag: Option<&str>| Object {
+            path: ObjectPath::from("k"),
+            url: "http://h/k".into(),
+            size: 1,
+            etag: etag.map(str::to_owned),
+        };
+        let sent = |etag| object(etag).if_match();
+        assert_eq!(sent(Some("\"abc\"")).as_deref(), Some("\"abc\""));
+        assert_eq!(sent(Some("W/\"abc\"")).as_deref(), Some("W/\"abc\""));
+        assert_eq!(sent(Some("0b6536fcaf64")), None);
+        assert_eq!(sent(Some("\"")), None);
+        assert_eq!(sent(None), None);
+    }
 }

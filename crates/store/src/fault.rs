@@ -40,6 +40,17 @@ impl Fault {
         }
     }
 
+    /// An object replaced since it was opened: its ETag is no longer the one listed.
+    pub(crate) fn changed() -> Fault {
+        Fault {
+            kind: io::ErrorKind::InvalidData,
+            retry: false,
+            message: "the object changed while it was read (its ETag no longer matches the one \
+                      it had when opened)"
+                .into(),
+        }
+    }
+
     /// Classifies an `object_store` error.
     pub(crate) fn of(error: &object_store::Error) -> Fault {
         use object_store::Error as E;
@@ -49,16 +60,8 @@ impl Fault {
             E::PermissionDenied { .. } | E::Unauthenticated { .. } => {
                 (io::ErrorKind::PermissionDenied, false)
             }
-            E::Precondition { .. } => {
-                // The read's `If-Match` failed: the object was replaced since it was opened.
-                return Fault {
-                    kind: io::ErrorKind::InvalidData,
-                    retry: false,
-                    message: "the object changed while it was read (its ETag no longer matches \
-                              the one it had when opened)"
-                        .into(),
-                };
-            }
+            // The read's `If-Match` failed: the object was replaced since it was opened.
+            E::Precondition { .. } => return Fault::changed(),
             E::Generic { .. } => classify_generic(error),
             _ => (io::ErrorKind::Other, false),
         };
@@ -105,7 +108,7 @@ fn status_in(text: &str) -> Option<u16> {
 }
 
 /// An error and its causes on one line, the causes only where they add to the text.
-fn one_line(error: &dyn std::error::Error) -> String {
+pub(crate) fn one_line(error: &dyn std::error::Error) -> String {
     let mut text = error.to_string();
     let mut cause = error.source();
     while let Some(e) = cause {

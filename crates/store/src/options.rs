@@ -39,7 +39,13 @@ pub const DEFAULT_TIMEOUTS: [(&str, &str); 3] = [
 
 /// Keys pinfeed reads itself; every other key goes to the store's builder in `object_store`
 /// (`endpoint`, `region`, `access_key_id`, `allow_http`, `timeout`, ...).
-const OWN_KEYS: [&str; 4] = ["retries", "request_size", "coalesce_gap", "path_style"];
+const OWN_KEYS: [&str; 5] = [
+    "retries",
+    "request_size",
+    "coalesce_gap",
+    "path_style",
+    "root_certificate",
+];
 
 /// Words that mark an option (or environment variable) as a credential: its value is never
 /// printed.
@@ -142,6 +148,14 @@ impl StoreOptions {
             .ok()
             .flatten()
             .unwrap_or(DEFAULT_COALESCE_GAP)
+    }
+
+    /// A PEM file of certificates trusted, besides the system's, as roots for an https://
+    /// server's certificate (`root_certificate=/path/ca.pem`): a private certificate
+    /// authority's, or a test server's. `object_store` takes them for its HTTP store only
+    /// through `ClientOptions`, not as a `key=value` setting, so pinfeed reads this key itself.
+    pub fn root_certificate(&self) -> Option<&str> {
+        self.get("root_certificate")
     }
 
     /// pinfeed's own numeric option `key`, checked; `None` when not set or not numeric.

@@ -250,7 +250,8 @@ class Loader:
     in flight over all reader threads. ``storage_options`` (a dict) sets the store's
     ``endpoint``, ``region``, ``path_style``, ``allow_http``, credentials and timeouts, and
     pinfeed's ``retries``; credentials otherwise come from the standard chain (``AWS_*``
-    variables, instance metadata). ``cache_dir`` keeps fetched blocks on local disk for later
+    variables, instance metadata); for ``https://`` a private certificate authority's roots
+    are trusted with ``root_certificate`` (a PEM file). ``cache_dir`` keeps fetched blocks on local disk for later
     epochs and other processes, at most ``cache_limit`` bytes (default 10 GiB).
     ``shuffle="random"`` works but fetches records one small range at a time: slow over a
     network; ``"block"`` reads large ranges.
