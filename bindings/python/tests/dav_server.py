@@ -35,9 +35,7 @@ class CertificateAuthority:
 
 class SeaweedDav(Seaweed):
     """``weed mini`` with its WebDAV gateway on a free loopback port (over TLS when ``tls`` is
-    a :class:`CertificateAuthority`), anonymous: WebDAV reads are not signed. Iceberg's and
-    Lance's listeners, which ``weed mini`` opens on fixed ports, are off so that servers of
-    parallel test runs do not collide on them."""
+    a :class:`CertificateAuthority`), anonymous: WebDAV reads are not signed."""
 
     name = "weed mini (WebDAV)"
 
@@ -51,12 +49,11 @@ class SeaweedDav(Seaweed):
         """The WebDAV server's base URL: files of bucket B are under ``{dav}/buckets/B/``."""
         return f"{'https' if self.tls else 'http'}://{HOST}:{self.dav_port}"
 
-    def command(self):
-        cmd = super().command()
-        cmd += [f"-webdav.port={self.dav_port}", "-s3.port.iceberg=0", "-s3.port.lance=0"]
+    def webdav(self):
+        flags = [f"-webdav.port={self.dav_port}"]
         if self.tls:
-            cmd += [f"-webdav.cert.file={self.tls.cert}", f"-webdav.key.file={self.tls.key}"]
-        return cmd
+            flags += [f"-webdav.cert.file={self.tls.cert}", f"-webdav.key.file={self.tls.key}"]
+        return flags
 
     def start(self):
         super().start()  # the S3 gateway answers; the WebDAV one may start a moment later

@@ -136,7 +136,14 @@ class Seaweed(Server):
         os.makedirs(data, exist_ok=True)
         cmd = [exe, "mini", f"-dir={data}", f"-ip={HOST}", f"-ip.bind={HOST}", "-admin.ui=false"]
         cmd += [f"-{k}={v}" for k, v in self.ports.items()]
+        # Iceberg's and Lance's listeners would take fixed ports, on which the servers of
+        # parallel test runs collide.
+        cmd += ["-s3.port.iceberg=0", "-s3.port.lance=0", *self.webdav()]
         return cmd + ([f"-s3.config={self.config}"] if self.config else [])
+
+    def webdav(self):
+        """The WebDAV gateway's flags: off (it too would take a fixed port)."""
+        return ["-webdav=false"]
 
     def stop(self):
         super().stop()
