@@ -84,11 +84,18 @@ def folder(root: Path, names) -> Path:
     return root / "train"
 
 
-def pillow_reference(path, box, flip, size):
-    """What torchvision does on a PIL image, given the crop box: crop, resize bilinear, flip."""
+def pillow_reference(path, box, flip, size, crop):
+    """What torchvision does on a PIL image, given the crop box, then the flip. RandomResizedCrop
+    (``F.resized_crop``) crops, then resizes the crop bilinear, so only the box's pixels weigh in;
+    Resize then CenterCrop resizes the whole image, which is Pillow's resize of the (fractional)
+    box in the whole image (``box=``), its neighbours outside the box weighing in."""
     top, left, h, w = box
     img = Image.open(path).convert("RGB")
-    out = img.resize((size[1], size[0]), Image.BILINEAR, box=(left, top, left + w, top + h))
+    if crop == "random":
+        img = img.crop((int(left), int(top), int(left + w), int(top + h)))
+        out = img.resize((size[1], size[0]), Image.BILINEAR)
+    else:
+        out = img.resize((size[1], size[0]), Image.BILINEAR, box=(left, top, left + w, top + h))
     if flip:
         out = out.transpose(Image.FLIP_LEFT_RIGHT)
     return np.asarray(out)
@@ -121,7 +128,7 @@ def test_pixels_match_pillow(tmp_path, crop):
         w, h = Image.open(FIXTURES / name).size
         top, left, bh, bw, flip = loader._dataset.crop_of(i, 0, w, h)
         flips += flip
-        want = pillow_reference(FIXTURES / name, (top, left, bh, bw), flip, size)
+        want = pillow_reference(FIXTURES / name, (top, left, bh, bw), flip, size, crop)
         assert_close(images[i], want, f"{name} ({crop})")
     assert crop == "center" or 0 < flips < len(GOOD)
 

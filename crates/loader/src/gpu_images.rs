@@ -97,7 +97,9 @@ impl GpuImageDecode {
         )
     }
 
-    fn output_spec(&self) -> OutputSpec {
+    /// The kernel's output: the CPU path's size and layout, uint8, resized with Pillow's
+    /// (antialiased) bilinear filter.
+    pub fn output_spec(&self) -> OutputSpec {
         let images = self.source.images();
         let (height, width, layout) = images.output_form();
         OutputSpec {
@@ -144,16 +146,8 @@ impl GpuImageDecode {
             *decoder = Some(JpegDecoder::new(stream, pool, self.output_spec(), options)?);
         }
         let decoder = decoder.as_mut().expect("made above");
-        let images = self.source.images();
         let mut crop = |i: usize, info: pinfeed_cuda::nvjpeg::ImageInfo| {
-            let head = &headers[i];
-            let bx = if head.image == (info.width, info.height) {
-                head.crop
-            } else {
-                // nvJPEG read other dimensions than the reader's parser: draw for those.
-                images.crop_of(head.place, info.width, info.height).0
-            };
-            whole_pixels(bx, info.width, info.height)
+            self.crop_box(&headers[i], info.width, info.height)
         };
         let done = events.get()?;
         let mut outcomes = self.outcomes.lock().unwrap_or_else(|p| p.into_inner());
@@ -184,6 +178,27 @@ impl GpuImageDecode {
             )?
         };
         Ok(())
+    }
+
+    /// The crop box the kernel gets for the record with header `head`, whose image nvJPEG
+    /// reads as `width` x `height`: the one the reader drew, sampled as the CPU path samples it
+    /// (a random crop: its whole pixels, the filter reading only those; a center crop: a
+    /// window of the whole image, see [`Crop::filter_within_box`]).
+    ///
+    /// [`Crop::filter_within_box`]: pinfeed_source::images::Crop::filter_within_box
+    pub fn crop_box(&self, head: &RecordHeader, width: u32, height: u32) -> CropBox {
+        let images = self.source.images();
+        let bx = if head.image == (width, height) {
+            head.crop
+        } else {
+            // nvJPEG read other dimensions than the reader's parser: draw for those.
+            images.crop_of(head.place, width, height).0
+        };
+        if images.crop().filter_within_box() {
+            whole_pixels(bx, width, height)
+        } else {
+            window_of_image(bx, width, height)
+        }
     }
 
     /// Each record's header, and its request to the decoder (an empty one, which the decoder
@@ -332,6 +347,29 @@ pub(crate) fn whole_pixels(
         y,
         width: w,
         height: h,
+        window: None,
+    }
+}
+
+/// A fractional crop box as a window of the whole `width` x `height` image, kept inside it.
+pub(crate) fn window_of_image(
+    bx: pinfeed_source::images::CropBox,
+    width: u32,
+    height: u32,
+) -> CropBox {
+    let axis = |start: f64, size: f64, room: u32| {
+        let room = f64::from(room);
+        let start = start.clamp(0.0, room - 1.0);
+        // At least a thousandth of a pixel, and inside the image in f32 too.
+        let size = size.clamp(1e-3, room - start);
+        let (start, size) = (start as f32, size as f32);
+        (start, size.min(room as f32 - start))
+    };
+    let (left, w) = axis(bx.left, bx.width, width);
+    let (top, h) = axis(bx.top, bx.height, height);
+    CropBox {
+        window: Some([left, top, w, h]),
+        ..CropBox::full(width, height)
     }
 }
 
@@ -391,5 +429,23 @@ mod tests {
         let edge = whole_pixels(b(499.6, 374.7, 5.0, 5.0), 500, 375);
         assert!(edge.fits(500, 375), "{edge:?}");
         assert!(whole_pixels(b(0.0, 0.0, 0.2, 0.2), 1, 1).fits(1, 1));
+    }
+
+    #[test]
+    fn center_crops_become_windows_of_the_whole_image() {
+        let b = |left, top, width, height| Box64 {
+            top,
+            left,
+            height,
+            width,
+        };
+        let w = window_of_image(b(84.97, 23.43, 328.4, 328.1), 500, 375);
+        assert_eq!((w.x, w.y, w.width, w.height), (0, 0, 500, 375));
+        assert_eq!(w.window, Some([84.97, 23.43, 328.4, 328.1]));
+        assert!(w.fits(500, 375));
+        // Rounding past the edge is kept inside.
+        let edge = window_of_image(b(100.0, 0.0, 400.000_000_1, 375.000_01), 500, 375);
+        assert!(edge.fits(500, 375), "{edge:?}");
+        assert!(window_of_image(b(0.0, 0.0, 0.0, 1.0), 1, 1).fits(1, 1));
     }
 }

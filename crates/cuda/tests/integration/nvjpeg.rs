@@ -225,6 +225,7 @@ fn crop_resize_flip_match_the_cpu_reference_of_the_same_formula() {
         y: info.height / 5,
         width: (info.width * 3 / 4).max(1),
         height: (info.height * 3 / 4).max(1),
+        window: None,
     };
     for antialias in [true, false] {
         for (layout, dtype) in [
