@@ -288,6 +288,7 @@ def test_auto_decodes_on_the_cpu_for_the_host_backend(tmp_path):
     root = folder(tmp_path, GOOD[:2])
     auto = pinfeed.ImageLoader(root, batch_size=2, size=16, device="cpu", decode="auto", seed=3)
     assert (auto.decode, auto.decode_reason) == ("cpu", "cpu: batches go to the host backend")
+    assert auto.stats()["decode_reason"] == auto.decode_reason
     cpu = pinfeed.ImageLoader(root, batch_size=2, size=16, device="cpu", seed=3)
     for (ax, ay), (cx, cy) in zip(auto, cpu):
         np.testing.assert_array_equal(ax, cx)
@@ -327,6 +328,26 @@ def test_gpu_decode_matches_cpu_decode(tmp_path, torch):
         again = pinfeed.ImageLoader(root, decode="gpu", **args)
         again.load_state_dict(state)
         assert [y.cpu().numpy().tolist() for _, y in again] == [r.tolist() for r in rest]
+
+
+@pytest.mark.gpu
+def test_auto_times_both_decoders_on_the_dataset(tmp_path, torch):
+    root = tmp_path / "train"
+    for k in range(8):
+        for j, name in enumerate(GOOD):
+            d = root / f"c{(j + k) % 4}"
+            d.mkdir(parents=True, exist_ok=True)
+            shutil.copy(FIXTURES / name, d / f"{k}_{name}")
+    auto = pinfeed.ImageLoader(root, batch_size=8, size=64, decode="auto", device="cuda")
+    assert auto.decode in ("cpu", "gpu")
+    why = auto.decode_reason
+    assert why.startswith(auto.decode + ": nvJPEG on cuda:") and "images/s" in why, why
+    assert auto.stats()["decode"] == auto.decode
+    # The second loader on the dataset reads the kept rates: the same choice, the same words.
+    again = pinfeed.ImageLoader(root, batch_size=8, size=64, decode="auto", device="cuda")
+    assert (again.decode, again.decode_reason) == (auto.decode, why)
+    images, labels = next(iter(again))
+    assert images.is_cuda and images.shape == (8, 3, 64, 64) and labels.shape == (8,)
 
 
 @pytest.mark.gpu

@@ -292,26 +292,28 @@ pub enum Decode {
 
 impl Decode {
     /// What `decode` asks for on `device`: `"gpu"` is the GPU whatever the device (the loader
-    /// refuses it on the host backend, saying so). `"auto"` is the CPU: on the H200 machine the
-    /// CPU path moved 7,705 images/s against the GPU path's 3,401, and the GPU path's batches
-    /// differed from the CPU path's beyond the tests' tolerance (docs/BENCHMARKS.md); its reason
-    /// says whether nvJPEG loads (`gpu_decoder`). Returns the choice and why, in words.
+    /// refuses it on the host backend, saying so). `"auto"` is the CPU on the host backend or
+    /// where nvJPEG does not load (`gpu_decoder` says why); on a CUDA device with nvJPEG it is
+    /// the faster on the dataset, as `measure(ordinal)` finds
+    /// ([`decode_rates`](crate::decode_auto::decode_rates); the CPU if that fails, saying
+    /// why). Returns the choice and why, in words.
     pub fn resolve(
         decode: &str,
         device: crate::DeviceSpec,
         gpu_decoder: std::result::Result<(), String>,
+        measure: impl FnOnce(usize) -> Result<crate::DecodeRates>,
     ) -> Result<(Decode, String)> {
         match decode {
             "cpu" => Ok((Decode::Cpu, "cpu: as asked".into())),
             "gpu" => Ok((Decode::Gpu, "gpu: as asked".into())),
             "auto" => Ok(match (device.resolve(), gpu_decoder) {
-                (crate::DeviceSpec::Cuda(n), Ok(())) => (
-                    Decode::Cpu,
-                    format!(
-                        "cpu: measured faster than nvJPEG on cuda:{n}, whose batches do not yet \
-                         match the CPU decoder's (decode=\"gpu\" asks for it)"
+                (crate::DeviceSpec::Cuda(n), Ok(())) => match measure(n) {
+                    Ok(rates) => rates.choice(),
+                    Err(e) => (
+                        Decode::Cpu,
+                        format!("cpu: the decoders could not be timed on cuda:{n}: {e}"),
                     ),
-                ),
+                },
                 (crate::DeviceSpec::Cuda(_), Err(why)) => {
                     (Decode::Cpu, format!("cpu: no GPU decoder ({why})"))
                 }
@@ -378,25 +380,51 @@ mod tests {
     use super::*;
     use pinfeed_source::images::CropBox as Box64;
 
+    fn rates(ordinal: usize, cpu: f64, gpu: f64) -> Result<crate::DecodeRates> {
+        Ok(crate::DecodeRates {
+            dataset: "train".into(),
+            ordinal,
+            images: 512,
+            cpu_images_per_s: cpu,
+            gpu_images_per_s: gpu,
+        })
+    }
+
     #[test]
-    fn auto_picks_the_cpu_and_says_whether_nvjpeg_loads() {
+    fn auto_measures_on_a_cuda_device_with_nvjpeg_only() {
         use crate::DeviceSpec;
+        let unmeasured = |_: usize| -> Result<crate::DecodeRates> {
+            panic!("measured where it should not have been")
+        };
         let pick = |decode, device, present: std::result::Result<(), String>| {
-            Decode::resolve(decode, device, present).map(|(d, _)| d)
+            Decode::resolve(decode, device, present, unmeasured).map(|(d, _)| d)
         };
         let absent = || Err("libnvjpeg not found".to_string());
-        assert_eq!(
-            pick("auto", DeviceSpec::Cuda(0), Ok(())).unwrap(),
-            Decode::Cpu
+        let faster = Decode::resolve("auto", DeviceSpec::Cuda(0), Ok(()), |n| {
+            rates(n, 3000.0, 9000.0)
+        });
+        let (d, why) = faster.unwrap();
+        assert_eq!(d, Decode::Gpu, "{why}");
+        assert!(why.contains("nvJPEG on cuda:0 9000 images/s"), "{why}");
+        let slower = Decode::resolve("auto", DeviceSpec::Cuda(2), Ok(()), |n| {
+            rates(n, 7705.0, 3401.0)
+        });
+        assert_eq!(slower.unwrap().0, Decode::Cpu);
+        let failed = Decode::resolve("auto", DeviceSpec::Cuda(0), Ok(()), |_| {
+            Err(LoaderError::Config("train: 3 images are too few".into()))
+        });
+        let (d, why) = failed.unwrap();
+        assert_eq!(d, Decode::Cpu);
+        assert!(
+            why.contains("could not be timed on cuda:0: train: 3 images"),
+            "{why}"
         );
-        let (_, why) = Decode::resolve("auto", DeviceSpec::Cuda(0), Ok(())).unwrap();
-        assert!(why.contains("nvJPEG on cuda:0"), "{why}");
         assert_eq!(
             pick("auto", DeviceSpec::Cuda(0), absent()).unwrap(),
             Decode::Cpu
         );
         assert_eq!(pick("auto", DeviceSpec::Cpu, Ok(())).unwrap(), Decode::Cpu);
-        let (_, why) = Decode::resolve("auto", DeviceSpec::Cuda(1), absent()).unwrap();
+        let (_, why) = Decode::resolve("auto", DeviceSpec::Cuda(1), absent(), unmeasured).unwrap();
         assert!(why.contains("libnvjpeg not found"), "{why}");
         assert_eq!(pick("gpu", DeviceSpec::Cpu, absent()).unwrap(), Decode::Gpu);
         assert_eq!(
