@@ -231,6 +231,8 @@ if want images && ls $C/*.whl >/dev/null 2>&1; then
     grep -E "^test |test result|panicked|mean" "$OUT/images_gpu_tests.txt" | head -20
     PYTHONPATH=/tmp/site timeout 200 python3 -m pytest -q -rs -p no:cacheprovider --gpu \
         bindings/python/tests/test_images.py 2>&1 | tail -8 | tee "$OUT/images_gpu_pytests.txt"
+    # decode="auto" (issue 19 item 4): both decoders timed on this dataset's first batches.
+    $C/pinfeed doctor --images "$IMG/train" > "$OUT/images_doctor.txt" 2>&1; grep -A2 'image decode' "$OUT/images_doctor.txt"
     PYTHONPATH=/tmp/site timeout 580 python3 bench/images_bench.py "$IMG/train" --out "$OUT/$(date +%F)-h200-images.json" ${IMAGES_ARGS:-} 2>&1 | tail -16
     $C/pinfeed stream "$IMG/train" --images --size 224 --batch-size 256 --shuffle random --threads "$(nproc)" --json > "$OUT/images_stream.json" && tail -c 400 "$OUT/images_stream.json"
 fi

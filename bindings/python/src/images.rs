@@ -25,18 +25,38 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(image_decoder, m)?)
 }
 
-/// ``(decoder, why)``: where ``decode`` (``"cpu"``, ``"gpu"`` or ``"auto"``) decodes images
-/// for batches going to ``device``: ``"auto"`` is ``"gpu"`` on a CUDA device where nvJPEG
-/// loads, else ``"cpu"``.
+/// ``(decoder, why)``: where ``decode`` (``"cpu"``, ``"gpu"`` or ``"auto"``) decodes
+/// ``dataset``'s images for batches going to ``device``: ``"auto"`` is the faster of the two on
+/// a CUDA device where nvJPEG loads, timed on the dataset's first images with this batch size
+/// (at most 128), ``num_threads`` and ``pinned_budget`` (once per boot; kept in a cache file),
+/// else ``"cpu"``.
 #[pyfunction]
+#[pyo3(signature = (decode, device, dataset, batch_size, num_threads=None, pinned_budget=None))]
 pub(crate) fn image_decoder(
     py: Python<'_>,
     decode: &str,
     device: &str,
+    dataset: &ImageDataset,
+    batch_size: usize,
+    num_threads: Option<usize>,
+    pinned_budget: Option<Bound<'_, PyAny>>,
 ) -> PyResult<(String, String)> {
     let device = crate::options::device_arg(py, device)?;
-    let present = py.detach(pinfeed::Decode::gpu_decoder_present);
-    let (choice, why) = pinfeed::Decode::resolve(decode, device, present).py_err(py)?;
+    let base = pinfeed::LoaderOptions {
+        batch_size: batch_size.max(1),
+        num_threads,
+        pinned_budget: crate::options::byte_size(pinned_budget, "pinned_budget")?
+            .unwrap_or(pinfeed::DEFAULT_PINNED_BUDGET),
+        ..pinfeed::LoaderOptions::default()
+    };
+    let (index, options) = (&dataset.index, &dataset.options);
+    let resolved = py.detach(|| {
+        let present = pinfeed::Decode::gpu_decoder_present();
+        pinfeed::Decode::resolve(decode, device, present, |ordinal| {
+            pinfeed::decode_auto::decode_rates(index, options, ordinal, &base)
+        })
+    });
+    let (choice, why) = resolved.py_err(py)?;
     let name = match choice {
         pinfeed::Decode::Cpu => "cpu",
         pinfeed::Decode::Gpu => "gpu",

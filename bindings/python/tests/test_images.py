@@ -84,11 +84,18 @@ def folder(root: Path, names) -> Path:
     return root / "train"
 
 
-def pillow_reference(path, box, flip, size):
-    """What torchvision does on a PIL image, given the crop box: crop, resize bilinear, flip."""
+def pillow_reference(path, box, flip, size, crop):
+    """What torchvision does on a PIL image, given the crop box, then the flip. RandomResizedCrop
+    (``F.resized_crop``) crops, then resizes the crop bilinear, so only the box's pixels weigh in;
+    Resize then CenterCrop resizes the whole image, which is Pillow's resize of the (fractional)
+    box in the whole image (``box=``), its neighbours outside the box weighing in."""
     top, left, h, w = box
     img = Image.open(path).convert("RGB")
-    out = img.resize((size[1], size[0]), Image.BILINEAR, box=(left, top, left + w, top + h))
+    if crop == "random":
+        img = img.crop((int(left), int(top), int(left + w), int(top + h)))
+        out = img.resize((size[1], size[0]), Image.BILINEAR)
+    else:
+        out = img.resize((size[1], size[0]), Image.BILINEAR, box=(left, top, left + w, top + h))
     if flip:
         out = out.transpose(Image.FLIP_LEFT_RIGHT)
     return np.asarray(out)
@@ -121,7 +128,7 @@ def test_pixels_match_pillow(tmp_path, crop):
         w, h = Image.open(FIXTURES / name).size
         top, left, bh, bw, flip = loader._dataset.crop_of(i, 0, w, h)
         flips += flip
-        want = pillow_reference(FIXTURES / name, (top, left, bh, bw), flip, size)
+        want = pillow_reference(FIXTURES / name, (top, left, bh, bw), flip, size, crop)
         assert_close(images[i], want, f"{name} ({crop})")
     assert crop == "center" or 0 < flips < len(GOOD)
 
@@ -281,6 +288,7 @@ def test_auto_decodes_on_the_cpu_for_the_host_backend(tmp_path):
     root = folder(tmp_path, GOOD[:2])
     auto = pinfeed.ImageLoader(root, batch_size=2, size=16, device="cpu", decode="auto", seed=3)
     assert (auto.decode, auto.decode_reason) == ("cpu", "cpu: batches go to the host backend")
+    assert auto.stats()["decode_reason"] == auto.decode_reason
     cpu = pinfeed.ImageLoader(root, batch_size=2, size=16, device="cpu", seed=3)
     for (ax, ay), (cx, cy) in zip(auto, cpu):
         np.testing.assert_array_equal(ax, cx)
@@ -320,6 +328,26 @@ def test_gpu_decode_matches_cpu_decode(tmp_path, torch):
         again = pinfeed.ImageLoader(root, decode="gpu", **args)
         again.load_state_dict(state)
         assert [y.cpu().numpy().tolist() for _, y in again] == [r.tolist() for r in rest]
+
+
+@pytest.mark.gpu
+def test_auto_times_both_decoders_on_the_dataset(tmp_path, torch):
+    root = tmp_path / "train"
+    for k in range(8):
+        for j, name in enumerate(GOOD):
+            d = root / f"c{(j + k) % 4}"
+            d.mkdir(parents=True, exist_ok=True)
+            shutil.copy(FIXTURES / name, d / f"{k}_{name}")
+    auto = pinfeed.ImageLoader(root, batch_size=8, size=64, decode="auto", device="cuda")
+    assert auto.decode in ("cpu", "gpu")
+    why = auto.decode_reason
+    assert why.startswith(auto.decode + ": nvJPEG on cuda:") and "images/s" in why, why
+    assert auto.stats()["decode"] == auto.decode
+    # The second loader on the dataset reads the kept rates: the same choice, the same words.
+    again = pinfeed.ImageLoader(root, batch_size=8, size=64, decode="auto", device="cuda")
+    assert (again.decode, again.decode_reason) == (auto.decode, why)
+    images, labels = next(iter(again))
+    assert images.is_cuda and images.shape == (8, 3, 64, 64) and labels.shape == (8,)
 
 
 @pytest.mark.gpu

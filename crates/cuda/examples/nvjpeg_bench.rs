@@ -115,6 +115,7 @@ fn centre_square(_: usize, info: ImageInfo) -> CropBox {
         y: (info.height - side) / 2,
         width: side,
         height: side,
+        window: None,
     }
 }
 

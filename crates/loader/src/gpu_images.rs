@@ -97,7 +97,9 @@ impl GpuImageDecode {
         )
     }
 
-    fn output_spec(&self) -> OutputSpec {
+    /// The kernel's output: the CPU path's size and layout, uint8, resized with Pillow's
+    /// (antialiased) bilinear filter.
+    pub fn output_spec(&self) -> OutputSpec {
         let images = self.source.images();
         let (height, width, layout) = images.output_form();
         OutputSpec {
@@ -144,16 +146,8 @@ impl GpuImageDecode {
             *decoder = Some(JpegDecoder::new(stream, pool, self.output_spec(), options)?);
         }
         let decoder = decoder.as_mut().expect("made above");
-        let images = self.source.images();
         let mut crop = |i: usize, info: pinfeed_cuda::nvjpeg::ImageInfo| {
-            let head = &headers[i];
-            let bx = if head.image == (info.width, info.height) {
-                head.crop
-            } else {
-                // nvJPEG read other dimensions than the reader's parser: draw for those.
-                images.crop_of(head.place, info.width, info.height).0
-            };
-            whole_pixels(bx, info.width, info.height)
+            self.crop_box(&headers[i], info.width, info.height)
         };
         let done = events.get()?;
         let mut outcomes = self.outcomes.lock().unwrap_or_else(|p| p.into_inner());
@@ -184,6 +178,27 @@ impl GpuImageDecode {
             )?
         };
         Ok(())
+    }
+
+    /// The crop box the kernel gets for the record with header `head`, whose image nvJPEG
+    /// reads as `width` x `height`: the one the reader drew, sampled as the CPU path samples it
+    /// (a random crop: its whole pixels, the filter reading only those; a center crop: a
+    /// window of the whole image, see [`Crop::filter_within_box`]).
+    ///
+    /// [`Crop::filter_within_box`]: pinfeed_source::images::Crop::filter_within_box
+    pub fn crop_box(&self, head: &RecordHeader, width: u32, height: u32) -> CropBox {
+        let images = self.source.images();
+        let bx = if head.image == (width, height) {
+            head.crop
+        } else {
+            // nvJPEG read other dimensions than the reader's parser: draw for those.
+            images.crop_of(head.place, width, height).0
+        };
+        if images.crop().filter_within_box() {
+            whole_pixels(bx, width, height)
+        } else {
+            window_of_image(bx, width, height)
+        }
     }
 
     /// Each record's header, and its request to the decoder (an empty one, which the decoder
@@ -277,26 +292,28 @@ pub enum Decode {
 
 impl Decode {
     /// What `decode` asks for on `device`: `"gpu"` is the GPU whatever the device (the loader
-    /// refuses it on the host backend, saying so). `"auto"` is the CPU: on the H200 machine the
-    /// CPU path moved 7,705 images/s against the GPU path's 3,401, and the GPU path's batches
-    /// differed from the CPU path's beyond the tests' tolerance (docs/BENCHMARKS.md); its reason
-    /// says whether nvJPEG loads (`gpu_decoder`). Returns the choice and why, in words.
+    /// refuses it on the host backend, saying so). `"auto"` is the CPU on the host backend or
+    /// where nvJPEG does not load (`gpu_decoder` says why); on a CUDA device with nvJPEG it is
+    /// the faster on the dataset, as `measure(ordinal)` finds
+    /// ([`decode_rates`](crate::decode_auto::decode_rates); the CPU if that fails, saying
+    /// why). Returns the choice and why, in words.
     pub fn resolve(
         decode: &str,
         device: crate::DeviceSpec,
         gpu_decoder: std::result::Result<(), String>,
+        measure: impl FnOnce(usize) -> Result<crate::DecodeRates>,
     ) -> Result<(Decode, String)> {
         match decode {
             "cpu" => Ok((Decode::Cpu, "cpu: as asked".into())),
             "gpu" => Ok((Decode::Gpu, "gpu: as asked".into())),
             "auto" => Ok(match (device.resolve(), gpu_decoder) {
-                (crate::DeviceSpec::Cuda(n), Ok(())) => (
-                    Decode::Cpu,
-                    format!(
-                        "cpu: measured faster than nvJPEG on cuda:{n}, whose batches do not yet \
-                         match the CPU decoder's (decode=\"gpu\" asks for it)"
+                (crate::DeviceSpec::Cuda(n), Ok(())) => match measure(n) {
+                    Ok(rates) => rates.choice(),
+                    Err(e) => (
+                        Decode::Cpu,
+                        format!("cpu: the decoders could not be timed on cuda:{n}: {e}"),
                     ),
-                ),
+                },
                 (crate::DeviceSpec::Cuda(_), Err(why)) => {
                     (Decode::Cpu, format!("cpu: no GPU decoder ({why})"))
                 }
@@ -332,6 +349,29 @@ pub(crate) fn whole_pixels(
         y,
         width: w,
         height: h,
+        window: None,
+    }
+}
+
+/// A fractional crop box as a window of the whole `width` x `height` image, kept inside it.
+pub(crate) fn window_of_image(
+    bx: pinfeed_source::images::CropBox,
+    width: u32,
+    height: u32,
+) -> CropBox {
+    let axis = |start: f64, size: f64, room: u32| {
+        let room = f64::from(room);
+        let start = start.clamp(0.0, room - 1.0);
+        // At least a thousandth of a pixel, and inside the image in f32 too.
+        let size = size.clamp(1e-3, room - start);
+        let (start, size) = (start as f32, size as f32);
+        (start, size.min(room as f32 - start))
+    };
+    let (left, w) = axis(bx.left, bx.width, width);
+    let (top, h) = axis(bx.top, bx.height, height);
+    CropBox {
+        window: Some([left, top, w, h]),
+        ..CropBox::full(width, height)
     }
 }
 
@@ -340,25 +380,51 @@ mod tests {
     use super::*;
     use pinfeed_source::images::CropBox as Box64;
 
+    fn rates(ordinal: usize, cpu: f64, gpu: f64) -> Result<crate::DecodeRates> {
+        Ok(crate::DecodeRates {
+            dataset: "train".into(),
+            ordinal,
+            images: 512,
+            cpu_images_per_s: cpu,
+            gpu_images_per_s: gpu,
+        })
+    }
+
     #[test]
-    fn auto_picks_the_cpu_and_says_whether_nvjpeg_loads() {
+    fn auto_measures_on_a_cuda_device_with_nvjpeg_only() {
         use crate::DeviceSpec;
+        let unmeasured = |_: usize| -> Result<crate::DecodeRates> {
+            panic!("measured where it should not have been")
+        };
         let pick = |decode, device, present: std::result::Result<(), String>| {
-            Decode::resolve(decode, device, present).map(|(d, _)| d)
+            Decode::resolve(decode, device, present, unmeasured).map(|(d, _)| d)
         };
         let absent = || Err("libnvjpeg not found".to_string());
-        assert_eq!(
-            pick("auto", DeviceSpec::Cuda(0), Ok(())).unwrap(),
-            Decode::Cpu
+        let faster = Decode::resolve("auto", DeviceSpec::Cuda(0), Ok(()), |n| {
+            rates(n, 3000.0, 9000.0)
+        });
+        let (d, why) = faster.unwrap();
+        assert_eq!(d, Decode::Gpu, "{why}");
+        assert!(why.contains("nvJPEG on cuda:0 9000 images/s"), "{why}");
+        let slower = Decode::resolve("auto", DeviceSpec::Cuda(2), Ok(()), |n| {
+            rates(n, 7705.0, 3401.0)
+        });
+        assert_eq!(slower.unwrap().0, Decode::Cpu);
+        let failed = Decode::resolve("auto", DeviceSpec::Cuda(0), Ok(()), |_| {
+            Err(LoaderError::Config("train: 3 images are too few".into()))
+        });
+        let (d, why) = failed.unwrap();
+        assert_eq!(d, Decode::Cpu);
+        assert!(
+            why.contains("could not be timed on cuda:0: train: 3 images"),
+            "{why}"
         );
-        let (_, why) = Decode::resolve("auto", DeviceSpec::Cuda(0), Ok(())).unwrap();
-        assert!(why.contains("nvJPEG on cuda:0"), "{why}");
         assert_eq!(
             pick("auto", DeviceSpec::Cuda(0), absent()).unwrap(),
             Decode::Cpu
         );
         assert_eq!(pick("auto", DeviceSpec::Cpu, Ok(())).unwrap(), Decode::Cpu);
-        let (_, why) = Decode::resolve("auto", DeviceSpec::Cuda(1), absent()).unwrap();
+        let (_, why) = Decode::resolve("auto", DeviceSpec::Cuda(1), absent(), unmeasured).unwrap();
         assert!(why.contains("libnvjpeg not found"), "{why}");
         assert_eq!(pick("gpu", DeviceSpec::Cpu, absent()).unwrap(), Decode::Gpu);
         assert_eq!(
@@ -391,5 +457,23 @@ mod tests {
         let edge = whole_pixels(b(499.6, 374.7, 5.0, 5.0), 500, 375);
         assert!(edge.fits(500, 375), "{edge:?}");
         assert!(whole_pixels(b(0.0, 0.0, 0.2, 0.2), 1, 1).fits(1, 1));
+    }
+
+    #[test]
+    fn center_crops_become_windows_of_the_whole_image() {
+        let b = |left, top, width, height| Box64 {
+            top,
+            left,
+            height,
+            width,
+        };
+        let w = window_of_image(b(84.97, 23.43, 328.4, 328.1), 500, 375);
+        assert_eq!((w.x, w.y, w.width, w.height), (0, 0, 500, 375));
+        assert_eq!(w.window, Some([84.97, 23.43, 328.4, 328.1]));
+        assert!(w.fits(500, 375));
+        // Rounding past the edge is kept inside.
+        let edge = window_of_image(b(100.0, 0.0, 400.000_000_1, 375.000_01), 500, 375);
+        assert!(edge.fits(500, 375), "{edge:?}");
+        assert!(window_of_image(b(0.0, 0.0, 0.0, 1.0), 1, 1).fits(1, 1));
     }
 }

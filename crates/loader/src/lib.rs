@@ -36,6 +36,7 @@
 #![deny(missing_docs)]
 
 mod backend;
+pub mod decode_auto;
 mod error;
 mod gpu_images;
 mod multi;
@@ -50,6 +51,7 @@ pub mod tune;
 use std::sync::Arc;
 
 pub use backend::{CopyFence, CudaFence, DeviceMemory, DeviceSpec};
+pub use decode_auto::DecodeRates;
 pub use error::{LoaderError, Result};
 pub use gpu_images::{Decode, GpuImageDecode};
 pub use multi::{DeviceShare, MultiLoader};

@@ -171,14 +171,20 @@ pub fn cache_dir() -> Option<PathBuf> {
         .or_else(|| env("HOME").map(|d| d.join(".cache").join("pinfeed")))
 }
 
-/// The file for device `ordinal` in this boot (the kernel's boot id names the boot).
+/// The file for device `ordinal` in this boot.
 fn cache_file(ordinal: usize) -> Option<PathBuf> {
+    let boot = boot_id()?;
+    Some(cache_dir()?.join(format!("machine-{boot}-cuda{ordinal}.txt")))
+}
+
+/// The kernel's id of this boot, which names the per-boot cache files.
+pub(crate) fn boot_id() -> Option<String> {
     let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").ok()?;
     let boot = boot.trim();
     if boot.is_empty() || !boot.chars().all(|c| c.is_ascii_hexdigit() || c == '-') {
         return None;
     }
-    Some(cache_dir()?.join(format!("machine-{boot}-cuda{ordinal}.txt")))
+    Some(boot.to_owned())
 }
 
 /// `copy_gbps X` and `bus_gbps Y` lines; anything else (a partial or foreign file) is no cache.

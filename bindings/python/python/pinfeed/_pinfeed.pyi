@@ -364,4 +364,11 @@ def crop_params(
     ratio: tuple[float, float],
     draws: list[float],
 ) -> tuple[int, int, int, int]: ...
-def image_decoder(decode: str, device: str) -> tuple[str, str]: ...
+def image_decoder(
+    decode: str,
+    device: str,
+    dataset: ImageDataset,
+    batch_size: int,
+    num_threads: int | None = None,
+    pinned_budget: _Size = None,
+) -> tuple[str, str]: ...

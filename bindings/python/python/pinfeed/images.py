@@ -26,13 +26,11 @@ DECODERS = ("cpu", "gpu", "auto")
 _DTYPES = ("float32", "float16", "bfloat16")
 
 
-def _decoder(decode: str, device: Any, name: str) -> tuple[str, str]:
-    """``(decoder, why)``: ``"cpu"`` or ``"gpu"`` for ``decode`` and ``device``, or an error."""
+def _check_decoder(decode: str, name: str) -> None:
     if decode not in DECODERS:
         raise PinfeedValueError(
             f"{name}: unknown decode {decode!r}: expected one of {', '.join(DECODERS)}"
         )
-    return _pinfeed.image_decoder(decode, str(device))
 
 
 def _size_pair(size: Union[int, Sequence[int]], name: str) -> tuple[int, int]:
@@ -96,9 +94,10 @@ class ImageLoader:
     (the hardware JPEG engines where the GPU has them) and crop, resize and flip it there; PNG,
     CMYK and JPEGs nvJPEG declines are decoded on the CPU as with ``"cpu"`` (the same
     ``on_error``). It needs a CUDA device and nvJPEG (``libnvjpeg``, e.g. from the
-    ``nvidia-nvjpeg`` wheel); on the host backend it is refused. It is not yet ready: its
-    batches differ from ``"cpu"``'s beyond the IDCT's rounding (docs/BENCHMARKS.md), so
-    ``decode="auto"`` is ``"cpu"``; :attr:`decode` says which and :attr:`decode_reason` why.
+    ``nvidia-nvjpeg`` wheel); on the host backend it is refused. ``decode="auto"`` times both
+    on a CUDA device where nvJPEG loads (the dataset's first batches, once per boot: a cache
+    file keeps the rates, ``pinfeed doctor`` lists them) and takes the GPU where it is at least
+    1.1 times faster, else the CPU; :attr:`decode` says which and :attr:`decode_reason` why.
 
     Shuffling, sharding (``rank``, ``world_size``), ``set_epoch``, ``state_dict`` and
     ``load_state_dict`` are :class:`pinfeed.Loader`'s, with the same exact resume.
@@ -134,8 +133,7 @@ class ImageLoader:
         prefetch: int = 4,
     ) -> None:
         self.path = os.fsdecode(os.fspath(path))
-        #: The decoder in use, ``"cpu"`` or ``"gpu"``, and why (``decode="auto"`` chooses).
-        self.decode, self.decode_reason = _decoder(decode, device, self.path)
+        _check_decoder(decode, self.path)
         self.height, self.width = _size_pair(size, self.path)
         if layout not in ("NCHW", "NHWC"):
             raise PinfeedValueError(f"{self.path}: layout must be 'NCHW' or 'NHWC', not {layout!r}")
@@ -173,6 +171,10 @@ class ImageLoader:
         self.rank, self.world_size = distributed_defaults(rank, world_size)
         if num_threads is None:
             num_threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+        #: The decoder in use, ``"cpu"`` or ``"gpu"``, and why (``decode="auto"`` times both).
+        self.decode, self.decode_reason = _pinfeed.image_decoder(
+            decode, str(device), self._dataset, self.batch_size, num_threads, pinned_budget
+        )
         self._loader_args = dict(
             device=device,
             drop_last=drop_last,
@@ -351,9 +353,15 @@ class ImageLoader:
         self._next = self._loader.state_dict()
 
     def stats(self) -> dict[str, Any]:
-        """The counters of the current (or last) pass (:meth:`pinfeed.Loader.stats`) and
-        ``skipped``: samples skipped since the loader was made (``on_error="skip"``)."""
-        return {**self._loader.stats(), "skipped": int(self._dataset.skipped())}
+        """The counters of the current (or last) pass (:meth:`pinfeed.Loader.stats`),
+        ``skipped``: samples skipped since the loader was made (``on_error="skip"``), and
+        ``decode`` / ``decode_reason``: the decoder in use and why (``decode="auto"``'s rates)."""
+        return {
+            **self._loader.stats(),
+            "skipped": int(self._dataset.skipped()),
+            "decode": self.decode,
+            "decode_reason": self.decode_reason,
+        }
 
     def close(self) -> None:
         """Stops the current pass and frees its pinned memory."""

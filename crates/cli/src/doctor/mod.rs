@@ -7,6 +7,7 @@
 //! no sysfs, O_DIRECT refused) is reported as such, and the rest still runs.
 
 mod advise;
+mod decode;
 mod measure;
 mod probe;
 mod render;
@@ -38,6 +39,10 @@ pub struct DoctorArgs {
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
+    /// An image dataset (an ImageFolder tree or .tar shards) on which to time decode="auto"'s
+    /// two decoders now (224x224 random crops, batches of 128; needs a CUDA device and nvJPEG).
+    #[arg(long, value_name = "PATH")]
+    images: Option<PathBuf>,
 }
 
 /// A typical batch: 1024 records of `3,31,31` bytes (2.95 MB), the seed question's.
@@ -74,6 +79,8 @@ struct Report {
     file: Option<FileReport>,
     /// What `ImageLoader(decode="auto")` picks for this device, and why.
     image_decode: String,
+    /// The decoders' rates measured this boot (by any process), per dataset.
+    image_decode_measured: Vec<decode::DecodeMeasured>,
     advice: Vec<String>,
 }
 
@@ -257,11 +264,8 @@ pub fn run(args: DoctorArgs) -> Result<Outcome> {
         }
         Err(why) => report.gpu_unavailable = Some(why),
     }
-    report.image_decode =
-        match pinfeed::Decode::resolve("auto", device, pinfeed::Decode::gpu_decoder_present()) {
-            Ok((_, why)) => why,
-            Err(e) => e.to_string(),
-        };
+    report.image_decode = decode::image_decode(device, args.images.as_deref())?;
+    report.image_decode_measured = decode::measured();
     report.host_copies = measure_host(report.host.mem_available_bytes);
     if let (Some(path), Some(file)) = (&args.path, &file) {
         report.file = Some(measure_file(path, file)?);

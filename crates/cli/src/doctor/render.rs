@@ -252,6 +252,9 @@ fn render_measurements(s: &mut String, r: &Report) {
         line(s, "copy threads by default", &t.reason);
     }
     line(s, "image decode=\"auto\"", &r.image_decode);
+    for m in &r.image_decode_measured {
+        line(s, &format!("  {} on {}", m.dataset, m.device), &m.choice);
+    }
     let batch = format!("mlock of one {} batch", mb(BATCH_BYTES));
     match (&hc.mlock_error, hc.batch_mlock_ms, hc.batch_munlock_ms) {
         (Some(e), _, _) => line(s, &batch, format!("refused: {e}")),

@@ -103,4 +103,8 @@ fn doctor_shows_what_decode_auto_picks() {
         "{}",
         text.stdout
     );
+    // --images names a dataset to time the decoders on; one that does not open is an error.
+    let missing = crate::common::pinfeed(["doctor", "--device", "cpu", "--images", "/no/such"]);
+    assert_ne!(missing.code, Some(0));
+    assert!(missing.stderr.contains("/no/such"), "{}", missing.stderr);
 }

@@ -5,7 +5,8 @@
 // The resize is torchvision's bilinear (`antialias=False`: a triangle filter of radius 1 in source
 // pixels) or its antialiased bilinear (`antialias=True`, the default of transforms.v2: the
 // triangle widened by the scale when shrinking, as PIL does), with half-pixel centres and the taps
-// limited to the crop box. The horizontal flip mirrors the resized image. uint8 output rounds half
+// limited to the crop box; a window resizes a fractional part of the box (a center crop: the box
+// is the whole image). The horizontal flip mirrors the resized image. uint8 output rounds half
 // up; float output normalises that uint8 value as ToDtype(scale=True) + Normalize(mean, std) do.
 
 struct CropParams {
@@ -14,6 +15,8 @@ struct CropParams {
     int crop_x, crop_y, crop_w, crop_h;
     int flip;                // 1: mirror the output horizontally
     int out_index;           // the image's place in the output batch
+    float win_x, win_y;      // the part of the crop resized to the output, in the crop's pixels
+    float win_w, win_h;      // (0, 0, crop_w, crop_h: all of it)
     int pad;
 };
 
@@ -22,14 +25,16 @@ __device__ __forceinline__ float triangle(float x) {
     return x < 1.0f ? 1.0f - x : 0.0f;
 }
 
-// The taps [*lo, *hi) of output index `i` along one axis, the centre and the filter's scale.
-__device__ __forceinline__ void taps(int i, int out_size, int in_size, int antialias, int* lo,
-                                     int* hi, float* center, float* inv) {
-    float scale = (float)in_size / (float)out_size;
+// The taps [*lo, *hi) of output index `i` along one axis, the centre and the filter's scale: the
+// window [start, start + size) of the crop's `in_size` pixels is resized to `out_size`, and the
+// taps are the crop's pixels under the filter.
+__device__ __forceinline__ void taps(int i, int out_size, float start, float size, int in_size,
+                                     int antialias, int* lo, int* hi, float* center, float* inv) {
+    float scale = size / (float)out_size;
     bool widen = antialias && scale > 1.0f;
     float support = widen ? scale : 1.0f;
     *inv = widen ? 1.0f / scale : 1.0f;
-    *center = scale * ((float)i + 0.5f);
+    *center = start + scale * ((float)i + 0.5f);
     *lo = max((int)(*center - support + 0.5f), 0);
     *hi = min((int)(*center + support + 0.5f), in_size);
 }
@@ -47,8 +52,8 @@ extern "C" __global__ void crop_resize(const CropParams* params, unsigned char* 
 
     int ylo, yhi, xlo, xhi;
     float yc, yinv, xc, xinv;
-    taps(oy, oh, p.crop_h, antialias, &ylo, &yhi, &yc, &yinv);
-    taps(rx, ow, p.crop_w, antialias, &xlo, &xhi, &xc, &xinv);
+    taps(oy, oh, p.win_y, p.win_h, p.crop_h, antialias, &ylo, &yhi, &yc, &yinv);
+    taps(rx, ow, p.win_x, p.win_w, p.crop_w, antialias, &xlo, &xhi, &xc, &xinv);
 
     float xsum = 0.0f;
     for (int x = xlo; x < xhi; ++x) xsum = xsum + triangle(((float)x - xc + 0.5f) * xinv);

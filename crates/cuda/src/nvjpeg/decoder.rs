@@ -395,6 +395,7 @@ impl JpegDecoder {
             if !outcomes[p.index].decoded() {
                 continue;
             }
+            let window = p.crop.window_or_box();
             self.params.push(CropParams {
                 src: base + p.scratch_offset as u64,
                 pitch: (p.info.width * 3) as i32,
@@ -404,6 +405,10 @@ impl JpegDecoder {
                 crop_h: p.crop.height as i32,
                 flip: i32::from(images[p.index].flip),
                 out_index: p.index as i32,
+                win_x: window[0],
+                win_y: window[1],
+                win_w: window[2],
+                win_h: window[3],
                 pad: 0,
             });
         }

@@ -5,13 +5,20 @@ use super::resize::{CropBox, Layout, OutputSpec, OutputType};
 use crate::error::{CudaError, Result};
 
 /// The taps `lo..hi` of output index `i` along one axis, the centre and the filter's scale, as
-/// `taps` in `crop_resize.cu` computes them.
-fn taps(i: u32, out_size: u32, in_size: u32, antialias: bool) -> (i32, i32, f32, f32) {
-    let scale = in_size as f32 / out_size as f32;
+/// `taps` in `crop_resize.cu` computes them: the window `start .. start + size` of the crop's
+/// `in_size` pixels resized to `out_size`.
+fn taps(
+    i: u32,
+    out_size: u32,
+    (start, size): (f32, f32),
+    in_size: u32,
+    antialias: bool,
+) -> (i32, i32, f32, f32) {
+    let scale = size / out_size as f32;
     let widen = antialias && scale > 1.0;
     let support = if widen { scale } else { 1.0 };
     let inv = if widen { 1.0 / scale } else { 1.0 };
-    let center = scale * (i as f32 + 0.5);
+    let center = start + scale * (i as f32 + 0.5);
     let lo = ((center - support + 0.5) as i32).max(0);
     let hi = ((center + support + 0.5) as i32).min(in_size as i32);
     (lo, hi, center, inv)
@@ -27,7 +34,7 @@ fn triangle(x: f32) -> f32 {
 }
 
 /// The CPU reference of the GPU step: crops `crop` out of the `width` x `height` RGB image
-/// `src` (rows of `width * 3` bytes), resizes it to `spec`'s size, mirrors it when `flip`, and
+/// `src` (rows of `width * 3` bytes), resizes it (or its window) to `spec`'s size, mirrors it when `flip`, and
 /// writes it into `out` (`spec.image_bytes()` bytes; `f32` elements in native byte order) in
 /// `spec`'s layout. Same float operations in the same order as the kernel.
 pub fn crop_resize_reference(
@@ -63,11 +70,12 @@ pub fn crop_resize_reference(
     }
     let (oh, ow) = (spec.height, spec.width);
     let plane = oh as usize * ow as usize;
+    let [win_x, win_y, win_w, win_h] = crop.window_or_box();
     for pixel in 0..plane {
         let (oy, ox) = (pixel as u32 / ow, pixel as u32 % ow);
         let rx = if flip { ow - 1 - ox } else { ox };
-        let (ylo, yhi, yc, yinv) = taps(oy, oh, crop.height, spec.antialias);
-        let (xlo, xhi, xc, xinv) = taps(rx, ow, crop.width, spec.antialias);
+        let (ylo, yhi, yc, yinv) = taps(oy, oh, (win_y, win_h), crop.height, spec.antialias);
+        let (xlo, xhi, xc, xinv) = taps(rx, ow, (win_x, win_w), crop.width, spec.antialias);
         let mut xsum = 0.0f32;
         for x in xlo..xhi {
             xsum += triangle((x as f32 - xc + 0.5) * xinv);
@@ -153,6 +161,7 @@ mod tests {
             y: 1,
             width: 3,
             height: 2,
+            window: None,
         };
         let mut out = vec![0u8; 3 * 2 * 3];
         crop_resize_reference(&src, 6, 3, crop, true, &spec(2, 3, true), &mut out).unwrap();
@@ -201,6 +210,38 @@ mod tests {
     }
 
     #[test]
+    fn a_window_samples_as_resizing_the_whole_image_then_cropping() {
+        // torchvision's Resize then CenterCrop: 13x9 resized to 29x20, then the 11x7 at
+        // (9, 6) of that, is the window (9, 6, 11, 7) / (29 / 13, 20 / 9) of the whole image.
+        let src = gradient(13, 9);
+        let mut whole = vec![0u8; 29 * 20 * 3];
+        let full = CropBox::full(13, 9);
+        crop_resize_reference(&src, 13, 9, full, false, &spec(20, 29, true), &mut whole).unwrap();
+        let (sx, sy) = (13.0 / 29.0, 9.0 / 20.0);
+        let window = CropBox {
+            window: Some([9.0 * sx, 6.0 * sy, 11.0 * sx, 7.0 * sy]),
+            ..full
+        };
+        let mut out = vec![0u8; 11 * 7 * 3];
+        crop_resize_reference(&src, 13, 9, window, false, &spec(7, 11, true), &mut out).unwrap();
+        for y in 0..7 {
+            for x in 0..11 {
+                for c in 0..3 {
+                    let want = whole[((6 + y) * 29 + 9 + x) * 3 + c];
+                    let got = out[(y * 11 + x) * 3 + c];
+                    // The window's centres are the whole resize's up to float rounding.
+                    assert!(got.abs_diff(want) <= 1, "y {y} x {x} c {c}: {got} {want}");
+                }
+            }
+        }
+        let outside = CropBox {
+            window: Some([3.0, 0.0, 10.5, 9.0]),
+            ..full
+        };
+        assert!(!outside.fits(13, 9));
+    }
+
+    #[test]
     fn nchw_and_float_follow_the_spec() {
         let src = gradient(2, 2);
         let mut s = spec(2, 2, false);
@@ -233,6 +274,7 @@ mod tests {
             y: 0,
             width: 2,
             height: 2,
+            window: None,
         };
         assert!(
             crop_resize_reference(&src, 2, 2, outside, false, &spec(2, 2, true), &mut out).is_err()

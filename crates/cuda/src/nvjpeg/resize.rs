@@ -96,8 +96,14 @@ impl OutputSpec {
     }
 }
 
-/// A crop box in the pixels of the decoded image.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// A crop box in the pixels of the decoded image: the resize filter reads only its pixels.
+///
+/// With no `window`, the whole box is resized to the output (torchvision's
+/// `RandomResizedCrop`: crop, then resize the crop). A `window` resizes a fractional part of
+/// the box, its pixels beyond the window's edges still weighing in (torchvision's `Resize`
+/// then `CenterCrop`: the box is the whole image and the window the crop in it, sampled as
+/// resizing the whole image would).
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct CropBox {
     /// Left column.
     pub x: u32,
@@ -107,6 +113,9 @@ pub struct CropBox {
     pub width: u32,
     /// Height, at least 1.
     pub height: u32,
+    /// The part resized to the output, in the box's pixels: left, top, width, height (width
+    /// and height positive, inside the box); `None` is the whole box.
+    pub window: Option<[f32; 4]>,
 }
 
 impl CropBox {
@@ -117,12 +126,30 @@ impl CropBox {
             y: 0,
             width,
             height,
+            window: None,
         }
     }
 
-    /// Whether the box is non-empty and lies inside a `width` x `height` image.
+    /// The window (left, top, width, height in the box's pixels) the output samples: the
+    /// whole box when there is none.
+    pub fn window_or_box(&self) -> [f32; 4] {
+        self.window
+            .unwrap_or([0.0, 0.0, self.width as f32, self.height as f32])
+    }
+
+    /// Whether the box (and its window) is non-empty and lies inside a `width` x `height` image.
     pub fn fits(&self, width: u32, height: u32) -> bool {
-        self.width > 0
+        let [left, top, w, h] = self.window_or_box();
+        let inside = |start: f32, size: f32, room: u32| {
+            start.is_finite()
+                && size.is_finite()
+                && start >= 0.0
+                && size > 0.0
+                && start + size <= room as f32
+        };
+        inside(left, w, self.width)
+            && inside(top, h, self.height)
+            && self.width > 0
             && self.height > 0
             && u64::from(self.x) + u64::from(self.width) <= u64::from(width)
             && u64::from(self.y) + u64::from(self.height) <= u64::from(height)
@@ -141,6 +168,10 @@ pub(crate) struct CropParams {
     pub crop_h: i32,
     pub flip: i32,
     pub out_index: i32,
+    pub win_x: f32,
+    pub win_y: f32,
+    pub win_w: f32,
+    pub win_h: f32,
     pub pad: i32,
 }
 
@@ -305,8 +336,10 @@ mod tests {
 
     #[test]
     fn params_match_the_kernel_struct() {
-        // CropParams in crop_resize.cu: one u64 then eight ints.
-        assert_eq!(std::mem::size_of::<CropParams>(), 40);
+        // CropParams in crop_resize.cu: one u64, seven ints, four floats and an int, no padding.
+        assert_eq!(std::mem::size_of::<CropParams>(), 56);
+        assert_eq!(std::mem::offset_of!(CropParams, win_x), 36);
+        assert_eq!(std::mem::offset_of!(CropParams, pad), 52);
     }
 }
 

@@ -1,6 +1,7 @@
 //! The crop/resize kernel's source compiled as C++ and run on the CPU (no GPU needed) against
-//! `crop_resize_reference`: crops, flips, both layouts, uint8 and normalised float, shrinking
-//! and enlarging, with and without antialias. Byte-identical: both sides do the same IEEE float
+//! `crop_resize_reference`: crops (whole, and fractional windows of the whole image as a center
+//! crop gives), flips, both layouts, uint8 and normalised float, shrinking and enlarging, with
+//! and without antialias. Byte-identical: both sides do the same IEEE float
 //! steps (no contraction). Needs a C++ compiler (`c++`, or `$CXX`).
 
 use std::path::{Path, PathBuf};
@@ -43,7 +44,20 @@ fn the_kernel_run_on_the_cpu_matches_the_reference_byte_for_byte() {
     let mean = [0.485, 0.456, 0.406];
     let std = [0.229, 0.224, 0.225];
     let mut cases = 0;
-    for (cx, cy, cw, ch) in [(0, 0, 77, 53), (9, 10, 57, 39), (76, 52, 1, 1)] {
+    let boxes = [
+        (0, 0, 77, 53, None),
+        (9, 10, 57, 39, None),
+        (76, 52, 1, 1, None),
+        (
+            0,
+            0,
+            77,
+            53,
+            Some([15.523_81, 3.105_469, 46.385_4, 46.385_4]),
+        ),
+        (0, 0, 77, 53, Some([0.25, 0.5, 76.5, 52.125])),
+    ];
+    for (cx, cy, cw, ch, window) in boxes {
         for (oh, ow) in [(24, 40), (53, 77), (90, 7)] {
             for (flip, aa) in [(false, true), (true, false), (true, true)] {
                 for (layout, f32) in [
@@ -68,13 +82,29 @@ fn the_kernel_run_on_the_cpu_matches_the_reference_byte_for_byte() {
                         y: cy,
                         width: cw,
                         height: ch,
+                        window,
                     };
                     let mut want = vec![0u8; spec.image_bytes()];
                     crop_resize_reference(&src, w, h, crop, flip, &spec, &mut want).unwrap();
-                    let args = [w, h, cx, cy, cw, ch, u32::from(flip), oh, ow]
-                        .map(|v| v.to_string())
-                        .into_iter()
-                        .chain([layout == Layout::Nchw, aa, f32].map(|b| u8::from(b).to_string()));
+                    let [wx, wy, ww, wh] = crop.window_or_box().map(f32::to_bits);
+                    let args = [
+                        w,
+                        h,
+                        cx,
+                        cy,
+                        cw,
+                        ch,
+                        wx,
+                        wy,
+                        ww,
+                        wh,
+                        u32::from(flip),
+                        oh,
+                        ow,
+                    ]
+                    .map(|v| v.to_string())
+                    .into_iter()
+                    .chain([layout == Layout::Nchw, aa, f32].map(|b| u8::from(b).to_string()));
                     let status = Command::new(&exe)
                         .arg(&input)
                         .args(args)
@@ -91,5 +121,5 @@ fn the_kernel_run_on_the_cpu_matches_the_reference_byte_for_byte() {
         }
     }
     let _ = std::fs::remove_dir_all(&dir);
-    assert_eq!(cases, 81);
+    assert_eq!(cases, 135);
 }

@@ -219,12 +219,23 @@ fn crop_resize_flip_match_the_cpu_reference_of_the_same_formula() {
         .collect();
     let flips: Vec<bool> = (0..files.len()).map(|i| i % 2 == 1).collect();
     // A crop in each image's own pixels: an off-centre box of 3/4 of each side (the whole of a
-    // 1x1 image).
-    let pick = |_: usize, info: ImageInfo| CropBox {
-        x: info.width / 8,
-        y: info.height / 5,
-        width: (info.width * 3 / 4).max(1),
-        height: (info.height * 3 / 4).max(1),
+    // 1x1 image); every third image a center crop's form instead, a fractional window of the
+    // whole image.
+    let pick = |i: usize, info: ImageInfo| {
+        if i % 3 == 2 {
+            let (w, h) = (info.width as f32, info.height as f32);
+            return CropBox {
+                window: Some([w * 0.13, h * 0.21, w * 0.7, h * 0.66]),
+                ..CropBox::full(info.width, info.height)
+            };
+        }
+        CropBox {
+            x: info.width / 8,
+            y: info.height / 5,
+            width: (info.width * 3 / 4).max(1),
+            height: (info.height * 3 / 4).max(1),
+            window: None,
+        }
     };
     for antialias in [true, false] {
         for (layout, dtype) in [

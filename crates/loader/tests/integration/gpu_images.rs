@@ -5,8 +5,10 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use pinfeed::decode_auto::decode_rates;
 use pinfeed::{
-    Batch, DeviceSpec, GpuImageDecode, Loader, LoaderError, LoaderOptions, Position, Shuffle,
+    Batch, Decode, DeviceSpec, GpuImageDecode, Loader, LoaderError, LoaderOptions, Position,
+    Shuffle,
 };
 use pinfeed_cuda::nvjpeg::JpegBackend;
 use pinfeed_source::images::{
@@ -179,4 +181,62 @@ fn gpu_decoded_batches_match_the_cpu_paths() {
         let resumed = run(positions[2]);
         assert_eq!(resumed, positions[3..]);
     }
+}
+
+#[test]
+fn a_dataset_too_small_to_time_is_said_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("train");
+    std::fs::create_dir_all(root.join("c")).unwrap();
+    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("../source/tests/fixtures/images");
+    for k in 0..3 {
+        std::fs::copy(
+            fixtures.join("baseline.jpg"),
+            root.join(format!("c/{k}.jpg")),
+        )
+        .unwrap();
+    }
+    let index = Arc::new(ImageIndex::open(&root, false).unwrap());
+    let base = LoaderOptions {
+        batch_size: 8,
+        ..LoaderOptions::default()
+    };
+    let err = decode_rates(&index, &ImageOptions::default(), 0, &base).unwrap_err();
+    let text = err.to_string();
+    assert!(
+        text.contains("3 images are too few") && text.contains("train"),
+        "{text}"
+    );
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn auto_times_both_decoders_on_the_datasets_images() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = folder(dir.path(), 6);
+    let index = Arc::new(ImageIndex::open(&root, false).unwrap());
+    let base = LoaderOptions {
+        batch_size: 8,
+        ..LoaderOptions::default()
+    };
+    let options = ImageOptions::default();
+    let rates = decode_rates(&index, &options, 0, &base).unwrap();
+    assert!(
+        rates.cpu_images_per_s > 0.0 && rates.gpu_images_per_s > 0.0,
+        "{rates:?}"
+    );
+    assert_eq!(
+        (rates.images, rates.ordinal),
+        (32, 0),
+        "4 timed batches of 8"
+    );
+    // Kept: the next loader on the dataset reads the rates instead of timing again.
+    assert_eq!(decode_rates(&index, &options, 0, &base).unwrap(), rates);
+    let present = Decode::gpu_decoder_present();
+    let (choice, why) = Decode::resolve("auto", DeviceSpec::Cuda(0), present, |n| {
+        decode_rates(&index, &options, n, &base)
+    })
+    .unwrap();
+    assert_eq!((choice, why), rates.choice());
+    eprintln!("decode=\"auto\" on the fixtures: {}", rates.choice().1);
 }

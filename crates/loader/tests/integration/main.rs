@@ -4,6 +4,7 @@ mod common;
 mod delivery;
 mod faults;
 mod gpu;
+mod gpu_formula;
 mod gpu_images;
 mod limits;
 mod mapped;

@@ -76,6 +76,16 @@ pub enum Crop {
     },
 }
 
+impl Crop {
+    /// Whether the resize filter reads only the crop box: `RandomResizedCrop` crops, then
+    /// resizes the crop (its box is whole pixels); `Resize` then `CenterCrop` resizes the whole
+    /// image and crops that, so the box (fractional, in source pixels) is sampled with its
+    /// neighbours outside it, as torchvision does.
+    pub fn filter_within_box(&self) -> bool {
+        matches!(self, Crop::RandomResized { .. })
+    }
+}
+
 /// The order of an output image's bytes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PixelLayout {
@@ -228,6 +238,11 @@ impl ImageSource {
         (self.options.height, self.options.width, self.options.layout)
     }
 
+    /// The crop.
+    pub fn crop(&self) -> Crop {
+        self.options.crop
+    }
+
     /// The dataset.
     pub fn index(&self) -> &Arc<ImageIndex> {
         &self.index
@@ -275,6 +290,7 @@ impl ImageSource {
                 width: self.options.width,
                 layout: self.options.layout,
                 flip,
+                within_box: self.options.crop.filter_within_box(),
             };
             let written = output::write(scratch, w, h, crop, &target, &mut record[..pixels]);
             if scratch.decoded.capacity() > RETAINED_PIXEL_BYTES {

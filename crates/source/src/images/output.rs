@@ -1,6 +1,13 @@
 //! A decoded image to the slot: the crop box resized to the output size with Pillow's
 //! bilinear filter (antialiased when shrinking, as torchvision's `RandomResizedCrop` on PIL
 //! images does), flipped if drawn so, in HWC or CHW order.
+//!
+//! Where the filter may read is torchvision's order of operations: `RandomResizedCrop` crops,
+//! then resizes the crop, so the filter reads only the box (pixels next to its edges weigh
+//! nothing); `Resize` then `CenterCrop` resizes the whole image, then crops, so the box's edge
+//! pixels blend in their neighbours outside it (fast_image_resize's fractional crop, as
+//! Pillow's `resize(box=...)`). The GPU kernel follows the same rule
+//! (`pinfeed_cuda::nvjpeg::CropBox`).
 
 use fast_image_resize as fr;
 
@@ -25,6 +32,9 @@ pub(crate) struct Target {
     pub(crate) width: u32,
     pub(crate) layout: PixelLayout,
     pub(crate) flip: bool,
+    /// The filter reads only the crop box (whole pixels): crop, then resize. Else the whole
+    /// image: resize, then crop.
+    pub(crate) within_box: bool,
 }
 
 /// Resizes `crop` of the `width` x `height` RGB image in `scratch.decoded` into `dst`
@@ -57,12 +67,26 @@ pub(crate) fn write(
     let mut out =
         fr::images::Image::from_slice_u8(target.width, target.height, hwc, fr::PixelType::U8x3)
             .map_err(|e| format!("output buffer: {e}"))?;
-    let options = fr::ResizeOptions::new()
-        .resize_alg(fr::ResizeAlg::Convolution(fr::FilterType::Bilinear))
-        .crop(crop.left, crop.top, crop.width, crop.height);
-    resizer
-        .resize(&src, &mut out, &options)
-        .map_err(|e| format!("resize failed: {e}"))?;
+    let options =
+        fr::ResizeOptions::new().resize_alg(fr::ResizeAlg::Convolution(fr::FilterType::Bilinear));
+    let done = if target.within_box {
+        debug_assert!([crop.left, crop.top, crop.width, crop.height]
+            .iter()
+            .all(|v| v.fract() == 0.0));
+        let boxed = fr::images::CroppedImage::new(
+            &src,
+            crop.left as u32,
+            crop.top as u32,
+            crop.width as u32,
+            crop.height as u32,
+        )
+        .map_err(|e| format!("crop box {crop:?}: {e}"))?;
+        resizer.resize(&boxed, &mut out, &options)
+    } else {
+        let options = options.crop(crop.left, crop.top, crop.width, crop.height);
+        resizer.resize(&src, &mut out, &options)
+    };
+    done.map_err(|e| format!("resize failed: {e}"))?;
     match target.layout {
         PixelLayout::Nhwc => {
             if target.flip {
