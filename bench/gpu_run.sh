@@ -6,6 +6,7 @@
 #
 #   bash bench/gpu_run.sh [SECTION...]   (default: tests rust torch python)
 #   sections: tests rust torch python pytests ab tokens machine nvjpeg jax images store
+#             storetokens
 #             bigcached bigsweep bigcold legacysoak soakstart soakwait
 #   env: SKIP_DOCTOR=1 (no doctor/copy_path in `rust`), PYBENCH_SECTIONS=seed,loaders,...,sweep,
 #        PYBENCH_ONLY=1 (no torchrun/tests in `python`), SOAK_SECONDS, LEGACY_SOAK_SECONDS, BIGDIR,
@@ -245,6 +246,17 @@ if want store && ls $C/*.whl >/dev/null 2>&1; then
         $(ls $C/store-wheels/*.whl | grep -E -- "-none-any|-abi3-|-$py-") 2>&1 | tail -2
     export PATH=/tmp/site-moto/bin:$PATH
     PYTHONPATH=/tmp/site:/tmp/site-moto timeout 580 python3 bench/store_bench.py --device cuda --threads 8 --out "$OUT/store.json" ${STORE_ARGS:-} 2>&1 | tail -14
+fi
+
+if want storetokens && ls $C/*.whl >/dev/null 2>&1; then
+    echo "== Token windows from object storage: TokenLoader from moto on 127.0.0.1, to the GPU"
+    install_wheel /tmp/site $C/*.whl
+    py=$(python3 -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site-moto \
+        $(ls $C/store-wheels/*.whl | grep -E -- "-none-any|-abi3-|-$py-") 2>&1 | tail -2
+    export PATH=/tmp/site-moto/bin:$PATH
+    PYTHONPATH=/tmp/site:/tmp/site-moto timeout 580 python3 bench/store_tokens_bench.py --device cuda \
+        --out "$OUT/$(date +%F)-h200-store-tokens.json" 2>&1 | tail -8
 fi
 
 if want legacysoak && ls $C/*.whl >/dev/null 2>&1; then

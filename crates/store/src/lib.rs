@@ -99,6 +99,9 @@ pub fn open(
 /// of tokens, for [`token_windows`]. The objects are listed and their headers read here, once:
 /// windows of every epoch can be cut from the one stream.
 ///
+/// Ranges of the windows are coalesced only across gaps of at most [`TOKEN_COALESCE_GAP`]
+/// unless `store` sets `coalesce_gap`.
+///
 /// A Megatron index (`.idx`) is refused: the indexed format is read from local disk only. Its
 /// `.bin` is a raw token object, which random and sequential windows read as any other.
 pub fn open_tokens(
@@ -120,7 +123,11 @@ pub fn open_tokens(
     let layout = dtype
         .map(|d| Layout::new(d.dtype(), Vec::new()))
         .transpose()?;
-    let source = match open(url, layout, read, store) {
+    let mut store = store.clone();
+    if store.get("coalesce_gap").is_none() {
+        store.set("coalesce_gap", TOKEN_COALESCE_GAP.to_string())?;
+    }
+    let source = match open(url, layout, read, &store) {
         Err(SourceError::NotNpy { path }) => {
             return Err(SourceError::TokenDtypeMissing { path });
         }
@@ -128,6 +135,13 @@ pub fn open_tokens(
     };
     TokenStream::from_source(Box::new(source), dtype)
 }
+
+/// [`StoreOptions::coalesce_gap`] of token data unless one is given: random windows are a few
+/// KiB each and scattered, so the records' 1 MiB gap would fetch hundreds of times the
+/// windows' bytes. Measured on loopback SeaweedFS (320 steps of 12 random windows of 1025
+/// uint16 tokens from a 128 MiB object, 2 reader threads): a 1 MiB gap fetched 694 MB for
+/// 7.9 MB of windows at 80 steps/s; 16 KiB fetched 8 MB at 119 steps/s, 0 and 128 KiB alike.
+pub const TOKEN_COALESCE_GAP: u64 = 16 << 10;
 
 /// What object storage offers for Megatron data, in the errors that refuse the indexed format.
 const MEGATRON_REMOTE: &str = "from object storage, random and sequential windows read its .bin \

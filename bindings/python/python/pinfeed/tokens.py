@@ -86,8 +86,8 @@ class TokenLoader:
     ``storage_options``, ``cache_dir`` and ``cache_limit`` are :class:`pinfeed.Loader`'s (and
     refused, as there, for a local path). The objects are listed and their headers read once,
     when the loader is made; every epoch's windows are cut from what was opened. Random and
-    sequential windows work over a network alike (a random window is one ranged GET of
-    ``seq_len + 1`` tokens); a Megatron index is read from local disk only, so
+    sequential windows both work over a network: a batch's random windows are ranged GETs in
+    flight together (neighbours coalesced), sequential ones consecutive ranges; a Megatron index is read from local disk only, so
     ``"documents"`` is refused for a URL (its ``.bin`` reads as a raw token object).
     ``stats()["network"]`` counts the current pass's fetches.
 
