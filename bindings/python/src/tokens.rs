@@ -1,27 +1,58 @@
 //! Token streams as loader sources: `pinfeed.TokenLoader`'s Rust half.
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use pinfeed_source::tokens::{self, sampled_offset, Sample, TokenDType, TokenOptions};
-use pinfeed_source::SourceError;
+use pinfeed_source::{ReadOptions, SourceError};
 use pyo3::prelude::*;
 
-use crate::errors::{source_error, value_error, ToPy};
+use crate::errors::{source_error, value_error, Raised, ToPy};
 use crate::loader::Source;
+use crate::store::store_options;
+use pinfeed_store::StoreOptions;
 
-/// Adds this module's functions to `_pinfeed`.
+/// Adds this module's functions and classes to `_pinfeed`.
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<TokenStream>()?;
     m.add_function(wrap_pyfunction!(open_tokens, m)?)?;
     m.add_function(wrap_pyfunction!(token_offsets, m)?)
 }
 
+/// Token data in object storage as :func:`open_tokens` opened it: the objects listed and their
+/// headers read, the client and its cache ready. Given back to ``open_tokens`` as ``opened``,
+/// the windows of another epoch are cut from it without asking the store again.
+#[pyclass(module = "pinfeed._pinfeed", frozen)]
+pub(crate) struct TokenStream {
+    inner: Arc<tokens::TokenStream>,
+}
+
+#[pymethods]
+impl TokenStream {
+    fn __repr__(&self) -> String {
+        format!(
+            "TokenStream({:?}, dtype={}, num_tokens={})",
+            self.inner.name(),
+            self.inner.dtype(),
+            self.inner.num_tokens()
+        )
+    }
+}
+
 /// Opens a token dataset as a loader source whose records are windows of ``seq_len + 1``
-/// tokens at their stored width, and returns it with the token dtype (a numpy typestring) and
-/// the number of tokens.
+/// tokens at their stored width, and returns it with the token dtype (a numpy typestring), the
+/// number of tokens and, for token data in object storage, the :class:`TokenStream` it was cut
+/// from (``None`` for local files).
 ///
 /// ``path`` is a raw token file (nanoGPT's ``train.bin``; ``dtype`` required), a 1-D integer
 /// ``.npy``, a directory or glob of them read as one stream, or a Megatron ``.bin``/``.idx``
-/// pair (its dtype from the ``.idx``). ``sample``:
+/// pair (its dtype from the ``.idx``). It may be a URL (``s3://bucket/train.bin``, a prefix's
+/// ``.npy`` objects, a glob of objects; ``gs://``, ``az://``, ``https://``), read by ranged
+/// GETs as ``storage_options``, ``cache_dir``, ``cache_limit`` and ``queue_depth`` say (as for
+/// :meth:`Source.open`; refused for a local path); the Megatron index is read from local disk
+/// only. ``opened`` (a :class:`TokenStream` an earlier call returned) is used instead of
+/// opening ``path`` again. ``sample``:
 ///
 /// - ``"random"``: record ``v`` is the window at the uniformly random offset
 ///   :func:`token_offsets` gives for ``(seed, epoch, v)``; ``steps × batch_size × world_size``
@@ -38,7 +69,8 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
 #[pyfunction]
 #[pyo3(signature = (
     path, *, seq_len, batch_size, dtype=None, sample="random", seed=0, steps=None,
-    world_size=1, epoch=0, steps_per_batch=1
+    world_size=1, epoch=0, steps_per_batch=1, storage_options=None, cache_dir=None,
+    cache_limit=None, queue_depth=None, opened=None
 ))]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn open_tokens(
@@ -53,15 +85,14 @@ pub(crate) fn open_tokens(
     world_size: u64,
     epoch: u64,
     steps_per_batch: u64,
-) -> PyResult<(Source, String, u64)> {
+    storage_options: Option<BTreeMap<String, String>>,
+    cache_dir: Option<PathBuf>,
+    cache_limit: Option<Bound<'_, PyAny>>,
+    queue_depth: Option<u32>,
+    opened: Option<Bound<'_, TokenStream>>,
+) -> PyResult<(Source, String, u64, Option<TokenStream>)> {
     let name = path.display().to_string();
-    let named = |e: SourceError| {
-        let mut raised = source_error(&e);
-        if !raised.message.contains(&name) && !raised.message.contains(".idx") {
-            raised.message = format!("{name}: {}", raised.message);
-        }
-        raised
-    };
+    let named = |e: SourceError| with_name(&name, e);
     let dtype = dtype
         .map(TokenDType::parse)
         .transpose()
@@ -81,20 +112,79 @@ pub(crate) fn open_tokens(
         world_size,
         steps_per_batch,
     };
-    let opened = py
-        .detach(|| tokens::open(&path, &options))
+    let url = path.to_str().filter(|p| pinfeed_store::is_url(p));
+    let store = store_options(
+        py,
+        url.is_some(),
+        storage_options,
+        cache_dir,
+        cache_limit.as_ref(),
+    )?;
+    let remote = match (opened, url) {
+        (Some(opened), _) => Some(Arc::clone(&opened.get().inner)),
+        (None, url) => remote_stream(py, url, &name, dtype, &store, queue_depth)?,
+    };
+    let windows = py
+        .detach(|| match &remote {
+            Some(stream) => pinfeed_store::token_windows(Arc::clone(stream), &options),
+            None => tokens::open(&path, &options),
+        })
         .map_err(&named)
         .py_err(py)?;
-    let stream = opened.stream();
+    let stream = windows.stream();
     let info = (stream.dtype().typestr().to_owned(), stream.num_tokens());
     Ok((
         Source {
-            inner: opened.source(),
+            inner: windows.source(),
             gpu_images: None,
         },
         info.0,
         info.1,
+        remote.map(|inner| TokenStream { inner }),
     ))
+}
+
+/// The token data at `url` opened as one stream (the objects listed and their headers read), or
+/// `None` for a local path, where `queue_depth` is refused: local token files are read by
+/// `pread`, which it would not change.
+fn remote_stream(
+    py: Python<'_>,
+    url: Option<&str>,
+    name: &str,
+    dtype: Option<TokenDType>,
+    store: &StoreOptions,
+    queue_depth: Option<u32>,
+) -> PyResult<Option<Arc<tokens::TokenStream>>> {
+    let Some(url) = url else {
+        return match queue_depth {
+            Some(_) => Err(value_error(
+                py,
+                "Config",
+                format!(
+                    "{name}: queue_depth applies to token data in object storage (s3://, \
+                     gs://, az://, https://) only"
+                ),
+            )),
+            None => Ok(None),
+        };
+    };
+    let read = ReadOptions {
+        queue_depth: queue_depth.unwrap_or(pinfeed_source::DEFAULT_QUEUE_DEPTH),
+        ..ReadOptions::default()
+    };
+    let stream = py.detach(|| pinfeed_store::open_tokens(url, dtype, &read, store));
+    Ok(Some(Arc::new(
+        stream.map_err(|e| with_name(name, e)).py_err(py)?,
+    )))
+}
+
+/// `e` as raised, led by the data's `name` unless its message names the data or its index.
+fn with_name(name: &str, e: SourceError) -> Raised {
+    let mut raised = source_error(&e);
+    if !raised.message.contains(name) && !raised.message.contains(".idx") {
+        raised.message = format!("{name}: {}", raised.message);
+    }
+    raised
 }
 
 /// The token offsets of random windows ``first .. first + count`` under ``(seed, epoch)``, with

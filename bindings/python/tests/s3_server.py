@@ -150,6 +150,32 @@ class Seaweed(Server):
         shutil.rmtree(self.root, ignore_errors=True)
 
 
+# The secret key of the servers test modules start: SeaweedFS checks every request's signature
+# against ("test", SECRET); no output may ever show it.
+SECRET = "sEcReT-never-print-me-0123456789"
+# The servers each object-storage test runs against (a module-scoped fixture's params).
+SERVERS = ("moto", "seaweedfs")
+
+
+def start_server(kind):
+    """A server of ``kind`` (one of :data:`SERVERS`): moto checks no signature, SeaweedFS
+    checks every request's against the key ("test", SECRET)."""
+    return Moto() if kind == "moto" else Seaweed(key="test", secret=SECRET)
+
+
+def options(endpoint, **more):
+    """``storage_options`` for a server started by :func:`start_server`, and ``more``."""
+    opts = dict(
+        endpoint=endpoint,
+        allow_http=True,
+        region="us-east-1",
+        access_key_id="test",
+        secret_access_key=SECRET,
+    )
+    opts.update(more)
+    return opts
+
+
 def s3_client(endpoint, key="test", secret="test"):
     import boto3
 

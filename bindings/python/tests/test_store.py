@@ -17,7 +17,16 @@ import time
 
 import numpy as np
 import pytest
-from s3_server import FaultProxy, Moto, Seaweed, s3_client
+from s3_server import (
+    SECRET,
+    SERVERS,
+    FaultProxy,
+    Moto,
+    Seaweed,
+    options,
+    s3_client,
+    start_server,
+)
 
 import pinfeed
 
@@ -26,7 +35,6 @@ SHARDS = 3
 PER_SHARD = 700
 WIDTH = 33  # uint32 elements a record: 132 bytes
 BATCH = 50
-SECRET = "sEcReT-never-print-me-0123456789"
 
 pytestmark = pytest.mark.usefixtures("no_launcher_env")
 
@@ -52,26 +60,13 @@ def upload(s3, bucket=BUCKET):
     s3.put_object(Bucket=bucket, Key="raw/records.bin", Body=ALL.tobytes())
 
 
-@pytest.fixture(scope="module", params=["moto", "seaweedfs"])
+@pytest.fixture(scope="module", params=SERVERS)
 def server(request):
-    """Each test that takes it runs against both servers: moto checks no signature, SeaweedFS
-    checks every request's against the key ("test", SECRET)."""
-    up = Moto() if request.param == "moto" else Seaweed(key="test", secret=SECRET)
+    """Each test that takes it runs against both servers (:func:`s3_server.start_server`)."""
+    up = start_server(request.param)
     upload(s3_client(up.endpoint, secret=SECRET))
     yield up
     up.stop()
-
-
-def options(endpoint, **more):
-    opts = dict(
-        endpoint=endpoint,
-        allow_http=True,
-        region="us-east-1",
-        access_key_id="test",
-        secret_access_key=SECRET,
-    )
-    opts.update(more)
-    return opts
 
 
 @pytest.fixture(scope="module")

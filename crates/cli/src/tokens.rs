@@ -60,7 +60,7 @@ pub fn open(args: &StreamArgs, seq_len: u64, world_size: u64) -> Result<TokenSou
         Some(url) => {
             let (store, read) = crate::stream::store_options(args)?;
             pinfeed_store::open_tokens(url, dtype, &read, &store)
-                .and_then(|stream| tokens::from_stream(std::sync::Arc::new(stream), &options))
+                .and_then(|stream| pinfeed_store::token_windows(stream.into(), &options))
         }
         None => tokens::open(path, &options),
     };

@@ -280,7 +280,7 @@ pub trait Source: Send + Sync + std::fmt::Debug {
 
 /// Calls `each(first record, its place, records)` for every run of `records` consecutive both
 /// in the dataset and in their places, in order: the one coalescing rule of every gather.
-fn for_each_run(
+pub(crate) fn for_each_run(
     records: impl IntoIterator<Item = (u64, usize)>,
     mut each: impl FnMut(u64, usize, usize) -> Result<()>,
 ) -> Result<()> {

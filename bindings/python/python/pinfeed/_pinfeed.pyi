@@ -20,6 +20,7 @@ __all__ = [
     "Stream",
     "StreamOptions",
     "ToFloatSpec",
+    "TokenStream",
     "__version__",
     "bottleneck",
     "byte_size",
@@ -308,6 +309,11 @@ def epoch_order(
     out: _ArrayT,
     consumed: int = 0,
 ) -> tuple[_ArrayT, int]: ...
+
+@final
+class TokenStream:
+    """Token data in object storage as open_tokens opened it (listed, headers read)."""
+
 def open_tokens(
     path: Union[str, PathLike[str]],
     *,
@@ -320,7 +326,12 @@ def open_tokens(
     world_size: int = 1,
     epoch: int = 0,
     steps_per_batch: int = 1,
-) -> tuple[Source, str, int]: ...
+    storage_options: dict[str, str] | None = None,
+    cache_dir: str | PathLike[str] | None = None,
+    cache_limit: int | str | None = None,
+    queue_depth: int | None = None,
+    opened: TokenStream | None = None,
+) -> tuple[Source, str, int, TokenStream | None]: ...
 def token_offsets(seed: int, epoch: int, num_offsets: int, first: int, count: int) -> list[int]: ...
 
 # Image datasets (pinfeed.ImageLoader's Rust half).

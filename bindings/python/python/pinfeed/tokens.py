@@ -18,7 +18,7 @@ from . import _pinfeed
 from ._arrays import torch_module
 from ._frameworks import check_dtype, framework_arg, module
 from .errors import PinfeedValueError
-from .loader import Loader
+from .loader import Loader, _store_args
 from .order import distributed_defaults
 
 __all__ = ["TokenLoader"]
@@ -78,6 +78,19 @@ class TokenLoader:
     iteration delivers exactly the batches the interrupted run had not received. Each iteration
     runs the next epoch; :meth:`set_epoch` picks one.
 
+    ``path`` may be a URL in object storage, as for :class:`pinfeed.Loader`: one object
+    (``s3://bucket/train.bin``), a prefix's ``.npy`` objects (``s3://bucket/tokens/``) or a
+    glob of objects (``s3://bucket/tokens/shard_*.bin``) read as one stream in byte order of
+    their keys; ``gs://``, ``az://`` and ``https://`` too. Windows are fetched by ranged GETs
+    straight into the pinned slots, at most ``queue_depth`` (default 32) in flight;
+    ``storage_options``, ``cache_dir`` and ``cache_limit`` are :class:`pinfeed.Loader`'s (and
+    refused, as there, for a local path). The objects are listed and their headers read once,
+    when the loader is made; every epoch's windows are cut from what was opened. Random and
+    sequential windows both work over a network: a batch's random windows are ranged GETs in
+    flight together (neighbours coalesced), sequential ones consecutive ranges; a Megatron index is read from local disk only, so
+    ``"documents"`` is refused for a URL (its ``.bin`` reads as a raw token object).
+    ``stats()["network"]`` counts the current pass's fetches.
+
     ``pinned_budget``, ``num_threads``, ``prefetch``, ``reader`` and ``device`` are
     :class:`pinfeed.Loader`'s.
     """
@@ -102,8 +115,16 @@ class TokenLoader:
         num_threads: Optional[int] = None,
         prefetch: int = 4,
         framework: Optional[str] = None,
+        storage_options: Optional[dict[str, Any]] = None,
+        cache_dir: Any = None,
+        cache_limit: Any = None,
+        queue_depth: Optional[int] = None,
     ) -> None:
         self.path = os.fsdecode(os.fspath(path))
+        self._store = _store_args(storage_options, cache_dir, cache_limit, queue_depth)
+        # Token data in object storage as first opened (listing and headers): later epochs'
+        # windows are cut from it. None for local files, which are opened again each time.
+        self._opened: Optional[_pinfeed.TokenStream] = None
         framework = framework_arg(framework)
         if int_dtype is None:
             # JAX without jax_enable_x64 has no int64 arrays.
@@ -178,7 +199,7 @@ class TokenLoader:
         self._steps_done = 0
 
     def _make_loader(self, epoch: int) -> Loader:
-        source, typestr, num_tokens = _pinfeed.open_tokens(
+        source, typestr, num_tokens, self._opened = _pinfeed.open_tokens(
             self.path,
             seq_len=self.seq_len,
             batch_size=self.batch_size,
@@ -189,6 +210,8 @@ class TokenLoader:
             world_size=self.world_size,
             epoch=epoch,
             steps_per_batch=self._group,
+            opened=self._opened,
+            **self._store,
         )
         #: numpy dtype of the tokens as stored.
         self.token_dtype: np.dtype = np.dtype(typestr)

@@ -199,20 +199,20 @@ impl Source for SampledWindows {
     }
 
     /// One positioned read per window (two where a window crosses from one file into the
-    /// next): a gather of scattered offsets straight into `dst`.
+    /// next): a gather of scattered offsets straight into `dst`; from object storage, the
+    /// windows' ranged GETs in flight together ([`TokenStream::read_windows`]).
     fn read_records(&self, first: u64, dst: &mut [u8]) -> Result<()> {
         check_request(self, first, dst.len())?;
-        let bytes = self.layout.record_bytes();
-        for (k, w) in dst.chunks_exact_mut(bytes).enumerate() {
-            let window = self.window_of(first + k as u64);
-            self.stream.read_tokens(self.offset(window), w)?;
-        }
-        Ok(())
+        let count = (dst.len() / self.layout.record_bytes()) as u64;
+        let starts: Vec<u64> = (first..first + count)
+            .map(|v| self.offset(self.window_of(v)))
+            .collect();
+        self.stream.read_windows(&starts, dst)
     }
 
     fn reader_description(&self) -> String {
         match self.stream.network() {
-            Some(_) => "object store (a ranged GET per window)".into(),
+            Some(_) => "object store (ranged GETs of a batch's windows in flight together)".into(),
             None => "pread (a read per window)".into(),
         }
     }

@@ -175,16 +175,8 @@ impl TokenStream {
     /// Reads `dst.len() / width` tokens from token `first` into `dst`: one positioned read per
     /// file the range touches.
     pub fn read_tokens(&self, first: u64, dst: &mut [u8]) -> Result<()> {
+        self.check_range(first, dst.len())?;
         let width = self.dtype.width();
-        let count = (dst.len() / width) as u64;
-        if dst.len() % width != 0 || first.checked_add(count).is_none_or(|e| e > self.num_tokens) {
-            return Err(SourceError::OutOfRange {
-                name: self.name.clone(),
-                first,
-                count,
-                num_records: self.num_tokens,
-            });
-        }
         // The last piece starting at or before `first`.
         let mut k = self.pieces.partition_point(|p| p.first <= first) - 1;
         let (mut at, mut done) = (first, 0usize);
@@ -206,6 +198,74 @@ impl TokenStream {
         Ok(())
     }
 }
+
+impl TokenStream {
+    /// Reads `starts.len()` windows of equal length, window `k` from token `starts[k]` into
+    /// the `k`-th of as many equal chunks of `dst`. Local files read a window at a time; token
+    /// data in object storage is handed over as gathers of many windows, so that their ranged
+    /// GETs are in flight together (up to the queue depth, neighbours coalesced) rather than
+    /// one round trip after another.
+    pub fn read_windows(&self, starts: &[u64], dst: &mut [u8]) -> Result<()> {
+        let Some(window) = dst.len().checked_div(starts.len()) else {
+            return Ok(()); // no windows
+        };
+        if window * starts.len() != dst.len() {
+            return Err(SourceError::Destination {
+                name: self.name.clone(),
+                len: dst.len(),
+                expected: format!("{} windows of equal length", starts.len()),
+            });
+        }
+        let [Piece {
+            backing: Backing::Records(source),
+            ..
+        }] = self.pieces.as_slice()
+        else {
+            for (&first, w) in starts.iter().zip(dst.chunks_exact_mut(window.max(1))) {
+                self.read_tokens(first, w)?;
+            }
+            return Ok(());
+        };
+        for &first in starts {
+            self.check_range(first, window)?;
+        }
+        // A gather names every token (16 bytes each): windows go in groups of at most
+        // GATHER_TOKENS tokens, still far more requests than a queue depth.
+        let tokens = (window / self.dtype.width()).max(1);
+        let per_gather = (GATHER_TOKENS / tokens).max(1);
+        let mut records: Vec<(u64, usize)> =
+            Vec::with_capacity(per_gather.min(starts.len()) * tokens);
+        for (group, out) in starts
+            .chunks(per_gather)
+            .zip(dst.chunks_mut(per_gather * window))
+        {
+            records.clear();
+            for (k, &first) in group.iter().enumerate() {
+                records.extend((0..tokens).map(|t| (first + t as u64, k * tokens + t)));
+            }
+            source.gather_at(&records, out)?;
+        }
+        Ok(())
+    }
+
+    /// Checks that `bytes` of tokens from token `first` are whole tokens inside the stream.
+    fn check_range(&self, first: u64, bytes: usize) -> Result<()> {
+        let width = self.dtype.width();
+        let count = (bytes / width) as u64;
+        if bytes % width != 0 || first.checked_add(count).is_none_or(|e| e > self.num_tokens) {
+            return Err(SourceError::OutOfRange {
+                name: self.name.clone(),
+                first,
+                count,
+                num_records: self.num_tokens,
+            });
+        }
+        Ok(())
+    }
+}
+
+/// Tokens one gather of [`TokenStream::read_windows`] names at most.
+const GATHER_TOKENS: usize = 64 << 10;
 
 /// Opens one token file: the file, where its tokens start, the dtype its `.npy` header names
 /// (`None` for a raw file) and its token count.
@@ -320,7 +380,9 @@ fn list_pattern(path: &Path) -> Result<Vec<PathBuf>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tokens::testing::{u16_bytes, write_npy};
+    use std::sync::atomic::Ordering;
+
+    use crate::tokens::testing::{gathered_stream, u16_bytes, write_npy};
 
     #[test]
     fn raw_file_reads_tokens() {
@@ -407,5 +469,24 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("empty.bin") && !e.contains('\n'), "{e}");
+    }
+
+    #[test]
+    fn windows_of_a_source_are_read_in_few_gathers_byte_exact() {
+        let (s, gathers) = gathered_stream(60_000);
+        // 2100 windows of 65 tokens: 1008 to a gather of at most 64 Ki tokens, so 3 gathers.
+        let starts: Vec<u64> = (0..2100u64).map(|k| (k * 7919) % (60_000 - 65)).collect();
+        let mut dst = vec![0u8; starts.len() * 130];
+        s.read_windows(&starts, &mut dst).unwrap();
+        for (k, got) in dst.chunks_exact(130).enumerate() {
+            assert_eq!(got, u16_bytes(starts[k]..starts[k] + 65), "window {k}");
+        }
+        assert_eq!(gathers.load(Ordering::Relaxed), 3);
+        s.read_windows(&[], &mut []).unwrap();
+        let e = s.read_windows(&[0, 59_990], &mut dst[..260]).unwrap_err();
+        assert!(matches!(e, SourceError::OutOfRange { .. }), "{e}");
+        assert!(e.to_string().starts_with("s3://bucket/train.bin"), "{e}");
+        let e = s.read_windows(&[0, 1], &mut dst[..259]).unwrap_err();
+        assert!(matches!(e, SourceError::Destination { .. }), "{e}");
     }
 }

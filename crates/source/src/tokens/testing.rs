@@ -3,8 +3,11 @@
 //! tests run without megatron-core installed.
 
 use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 
-use super::TokenDType;
+use super::{TokenDType, TokenStream};
+use crate::{HostBuffer, Layout, NetworkStats, Result, Source};
 
 /// Little-endian uint16 tokens `range`.
 pub(crate) fn u16_bytes(range: std::ops::Range<u64>) -> Vec<u8> {
@@ -87,4 +90,43 @@ pub(crate) fn three_files() -> (tempfile::TempDir, std::sync::Arc<super::TokenSt
     std::fs::write(dir.path().join("2.bin"), u16_bytes(27..40)).unwrap();
     let s = super::TokenStream::open(dir.path(), Some(TokenDType::U16)).unwrap();
     (dir, std::sync::Arc::new(s))
+}
+
+/// Uint16 tokens `0 .. n` as a stream over a source standing in for object storage (a host
+/// buffer that reports network counters, as `pinfeed-store`'s datasets do), and the number of
+/// gathers the source has been given.
+pub(crate) fn gathered_stream(n: u64) -> (TokenStream, Arc<AtomicUsize>) {
+    let layout = Layout::new(TokenDType::U16.dtype(), Vec::new()).unwrap();
+    let buffer = HostBuffer::from_vec(u16_bytes(0..n), layout).unwrap();
+    let gathers = Arc::new(AtomicUsize::new(0));
+    let source = Gathered(buffer, Arc::clone(&gathers));
+    (
+        TokenStream::from_source(Box::new(source), None).unwrap(),
+        gathers,
+    )
+}
+
+#[derive(Debug)]
+struct Gathered(HostBuffer, Arc<AtomicUsize>);
+
+impl Source for Gathered {
+    fn name(&self) -> &str {
+        "s3://bucket/train.bin"
+    }
+    fn layout(&self) -> &Layout {
+        self.0.layout()
+    }
+    fn num_records(&self) -> u64 {
+        self.0.num_records()
+    }
+    fn read_records(&self, first: u64, dst: &mut [u8]) -> Result<()> {
+        self.0.read_records(first, dst)
+    }
+    fn gather_at(&self, records: &[(u64, usize)], dst: &mut [u8]) -> Result<()> {
+        self.1.fetch_add(1, Ordering::Relaxed);
+        self.0.gather_at(records, dst)
+    }
+    fn network(&self) -> Option<NetworkStats> {
+        Some(NetworkStats::default())
+    }
 }

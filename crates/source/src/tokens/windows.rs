@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use super::{invalid, TokenStream};
-use crate::{check_request, Layout, Result, Source};
+use crate::{check_gather_len, check_request, for_each_run, Layout, Result, Source, SourceError};
 
 /// The windows of a token stream as fixed-size records: record `i` is the `seq_len + 1`
 /// tokens from token `i * stride`, at the stream's width, so a batch of `B` records is the
@@ -125,6 +125,32 @@ impl Source for TokenWindows {
         Ok(())
     }
 
+    /// Scattered windows of token data in object storage are fetched together
+    /// ([`TokenStream::read_windows`]); a local file's runs of consecutive windows are read as
+    /// one span each, as any source's gather.
+    fn gather(&self, indices: &[u64], dst: &mut [u8]) -> Result<()> {
+        check_gather_len(self, indices.len(), dst.len())?;
+        if self.stream.network().is_none() {
+            let bytes = self.layout.record_bytes();
+            return for_each_run(indices.iter().copied().zip(0..), |first, place, count| {
+                self.read_records(first, &mut dst[place * bytes..(place + count) * bytes])
+            });
+        }
+        let starts = indices
+            .iter()
+            .map(|&v| match v < self.num_windows {
+                true => Ok(v * self.stride),
+                false => Err(SourceError::OutOfRange {
+                    name: self.name().to_owned(),
+                    first: v,
+                    count: 1,
+                    num_records: self.num_windows,
+                }),
+            })
+            .collect::<Result<Vec<u64>>>()?;
+        self.stream.read_windows(&starts, dst)
+    }
+
     fn reader_description(&self) -> String {
         match self.stream.network() {
             Some(_) => "object store (ranged GETs)".into(),
@@ -139,7 +165,7 @@ impl Source for TokenWindows {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tokens::testing::{three_files, u16_bytes};
+    use crate::tokens::testing::{gathered_stream, three_files, u16_bytes};
 
     /// The expected bytes of windows `first .. first + count`, by slicing.
     fn expected(seq_len: u64, stride: u64, first: u64, count: u64) -> Vec<u8> {
@@ -195,5 +221,24 @@ mod tests {
         assert!(e.contains("41 tokens is longer than the 40 tokens"), "{e}");
         assert!(TokenWindows::new(s.clone(), 0, 1).is_err());
         assert!(TokenWindows::new(s, 4, 0).is_err());
+    }
+
+    #[test]
+    fn shuffled_windows_of_token_data_in_object_storage_are_one_gather() {
+        let (s, gathers) = gathered_stream(10_000);
+        let windows = TokenWindows::new(Arc::new(s), 64, 64).unwrap();
+        let picked = [150u64, 3, 4, 77, 0, 155];
+        let mut dst = vec![0u8; picked.len() * 130];
+        windows.gather(&picked, &mut dst).unwrap();
+        for (k, got) in dst.chunks_exact(130).enumerate() {
+            let first = picked[k] * 64;
+            assert_eq!(got, u16_bytes(first..first + 65), "window {}", picked[k]);
+        }
+        assert_eq!(gathers.load(std::sync::atomic::Ordering::Relaxed), 1);
+        let e = windows.gather(&[0, 156], &mut dst[..260]).unwrap_err();
+        assert!(
+            matches!(e, SourceError::OutOfRange { first: 156, .. }),
+            "{e}"
+        );
     }
 }

@@ -151,7 +151,7 @@ fn a_gather_of_neighbours_is_one_request_and_the_cache_serves_it_again() {
 
 #[test]
 fn a_token_file_in_a_bucket_streams_as_windows() {
-    use pinfeed_source::tokens::{self, Sample, TokenDType, TokenOptions};
+    use pinfeed_source::tokens::{sampled_offset, Sample, TokenDType, TokenOptions};
 
     let moto = Moto::start();
     upload(&moto);
@@ -194,7 +194,38 @@ fn a_token_file_in_a_bucket_streams_as_windows() {
         world_size: 1,
         steps_per_batch: 1,
     };
-    let windows = tokens::from_stream(Arc::new(stream), &options)
+    let stream = Arc::new(stream);
+    let documents = TokenOptions {
+        sample: Sample::Documents,
+        ..options.clone()
+    };
+    let e = pinfeed_store::token_windows(Arc::clone(&stream), &documents)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.starts_with(&format!("{url}: documents sampling needs a Megatron")),
+        "{e}"
+    );
+    // Random windows: a batch's ranged GETs go out together, each window at its own offset.
+    let random = TokenOptions {
+        sample: Sample::Random,
+        steps: Some(4),
+        ..options.clone()
+    };
+    let sampled = pinfeed_store::token_windows(Arc::clone(&stream), &random)
+        .unwrap()
+        .source();
+    let mut got = vec![0u8; 32 * 65 * 2];
+    sampled.read_records(0, &mut got).unwrap();
+    for (v, window) in got.chunks_exact(65 * 2).enumerate() {
+        let o = sampled_offset(0, 0, 20_000 - 64, v as u64) as usize;
+        let want: Vec<u8> = tokens[o..o + 65]
+            .iter()
+            .flat_map(|t| t.to_le_bytes())
+            .collect();
+        assert_eq!(window, want, "window {v} at {o}");
+    }
+    let windows = pinfeed_store::token_windows(stream, &options)
         .unwrap()
         .source();
     // Windows of 65 tokens every 64: window w is tokens 64w ..= 64w + 64.
