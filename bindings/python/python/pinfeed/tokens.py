@@ -91,7 +91,7 @@ class TokenLoader:
     ``"documents"`` is refused for a URL (its ``.bin`` reads as a raw token object).
     ``stats()["network"]`` counts the current pass's fetches.
 
-    ``pinned_budget``, ``num_threads``, ``prefetch``, ``reader`` and ``device`` are
+    ``pinned_budget``, ``num_threads``, ``prefetch`` and ``device`` are
     :class:`pinfeed.Loader`'s.
     """
 
