@@ -176,6 +176,18 @@ def options(endpoint, **more):
     return opts
 
 
+def indexed_records(first, count, width, multiplier=2654435761):
+    """``count`` uint32 records of ``width`` elements, records ``first ..`` of a dataset: each
+    holds its own global index in its first element (so a batch says which records it holds)
+    and values derived from it in the rest."""
+    import numpy as np
+
+    a = np.zeros((count, width), dtype=np.uint32)
+    a[:, 0] = np.arange(first, first + count)
+    a[:, 1:] = (a[:, :1] * multiplier + np.arange(1, width)) % 4294967291
+    return a
+
+
 def s3_client(endpoint, key="test", secret="test"):
     import boto3
 

@@ -190,6 +190,7 @@ def test_ctrl_c_interrupts_a_wait_for_a_slow_source(tmp_path):
     """KeyboardInterrupt reaches the consumer while it waits for a batch, instead of waiting
     until the next batch arrives; the loader then shuts down cleanly."""
     import _thread
+    import signal
     import threading
     import time
 
@@ -214,6 +215,9 @@ def test_ctrl_c_interrupts_a_wait_for_a_slow_source(tmp_path):
         transform_dtype=np.uint8,
         transform_shape=(8,),
     )
+    # Python's own Ctrl-C handler, also where the test runner was started with SIGINT ignored
+    # (a shell's background job): interrupt_main does nothing then.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     timer = threading.Timer(0.3, _thread.interrupt_main)
     timer.start()
     started = time.monotonic()
@@ -225,6 +229,7 @@ def test_ctrl_c_interrupts_a_wait_for_a_slow_source(tmp_path):
         release.set()
         timer.cancel()
         loader.close()
+        signal.signal(signal.SIGINT, previous)
 
 
 def test_a_fifo_is_refused_not_opened(tmp_path):

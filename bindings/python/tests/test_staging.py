@@ -313,6 +313,9 @@ def test_prefetch_keyboard_interrupt_in_the_consumer_exits(block):
         [sys.executable, "-c", INTERRUPTED.format(block=block)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
+        # Ctrl-C's default in the child, also where the test runner was started with SIGINT
+        # ignored (a shell's background job), which a child would inherit.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     watchdog = threading.Timer(60, proc.kill)
     watchdog.start()

@@ -23,6 +23,7 @@ from s3_server import (
     FaultProxy,
     Moto,
     Seaweed,
+    indexed_records,
     options,
     s3_client,
     start_server,
@@ -40,11 +41,7 @@ pytestmark = pytest.mark.usefixtures("no_launcher_env")
 
 
 def shard(i):
-    first = i * PER_SHARD
-    a = np.zeros((PER_SHARD, WIDTH), dtype=np.uint32)
-    a[:, 0] = np.arange(first, first + PER_SHARD)
-    a[:, 1:] = (a[:, :1] * 2654435761 + np.arange(1, WIDTH)) % 4294967291
-    return a
+    return indexed_records(i * PER_SHARD, PER_SHARD, WIDTH)
 
 
 ALL = np.concatenate([shard(i) for i in range(SHARDS)])

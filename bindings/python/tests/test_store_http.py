@@ -13,7 +13,7 @@ import io
 import numpy as np
 import pytest
 from dav_server import CertificateAuthority, SeaweedDav
-from s3_server import s3_client
+from s3_server import indexed_records, s3_client
 
 import pinfeed
 
@@ -27,11 +27,7 @@ pytestmark = pytest.mark.usefixtures("no_launcher_env")
 
 
 def shard(i):
-    first = i * PER_SHARD
-    a = np.zeros((PER_SHARD, WIDTH), dtype=np.uint32)
-    a[:, 0] = np.arange(first, first + PER_SHARD)
-    a[:, 1:] = (a[:, :1] * 2246822519 + np.arange(1, WIDTH)) % 4294967291
-    return a
+    return indexed_records(i * PER_SHARD, PER_SHARD, WIDTH, 2246822519)
 
 
 ALL = np.concatenate([shard(i) for i in range(SHARDS)])
