@@ -1,6 +1,6 @@
 """JAX's own ways of feeding a jitted training step, beside pinfeed's framework="jax".
 
-    python3 bench/jax_bench.py --npy /tmp/pinfeed-4g.npy [--batch 4096] [--hidden 512,4096]
+    python3 bench/jax_bench.py --npy /tmp/pinfeed-4g.npy [--batch 4096] [--hidden 512,640,768,1024,2048]
                                [--epochs 3] [--rounds 2] [--out results.json]
 
 Runs on a CUDA machine with jax (CUDA plugin) and the pinfeed wheel, over the seed-shaped file
@@ -10,11 +10,13 @@ gradient of a squared output, an SGD update), for --epochs epochs, fed four ways
 
 - device_put:        numpy batches sliced from a memmap, ``jax.device_put`` each;
 - device_put+thread: the same on a background thread, a few batches ahead (queue of 4);
-- pinfeed:           ``pinfeed.Loader(path, batch, framework="jax", epochs=...)``, its
-                     start (page-locking its pool) inside the timed region;
+- pinfeed:           ``pinfeed.Loader(path, batch, framework="jax", epochs=...)``, made
+                     before the timed region (as the memmap is opened before it);
+- pinfeed+start:     the same with the Loader made inside the timed region (its start:
+                     page-locking its pool, the readers' first batches);
 - bound:             the same number of steps on one batch already on the device.
 
-A fifth row, ``pinfeed alone``, takes pinfeed's arrays with no step (the feed's own rate).
+A last row, ``pinfeed alone``, takes pinfeed's arrays with no step (the feed's own rate).
 Each row reports GB/s (file bytes per second, the last step's result waited for) and its share
 of the bound (bound seconds / row seconds). Rounds are interleaved; the best of
 each row is kept. A short table is printed and everything is written as JSON to --out.
@@ -73,8 +75,14 @@ def batches_threaded(mm, batch, device, epochs, depth=4):
     t.join()
 
 
-def batches_pinfeed(path, batch, epochs):
-    yield from pinfeed.Loader(path, batch, device="cuda", framework="jax", epochs=epochs)
+def loader(path, batch, epochs):
+    """pinfeed's Loader, made (its pool page-locked, its readers started) on the call."""
+    return pinfeed.Loader(path, batch, device="cuda", framework="jax", epochs=epochs)
+
+
+def batches_pinfeed_started(path, batch, epochs):
+    """The same Loader, made on the first batch's request (inside the timed region)."""
+    yield from loader(path, batch, epochs)
 
 
 def batches_bound(mm, batch, device, epochs):
@@ -104,7 +112,9 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--npy", default="/tmp/pinfeed-4g.npy")
     p.add_argument("--batch", type=int, default=4096)
-    p.add_argument("--hidden", default="512,4096", help="widths of the layer, comma-separated")
+    p.add_argument(
+        "--hidden", default="512,640,768,1024,2048", help="widths of the layer, comma-separated"
+    )
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--out", default=None)
@@ -121,9 +131,10 @@ def main():
     ways = {
         "device_put": lambda: batches_device_put(mm, args.batch, device, epochs),
         "device_put+thread": lambda: batches_threaded(mm, args.batch, device, epochs),
-        "pinfeed": lambda: batches_pinfeed(args.npy, args.batch, epochs),
+        "pinfeed": lambda: loader(args.npy, args.batch, epochs),
+        "pinfeed+start": lambda: batches_pinfeed_started(args.npy, args.batch, epochs),
         "bound": lambda: batches_bound(mm, args.batch, device, epochs),
-        "pinfeed alone": lambda: batches_pinfeed(args.npy, args.batch, epochs),
+        "pinfeed alone": lambda: loader(args.npy, args.batch, epochs),
     }
     results = []
     for hidden in [int(h) for h in args.hidden.split(",")]:
