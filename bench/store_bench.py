@@ -11,7 +11,10 @@ or with ``--server moto`` moto's (``moto_server``), started here on free loopbac
 s3fs column runs in a subprocess whose ``PYTHONPATH`` starts with ``--s3fs-site`` (s3fs pins a
 botocore of its own); without s3fs it is reported as not run. Every column reads every byte of
 the same shards once, in order, in batches of ``--batch-mib``; each reader's bytes are checked
-(sum of the float64 view) against the shards written.
+(sum of the float64 view) against the shards written. The readers run ``--rounds`` times,
+interleaved, and each keeps its best round (every round's seconds are in the JSON): the first
+round of the first reader also pays the process's one-time costs (the CUDA context, the first
+page-locked pool, the HTTP client's runtime).
 """
 
 import argparse
@@ -232,6 +235,7 @@ def main():
     p.add_argument("--s3fs-site", default=None)
     p.add_argument("--limit-threads", type=int, default=16)
     p.add_argument("--request-mib", type=float, default=None, help="storage option request_size")
+    p.add_argument("--rounds", type=int, default=2)
     args = p.parse_args()
 
     from s3_server import Moto, Seaweed
@@ -263,14 +267,24 @@ def main():
                 endpoint, args.bucket, "bench/part-000.npy", size, threads=args.limit_threads
             )
         )
-        results["pinfeed"] = run_pinfeed(url, batch, args, store)
-        try:
-            results["boto3"] = run_boto3(endpoint, args.bucket, args.shards, batch_bytes)
-        except ImportError as e:
-            results["boto3"] = dict(error=str(e))
-        results["s3fs"] = run_s3fs(endpoint, args.bucket, args.shards, batch_bytes, args.s3fs_site)
         os.system(f"cat {tmp}/*.npy > /dev/null")  # page-cached, as the server's copy is in memory
-        results["local_disk"] = run_pinfeed(str(tmp), batch, args)
+        readers = {
+            "pinfeed": lambda: run_pinfeed(url, batch, args, store),
+            "boto3": lambda: run_boto3(endpoint, args.bucket, args.shards, batch_bytes),
+            "local_disk": lambda: run_pinfeed(str(tmp), batch, args),
+        }
+        for _ in range(args.rounds):
+            for name, read in readers.items():
+                try:
+                    r = read()
+                except ImportError as e:
+                    results[name] = dict(error=str(e))
+                    continue
+                best = results.get(name, {})
+                if r["gbps"] > best.get("gbps", 0):
+                    results[name] = r
+                results[name]["rounds_s"] = best.get("rounds_s", []) + [r["seconds"]]
+        results["s3fs"] = run_s3fs(endpoint, args.bucket, args.shards, batch_bytes, args.s3fs_site)
         for r in results.values():
             if "checksum" in r:
                 r["bytes_ok"] = r["checksum"] % 2**64 == want
@@ -285,6 +299,7 @@ def main():
             batch_bytes=batch_bytes,
             queue_depth=args.queue_depth,
             threads=args.threads,
+            rounds=args.rounds,
             results=results,
             pinfeed_vs_limit=results["pinfeed"]["gbps"] / limit,
             pinfeed_vs_boto3=(

@@ -88,6 +88,29 @@ pub fn threads_for(rates: Option<MachineRates>, cores: usize) -> ThreadChoice {
     }
 }
 
+/// Readers of a source that reads over the network (object storage) when `num_threads` is not
+/// given: at least this many, whatever the copy rates say, since each one spends most of its
+/// time waiting for a reply rather than copying. `bench/store_bench.py` on the 16-core GPU
+/// machine (loopback SeaweedFS, batches of 4 MiB): 11 readers (the copy rates' count) read
+/// 3.26 GB/s, 16 read 5.38 and 24 read 4.39 (docs/BENCHMARKS.md, object storage).
+pub const NETWORK_MIN_READERS: usize = 16;
+
+/// `choice` for a source that reads over the network: raised to [`NETWORK_MIN_READERS`].
+pub fn for_network(choice: ThreadChoice) -> ThreadChoice {
+    if choice.threads >= NETWORK_MIN_READERS {
+        return choice;
+    }
+    ThreadChoice {
+        threads: NETWORK_MIN_READERS,
+        rates: choice.rates,
+        reason: format!(
+            "{NETWORK_MIN_READERS}: readers of object storage wait on the network (the copy \
+             rates alone gave {})",
+            choice.reason
+        ),
+    }
+}
+
 /// The cores this process may run on.
 pub fn cores() -> usize {
     std::thread::available_parallelism().map_or(4, |n| n.get())
@@ -299,6 +322,17 @@ fn measure(ctx: &Arc<Context>) -> Result<MachineRates> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn network_sources_get_at_least_the_network_readers() {
+        let few = for_network(threads_for(None, 2));
+        assert_eq!(few.threads, NETWORK_MIN_READERS);
+        assert!(few.reason.contains("wait on the network"), "{}", few.reason);
+        assert!(few.reason.contains("2: one per core"), "{}", few.reason);
+        let many = for_network(threads_for(rates(2.0, 55.0), 32));
+        assert_eq!(many.threads, 32);
+        assert!(!many.reason.contains("network"));
+    }
 
     fn rates(copy_gbps: f64, bus_gbps: f64) -> Option<MachineRates> {
         Some(MachineRates {

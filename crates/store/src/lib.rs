@@ -40,7 +40,8 @@
 #![warn(clippy::undocumented_unsafe_blocks)]
 #![deny(missing_docs)]
 
-use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 
 use pinfeed_source::tokens::{self, Sample, TokenDType, TokenOptions, TokenSource, TokenStream};
 use pinfeed_source::{Layout, ReadOptions, Result, ShardedSource, Source, SourceError};
@@ -79,19 +80,47 @@ pub fn open(
     let location = Location::parse(url)?;
     let client = Arc::new(Client::connect(&location, store, read.queue_depth)?);
     let objects = objects(&client, &location, url)?;
-    let mut shards: Vec<Box<dyn Source>> = Vec::with_capacity(objects.len());
-    for object in objects {
-        shards.push(Box::new(ObjectRecords::open(
-            client.clone(),
-            object,
-            raw_layout.as_ref(),
-        )?));
-    }
+    let mut shards = open_all(&client, &objects, raw_layout.as_ref())?;
     let inner: Box<dyn Source> = match shards.len() {
         1 => shards.pop().expect("one shard"),
         _ => Box::new(ShardedSource::from_sources(url, shards)?),
     };
     Ok(RemoteDataset::new(inner, client, &location.base))
+}
+
+/// Objects whose headers are read at once when a dataset is opened.
+const OPEN_THREADS: usize = 16;
+
+/// Opens every object of `objects` in order (a `.npy` object's header is one GET), up to
+/// [`OPEN_THREADS`] at once: a prefix of a thousand shards is a thousand round trips, which one
+/// after another would add seconds to the start. The error of the first object that fails,
+/// in their order, is returned.
+fn open_all(
+    client: &Arc<Client>,
+    objects: &[Object],
+    raw_layout: Option<&Layout>,
+) -> Result<Vec<Box<dyn Source>>> {
+    let next = AtomicUsize::new(0);
+    let opened: Vec<Mutex<Option<Result<ObjectRecords>>>> =
+        objects.iter().map(|_| Mutex::new(None)).collect();
+    std::thread::scope(|s| {
+        for _ in 0..OPEN_THREADS.min(objects.len()) {
+            s.spawn(|| loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                let Some(object) = objects.get(i) else { break };
+                let result = ObjectRecords::open(client.clone(), object.clone(), raw_layout);
+                *opened[i].lock().unwrap_or_else(|p| p.into_inner()) = Some(result);
+            });
+        }
+    });
+    opened
+        .into_iter()
+        .map(|m| {
+            let result = m.into_inner().unwrap_or_else(|p| p.into_inner());
+            result.expect("every object was taken by a thread")
+        })
+        .map(|r| r.map(|o| Box::new(o) as Box<dyn Source>))
+        .collect()
 }
 
 /// Opens the token data at `url` (a raw token object such as nanoGPT's `train.bin`, `dtype`
