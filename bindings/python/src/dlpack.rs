@@ -9,6 +9,7 @@
 //! The DLPack structs are dlpark's `ffi` module (bindgen output of `dlpack.h` 1.x); nothing else
 //! of dlpark is used, since its ownership wrappers would need a pyo3 of their own.
 
+use std::collections::BTreeMap;
 use std::ffi::{c_void, CStr};
 use std::sync::Mutex;
 
@@ -159,6 +160,28 @@ impl DeviceBuffer {
     }
 }
 
+/// Exports not yet released, counted by the stream each is released after.
+static OUTSTANDING: Mutex<BTreeMap<u64, usize>> = Mutex::new(BTreeMap::new());
+
+fn count_export(stream: u64, up: bool) {
+    let mut counts = OUTSTANDING.lock().unwrap_or_else(|p| p.into_inner());
+    let n = counts.entry(stream).or_insert(0);
+    *n = if up { *n + 1 } else { n.saturating_sub(1) };
+    if *n == 0 {
+        counts.remove(&stream);
+    }
+}
+
+/// The consumer streams (CUDA stream handles) that exported buffers not yet freed will be
+/// released after: the deleter records an event on that stream, so it must still exist then.
+/// CuPy destroys a stream when its Python object goes, so `_frameworks.cupy_array` keeps each
+/// stream it exports on until it leaves this list.
+#[pyfunction]
+pub fn streams_with_exports() -> Vec<u64> {
+    let counts = OUTSTANDING.lock().unwrap_or_else(|p| p.into_inner());
+    counts.keys().copied().collect()
+}
+
 /// What a capsule's deleter frees: the device data and the arrays the `DLTensor` points into.
 struct Export {
     data: ForkSafe<Box<dyn DeviceData>>,
@@ -186,6 +209,7 @@ impl Export {
                 let _ = unsafe { data.release_after(release_stream) };
             }
         }));
+        count_export(release_stream, false);
     }
 
     fn tensor(&mut self, address: u64, device: DeviceSpec, dtype: DLDataType) -> DLTensor {
@@ -339,6 +363,7 @@ impl DeviceBuffer {
             shape: self.shape.clone(),
             release_stream: release_after,
         });
+        count_export(release_after, true);
         let tensor = export.tensor(self.address, self.device, self.dtype);
         let ctx = Box::into_raw(export).cast::<c_void>();
         let versioned = max_version.is_some_and(|(major, _)| major >= 1);

@@ -83,6 +83,7 @@ fn _pinfeed(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<stage::PinnedRegion>()?;
     m.add_function(wrap_pyfunction!(cli::cli_main, m)?)?;
     m.add_function(wrap_pyfunction!(dlpack_dtype, m)?)?;
+    m.add_function(wrap_pyfunction!(dlpack::streams_with_exports, m)?)?;
     m.add_function(wrap_pyfunction!(parse_dtype, m)?)?;
     m.add_function(wrap_pyfunction!(cuda_device_count, m)?)?;
     m.add_function(wrap_pyfunction!(pinned_allocations, m)?)?;

@@ -1,6 +1,7 @@
 """framework="torch" | "jax" | "cupy" | "numpy" on the host backend (JAX's CPU build), and the
 Stateful protocol of prefetch. The CUDA paths are in test_gpu_frameworks.py."""
 
+import gc
 import os
 import subprocess
 import sys
@@ -68,6 +69,19 @@ def test_numpy_framework_is_the_host_default(records):
         got = list(pinfeed.Loader(path, 100, device="cpu", framework=framework))
         assert all(type(b) is np.ndarray for b in got)
         np.testing.assert_array_equal(np.concatenate(got), x)
+
+
+def test_exports_are_counted_by_their_release_stream_until_freed(records):
+    # cupy_array keeps a CuPy stream alive while this lists it; on the host backend every
+    # export is released after "stream" 0.
+    path, x = records
+    assert 0 not in pinfeed._pinfeed.streams_with_exports()
+    held = list(pinfeed.Loader(path, 100, device="cpu", framework="numpy"))
+    assert 0 in pinfeed._pinfeed.streams_with_exports()
+    np.testing.assert_array_equal(np.concatenate(held), x)
+    del held
+    gc.collect()
+    assert 0 not in pinfeed._pinfeed.streams_with_exports()
 
 
 def test_jax_batches_equal_the_source_in_every_order(records, jax):

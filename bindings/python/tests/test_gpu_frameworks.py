@@ -2,6 +2,7 @@
 non-default CuPy stream, a sharded global array, and no torch on these paths. The Lightning
 and torchdata tests on CUDA are test_trainers.py's, marked gpu too."""
 
+import gc
 import os
 import subprocess
 import sys
@@ -149,6 +150,34 @@ def test_cupy_on_a_non_default_stream(big, cupy):
         tok = pinfeed.prefetch([x[:7], x[7:9]], device="cuda", framework="cupy")
         np.testing.assert_array_equal(np.concatenate([t.get() for t in tok]), x[:9])
     np.testing.assert_array_equal(y.get(), x[:100])
+
+
+def test_cupy_arrays_outlive_the_stream_they_were_made_on(big, cupy):
+    # The arrays' memory is released after their stream's work: CuPy destroys a stream with
+    # its object, so pinfeed keeps the stream until the last array made on it is freed (a
+    # release on a destroyed stream's handle crashed the process).
+    path, x = big
+    held = []
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with stream:
+        for b in pinfeed.Loader(path, 300, device="cuda", framework="cupy", pinned_budget="16MiB"):
+            held.append(b.astype(cupy.uint64).sum(axis=1))
+            held.append(b)
+    stream.synchronize()
+    ptr = stream.ptr
+    assert ptr in pinfeed._pinfeed.streams_with_exports()
+    del stream, b
+    gc.collect()
+    np.testing.assert_array_equal(np.concatenate([h.get() for h in held[1::2]]), x)
+    np.testing.assert_array_equal(
+        np.concatenate([h.get() for h in held[::2]]), x.astype(np.uint64).sum(1)
+    )
+    del held
+    gc.collect()
+    assert ptr not in pinfeed._pinfeed.streams_with_exports()
+    y = pinfeed.to_device(x[:10], device="cuda", framework="cupy")  # the next export lets go
+    assert ptr not in pinfeed._frameworks._CUPY_STREAMS
+    np.testing.assert_array_equal(y.get(), x[:10])
 
 
 def test_no_torch_on_the_jax_and_cupy_cuda_paths(big):

@@ -7,7 +7,9 @@ torch. How each hand-off is ordered against the copy that filled the buffer:
 
 - torch: the capsule is exported on torch's current stream (``_arrays.cuda_tensor``).
 - cupy: ``cupy.from_dlpack`` passes its current stream to ``__dlpack__``, which makes that
-  stream wait for the copy; the memory is freed after the work queued on it.
+  stream wait for the copy; the memory is freed after the work queued on it. CuPy destroys a
+  stream when its Python object goes, which may be before the arrays made on it: the stream
+  is kept alive here until no array exported on it remains (:func:`cupy_array`).
 - jax: ``jax.dlpack.from_dlpack`` passes the device's stream for external ready events
   (``Device.get_stream_for_external_ready_events()``) and orders its own work after an event
   it records there, so ``__dlpack__`` making that stream wait for the copy is enough (no host
@@ -22,6 +24,7 @@ from typing import Any, Optional
 
 import numpy as np
 
+from . import _pinfeed
 from ._arrays import BFLOAT16, materialize, torch_module
 from .errors import PinfeedError, PinfeedValueError
 
@@ -128,6 +131,25 @@ def jax_array(buf: Any) -> Any:
     return jax.dlpack.from_dlpack(_JaxHandoff(buf))
 
 
+#: CuPy streams that arrays handed out on may still be released after, by handle.
+_CUPY_STREAMS: dict = {}
+
+
+def cupy_array(buf: Any) -> Any:
+    """A buffer as a ``cupy.ndarray`` on CuPy's current stream, without a copy. The buffer's
+    memory is released after the work queued on that stream when the array is freed, so the
+    stream object is kept until no export on it remains (``streams_with_exports``): a stream
+    destroyed first would leave the release a dangling handle."""
+    cupy = module("cupy")
+    stream = cupy.cuda.get_current_stream()
+    _CUPY_STREAMS[stream.ptr] = stream
+    array = cupy.from_dlpack(buf)
+    live = set(_pinfeed.streams_with_exports())
+    for ptr in [p for p in _CUPY_STREAMS if p not in live]:
+        del _CUPY_STREAMS[ptr]
+    return array
+
+
 def _no_structured(view: Any, framework: str) -> None:
     if view is not None:
         raise PinfeedValueError(
@@ -148,7 +170,7 @@ def deliver(buf: Any, view: Any, framework: Optional[str]) -> Any:
         return jax_array(buf)
     if framework == "cupy":
         _no_structured(view, "cupy")
-        return module("cupy").from_dlpack(buf)
+        return cupy_array(buf)
     if buf.dtype == BFLOAT16:
         raise PinfeedValueError(
             "numpy has no bfloat16: pass framework='torch' or 'jax' for bfloat16 batches"
