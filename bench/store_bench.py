@@ -113,6 +113,15 @@ def server_limit(endpoint, bucket, key, size, threads=16, piece=8 << 20, seconds
     return total / (time.perf_counter() - start) / 1e9
 
 
+def keep_best(results, name, r):
+    """Keeps ``r`` as ``results[name]`` if it took fewer seconds than the one kept, and every
+    round's seconds in ``rounds_s``."""
+    best = results.get(name, {})
+    if r["seconds"] < best.get("seconds", float("inf")):
+        results[name] = r
+    results[name]["rounds_s"] = best.get("rounds_s", []) + [r["seconds"]]
+
+
 def run_pinfeed(source, batch, args, store=None):
     import pinfeed
 
@@ -280,10 +289,7 @@ def main():
                 except ImportError as e:
                     results[name] = dict(error=str(e))
                     continue
-                best = results.get(name, {})
-                if r["gbps"] > best.get("gbps", 0):
-                    results[name] = r
-                results[name]["rounds_s"] = best.get("rounds_s", []) + [r["seconds"]]
+                keep_best(results, name, r)
         results["s3fs"] = run_s3fs(endpoint, args.bucket, args.shards, batch_bytes, args.s3fs_site)
         for r in results.values():
             if "checksum" in r:
