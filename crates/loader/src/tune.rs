@@ -88,24 +88,32 @@ pub fn threads_for(rates: Option<MachineRates>, cores: usize) -> ThreadChoice {
     }
 }
 
-/// Readers of a source that reads over the network (object storage) when `num_threads` is not
-/// given: at least this many, whatever the copy rates say, since each one spends most of its
-/// time waiting for a reply rather than copying. `bench/store_bench.py` on the 16-core GPU
-/// machine (loopback SeaweedFS, batches of 4 MiB): 11 readers (the copy rates' count) read
-/// 3.26 GB/s, 16 read 5.38 and 24 read 4.39 (docs/BENCHMARKS.md, object storage).
-pub const NETWORK_MIN_READERS: usize = 16;
+/// Readers per core of a source that reads over the network (object storage) when
+/// `num_threads` is not given, up to [`NETWORK_MAX_READERS`]: each reader spends most of its
+/// time waiting for a reply rather than copying, so the copy-rate rule's count leaves the
+/// server idle. `bench/store_bench.py` against loopback SeaweedFS (batches of 4 MiB): on the
+/// 16-core GPU machine 11 readers (the copy rates' count) read 3.26 GB/s, 16 read 5.38 and 24
+/// read 4.39; on the 2-core development machine 8 readers read 0.766 and 0.766 GB/s, 16 read
+/// 0.661 and 0.748 (docs/BENCHMARKS.md, object storage).
+pub const NETWORK_READERS_PER_CORE: usize = 4;
 
-/// `choice` for a source that reads over the network: raised to [`NETWORK_MIN_READERS`].
-pub fn for_network(choice: ThreadChoice) -> ThreadChoice {
-    if choice.threads >= NETWORK_MIN_READERS {
+/// The most readers [`for_network`] asks for.
+pub const NETWORK_MAX_READERS: usize = 16;
+
+/// `choice` for a source that reads over the network on `cores` cores: raised to
+/// [`NETWORK_READERS_PER_CORE`] per core, at most [`NETWORK_MAX_READERS`].
+pub fn for_network(choice: ThreadChoice, cores: usize) -> ThreadChoice {
+    let wanted = (NETWORK_READERS_PER_CORE * cores.max(1)).min(NETWORK_MAX_READERS);
+    if choice.threads >= wanted {
         return choice;
     }
     ThreadChoice {
-        threads: NETWORK_MIN_READERS,
+        threads: wanted,
         rates: choice.rates,
         reason: format!(
-            "{NETWORK_MIN_READERS}: readers of object storage wait on the network (the copy \
-             rates alone gave {})",
+            "{wanted}: readers of object storage wait on the network, \
+             {NETWORK_READERS_PER_CORE} a core up to {NETWORK_MAX_READERS} (the copy rates \
+             alone gave {})",
             choice.reason
         ),
     }
@@ -324,12 +332,16 @@ mod tests {
     use super::*;
 
     #[test]
-    fn network_sources_get_at_least_the_network_readers() {
-        let few = for_network(threads_for(None, 2));
-        assert_eq!(few.threads, NETWORK_MIN_READERS);
-        assert!(few.reason.contains("wait on the network"), "{}", few.reason);
-        assert!(few.reason.contains("2: one per core"), "{}", few.reason);
-        let many = for_network(threads_for(rates(2.0, 55.0), 32));
+    fn network_sources_get_readers_by_core() {
+        let two = for_network(threads_for(None, 2), 2);
+        assert_eq!(two.threads, 8);
+        assert!(two.reason.contains("wait on the network"), "{}", two.reason);
+        assert!(two.reason.contains("2: one per core"), "{}", two.reason);
+        assert_eq!(
+            for_network(threads_for(rates(7.6, 55.0), 16), 16).threads,
+            16
+        );
+        let many = for_network(threads_for(rates(2.0, 55.0), 32), 32);
         assert_eq!(many.threads, 32);
         assert!(!many.reason.contains("network"));
     }

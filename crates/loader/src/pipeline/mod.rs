@@ -238,10 +238,10 @@ impl Loader {
                 rates: None,
                 reason: format!("{n}: as asked"),
             },
-            None if source.network().is_some() => crate::tune::for_network(crate::tune::choose(
-                backends[0].context(),
-                options.pinned_budget,
-            )),
+            None if source.network().is_some() => crate::tune::for_network(
+                crate::tune::choose(backends[0].context(), options.pinned_budget),
+                crate::tune::cores(),
+            ),
             None => crate::tune::choose(backends[0].context(), options.pinned_budget),
         };
         let layout = layout.with_threads(choice.threads);
