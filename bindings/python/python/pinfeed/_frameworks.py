@@ -138,8 +138,9 @@ _CUPY_STREAMS: dict = {}
 def cupy_array(buf: Any) -> Any:
     """A buffer as a ``cupy.ndarray`` on CuPy's current stream, without a copy. The buffer's
     memory is released after the work queued on that stream when the array is freed, so the
-    stream object is kept until no export on it remains (``streams_with_exports``): a stream
-    destroyed first would leave the release a dangling handle."""
+    stream object is kept while exports on it remain (``streams_with_exports``; let go at the
+    next hand-off after the last is freed): a stream destroyed first would leave the release a
+    dangling handle."""
     cupy = module("cupy")
     stream = cupy.cuda.get_current_stream()
     _CUPY_STREAMS[stream.ptr] = stream
