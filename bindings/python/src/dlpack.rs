@@ -172,14 +172,16 @@ fn count_export(stream: u64, up: bool) {
     }
 }
 
-/// The consumer streams (CUDA stream handles) that exported buffers not yet freed will be
-/// released after: the deleter records an event on that stream, so it must still exist then.
-/// CuPy destroys a stream when its Python object goes, so `_frameworks.cupy_array` keeps each
-/// stream it exports on until it leaves this list.
+/// Exported buffers not yet freed, counted by the consumer stream (CUDA stream handle) each
+/// will be released after: the deleter records an event on that stream, so it must still
+/// exist then. CuPy destroys a stream when its Python object goes, so
+/// `_frameworks.cupy_array` keeps each stream it exports on until it leaves this map.
 #[pyfunction]
-pub fn streams_with_exports() -> Vec<u64> {
-    let counts = OUTSTANDING.lock().unwrap_or_else(|p| p.into_inner());
-    counts.keys().copied().collect()
+pub fn streams_with_exports() -> BTreeMap<u64, usize> {
+    OUTSTANDING
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .clone()
 }
 
 /// What a capsule's deleter frees: the device data and the arrays the `DLTensor` points into.
