@@ -11,8 +11,7 @@
 //! depth (over all reading threads), and each body copied into its place in the caller's
 //! buffer as it arrives: one copy. `object_store` (Apache Arrow's) is the client; its tokio
 //! runtime runs on threads of its own (`pinfeed-net`, one per two cores, 2 to 8) and reading
-//! threads block on it, so
-//! the rest of pinfeed stays synchronous.
+//! threads block on it, so the rest of pinfeed stays synchronous.
 //!
 //! Credentials come from the store's standard chain (for S3: `AWS_*` environment variables,
 //! web identity, the container and instance metadata endpoints) and [`StoreOptions`]
