@@ -264,10 +264,7 @@ fn ring_variant(args: &BenchArgs, device: DeviceSpec, t: &Tensor) -> Result<(Dur
         batch_size: 1,
         device,
         pinned_budget: parse_size(&args.pinned_budget)?,
-        num_threads: Some(
-            args.threads
-                .unwrap_or_else(|| std::thread::available_parallelism().map_or(4, |n| n.get())),
-        ),
+        num_threads: Some(args.threads.unwrap_or_else(pinfeed_source::system::cores)),
         pin_method: PinMethod::Register,
         ..LoaderOptions::default()
     };

@@ -121,7 +121,7 @@ pub fn for_network(choice: ThreadChoice, cores: usize) -> ThreadChoice {
 
 /// The cores this process may run on.
 pub fn cores() -> usize {
-    std::thread::available_parallelism().map_or(4, |n| n.get())
+    pinfeed_source::system::cores()
 }
 
 /// The thread count for copies to device `ctx` (measured, or read from the cache), or the

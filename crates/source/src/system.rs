@@ -1,5 +1,5 @@
-//! What the operating system says about this machine's memory: the one reader of
-//! `/proc/meminfo`.
+//! What the operating system says about this machine: its cores, and its memory (the one
+//! reader of `/proc/meminfo`).
 //!
 //! ```
 //! // `None` where /proc/meminfo is missing (not Linux) or lacks the field.
@@ -7,6 +7,11 @@
 //!     assert!(available <= total);
 //! }
 //! ```
+
+/// The cores this process may run on (4 where the system does not say).
+pub fn cores() -> usize {
+    std::thread::available_parallelism().map_or(4, |n| n.get())
+}
 
 /// Bytes of memory the machine has (`MemTotal`).
 pub fn mem_total() -> Option<u64> {

@@ -167,9 +167,7 @@ impl Client {
             ),
         };
         let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(net_threads(
-                std::thread::available_parallelism().map_or(4, |n| n.get()),
-            ))
+            .worker_threads(net_threads(pinfeed_source::system::cores()))
             .thread_name("pinfeed-net")
             .enable_all()
             .build()
