@@ -3,18 +3,26 @@
 //! and while the copy engine reads pinned memory at full speed. `to_device` cannot spend less
 //! CPU time than its bytes divided by the best rate per CPU-second found here.
 //!
-//! `cargo run --release --example copy_rates [THREADS ...]` on a GPU machine (default 1 2 4 6 8
-//! 10 12 16). A probe: prints a table, asserts nothing about speed, checks the copied bytes.
+//! `cargo run --release --example copy_rates [--gather FILE] [THREADS ...]` on a GPU machine
+//! (default 1 2 4 6 8 10 12 16). A probe: prints a table, asserts nothing about speed, checks the
+//! copied bytes.
 //!
 //! Copy threads take 256 KiB chunks of a 2 GiB pageable source in turn (the copy gang's chunk)
 //! and write them round their share of a 64 MiB page-locked arena (the stager's default). CPU
 //! time is each copy thread's own (`RUSAGE_THREAD`), summed. Each line is the best of three
 //! rounds, the bus-idle and bus-busy runs interleaved.
+//!
+//! With `--gather FILE` (a page-cached `.npy` or other record file), the threads instead take
+//! batches of 1,024 records of one shuffled order in turn and gather them into the arena with
+//! the loader's own mapped gather (`Reader::Mmap`, the reader `auto` picks for a page-cached
+//! file): the most a shuffled `Loader`'s readers can deliver at that thread count, with no
+//! ring, slots or consumer around them.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Instant;
 
 use pinfeed_cuda::{Context, DevicePool, PinMethod, PinnedMemory, Stream};
+use pinfeed_source::{rng, ReadOptions, Reader, Source};
 
 const SOURCE: usize = 2 << 30;
 const ARENA: usize = 64 << 20;
@@ -35,11 +43,57 @@ fn thread_cpu_seconds() -> f64 {
     t(usage.ru_utime) + t(usage.ru_stime)
 }
 
-/// Copies the source through the arena with `threads` threads, each round its own share;
-/// returns (GB/s, GB/s per CPU-second).
-fn copy_through(threads: usize, src: &[u8], arena: &mut [u8]) -> (f64, f64) {
+/// Records in one gathered batch (the benchmarks' batch size).
+const GATHER_BATCH: usize = 1024;
+
+/// What the threads copy into the arena.
+enum Work {
+    /// 256 KiB chunks of a pageable buffer.
+    Bulk(Vec<u8>),
+    /// Batches of records of `order`, gathered out of `source`.
+    Gather {
+        source: Box<dyn Source>,
+        order: Vec<u64>,
+    },
+}
+
+impl Work {
+    /// Units the threads take in turn, and bytes in each.
+    fn units(&self) -> (usize, usize) {
+        match self {
+            Work::Bulk(src) => (src.len() / CHUNK, CHUNK),
+            Work::Gather { source, order } => (
+                order.len() / GATHER_BATCH,
+                GATHER_BATCH * source.layout().record_bytes(),
+            ),
+        }
+    }
+
+    /// Copies unit `i` into `dst` (one unit's bytes).
+    fn copy(&self, i: usize, dst: &mut [u8]) {
+        match self {
+            Work::Bulk(src) => dst.copy_from_slice(&src[i * CHUNK..(i + 1) * CHUNK]),
+            Work::Gather { source, order } => {
+                let batch = &order[i * GATHER_BATCH..(i + 1) * GATHER_BATCH];
+                source.gather(batch, dst).expect("gather");
+            }
+        }
+    }
+
+    /// Whether `got` holds unit `i`.
+    fn holds(&self, i: usize, got: &[u8]) -> bool {
+        let mut want = vec![0u8; got.len()];
+        self.copy(i, &mut want);
+        want == got
+    }
+}
+
+/// Copies the work's units through the arena with `threads` threads, each round its own
+/// share; returns (GB/s, GB/s per CPU-second).
+fn copy_through(threads: usize, work: &Work, arena: &mut [u8]) -> (f64, f64) {
+    let (units, unit) = work.units();
     let next = AtomicUsize::new(0);
-    let share = (ARENA / threads / CHUNK).max(1) * CHUNK;
+    let share = (ARENA / threads / unit).max(1) * unit;
     let t0 = Instant::now();
     let done: Vec<(f64, Option<(usize, usize)>)> = std::thread::scope(|s| {
         let handles: Vec<_> = arena
@@ -53,12 +107,12 @@ fn copy_through(threads: usize, src: &[u8], arena: &mut [u8]) -> (f64, f64) {
                     let (mut last, mut at) = (None, 0);
                     loop {
                         let i = next.fetch_add(1, Ordering::Relaxed);
-                        if i >= SOURCE / CHUNK {
+                        if i >= units {
                             break;
                         }
-                        mine[at..at + CHUNK].copy_from_slice(&src[i * CHUNK..(i + 1) * CHUNK]);
+                        work.copy(i, &mut mine[at..at + unit]);
                         last = Some((i, at));
-                        at = (at + CHUNK) % (mine.len() / CHUNK * CHUNK);
+                        at = (at + unit) % (mine.len() / unit * unit);
                     }
                     (thread_cpu_seconds() - c0, last)
                 })
@@ -70,25 +124,46 @@ fn copy_through(threads: usize, src: &[u8], arena: &mut [u8]) -> (f64, f64) {
     let cpu: f64 = done.iter().map(|(cpu, _)| cpu).sum();
     for (mine, (_, last)) in arena.chunks(share).zip(&done) {
         if let Some((i, at)) = *last {
-            assert!(
-                mine[at..at + CHUNK] == src[i * CHUNK..(i + 1) * CHUNK],
-                "chunk {i} differs"
-            );
+            assert!(work.holds(i, &mine[at..at + unit]), "unit {i} differs");
         }
     }
-    (SOURCE as f64 / wall / 1e9, SOURCE as f64 / cpu / 1e9)
+    let bytes = (units * unit) as f64;
+    (bytes / wall / 1e9, bytes / cpu / 1e9)
 }
 
-fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let threads: Vec<usize> = match std::env::args().skip(1).collect::<Vec<_>>() {
+/// The work the arguments ask for, and the thread counts.
+fn parse_args() -> Result<(Work, Vec<usize>), Box<dyn std::error::Error>> {
+    let mut args: Vec<String> = std::env::args().skip(1).collect();
+    let work = match args.iter().position(|a| a == "--gather") {
+        Some(at) => {
+            let path = args.get(at + 1).ok_or("--gather needs a file")?.clone();
+            args.drain(at..at + 2);
+            let options = ReadOptions {
+                reader: Reader::Mmap,
+                ..ReadOptions::default()
+            };
+            let source = pinfeed_source::open_with(&path, None, &options)?;
+            let mut order: Vec<u64> = (0..source.num_records()).collect();
+            rng::fisher_yates(&mut order, &mut rng::SplitMix64::new(1));
+            Work::Gather { source, order }
+        }
+        None => Work::Bulk(
+            (0..SOURCE)
+                .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+                .collect(),
+        ),
+    };
+    let threads = match args {
         args if args.is_empty() => vec![1, 2, 4, 6, 8, 10, 12, 16],
         args => args.iter().map(|a| a.parse()).collect::<Result<_, _>>()?,
     };
+    Ok((work, threads))
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let (work, threads) = parse_args()?;
     let ctx = Context::new(0)?;
     ctx.bind()?;
-    let src: Vec<u8> = (0..SOURCE)
-        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
-        .collect();
     let arena_mem = PinnedMemory::alloc(&ctx, ARENA, PinMethod::HostAlloc)?;
     // SAFETY: the allocation is ARENA bytes, page-locked, used by nothing else; the slice is
     // dropped before it.
@@ -101,12 +176,21 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let dma_dst = pool.alloc_async(DMA_BYTES, &stream)?;
     stream.synchronize()?;
 
-    println!("CPU copies into a 64 MiB pinned arena; seed ms = CPU time the seed tensor's 2.68 GB would take");
+    match &work {
+        Work::Bulk(_) => println!("CPU copies into a 64 MiB pinned arena; seed ms = CPU time the seed tensor's 2.68 GB would take"),
+        Work::Gather { source, order } => println!(
+            "Shuffled batches of {GATHER_BATCH} records of {} ({} records of {} bytes) gathered into a 64 MiB pinned arena by {}",
+            source.name(),
+            order.len(),
+            source.layout().record_bytes(),
+            source.reader_description()
+        ),
+    }
     println!("threads |  bus idle: GB/s  per CPU-s  seed ms | copy engine reading: GB/s  per CPU-s  seed ms  DMA GB/s");
     for &t in &threads {
         let (mut idle, mut busy, mut dma_rate) = ((0f64, 0f64), (0f64, 0f64), 0f64);
         for _ in 0..3 {
-            let r = copy_through(t, &src, arena);
+            let r = copy_through(t, &work, arena);
             idle = (idle.0.max(r.0), idle.1.max(r.1));
             // The copy engine reads `dma_src` over and over while the CPU copies.
             let stop = AtomicBool::new(false);
@@ -135,7 +219,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 });
                 // Let the copy engine get going first.
                 std::thread::sleep(std::time::Duration::from_millis(20));
-                let r = copy_through(t, &src, arena);
+                let r = copy_through(t, &work, arena);
                 stop.store(true, Ordering::Relaxed);
                 let (moved, secs) = dma.join().unwrap()?;
                 Ok((r, moved, secs))
