@@ -10,11 +10,14 @@ or with ``--server moto`` moto's (``moto_server``), started here on free loopbac
 ``--endpoint`` names one already running (with the bucket ``--bucket`` to be filled). The
 s3fs column runs in a subprocess whose ``PYTHONPATH`` starts with ``--s3fs-site`` (s3fs pins a
 botocore of its own); without s3fs it is reported as not run. Every column reads every byte of
-the same shards once, in order, in batches of ``--batch-mib``; each reader's bytes are checked
-(sum of the float64 view) against the shards written. The readers run ``--rounds`` times,
+the same shards ``--passes`` times, in order, in batches of ``--batch-mib``; each reader's bytes
+are checked (sum of the float64 view) against the shards written. Each reader's client is made
+before its timer starts (boto3's client, pinfeed's ``Loader``): the ``pinfeed+start`` row makes
+the ``Loader`` inside it, paying its start (page-locking its pool, the HTTP client's runtime,
+listing the prefix, reading the shards' headers). The readers run ``--rounds`` times,
 interleaved, and each keeps its best round (every round's seconds are in the JSON): the first
 round of the first reader also pays the process's one-time costs (the CUDA context, the first
-page-locked pool, the HTTP client's runtime).
+page-locked pool).
 """
 
 import argparse
@@ -122,7 +125,9 @@ def keep_best(results, name, r):
     results[name]["rounds_s"] = best.get("rounds_s", []) + [r["seconds"]]
 
 
-def run_pinfeed(source, batch, args, store=None):
+def run_pinfeed(source, batch, args, store=None, start_inside=False):
+    """``--passes`` passes of a ``Loader`` over ``source``, made before the timer starts, or
+    after it with ``start_inside``."""
     import pinfeed
 
     torch = None if args.device == "cpu" else __import__("torch")
@@ -131,15 +136,19 @@ def run_pinfeed(source, batch, args, store=None):
         kw["num_threads"] = args.threads
     if store:
         kw.update(storage_options=store, queue_depth=args.queue_depth)
+    if not start_inside:
+        loader = pinfeed.Loader(source, batch, **kw)
     start = time.perf_counter()
-    loader = pinfeed.Loader(source, batch, **kw)
+    if start_inside:
+        loader = pinfeed.Loader(source, batch, **kw)
     total, n = 0, 0
-    for b in loader:
-        # On the GPU the sum stays there (no synchronisation per batch) until the end.
-        total = total + (
-            checksum(b) if args.device == "cpu" else b.view(-1).view(torch.int64).sum()
-        )
-        n += b.nbytes
+    for _ in range(args.passes):
+        for b in loader:
+            # On the GPU the sum stays there (no synchronisation per batch) until the end.
+            total = total + (
+                checksum(b) if args.device == "cpu" else b.view(-1).view(torch.int64).sum()
+            )
+            n += b.nbytes
     total = int(total) % 2**64
     seconds = time.perf_counter() - start
     stats = loader.stats()
@@ -155,7 +164,7 @@ def run_pinfeed(source, batch, args, store=None):
     )
 
 
-def run_boto3(endpoint, bucket, shards, batch_bytes):
+def run_boto3(endpoint, bucket, shards, batch_bytes, passes):
     import boto3
 
     s3 = boto3.client(
@@ -167,7 +176,7 @@ def run_boto3(endpoint, bucket, shards, batch_bytes):
     )
     start = time.perf_counter()
     total, n = 0, 0
-    for i in range(shards):
+    for i in [i for _ in range(passes) for i in range(shards)]:
         key = f"bench/part-{i:03d}.npy"
         size = s3.head_object(Bucket=bucket, Key=key)["ContentLength"]
         head = s3.get_object(Bucket=bucket, Key=key, Range="bytes=0-4095")["Body"].read()
@@ -191,10 +200,11 @@ def run_boto3(endpoint, bucket, shards, batch_bytes):
 S3FS_CODE = r"""
 import json, sys, time, numpy as np, s3fs
 endpoint, bucket, shards, batch_bytes = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+passes = int(sys.argv[5])
 fs = s3fs.S3FileSystem(key="test", secret="test", client_kwargs={"endpoint_url": endpoint,
                        "region_name": "us-east-1"}, default_block_size=8 << 20)
 start = time.perf_counter(); total = 0; n = 0
-for i in range(shards):
+for i in [i for _ in range(passes) for i in range(shards)]:
     with fs.open(f"{bucket}/bench/part-{i:03d}.npy", "rb") as f:
         np.lib.format.read_magic(f)
         shape, _, dtype = np.lib.format.read_array_header_1_0(f)
@@ -212,12 +222,21 @@ print(json.dumps(dict(gbps=n / s / 1e9, bytes=n, seconds=s, checksum=total)))
 """
 
 
-def run_s3fs(endpoint, bucket, shards, batch_bytes, site):
+def run_s3fs(endpoint, bucket, shards, batch_bytes, passes, site):
     env = dict(os.environ)
     if site:
         env["PYTHONPATH"] = os.pathsep.join([site, env.get("PYTHONPATH", "")])
     r = subprocess.run(
-        [sys.executable, "-c", S3FS_CODE, endpoint, bucket, str(shards), str(batch_bytes)],
+        [
+            sys.executable,
+            "-c",
+            S3FS_CODE,
+            endpoint,
+            bucket,
+            str(shards),
+            str(batch_bytes),
+            str(passes),
+        ],
         capture_output=True,
         text=True,
         env=env,
@@ -245,6 +264,7 @@ def main():
     p.add_argument("--limit-threads", type=int, default=16)
     p.add_argument("--request-mib", type=float, default=None, help="storage option request_size")
     p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--passes", type=int, default=3, help="passes over the shards, timed together")
     args = p.parse_args()
 
     from s3_server import Moto, Seaweed
@@ -279,7 +299,10 @@ def main():
         os.system(f"cat {tmp}/*.npy > /dev/null")  # page-cached, as the server's copy is in memory
         readers = {
             "pinfeed": lambda: run_pinfeed(url, batch, args, store),
-            "boto3": lambda: run_boto3(endpoint, args.bucket, args.shards, batch_bytes),
+            "pinfeed+start": lambda: run_pinfeed(url, batch, args, store, start_inside=True),
+            "boto3": lambda: run_boto3(
+                endpoint, args.bucket, args.shards, batch_bytes, args.passes
+            ),
             "local_disk": lambda: run_pinfeed(str(tmp), batch, args),
         }
         for _ in range(args.rounds):
@@ -290,10 +313,12 @@ def main():
                     results[name] = dict(error=str(e))
                     continue
                 keep_best(results, name, r)
-        results["s3fs"] = run_s3fs(endpoint, args.bucket, args.shards, batch_bytes, args.s3fs_site)
+        results["s3fs"] = run_s3fs(
+            endpoint, args.bucket, args.shards, batch_bytes, args.passes, args.s3fs_site
+        )
         for r in results.values():
             if "checksum" in r:
-                r["bytes_ok"] = r["checksum"] % 2**64 == want
+                r["bytes_ok"] = r["checksum"] % 2**64 == want * args.passes % 2**64
         limit = results["server_limit"]["gbps"]
         report = dict(
             server=args.endpoint or args.server,
@@ -306,6 +331,7 @@ def main():
             queue_depth=args.queue_depth,
             threads=args.threads,
             rounds=args.rounds,
+            passes=args.passes,
             results=results,
             pinfeed_vs_limit=results["pinfeed"]["gbps"] / limit,
             pinfeed_vs_boto3=(
@@ -318,7 +344,7 @@ def main():
         Path(args.out).write_text(json.dumps(report, indent=1, default=str))
         print(
             f"{args.shards} shards of {size / 2**20:.0f} MiB, batches of {batch_bytes / 2**20:.1f} "
-            f"MiB, device {args.device}, {os.cpu_count()} cores"
+            f"MiB, {args.passes} passes, device {args.device}, {os.cpu_count()} cores"
         )
         print(f"{'reader':<14}{'GB/s':>8}  bytes ok")
         for name, r in results.items():
