@@ -196,6 +196,8 @@ if want machine && ls $C/*.whl >/dev/null 2>&1; then
     echo "== This machine (CPU, memory, copy rates) and the issue-23 rows: to_device, Loader in order and shuffled, beside torch's pinned copy"
     bash bench/machine_probe.sh 2>&1 | tee "$OUT/machine_probe.txt"
     [ -f "$DATA" ] || { $C/pinfeed gen "$DATA" --records $RECORDS --shape 3,31,31 --dtype u8 --seed 1; cat "$DATA" > /dev/null; }
+    # What the readers of a shuffled Loader could gather alone, beside the sweep's Loader rows.
+    [ -x $C/copy_rates ] && $C/copy_rates --gather "$DATA" 4 8 12 16 2>&1 | tee "$OUT/gather_rates.txt"
     install_wheel /tmp/site $C/*.whl
     timeout 400 python3 bench/ab.py --build current=/tmp/site --rounds "${AB_ROUNDS:-3}" \
         --npy "$DATA" --out "$OUT/machine.json" 2>&1 | tail -8
