@@ -399,9 +399,10 @@ impl Client {
     }
 }
 
-/// Threads of the runtime on `cores` cores: one per two cores, 2 to 8. They parse every
-/// response and copy its body into the slots, so two of them carried everything the readers
-/// fetched (4.8 GB/s on the 16-core GPU machine, against a server limit of 9.0).
+/// Threads of the runtime on `cores` cores: one per two cores, 2 to 8. They run the HTTP
+/// connections (every response is read from its socket there; the reader waiting in
+/// [`Client::block_on`] copies the body into its slot). On the 16-core GPU machine two threads
+/// carried 4.79 GB/s of a 9.05 limit, eight 5.07 of 8.93 on another start (docs/BENCHMARKS.md).
 fn net_threads(cores: usize) -> usize {
     (cores / 2).clamp(2, 8)
 }
