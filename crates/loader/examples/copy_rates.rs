@@ -93,7 +93,12 @@ impl Work {
 fn copy_through(threads: usize, work: &Work, arena: &mut [u8]) -> (f64, f64) {
     let (units, unit) = work.units();
     let next = AtomicUsize::new(0);
-    let share = (ARENA / threads / unit).max(1) * unit;
+    assert!(
+        threads <= ARENA / unit,
+        "{threads} threads: the arena holds only {} units of {unit} bytes",
+        ARENA / unit
+    );
+    let share = ARENA / threads / unit * unit;
     let t0 = Instant::now();
     let done: Vec<(f64, Option<(usize, usize)>)> = std::thread::scope(|s| {
         let handles: Vec<_> = arena
