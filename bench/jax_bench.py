@@ -34,6 +34,7 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # pinfeed alloc
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
+from rates import machine_rates  # noqa: E402
 
 import pinfeed  # noqa: E402
 
@@ -75,9 +76,14 @@ def batches_threaded(mm, batch, device, epochs, depth=4):
     t.join()
 
 
+# The last Loader made, whose stats() give the machine's rates for the report.
+LAST = {}
+
+
 def loader(path, batch, epochs):
     """pinfeed's Loader, made (its pool page-locked, its readers started) on the call."""
-    return pinfeed.Loader(path, batch, device="cuda", framework="jax", epochs=epochs)
+    LAST["loader"] = pinfeed.Loader(path, batch, device="cuda", framework="jax", epochs=epochs)
+    return LAST["loader"]
 
 
 def batches_pinfeed_started(path, batch, epochs):
@@ -177,6 +183,7 @@ def main():
         jax=jax.__version__,
         device=str(device),
         pinfeed=pinfeed.__version__,
+        machine=machine_rates(LAST["loader"].stats()),
         results=results,
     )
     if args.out:

@@ -34,6 +34,7 @@ import urllib.parse
 from pathlib import Path
 
 import numpy as np
+from rates import machine_rates
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "bindings" / "python" / "tests"))
@@ -161,6 +162,7 @@ def run_pinfeed(source, batch, args, store=None, start_inside=False):
         explanation=stats["explanation"],
         network=stats.get("network"),
         reader=stats["reader_description"],
+        machine=machine_rates(stats),
     )
 
 

@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from rates import machine_rates
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "bindings" / "python" / "tests"))
@@ -63,6 +64,7 @@ def run_pinfeed(path, tokens, args, store=None):
         explanation=stats["explanation"],
         network=stats.get("network"),
         reader=stats["reader_description"],
+        machine=machine_rates(stats),
     ), loader
 
 

@@ -27,6 +27,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from nanogpt_model import GPT, GPTConfig  # noqa: E402
+from rates import machine_rates  # noqa: E402
 
 # Globals that nanoGPT's get_batch reads, as train.py defines them; set per run below.
 data_dir = ""
@@ -107,10 +108,14 @@ def get_batch_stream(path, b, t):
         yield get_batch("train")
 
 
+# The last TokenLoader made, whose stats() give the machine's rates for the report.
+LAST = {}
+
+
 def pinfeed_stream(path, b, t, steps=None):
     import pinfeed
 
-    loader = pinfeed.TokenLoader(
+    loader = LAST["loader"] = pinfeed.TokenLoader(
         path,
         seq_len=t,
         batch_size=b,
@@ -289,6 +294,7 @@ def main():
             "torch": torch.__version__,
             "gpu": torch.cuda.get_device_name(),
             "cpus": os.cpu_count(),
+            "machine": machine_rates(LAST["loader"].stats()) if "loader" in LAST else None,
             "data_path": data_rows,
             "training": train_rows,
         }
