@@ -135,6 +135,8 @@ def run_pinfeed(source, batch, args, store=None, start_inside=False):
     kw = dict(device=args.device, pinned_budget=args.pinned_budget)
     if args.threads:
         kw["num_threads"] = args.threads
+    if args.piece_mib:
+        kw["piece_size"] = f"{args.piece_mib}MiB"
     if store:
         kw.update(storage_options=store, queue_depth=args.queue_depth)
     if not start_inside:
@@ -265,6 +267,7 @@ def main():
     p.add_argument("--s3fs-site", default=None)
     p.add_argument("--limit-threads", type=int, default=16)
     p.add_argument("--request-mib", type=float, default=None, help="storage option request_size")
+    p.add_argument("--piece-mib", type=int, default=None, help="the Loader's piece_size (4 MiB)")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--passes", type=int, default=3, help="passes over the shards, timed together")
     args = p.parse_args()
