@@ -13,10 +13,10 @@
 //! rounds, the bus-idle and bus-busy runs interleaved.
 //!
 //! With `--gather FILE` (a page-cached `.npy` or other record file), the threads instead take
-//! batches of 1,024 records of one shuffled order in turn and gather them into the arena with
-//! the loader's own mapped gather (`Reader::Mmap`, the reader `auto` picks for a page-cached
-//! file): the most a shuffled `Loader`'s readers can deliver at that thread count, with no
-//! ring, slots or consumer around them.
+//! batches of 1,024 records of one shuffled order in turn and gather them round their share of
+//! a 256 MiB arena (the loader's default pinned budget) with the loader's own mapped gather
+//! (`Reader::Mmap`, the reader `auto` picks for a page-cached file): the most a shuffled
+//! `Loader`'s readers can deliver at that thread count, with no ring or consumer around them.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Instant;
@@ -26,6 +26,9 @@ use pinfeed_source::{rng, ReadOptions, Reader, Source};
 
 const SOURCE: usize = 2 << 30;
 const ARENA: usize = 64 << 20;
+/// The gather mode's arena: the loader's default pinned budget, so that as in a loader each
+/// thread fills several slot-sized units in turn rather than rewriting one its cache holds.
+const GATHER_ARENA: usize = 256 << 20;
 const CHUNK: usize = 256 << 10;
 /// The seed tensor's bytes (1024 x 655360 float32), to put the rates in `to_device`'s terms.
 const SEED_BYTES: f64 = 2_684_354_560.0;
@@ -94,11 +97,11 @@ fn copy_through(threads: usize, work: &Work, arena: &mut [u8]) -> (f64, f64) {
     let (units, unit) = work.units();
     let next = AtomicUsize::new(0);
     assert!(
-        threads <= ARENA / unit,
+        threads <= arena.len() / unit,
         "{threads} threads: the arena holds only {} units of {unit} bytes",
-        ARENA / unit
+        arena.len() / unit
     );
-    let share = ARENA / threads / unit * unit;
+    let share = arena.len() / threads / unit * unit;
     let t0 = Instant::now();
     let done: Vec<(f64, Option<(usize, usize)>)> = std::thread::scope(|s| {
         let handles: Vec<_> = arena
@@ -169,10 +172,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (work, threads) = parse_args()?;
     let ctx = Context::new(0)?;
     ctx.bind()?;
-    let arena_mem = PinnedMemory::alloc(&ctx, ARENA, PinMethod::HostAlloc)?;
-    // SAFETY: the allocation is ARENA bytes, page-locked, used by nothing else; the slice is
+    let arena_bytes = match work {
+        Work::Bulk(_) => ARENA,
+        Work::Gather { .. } => GATHER_ARENA,
+    };
+    let arena_mem = PinnedMemory::alloc(&ctx, arena_bytes, PinMethod::HostAlloc)?;
+    // SAFETY: the allocation is arena_bytes, page-locked, used by nothing else; the slice is
     // dropped before it.
-    let arena = unsafe { std::slice::from_raw_parts_mut(arena_mem.as_ptr(), ARENA) };
+    let arena = unsafe { std::slice::from_raw_parts_mut(arena_mem.as_ptr(), arena_bytes) };
     let dma_src = PinnedMemory::alloc(&ctx, DMA_BYTES, PinMethod::HostAlloc)?;
     // SAFETY: as above.
     unsafe { std::ptr::write_bytes(dma_src.as_ptr(), 3, DMA_BYTES) };
@@ -184,7 +191,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     match &work {
         Work::Bulk(_) => println!("CPU copies into a 64 MiB pinned arena; seed ms = CPU time the seed tensor's 2.68 GB would take"),
         Work::Gather { source, order } => println!(
-            "Shuffled batches of {GATHER_BATCH} records of {} ({} records of {} bytes) gathered into a 64 MiB pinned arena by {}",
+            "Shuffled batches of {GATHER_BATCH} records of {} ({} records of {} bytes) gathered into a 256 MiB pinned arena by {}",
             source.name(),
             order.len(),
             source.layout().record_bytes(),
