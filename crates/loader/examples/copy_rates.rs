@@ -96,10 +96,9 @@ impl Work {
 fn copy_through(threads: usize, work: &Work, arena: &mut [u8]) -> (f64, f64) {
     let (units, unit) = work.units();
     let next = AtomicUsize::new(0);
-    assert!(
-        threads <= arena.len() / unit,
-        "{threads} threads: the arena holds only {} units of {unit} bytes",
-        arena.len() / unit
+    debug_assert!(
+        (1..=arena.len() / unit).contains(&threads),
+        "checked in main"
     );
     let share = arena.len() / threads / unit * unit;
     let t0 = Instant::now();
@@ -163,19 +162,31 @@ fn parse_args() -> Result<(Work, Vec<usize>), Box<dyn std::error::Error>> {
     };
     let threads = match args {
         args if args.is_empty() => vec![1, 2, 4, 6, 8, 10, 12, 16],
-        args => args.iter().map(|a| a.parse()).collect::<Result<_, _>>()?,
+        args => args
+            .iter()
+            .map(|a| a.parse().map_err(|_| format!("{a}: not a thread count")))
+            .collect::<Result<_, _>>()?,
     };
     Ok((work, threads))
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (work, threads) = parse_args()?;
-    let ctx = Context::new(0)?;
-    ctx.bind()?;
     let arena_bytes = match work {
         Work::Bulk(_) => ARENA,
         Work::Gather { .. } => GATHER_ARENA,
     };
+    let most = arena_bytes / work.units().1;
+    if let Some(t) = threads.iter().find(|&&t| t == 0 || t > most) {
+        return Err(format!(
+            "{t} threads: from 1 to {most} (the {} MiB arena holds {most} units of {} bytes)",
+            arena_bytes >> 20,
+            work.units().1
+        )
+        .into());
+    }
+    let ctx = Context::new(0)?;
+    ctx.bind()?;
     let arena_mem = PinnedMemory::alloc(&ctx, arena_bytes, PinMethod::HostAlloc)?;
     // SAFETY: the allocation is arena_bytes, page-locked, used by nothing else; the slice is
     // dropped before it.
