@@ -126,17 +126,17 @@ def keep_best(results, name, r):
     results[name]["rounds_s"] = best.get("rounds_s", []) + [r["seconds"]]
 
 
-def run_pinfeed(source, batch, args, store=None, start_inside=False):
+def run_pinfeed(source, batch, args, store=None, start_inside=False, piece_mib=None):
     """``--passes`` passes of a ``Loader`` over ``source``, made before the timer starts, or
-    after it with ``start_inside``."""
+    after it with ``start_inside``; pieces of ``piece_mib`` (else ``--piece-mib``)."""
     import pinfeed
 
     torch = None if args.device == "cpu" else __import__("torch")
     kw = dict(device=args.device, pinned_budget=args.pinned_budget)
     if args.threads:
         kw["num_threads"] = args.threads
-    if args.piece_mib:
-        kw["piece_size"] = f"{args.piece_mib}MiB"
+    if piece_mib or args.piece_mib:
+        kw["piece_size"] = f"{piece_mib or args.piece_mib}MiB"
     if store:
         kw.update(storage_options=store, queue_depth=args.queue_depth)
     if not start_inside:
@@ -268,6 +268,9 @@ def main():
     p.add_argument("--limit-threads", type=int, default=16)
     p.add_argument("--request-mib", type=float, default=None, help="storage option request_size")
     p.add_argument("--piece-mib", type=int, default=None, help="the Loader's piece_size (4 MiB)")
+    p.add_argument(
+        "--compare-piece-mib", type=int, default=None, help="a second pinfeed row, these pieces"
+    )
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--passes", type=int, default=3, help="passes over the shards, timed together")
     args = p.parse_args()
@@ -310,6 +313,11 @@ def main():
             ),
             "local_disk": lambda: run_pinfeed(str(tmp), batch, args),
         }
+        if args.compare_piece_mib:
+            # The same Loader with other pieces (a piece is fetched by requests of its own).
+            readers[f"pinfeed_pieces_{args.compare_piece_mib}mib"] = lambda: run_pinfeed(
+                url, batch, args, store, piece_mib=args.compare_piece_mib
+            )
         for _ in range(args.rounds):
             for name, read in readers.items():
                 try:
