@@ -20,6 +20,7 @@ torch. How each hand-off is ordered against the copy that filled the buffer:
 - numpy: host arrays, on the host backend only.
 """
 
+import threading
 from typing import Any, Optional
 
 import numpy as np
@@ -133,6 +134,9 @@ def jax_array(buf: Any) -> Any:
 
 #: CuPy streams that arrays handed out on may still be released after, by handle.
 _CUPY_STREAMS: dict = {}
+#: Held from a stream's entry to its export being counted, so that a hand-off on another
+#: thread never lets go of a stream whose first export is on its way.
+_CUPY_STREAMS_LOCK = threading.Lock()
 
 
 def cupy_array(buf: Any) -> Any:
@@ -143,11 +147,12 @@ def cupy_array(buf: Any) -> Any:
     dangling handle."""
     cupy = module("cupy")
     stream = cupy.cuda.get_current_stream()
-    _CUPY_STREAMS[stream.ptr] = stream
-    array = cupy.from_dlpack(buf)
-    live = set(_pinfeed.streams_with_exports())
-    for ptr in [p for p in _CUPY_STREAMS if p not in live]:
-        del _CUPY_STREAMS[ptr]
+    with _CUPY_STREAMS_LOCK:
+        _CUPY_STREAMS[stream.ptr] = stream
+        array = cupy.from_dlpack(buf)
+        live = set(_pinfeed.streams_with_exports())
+        for ptr in [p for p in _CUPY_STREAMS if p not in live]:
+            del _CUPY_STREAMS[ptr]
     return array
 
 
