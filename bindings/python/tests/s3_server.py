@@ -115,8 +115,12 @@ class Seaweed(Server):
 
     def __init__(self, key="test", secret="test", anonymous=False, env=None):
         self.root = tempfile.mkdtemp(prefix="pinfeed-seaweed-")
-        self.ports = {f"{r}.port{g}": free_port() for r in self.ROLES for g in ("", ".grpc")}
-        self.config = None
+        names = [f"{r}.port{g}" for r in self.ROLES for g in ("", ".grpc")]
+        ports = set()
+        while len(ports) < len(names):  # ten distinct ports: one taken twice would not bind
+            ports.add(free_port())
+        self.ports = dict(zip(names, sorted(ports)))
+        self.key, self.secret, self.config = key, secret, None
         if not anonymous:
             self.config = os.path.join(self.root, "s3.json")
             ident = dict(
@@ -140,6 +144,28 @@ class Seaweed(Server):
         # parallel test runs collide.
         cmd += ["-s3.port.iceberg=0", "-s3.port.lance=0", *self.webdav()]
         return cmd + ([f"-s3.config={self.config}"] if self.config else [])
+
+    def start(self):
+        """Starts the server, and where it checks signatures, waits until it serves a request
+        signed with its own key: the gateway answers before its identities are loaded, and a
+        port taken by another server would answer too, with other keys."""
+        super().start()
+        if not self.config:
+            return
+        client = s3_client(self.endpoint, self.key, self.secret)
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                client.list_buckets()
+                return
+            except Exception as e:  # botocore's errors: refused, not yet serving
+                if self.proc.poll() is not None:
+                    raise RuntimeError(f"{self.name} exited with {self.proc.returncode}") from e
+                if time.monotonic() > deadline:
+                    raise RuntimeError(
+                        f"{self.name} on {self.endpoint} refused its own key for 60 s: {e}"
+                    ) from e
+                time.sleep(0.1)
 
     def webdav(self):
         """The WebDAV gateway's flags: off (it too would take a fixed port)."""
