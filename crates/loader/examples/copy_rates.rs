@@ -14,21 +14,22 @@
 //!
 //! With `--gather FILE` (a page-cached `.npy` or other record file), the threads instead take
 //! batches of 1,024 records of one shuffled order in turn and gather them round their share of
-//! a 256 MiB arena (the loader's default pinned budget) with the loader's own mapped gather
-//! (`Reader::Mmap`, the reader `auto` picks for a page-cached file): the most a shuffled
-//! `Loader`'s readers can deliver at that thread count, with no ring or consumer around them.
+//! an arena laid out as a `Loader`'s pool at that thread count (its slot count, a batch a slot,
+//! pinned as the pool is: registered, in huge pages where the kernel gives them) with the
+//! loader's own mapped gather (`Reader::Mmap`, the reader `auto` picks for a page-cached file):
+//! the most a shuffled `Loader`'s readers can deliver at that thread count, with no ring or
+//! consumer around them.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Instant;
 
+use pinfeed::tune::slots_for_readers;
+use pinfeed::MAX_SLOTS;
 use pinfeed_cuda::{Context, DevicePool, PinMethod, PinnedMemory, Stream};
 use pinfeed_source::{rng, ReadOptions, Reader, Source};
 
 const SOURCE: usize = 2 << 30;
 const ARENA: usize = 64 << 20;
-/// The gather mode's arena: the loader's default pinned budget, so that as in a loader each
-/// thread fills several slot-sized units in turn rather than rewriting one its cache holds.
-const GATHER_ARENA: usize = 256 << 20;
 const CHUNK: usize = 256 << 10;
 /// The seed tensor's bytes (1024 x 655360 float32), to put the rates in `to_device`'s terms.
 const SEED_BYTES: f64 = 2_684_354_560.0;
@@ -61,6 +62,18 @@ enum Work {
 }
 
 impl Work {
+    /// Bytes of the arena `threads` threads copy round, and how it is page-locked: the
+    /// stager's 64 MiB for bulk copies; for gathers, a loader's pool at that reader count.
+    fn arena(&self, threads: usize) -> (usize, PinMethod) {
+        match self {
+            Work::Bulk(_) => (ARENA, PinMethod::HostAlloc),
+            Work::Gather { .. } => (
+                slots_for_readers(threads).min(MAX_SLOTS) * self.units().1,
+                PinMethod::Register,
+            ),
+        }
+    }
+
     /// Units the threads take in turn, and bytes in each.
     fn units(&self) -> (usize, usize) {
         match self {
@@ -172,25 +185,21 @@ fn parse_args() -> Result<(Work, Vec<usize>), Box<dyn std::error::Error>> {
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (work, threads) = parse_args()?;
-    let arena_bytes = match work {
-        Work::Bulk(_) => ARENA,
-        Work::Gather { .. } => GATHER_ARENA,
-    };
-    let most = arena_bytes / work.units().1;
-    if let Some(t) = threads.iter().find(|&&t| t == 0 || t > most) {
+    if threads.contains(&0) {
+        return Err("0 threads: at least 1".into());
+    }
+    let unit = work.units().1;
+    if let Some(t) = threads.iter().find(|&&t| t > work.arena(t).0 / unit) {
+        let bytes = work.arena(*t).0;
         return Err(format!(
-            "{t} threads: from 1 to {most} (the {} MiB arena holds {most} units of {} bytes)",
-            arena_bytes >> 20,
-            work.units().1
+            "{t} threads: more than the {} MiB arena's {} units of {unit} bytes",
+            bytes >> 20,
+            bytes / unit
         )
         .into());
     }
     let ctx = Context::new(0)?;
     ctx.bind()?;
-    let arena_mem = PinnedMemory::alloc(&ctx, arena_bytes, PinMethod::HostAlloc)?;
-    // SAFETY: the allocation is arena_bytes, page-locked, used by nothing else; the slice is
-    // dropped before it.
-    let arena = unsafe { std::slice::from_raw_parts_mut(arena_mem.as_ptr(), arena_bytes) };
     let dma_src = PinnedMemory::alloc(&ctx, DMA_BYTES, PinMethod::HostAlloc)?;
     // SAFETY: as above.
     unsafe { std::ptr::write_bytes(dma_src.as_ptr(), 3, DMA_BYTES) };
@@ -202,15 +211,25 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     match &work {
         Work::Bulk(_) => println!("CPU copies into a 64 MiB pinned arena; seed ms = CPU time the seed tensor's 2.68 GB would take"),
         Work::Gather { source, order } => println!(
-            "Shuffled batches of {GATHER_BATCH} records of {} ({} records of {} bytes) gathered into a 256 MiB pinned arena by {}",
+            "Shuffled batches of {GATHER_BATCH} records of {} ({} records of {} bytes) gathered into a pool laid out as a Loader's at each thread count (a batch a slot, registered; slots: {}) by {}",
             source.name(),
             order.len(),
             source.layout().record_bytes(),
+            threads
+                .iter()
+                .map(|&t| format!("{} at {t} threads", work.arena(t).0 / work.units().1))
+                .collect::<Vec<_>>()
+                .join(", "),
             source.reader_description()
         ),
     }
     println!("threads |  bus idle: GB/s  per CPU-s  seed ms | copy engine reading: GB/s  per CPU-s  seed ms  DMA GB/s");
     for &t in &threads {
+        let (arena_bytes, method) = work.arena(t);
+        let arena_mem = PinnedMemory::alloc(&ctx, arena_bytes, method)?;
+        // SAFETY: the allocation is arena_bytes, page-locked, used by nothing else; the slice
+        // is dropped before it.
+        let arena = unsafe { std::slice::from_raw_parts_mut(arena_mem.as_ptr(), arena_bytes) };
         let (mut idle, mut busy, mut dma_rate) = ((0f64, 0f64), (0f64, 0f64), 0f64);
         for _ in 0..3 {
             let r = copy_through(t, &work, arena);

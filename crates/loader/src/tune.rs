@@ -91,6 +91,13 @@ pub fn threads_for(rates: Option<MachineRates>, cores: usize) -> ThreadChoice {
     }
 }
 
+/// Slots a loader with `threads` readers keeps, before its pinned budget, [`crate::MAX_SLOTS`]
+/// and the epoch's batches cap them: one for every reader, a few for the copy engine and the
+/// rest queued; more would only lock more memory (and take longer to lock at start-up).
+pub const fn slots_for_readers(threads: usize) -> usize {
+    2 * threads + 6
+}
+
 /// Readers per core of a source that reads over the network (object storage) when
 /// `num_threads` is not given, up to [`NETWORK_MAX_READERS`]: each reader spends most of its
 /// time waiting for a reply rather than copying, so the copy-rate rule's count leaves the

@@ -324,15 +324,13 @@ impl SlotLayout {
         .with_threads(threads))
     }
 
-    /// The layout for `threads` readers: enough slots for every reader to hold one, the copy
-    /// engine a few and the rest queued; more would only lock more memory (and take longer to
-    /// lock at start-up).
+    /// The layout for `threads` readers: [`crate::tune::slots_for_readers`], within what fits.
     pub(super) fn with_threads(mut self, threads: usize) -> SlotLayout {
         self.threads = threads;
         self.slots = self
             .fits
             .min(MAX_SLOTS)
-            .min(2 * threads + 6)
+            .min(crate::tune::slots_for_readers(threads))
             .min(usize::try_from(self.units).unwrap_or(usize::MAX).max(2));
         self
     }
