@@ -126,15 +126,16 @@ def keep_best(results, name, r):
     results[name]["rounds_s"] = best.get("rounds_s", []) + [r["seconds"]]
 
 
-def run_pinfeed(source, batch, args, store=None, start_inside=False, piece_mib=None):
+def run_pinfeed(source, batch, args, store=None, start_inside=False, piece_mib=None, threads=None):
     """``--passes`` passes of a ``Loader`` over ``source``, made before the timer starts, or
-    after it with ``start_inside``; pieces of ``piece_mib`` (else ``--piece-mib``)."""
+    after it with ``start_inside``; pieces of ``piece_mib`` (else ``--piece-mib``), ``threads``
+    readers (else ``--threads``, else the loader's own count)."""
     import pinfeed
 
     torch = None if args.device == "cpu" else __import__("torch")
     kw = dict(device=args.device, pinned_budget=args.pinned_budget)
-    if args.threads:
-        kw["num_threads"] = args.threads
+    if threads or args.threads:
+        kw["num_threads"] = threads or args.threads
     if piece_mib or args.piece_mib:
         kw["piece_size"] = f"{piece_mib or args.piece_mib}MiB"
     if store:
@@ -271,6 +272,11 @@ def main():
     p.add_argument(
         "--compare-piece-mib", type=int, default=None, help="a second pinfeed row, these pieces"
     )
+    p.add_argument(
+        "--compare-threads",
+        default="",
+        help="more pinfeed rows, one per reader count of this comma-separated list",
+    )
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--passes", type=int, default=3, help="passes over the shards, timed together")
     args = p.parse_args()
@@ -318,6 +324,10 @@ def main():
             readers[f"pinfeed_pieces_{args.compare_piece_mib}mib"] = lambda: run_pinfeed(
                 url, batch, args, store, piece_mib=args.compare_piece_mib
             )
+        for n in [int(t) for t in args.compare_threads.split(",") if t]:
+            readers[f"pinfeed_{n}_readers"] = lambda n=n: run_pinfeed(
+                url, batch, args, store, threads=n
+            )
         for _ in range(args.rounds):
             for name, read in readers.items():
                 try:
@@ -359,10 +369,10 @@ def main():
             f"{args.shards} shards of {size / 2**20:.0f} MiB, batches of {batch_bytes / 2**20:.1f} "
             f"MiB, {args.passes} passes, device {args.device}, {os.cpu_count()} cores"
         )
-        print(f"{'reader':<14}{'GB/s':>8}  bytes ok")
+        print(f"{'reader':<24}{'GB/s':>8}  bytes ok")
         for name, r in results.items():
             gbps = f"{r['gbps']:8.3f}" if "gbps" in r else f"{'n/a':>8}"
-            print(f"{name:<14}{gbps}  {r.get('bytes_ok', '')} {r.get('error', '')}")
+            print(f"{name:<24}{gbps}  {r.get('bytes_ok', '')} {r.get('error', '')}")
         print(
             f"pinfeed / server limit {report['pinfeed_vs_limit']:.2f}; pinfeed / boto3 "
             f"{report['pinfeed_vs_boto3'] or float('nan'):.2f}"
