@@ -858,6 +858,8 @@ fn stats_dict<'py>(py: Python<'py>, s: &Stats, held: usize) -> PyResult<Bound<'p
         .collect::<PyResult<Vec<_>>>()?;
     d.set_item("devices", devices)?;
     d.set_item("elapsed", s.elapsed.as_secs_f64())?;
+    // The pass's start (its order, ring and threads), before and outside `elapsed`.
+    d.set_item("startup", s.startup.as_secs_f64())?;
     d.set_item("batches", s.batches)?;
     d.set_item("records", s.records)?;
     d.set_item("bytes", s.bytes)?;

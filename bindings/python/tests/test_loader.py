@@ -195,8 +195,9 @@ def test_stats():
     assert s["pinned_allocations_after_start"] == 0
     assert s["pinned_numa"] == "not placed: no GPU (host backend)"
     assert isinstance(s["bottleneck"], str) and isinstance(s["explanation"], str)
-    for key in ("elapsed", "read_time", "wait_free_slot", "consumer_wait", "gbps"):
+    for key in ("elapsed", "startup", "read_time", "wait_free_slot", "consumer_wait", "gbps"):
         assert isinstance(s[key], float)
+    assert 0 < s["startup"]
     assert "device_bytes_held" in s
 
 

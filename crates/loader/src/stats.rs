@@ -180,7 +180,8 @@ pub struct Stats {
     pub devices: Vec<DeviceStats>,
     /// Wall time since the loader started (after start-up).
     pub elapsed: Duration,
-    /// Time start-up took: checking the source, page-locking the pool, starting threads.
+    /// Time start-up took: checking the source, drawing the order (unless drawn ahead),
+    /// page-locking the pool, starting threads. Not part of `elapsed`.
     pub startup: Duration,
     /// Batches handed to the consumer, over all devices.
     pub batches: u64,
