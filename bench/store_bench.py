@@ -280,6 +280,12 @@ def main():
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--passes", type=int, default=3, help="passes over the shards, timed together")
     args = p.parse_args()
+    try:
+        compare_threads = [int(t) for t in args.compare_threads.split(",") if t.strip()]
+    except ValueError:
+        p.error(f"--compare-threads {args.compare_threads!r}: reader counts separated by commas")
+    if any(n < 1 for n in compare_threads):
+        p.error(f"--compare-threads {args.compare_threads!r}: every reader count is at least 1")
 
     from s3_server import Moto, Seaweed
 
@@ -324,7 +330,7 @@ def main():
             readers[f"pinfeed_pieces_{args.compare_piece_mib}mib"] = lambda: run_pinfeed(
                 url, batch, args, store, piece_mib=args.compare_piece_mib
             )
-        for n in [int(t) for t in args.compare_threads.split(",") if t]:
+        for n in compare_threads:
             readers[f"pinfeed_{n}_readers"] = lambda n=n: run_pinfeed(
                 url, batch, args, store, threads=n
             )

@@ -14,17 +14,19 @@
 //!
 //! With `--gather FILE` (a page-cached `.npy` or other record file), the threads instead take
 //! batches of 1,024 records of one shuffled order in turn and gather them round their share of
-//! an arena laid out as a `Loader`'s pool at that thread count (its slot count, a batch a slot,
-//! pinned as the pool is: registered, in huge pages where the kernel gives them) with the
-//! loader's own mapped gather (`Reader::Mmap`, the reader `auto` picks for a page-cached file):
-//! the most a shuffled `Loader`'s readers can deliver at that thread count, with no ring or
-//! consumer around them.
+//! an arena of as many batches as a `Loader` with that many readers has slots (within the
+//! default pinned budget), pinned as its pool is (registered, in huge pages where the kernel
+//! gives them), with the loader's own mapped gather (`Reader::Mmap`, the reader `auto` picks
+//! for a page-cached file): the most a shuffled `Loader`'s readers can deliver at that thread
+//! count, with no ring or consumer around them. A loader's slot holds a piece of a batch (4 MiB
+//! by default), so the two arenas are alike where a batch fits in one piece, as the
+//! benchmarks' 2.9 MB batches do.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Instant;
 
 use pinfeed::tune::slots_for_readers;
-use pinfeed::MAX_SLOTS;
+use pinfeed::{DEFAULT_PINNED_BUDGET, MAX_SLOTS};
 use pinfeed_cuda::{Context, DevicePool, PinMethod, PinnedMemory, Stream};
 use pinfeed_source::{rng, ReadOptions, Reader, Source};
 
@@ -63,12 +65,16 @@ enum Work {
 
 impl Work {
     /// Bytes of the arena `threads` threads copy round, and how it is page-locked: the
-    /// stager's 64 MiB for bulk copies; for gathers, a loader's pool at that reader count.
+    /// stager's 64 MiB for bulk copies; for gathers, a batch for each slot a loader with that
+    /// many readers keeps, within the default pinned budget, registered as its pool is.
     fn arena(&self, threads: usize) -> (usize, PinMethod) {
         match self {
             Work::Bulk(_) => (ARENA, PinMethod::HostAlloc),
             Work::Gather { .. } => (
-                slots_for_readers(threads).min(MAX_SLOTS) * self.units().1,
+                slots_for_readers(threads)
+                    .min(MAX_SLOTS)
+                    .min(DEFAULT_PINNED_BUDGET / self.units().1)
+                    * self.units().1,
                 PinMethod::Register,
             ),
         }
@@ -201,7 +207,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let ctx = Context::new(0)?;
     ctx.bind()?;
     let dma_src = PinnedMemory::alloc(&ctx, DMA_BYTES, PinMethod::HostAlloc)?;
-    // SAFETY: as above.
+    // SAFETY: `dma_src` is DMA_BYTES of page-locked memory this function alone uses.
     unsafe { std::ptr::write_bytes(dma_src.as_ptr(), 3, DMA_BYTES) };
     let stream = Stream::new(&ctx)?;
     let pool = DevicePool::new(&ctx)?;
