@@ -101,3 +101,22 @@ def test_prefetch_iterator_in_child_raises():
     # The parent's iterator carries on where it was.
     rest = list(it)
     np.testing.assert_array_equal(np.concatenate([first] + rest), np.concatenate(items))
+
+
+def test_child_draws_its_own_shuffled_order_while_the_parent_draws_ahead():
+    # A loader draws the next epoch's order on a thread of its own (4 Mi records: tens of ms),
+    # so this fork most likely lands while it is half drawn; the child, which has no such
+    # thread, must draw its own rather than wait for that one.
+    data = np.zeros((4 << 20, 1), np.uint8)
+    kw = dict(device="cpu", shuffle="random", seed=5, num_threads=1)
+    loader = pinfeed.Loader(data, 1 << 16, **kw)
+    it = iter(loader)
+    next(it)
+
+    def child():
+        other = pinfeed.Loader(data, 1 << 16, **kw)
+        other.set_epoch(1)
+        return 0 if sum(len(b) for b in other) == len(data) else 4
+
+    assert run_in_child(child) == 0
+    assert sum(len(b) for b in it) == len(data) - (1 << 16)

@@ -7,9 +7,13 @@
 //!
 //! Bounded: [`KEPT`] orders over all loaders of the process, and only tables of at most
 //! [`AHEAD_MAX_BYTES`]; larger orders are drawn when needed, as every order was before.
+//!
+//! Never waited for across a `fork`: the kept orders' lock is only tried (a lock held by a
+//! thread the child does not have is passed by, and the order drawn), and a child does not
+//! take its parent's orders (one may be half drawn by a thread the child does not have).
 
 use std::collections::VecDeque;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, TryLockError};
 
 use super::{EpochOrder, OrderSpec, Shuffle};
 use crate::error::Result;
@@ -27,6 +31,8 @@ pub(crate) const AHEAD_MAX_BYTES: u64 = 64 << 20;
 type Cell = Arc<OnceLock<Option<Arc<EpochOrder>>>>;
 
 struct Kept {
+    /// The process that kept it.
+    pid: u32,
     spec: OrderSpec,
     epoch: u64,
     consumed: u64,
@@ -41,17 +47,34 @@ pub(crate) fn drawn_ahead(spec: &OrderSpec) -> bool {
     spec.shuffle == Shuffle::Random && spec.num_records.saturating_mul(4) <= AHEAD_MAX_BYTES
 }
 
-/// The cell of `(spec, epoch, consumed)`, made (and the oldest let go past [`KEPT`]) if new.
-fn cell(spec: &OrderSpec, epoch: u64, consumed: u64) -> Cell {
-    let mut kept = ORDERS.lock().unwrap_or_else(|p| p.into_inner());
+/// The kept orders, or `None` if their lock stays taken (by a thread that did not follow a
+/// `fork` into this process: every other holder lets go within a few instructions).
+fn kept() -> Option<MutexGuard<'static, VecDeque<Kept>>> {
+    for _ in 0..1000 {
+        match ORDERS.try_lock() {
+            Ok(kept) => return Some(kept),
+            Err(TryLockError::Poisoned(p)) => return Some(p.into_inner()),
+            Err(TryLockError::WouldBlock) => std::thread::yield_now(),
+        }
+    }
+    None
+}
+
+/// The cell of `(spec, epoch, consumed)`, made (and the oldest let go past [`KEPT`]) if new;
+/// `None` where the kept orders cannot be had ([`kept`]).
+fn cell(spec: &OrderSpec, epoch: u64, consumed: u64) -> Option<Cell> {
+    let mut kept = kept()?;
+    let pid = std::process::id();
+    kept.retain(|k| k.pid == pid);
     if let Some(k) = kept
         .iter()
         .find(|k| k.epoch == epoch && k.consumed == consumed && k.spec == *spec)
     {
-        return Arc::clone(&k.cell);
+        return Some(Arc::clone(&k.cell));
     }
     let cell = Cell::default();
     kept.push_back(Kept {
+        pid,
         spec: spec.clone(),
         epoch,
         consumed,
@@ -60,7 +83,7 @@ fn cell(spec: &OrderSpec, epoch: u64, consumed: u64) -> Cell {
     while kept.len() > KEPT {
         kept.pop_front();
     }
-    cell
+    Some(cell)
 }
 
 fn draw(spec: &OrderSpec, epoch: u64, consumed: u64) -> Result<Arc<EpochOrder>> {
@@ -71,10 +94,12 @@ fn draw(spec: &OrderSpec, epoch: u64, consumed: u64) -> Result<Arc<EpochOrder>> 
 /// [`EpochOrder::remainder`]): the one drawn ahead when there is one (waiting for it if it is
 /// being drawn), else drawn now.
 pub(crate) fn order(spec: &OrderSpec, epoch: u64, consumed: u64) -> Result<Arc<EpochOrder>> {
-    if !drawn_ahead(spec) {
+    let Some(cell) = drawn_ahead(spec)
+        .then(|| cell(spec, epoch, consumed))
+        .flatten()
+    else {
         return draw(spec, epoch, consumed);
-    }
-    let cell = cell(spec, epoch, consumed);
+    };
     match cell.get_or_init(|| draw(spec, epoch, consumed).ok()) {
         Some(order) => Ok(Arc::clone(order)),
         None => draw(spec, epoch, consumed),
@@ -86,10 +111,9 @@ pub(crate) fn order(spec: &OrderSpec, epoch: u64, consumed: u64) -> Result<Arc<E
 /// the order before it is made waits in [`order`], or draws it itself if the thread could not
 /// start.
 pub(crate) fn draw_ahead(spec: &OrderSpec, epoch: u64) {
-    if !drawn_ahead(spec) {
+    let Some(cell) = drawn_ahead(spec).then(|| cell(spec, epoch, 0)).flatten() else {
         return;
-    }
-    let cell = cell(spec, epoch, 0);
+    };
     if cell.get().is_some() {
         return;
     }
@@ -128,11 +152,11 @@ mod tests {
         let s = spec(10_000, 0xA11EAD);
         draw_ahead(&s, 3);
         let ahead = order(&s, 3, 0).unwrap();
+        // Asked again, the same order is handed out, not drawn anew.
+        assert!(Arc::ptr_eq(&ahead, &order(&s, 3, 0).unwrap()));
         let now = EpochOrder::new(&s, 3).unwrap();
         assert_eq!(ahead.epoch(), 3);
         assert_eq!(batches(&ahead), batches(&now));
-        // Asked again, the same order is handed out, not drawn anew.
-        assert!(Arc::ptr_eq(&ahead, &order(&s, 3, 0).unwrap()));
         // Another epoch, another spec or a resumed remainder is an order of its own.
         let other = order(&s, 4, 0).unwrap();
         assert_ne!(batches(&other), batches(&ahead));
