@@ -4,7 +4,7 @@
 use std::sync::{Arc, Mutex};
 
 use super::random::{epoch_key, fisher_yates, hash2, SplitMix64};
-use super::{OrderSpec, Shuffle};
+use super::{ahead, OrderSpec, Shuffle};
 use crate::error::{LoaderError, Result};
 
 /// Windows of a block order whose shuffles are kept: enough for the batches in flight across
@@ -15,8 +15,9 @@ pub(super) const WINDOWS_KEPT: usize = 8;
 pub(super) enum Global {
     /// `P[p] = p`.
     Identity,
-    /// `P` itself.
-    Random(Table),
+    /// `P` itself, shared with every order of the same records, seed and epoch
+    /// ([`super::ahead`]).
+    Random(Arc<Table>),
     /// `P` as a block order and lazily shuffled windows.
     Block(Blocks),
 }
@@ -28,7 +29,7 @@ impl Global {
         Ok(match spec.shuffle {
             Shuffle::None => Global::Identity,
             Shuffle::Random => {
-                Global::Random(Table::shuffled(n, &mut SplitMix64::new(hash2(key, 1)))?)
+                Global::Random(ahead::table(n, ahead::table_seed(spec.seed, epoch))?)
             }
             Shuffle::Block { block, window } => Global::Block(Blocks::new(n, block, window, key)?),
         })

@@ -508,16 +508,9 @@ impl EpochOrder {
     /// next one). Those batches hold exactly the records an uninterrupted run would have read.
     pub fn resume(spec: &OrderSpec, at: Position) -> Result<(EpochOrder, std::ops::Range<u64>)> {
         let order = EpochOrder::remainder(spec, at.epoch, at.consumed)?;
-        let left = order.batches_left(at)?;
+        order.split.check_done(at)?;
+        let left = at.batches_done..order.split.num_batches;
         Ok((order, left))
-    }
-
-    /// The batches of this order still to deliver at `at` (of this order's epoch and
-    /// `consumed`): `at.batches_done .. num_batches()`, an error past its end.
-    pub(crate) fn batches_left(&self, at: Position) -> Result<std::ops::Range<u64>> {
-        debug_assert_eq!((at.epoch, at.consumed), (self.epoch, self.consumed));
-        self.split.check_done(at)?;
-        Ok(at.batches_done..self.split.num_batches)
     }
 
     /// The spec the order was built from.

@@ -64,8 +64,7 @@ impl Plan {
         };
         let spec = options.order_spec(num_records);
         let start = options.start;
-        let first = ahead::order(&spec, start.epoch, start.consumed).map_err(named)?;
-        let remaining = first.batches_left(start).map_err(named)?;
+        let (first, remaining) = EpochOrder::resume(&spec, start).map_err(named)?;
         ahead::draw_ahead(&spec, start.epoch + 1);
         let (per_rank, batches_per_epoch) = spec.epoch_size(0).map_err(named)?;
         if batches_per_epoch == 0 {
@@ -93,7 +92,7 @@ impl Plan {
             first_len,
             total,
             largest_batch,
-            orders: Mutex::new(VecDeque::from([first])),
+            orders: Mutex::new(VecDeque::from([Arc::new(first)])),
         })
     }
 
@@ -123,7 +122,11 @@ impl Plan {
         }
         // Taken (or drawn) under the lock: other readers need the same epoch and would only
         // wait. The next epoch's is drawn meanwhile, for it or for the next pass.
-        let order = ahead::order(&self.spec, epoch, self.consumed(epoch))?;
+        let order = Arc::new(EpochOrder::remainder(
+            &self.spec,
+            epoch,
+            self.consumed(epoch),
+        )?);
         ahead::draw_ahead(&self.spec, epoch + 1);
         orders.push_back(Arc::clone(&order));
         if orders.len() > 2 {
