@@ -73,7 +73,7 @@ def main():
     rows = [probe(args.npy, s, args.threads, args.epochs, args.device) for s in ("none", "random")]
     print(
         f"{'shuffle':<8}{'threads':>8}{'GB/s':>8}{'reading':>9}{'GB/s/reader':>13}"
-        f"{'all readers':>13}{'slot wait':>11}{'copy idle':>11}{'wall GB/s':>11}"
+        f"{'all readers':>13}{'slot wait':>11}{'copy idle':>11}{'wall GB/s':>11}{'start ms':>10}"
     )
     for r in rows:
         print(
@@ -81,6 +81,7 @@ def main():
             f"{r['reader_gbps_while_reading']:>13.2f}{r['readers_gbps_if_always_reading']:>13.1f}"
             f"{r['wait_free_slot_share']:>11.0%}{r['copy_waiting_filled_share']:>11.0%}"
             f"{r['wall_gbps']:>11.1f}"
+            f"{(r['startup_s'] or float('nan')) * 1e3:>10.1f}"
         )
     for r in rows:
         print(f"{r['shuffle']}: {r['explanation']}")

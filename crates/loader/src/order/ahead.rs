@@ -3,20 +3,22 @@
 //! development machine), and a pass cannot read its first batch before it is made. So when a
 //! plan takes the order of an epoch, the permutation of the epoch after it is drawn on a thread
 //! of its own while this one runs, and kept here, where the next epoch of the same plan, the
-//! next pass (Python starts each iteration as a new loader), or another rank's loader of the
+//! next pass (Python starts each iteration as a new loader), or another rank's order of the
 //! same dataset in this process (the permutation depends on the records, the seed and the
 //! epoch only) finds it made.
 //!
-//! Bounded: [`KEPT`] permutations a process, and only tables of at most [`AHEAD_MAX_BYTES`];
-//! larger ones are drawn when needed, by the plan that needs them.
+//! Bounded: [`KEPT`] permutations a process, the least recently used let go first, and only
+//! tables of at most [`AHEAD_MAX_BYTES`] (larger ones are drawn when needed, by the plan that
+//! needs them). What is kept stays until something replaces it: at most 4 × 64 MiB for the
+//! life of the process, besides the tables of the orders in use.
 //!
-//! Never waited for across a `fork`: the kept permutations' lock is only tried (a lock held by
-//! a thread that did not follow the fork into the child is passed by, and the permutation
-//! drawn), and a child does not take its parent's (one may be half drawn by a thread the child
-//! does not have).
+//! Never waited for across a `fork`: a child does not take what its parent kept (a table may
+//! be half drawn by a thread the child does not have), and only tries the lock its parent may
+//! have held.
 
 use std::collections::VecDeque;
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock, TryLockError};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Once, OnceLock, TryLockError};
 
 use super::global::Table;
 use super::random::{epoch_key, hash2, SplitMix64};
@@ -35,15 +37,98 @@ pub(crate) const AHEAD_MAX_BYTES: u64 = 64 << 20;
 /// the caller, for its error).
 type Cell = Arc<OnceLock<Option<Arc<Table>>>>;
 
-struct Kept {
-    /// The process that kept it.
-    pid: u32,
+struct Entry {
+    /// The [`forks`] count of the process that kept it.
+    forks: u64,
     num_records: u64,
     seed: u64,
     cell: Cell,
 }
 
-static KEPT_TABLES: Mutex<VecDeque<Kept>> = Mutex::new(VecDeque::new());
+/// The kept permutations, least recently used first.
+#[derive(Default)]
+struct Tables {
+    entries: VecDeque<Entry>,
+}
+
+impl Tables {
+    /// The cell of `(num_records, seed)` in the process of `forks` forks, made if new and
+    /// moved to the back; with the entries let go (another process's, and the least recently
+    /// used past [`KEPT`]), for the caller to drop outside the lock (dropping a table frees up
+    /// to 64 MiB, milliseconds).
+    fn cell(&mut self, num_records: u64, seed: u64, forks: u64) -> (Cell, Vec<Entry>) {
+        let mut gone = Vec::new();
+        let mut kept = VecDeque::with_capacity(KEPT + 1);
+        let mut found = None;
+        for e in self.entries.drain(..) {
+            if e.forks != forks {
+                gone.push(e);
+            } else if e.num_records == num_records && e.seed == seed {
+                found = Some(e);
+            } else {
+                kept.push_back(e);
+            }
+        }
+        let entry = found.unwrap_or_else(|| Entry {
+            forks,
+            num_records,
+            seed,
+            cell: Cell::default(),
+        });
+        let cell = Arc::clone(&entry.cell);
+        kept.push_back(entry);
+        while kept.len() > KEPT {
+            gone.extend(kept.pop_front());
+        }
+        self.entries = kept;
+        (cell, gone)
+    }
+}
+
+static TABLES: Mutex<Tables> = Mutex::new(Tables {
+    entries: VecDeque::new(),
+});
+
+static FORKS: AtomicU64 = AtomicU64::new(0);
+
+extern "C" fn forked() {
+    FORKS.fetch_add(1, Ordering::Relaxed);
+}
+
+/// Forks between the first process that kept a permutation and this one: 0 in that process.
+fn forks() -> u64 {
+    static COUNTING: Once = Once::new();
+    // SAFETY: `forked` is async-signal-safe (one atomic add) and lives as long as the process.
+    COUNTING.call_once(|| unsafe {
+        libc::pthread_atfork(None, None, Some(forked));
+    });
+    FORKS.load(Ordering::Relaxed)
+}
+
+/// The kept permutations: waited for in the process that kept them; in a forked child only
+/// tried for a while (its parent's lock may be held by a thread the child does not have), and
+/// `None` if it stays taken.
+fn tables() -> Option<MutexGuard<'static, Tables>> {
+    if forks() == 0 {
+        return Some(TABLES.lock().unwrap_or_else(|p| p.into_inner()));
+    }
+    for _ in 0..1000 {
+        match TABLES.try_lock() {
+            Ok(tables) => return Some(tables),
+            Err(TryLockError::Poisoned(p)) => return Some(p.into_inner()),
+            Err(TryLockError::WouldBlock) => std::thread::yield_now(),
+        }
+    }
+    None
+}
+
+/// The cell of `(num_records, seed)` in this process, `None` where [`tables`] gives none.
+fn cell(num_records: u64, seed: u64) -> Option<Cell> {
+    let forks = forks();
+    let (cell, gone) = tables()?.cell(num_records, seed, forks);
+    drop(gone);
+    Some(cell)
+}
 
 /// The seed of the random permutation of `epoch` under the loader's `seed`.
 pub(super) fn table_seed(seed: u64, epoch: u64) -> u64 {
@@ -53,44 +138,6 @@ pub(super) fn table_seed(seed: u64, epoch: u64) -> u64 {
 /// Whether permutations of `num_records` records are drawn ahead and kept.
 pub(crate) fn kept_ahead(num_records: u64) -> bool {
     num_records.saturating_mul(4) <= AHEAD_MAX_BYTES
-}
-
-/// The kept permutations, or `None` if their lock stays taken (by a thread that did not
-/// follow a `fork` into this process: every other holder lets go within a few instructions).
-fn kept() -> Option<MutexGuard<'static, VecDeque<Kept>>> {
-    for _ in 0..1000 {
-        match KEPT_TABLES.try_lock() {
-            Ok(kept) => return Some(kept),
-            Err(TryLockError::Poisoned(p)) => return Some(p.into_inner()),
-            Err(TryLockError::WouldBlock) => std::thread::yield_now(),
-        }
-    }
-    None
-}
-
-/// The cell of `(num_records, seed)`, made (and the oldest let go past [`KEPT`]) if new;
-/// `None` where the kept permutations cannot be had ([`kept`]).
-fn cell(num_records: u64, seed: u64) -> Option<Cell> {
-    let mut kept = kept()?;
-    let pid = std::process::id();
-    kept.retain(|k| k.pid == pid);
-    if let Some(k) = kept
-        .iter()
-        .find(|k| k.num_records == num_records && k.seed == seed)
-    {
-        return Some(Arc::clone(&k.cell));
-    }
-    let cell = Cell::default();
-    kept.push_back(Kept {
-        pid,
-        num_records,
-        seed,
-        cell: Arc::clone(&cell),
-    });
-    while kept.len() > KEPT {
-        kept.pop_front();
-    }
-    Some(cell)
 }
 
 fn draw(num_records: u64, seed: u64) -> Result<Arc<Table>> {
@@ -138,6 +185,8 @@ pub(crate) fn draw_ahead(spec: &OrderSpec, epoch: u64) {
 
 #[cfg(test)]
 mod tests {
+    use std::time::{Duration, Instant};
+
     use super::*;
     use crate::order::EpochOrder;
 
@@ -161,11 +210,18 @@ mod tests {
     fn a_permutation_drawn_ahead_is_the_one_drawn_now_and_shared_by_the_ranks() {
         // A seed of this test only: the kept permutations are shared by the whole process.
         let (n, s) = (10_000, spec(10_000, 0xA11EAD, 1));
-        draw_ahead(&s, 3);
         let seed = table_seed(s.seed, 3);
+        draw_ahead(&s, 3);
+        // Drawn on its own thread, without anyone asking for it.
+        let cell = cell(n, seed).unwrap();
+        let start = Instant::now();
+        while cell.get().is_none() {
+            assert!(start.elapsed() < Duration::from_secs(30), "never drawn");
+            std::thread::sleep(Duration::from_millis(1));
+        }
         let ahead = table(n, seed).unwrap();
-        // Asked again (as another rank's order does), the same table is handed out.
-        assert!(Arc::ptr_eq(&ahead, &table(n, seed).unwrap()));
+        let drawn = cell.get().unwrap().as_ref().unwrap();
+        assert!(Arc::ptr_eq(&ahead, drawn), "the kept table is handed out");
         let now = Table::shuffled(n, &mut SplitMix64::new(seed)).unwrap();
         assert_eq!(entries(&ahead, n), entries(&now, n));
         // The ranks' orders split that permutation: step by step, rank 0's batch, rank 1's and
@@ -185,6 +241,30 @@ mod tests {
     }
 
     #[test]
+    fn the_least_recently_used_go_first_and_another_process_s_are_never_taken() {
+        let mut tables = Tables::default();
+        let (a, gone) = tables.cell(10, 1, 0);
+        assert!(gone.is_empty());
+        for seed in 2..=4 {
+            tables.cell(10, seed, 0);
+        }
+        // Asking for seed 1 again finds it and makes it the most recent; a fifth table then
+        // lets seed 2 go, the least recently used.
+        assert!(Arc::ptr_eq(&a, &tables.cell(10, 1, 0).0));
+        let (_, gone) = tables.cell(10, 5, 0);
+        assert_eq!(gone.iter().map(|e| e.seed).collect::<Vec<_>>(), [2]);
+        let seeds: Vec<u64> = tables.entries.iter().map(|e| e.seed).collect();
+        assert_eq!(seeds, [3, 4, 1, 5]);
+        // Another record count is another table.
+        assert!(!Arc::ptr_eq(&a, &tables.cell(11, 1, 0).0));
+        // After a fork, the parent's entries are let go, not handed out.
+        let (child, gone) = tables.cell(10, 1, 1);
+        assert!(!Arc::ptr_eq(&a, &child));
+        assert_eq!(gone.len(), 4);
+        assert_eq!(tables.entries.len(), 1);
+    }
+
+    #[test]
     fn only_random_orders_within_the_bound_are_drawn_ahead() {
         let most = AHEAD_MAX_BYTES / 4;
         assert!(kept_ahead(most) && !kept_ahead(most + 1));
@@ -196,7 +276,6 @@ mod tests {
         };
         draw_ahead(&block, 0);
         let seed = table_seed(block.seed, 0);
-        let found = kept().unwrap().iter().any(|k| k.seed == seed);
-        assert!(!found);
+        assert!(!tables().unwrap().entries.iter().any(|e| e.seed == seed));
     }
 }

@@ -65,7 +65,6 @@ impl Plan {
         let spec = options.order_spec(num_records);
         let start = options.start;
         let (first, remaining) = EpochOrder::resume(&spec, start).map_err(named)?;
-        ahead::draw_ahead(&spec, start.epoch + 1);
         let (per_rank, batches_per_epoch) = spec.epoch_size(0).map_err(named)?;
         if batches_per_epoch == 0 {
             return Err(LoaderError::Config(format!(
@@ -77,6 +76,9 @@ impl Plan {
         start
             .check_epochs(options.epochs, batches_per_epoch)
             .map_err(named)?;
+        if let Some(next) = start.epoch.checked_add(1) {
+            ahead::draw_ahead(&spec, next);
+        }
         let first_len = remaining.end - remaining.start;
         // Checked above: every batch of the run has a 64-bit number counted from epoch 0.
         let total = first_len + batches_per_epoch * (options.epochs - 1);
@@ -127,7 +129,9 @@ impl Plan {
             epoch,
             self.consumed(epoch),
         )?);
-        ahead::draw_ahead(&self.spec, epoch + 1);
+        if let Some(next) = epoch.checked_add(1) {
+            ahead::draw_ahead(&self.spec, next);
+        }
         orders.push_back(Arc::clone(&order));
         if orders.len() > 2 {
             orders.pop_front();
