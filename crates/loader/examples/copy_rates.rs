@@ -80,6 +80,11 @@ impl Work {
         }
     }
 
+    /// Units of the arena of `threads` threads ([`Work::arena`]).
+    fn arena_units(&self, threads: usize) -> usize {
+        self.arena(threads).0 / self.units().1
+    }
+
     /// Units the threads take in turn, and bytes in each.
     fn units(&self) -> (usize, usize) {
         match self {
@@ -195,12 +200,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         return Err("0 threads: at least 1".into());
     }
     let unit = work.units().1;
-    if let Some(t) = threads.iter().find(|&&t| t > work.arena(t).0 / unit) {
-        let bytes = work.arena(*t).0;
+    if let Some(&t) = threads.iter().find(|&&t| t > work.arena_units(t)) {
         return Err(format!(
             "{t} threads: more than the {} MiB arena's {} units of {unit} bytes",
-            bytes >> 20,
-            bytes / unit
+            work.arena(t).0 >> 20,
+            work.arena_units(t)
         )
         .into());
     }
@@ -223,7 +227,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             source.layout().record_bytes(),
             threads
                 .iter()
-                .map(|&t| format!("{} at {t} threads", work.arena(t).0 / work.units().1))
+                .map(|&t| format!("{} at {t} threads", work.arena_units(t)))
                 .collect::<Vec<_>>()
                 .join(", "),
             source.reader_description()

@@ -92,8 +92,8 @@ pub fn threads_for(rates: Option<MachineRates>, cores: usize) -> ThreadChoice {
 }
 
 /// Slots a loader with `threads` readers keeps, before its pinned budget, [`crate::MAX_SLOTS`]
-/// and the pieces of its whole run cap them: one for every reader, a few for the copy engine and the
-/// rest queued; more would only lock more memory (and take longer to lock at start-up).
+/// and the pieces of its whole run cap them: one for every reader, a few for the copy engine
+/// and the rest queued; more would only lock more memory (and take longer to lock at start-up).
 pub const fn slots_for_readers(threads: usize) -> usize {
     2 * threads + 6
 }
