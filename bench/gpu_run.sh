@@ -5,14 +5,15 @@
 # binaries, wheel into .device-carry/). bench/README.md lists what each section measures.
 #
 #   bash bench/gpu_run.sh [SECTION...]   (default: tests rust torch python)
-#   sections: tests rust torch python pytests ab tokens machine nvjpeg jax images weed s3fs
+#   sections: tests rust torch python pytests ab tokens machine probe nvjpeg jax images weed s3fs
 #             store storetokens
 #             bigcached bigsweep bigcold legacysoak soakstart soakwait
 #   env: SKIP_DOCTOR=1 (no doctor/copy_path in `rust`), PYBENCH_SECTIONS=seed,loaders,...,sweep,
 #        PYBENCH_ONLY=1 (no torchrun/tests in `python`), SOAK_SECONDS, LEGACY_SOAK_SECONDS, BIGDIR,
 #        AB_ROUNDS (default 3), TOKENS_ARGS (extra arguments of tokens_bench.py),
 #        JAX_BENCH_ARGS (extra arguments of jax_bench.py),
-#        IMAGES_COUNT (JPEGs of the `images` section, default 20000), IMAGES_ARGS
+#        IMAGES_COUNT (JPEGs of the `images` section, default 20000), IMAGES_ARGS,
+#        PROBE_EPOCHS (timed epochs a row of `probe`, default 5)
 set -uo pipefail
 C=.device-carry
 OUT=${OUT:-/tmp/pinfeed-out}
@@ -34,10 +35,27 @@ if want tests; then
     done
 fi
 
-if [ ! -f "$DATA" ] && { want rust || want torch || want python || want ab; }; then
-    $C/pinfeed gen "$DATA" --records $RECORDS --shape 3,31,31 --dtype u8 --seed 1
-    cat "$DATA" > /dev/null   # page-cached from here on
-fi
+# The 4 GiB file, page-cached from here on: written by the carried `pinfeed gen`, or by numpy
+# where a call carries the wheels alone (the rows check against numpy's sums of whatever it holds).
+make_data() {
+    [ -f "$DATA" ] && return
+    if [ -x $C/pinfeed ]; then
+        $C/pinfeed gen "$DATA" --records $RECORDS --shape 3,31,31 --dtype u8 --seed 1
+    else
+        python3 -c "
+import numpy as np
+a = np.lib.format.open_memmap('$DATA', mode='w+', dtype=np.uint8, shape=($RECORDS, 3, 31, 31))
+rng = np.random.default_rng(1)
+for i in range(0, $RECORDS, 65536):
+    a[i:i + 65536] = rng.integers(0, 256, size=a[i:i + 65536].shape, dtype=np.uint8)
+a.flush()"
+    fi
+    # Written back before any row is timed: the kernel writes a fresh file's dirty pages out 30 s
+    # later, in the middle of the rows, unless told to now.
+    sync "$DATA"
+    cat "$DATA" > /dev/null
+}
+if want rust || want torch || want python || want ab; then make_data; fi
 
 if want rust; then
     if [ -x $C/copy_path ] && [ -z "${SKIP_DOCTOR:-}" ]; then echo "== copy path, step by step"; $C/copy_path 2>&1 | tee "$OUT/copy_path.txt"; fi
@@ -176,7 +194,10 @@ install_wheel() {  # DIR WHEEL...: an installed pinfeed in DIR
 if want pytests && ls $C/*.whl >/dev/null 2>&1; then
     echo "== Python GPU tests"
     install_wheel /tmp/site $C/*.whl
-    PYTHONPATH=/tmp/site timeout 300 python3 -m pytest -q -rfs -p no:cacheprovider bindings/python/tests --gpu 2>&1 | grep -E "^(FAILED|SKIPPED|ERROR|E  )|passed|failed" | head -40 | tee "$OUT/python_gpu_tests.txt"
+    # The GPU-marked tests alone: the others need the servers and packages of requirements-dev.txt,
+    # which the GPU machine has not, and run in CI.
+    PYTHONPATH=/tmp/site timeout 300 python3 -m pytest -q -rfs -p no:cacheprovider -m gpu bindings/python/tests --gpu 2>&1 \
+        | grep -E "^(FAILED|SKIPPED|ERROR)|passed|failed" | tail -40 | tee "$OUT/python_gpu_tests.txt"
 fi
 
 if want ab && ls $C/old/*.whl $C/*.whl >/dev/null 2>&1; then
@@ -195,13 +216,21 @@ fi
 if want machine && ls $C/*.whl >/dev/null 2>&1; then
     echo "== This machine (CPU, memory, copy rates) and the issue-23 rows: to_device, Loader in order and shuffled, beside torch's pinned copy"
     bash bench/machine_probe.sh 2>&1 | tee "$OUT/machine_probe.txt"
-    [ -f "$DATA" ] || { $C/pinfeed gen "$DATA" --records $RECORDS --shape 3,31,31 --dtype u8 --seed 1; cat "$DATA" > /dev/null; }
+    make_data
     # What the readers of a shuffled Loader could gather alone, beside the sweep's Loader rows.
     [ -x $C/copy_rates ] && $C/copy_rates --gather "$DATA" 4 8 12 16 2>&1 | tee "$OUT/gather_rates.txt"
     install_wheel /tmp/site $C/*.whl
     timeout 400 python3 bench/ab.py --build current=/tmp/site --rounds "${AB_ROUNDS:-3}" \
         --npy "$DATA" --out "$OUT/machine.json" 2>&1 | tail -8
     PYTHONPATH=/tmp/site timeout 200 python3 bench/threads_sweep.py --npy "$DATA" --out "$OUT/threads.json"
+fi
+
+if want probe && ls $C/*.whl >/dev/null 2>&1; then
+    echo "== Where a Loader's epoch goes, in order and shuffled (bench/probes/pipeline_probe.py)"
+    install_wheel /tmp/site $C/*.whl
+    make_data
+    PYTHONPATH=/tmp/site timeout 200 python3 bench/probes/pipeline_probe.py --npy "$DATA" \
+        --epochs "${PROBE_EPOCHS:-5}" --out "$OUT/pipeline_probe.json"
 fi
 
 if want jax && ls $C/*.whl >/dev/null 2>&1; then
@@ -214,9 +243,7 @@ if want jax && ls $C/*.whl >/dev/null 2>&1; then
     PYTHONPATH=/tmp/site:$EXTRA timeout 500 python3 -m pytest -q -rs -p no:cacheprovider --gpu \
         bindings/python/tests/test_gpu_frameworks.py bindings/python/tests/test_trainers.py \
         bindings/python/tests/test_frameworks.py 2>&1 | tail -15 | tee "$OUT/jax_tests.txt"
-    if [ ! -f "$DATA" ]; then
-        $C/pinfeed gen "$DATA" --records $RECORDS --shape 3,31,31 --dtype u8 --seed 1
-    fi
+    make_data
     PYTHONPATH=/tmp/site timeout 500 python3 bench/jax_bench.py --npy "$DATA" \
         --out "$OUT/$(date +%F)-h200-jax.json" ${JAX_BENCH_ARGS:-} 2>&1 | tail -12
 fi

@@ -1,6 +1,8 @@
 """Object storage: pinfeed reading .npy shards from an S3-compatible server on 127.0.0.1, beside
 a torch-free boto3 loop, fsspec/s3fs into numpy, and the same shards from local disk, with the
-server's own limit (many parallel ranged GETs of one large object) measured in the same run.
+server's own limit measured in the same run: many parallel ranged GETs of the shards the readers
+read (``server_limit``), and of one shard alone (``server_limit_one_object``, which SeaweedFS
+serves faster, at less of its CPU a byte: bench/probes/store_cpu_probe.py).
 
     python3 bench/store_bench.py --out bench/results/$(date +%F)-dev-store.json
     python3 bench/store_bench.py --device cuda --out "$OUT/store.json"     # GPU machine
@@ -83,18 +85,24 @@ def upload(endpoint, bucket, shards, records, local_dir):
     return total % 2**64
 
 
-def server_limit(endpoint, bucket, key, size, threads=16, piece=8 << 20, seconds=5.0):
-    """Many parallel ranged GETs of one large object, bodies read into a reused buffer: the
-    most the server (and loopback) delivers."""
+def server_limit(endpoint, bucket, keys, size, threads=16, piece=8 << 20, seconds=5.0):
+    """Many parallel ranged GETs of ``keys`` (objects of ``size`` bytes), bodies read into a
+    reused buffer: the most the server (and loopback) delivers of those objects. Request ``i``
+    reads ``keys[i % len(keys)]``, each object's ranges in turn, so that over all the shards
+    the server serves the bytes the readers read; one object read over and over costs it less
+    CPU a byte (``server_limit_one_object``)."""
     u = urllib.parse.urlsplit(endpoint)
     stop = time.perf_counter() + seconds
+    span = max(size - piece, 1)
 
     def worker(w):
         conn = http.client.HTTPConnection(u.hostname, u.port, timeout=60)
         buf = bytearray(piece)
         view = memoryview(buf)
-        got, off = 0, (w * piece) % max(size - piece, 1)
+        got, i = 0, w
         while time.perf_counter() < stop:
+            key = keys[i % len(keys)]
+            off = (i // len(keys)) * piece % span
             end = min(off + piece, size) - 1
             conn.request("GET", f"/{bucket}/{key}", headers={"Range": f"bytes={off}-{end}"})
             r = conn.getresponse()
@@ -107,7 +115,7 @@ def server_limit(endpoint, bucket, key, size, threads=16, piece=8 << 20, seconds
                     break
                 n += k
             got += n
-            off = (off + piece * threads) % max(size - piece, 1)
+            i += threads
         conn.close()
         return got
 
@@ -311,11 +319,11 @@ def main():
             store["request_size"] = str(int(args.request_mib * (1 << 20)))
         url = f"s3://{args.bucket}/bench/"
         results = {}
-        results["server_limit"] = dict(
-            gbps=server_limit(
-                endpoint, args.bucket, "bench/part-000.npy", size, threads=args.limit_threads
+        keys = [f"bench/part-{i:03d}.npy" for i in range(args.shards)]
+        for name, ks in [("server_limit", keys), ("server_limit_one_object", keys[:1])]:
+            results[name] = dict(
+                gbps=server_limit(endpoint, args.bucket, ks, size, threads=args.limit_threads)
             )
-        )
         os.system(f"cat {tmp}/*.npy > /dev/null")  # page-cached, as the server's copy is in memory
         readers = {
             "pinfeed": lambda: run_pinfeed(url, batch, args, store),
@@ -363,6 +371,9 @@ def main():
             passes=args.passes,
             results=results,
             pinfeed_vs_limit=results["pinfeed"]["gbps"] / limit,
+            pinfeed_vs_one_object_limit=(
+                results["pinfeed"]["gbps"] / results["server_limit_one_object"]["gbps"]
+            ),
             pinfeed_vs_boto3=(
                 results["pinfeed"]["gbps"] / results["boto3"]["gbps"]
                 if "gbps" in results["boto3"]
@@ -380,7 +391,8 @@ def main():
             gbps = f"{r['gbps']:8.3f}" if "gbps" in r else f"{'n/a':>8}"
             print(f"{name:<24}{gbps}  {r.get('bytes_ok', '')} {r.get('error', '')}")
         print(
-            f"pinfeed / server limit {report['pinfeed_vs_limit']:.2f}; pinfeed / boto3 "
+            f"pinfeed / server limit {report['pinfeed_vs_limit']:.2f} (of one object's "
+            f"{report['pinfeed_vs_one_object_limit']:.2f}); pinfeed / boto3 "
             f"{report['pinfeed_vs_boto3'] or float('nan'):.2f}"
         )
         print(f"pinfeed bottleneck: {results['pinfeed']['explanation']}")

@@ -44,6 +44,14 @@ def shares(st):
     )
 
 
+def anon_huge_mib():
+    """The process's anonymous memory in transparent huge pages, MiB (the pool asks for them)."""
+    for line in Path("/proc/self/smaps_rollup").read_text().splitlines():
+        if line.startswith("AnonHugePages:"):
+            return int(line.split()[1]) / 1024
+    return None
+
+
 def probe(npy, shuffle, threads, epochs, device):
     """The median epoch (by GB/s) of ``epochs`` after one untimed epoch, with every epoch's."""
     kw = dict(device=device, shuffle=shuffle, seed=1)
@@ -59,7 +67,7 @@ def probe(npy, shuffle, threads, epochs, device):
         st = loader.stats()
         runs.append(dict(shares(st), wall_gbps=st["bytes"] / wall / 1e9, wall_s=wall))
     runs.sort(key=lambda r: r["gbps"])
-    return dict(runs[len(runs) // 2], shuffle=shuffle, epochs=runs)
+    return dict(runs[len(runs) // 2], shuffle=shuffle, epochs=runs, anon_huge_mib=anon_huge_mib())
 
 
 def main():
@@ -69,7 +77,20 @@ def main():
     ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--out", default=None)
+    ap.add_argument(
+        "--after-to-device",
+        action="store_true",
+        help="first upload the seed tensor with to_device three times, as bench/ab.py does",
+    )
     args = ap.parse_args()
+    if args.after_to_device:
+        import torch
+
+        a = torch.rand(1024, 655360)
+        for _ in range(3):
+            pinfeed.to_device(a, device=args.device)
+        torch.cuda.synchronize()
+        del a
     rows = [probe(args.npy, s, args.threads, args.epochs, args.device) for s in ("none", "random")]
     print(
         f"{'shuffle':<8}{'threads':>8}{'GB/s':>8}{'reading':>9}{'GB/s/reader':>13}"
@@ -81,7 +102,7 @@ def main():
             f"{r['reader_gbps_while_reading']:>13.2f}{r['readers_gbps_if_always_reading']:>13.1f}"
             f"{r['wait_free_slot_share']:>11.0%}{r['copy_waiting_filled_share']:>11.0%}"
             f"{r['wall_gbps']:>11.1f}"
-            f"{(r['startup_s'] or float('nan')) * 1e3:>10.1f}"
+            f"{(r['startup_s'] or float('nan')) * 1e3:>10.1f}{r['anon_huge_mib'] or 0:>9.0f}"
         )
     for r in rows:
         print(f"{r['shuffle']}: {r['explanation']}")
