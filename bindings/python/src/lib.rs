@@ -87,6 +87,7 @@ fn _pinfeed(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(parse_dtype, m)?)?;
     m.add_function(wrap_pyfunction!(cuda_device_count, m)?)?;
     m.add_function(wrap_pyfunction!(pinned_allocations, m)?)?;
+    m.add_function(wrap_pyfunction!(loader::combined_stats, m)?)?;
     m.add_function(wrap_pyfunction!(loader::epoch_order, m)?)?;
     m.add_function(wrap_pyfunction!(loader::epoch_size, m)?)?;
     m.add_function(wrap_pyfunction!(loader::reshard_position, m)?)?;

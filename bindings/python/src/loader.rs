@@ -543,6 +543,17 @@ impl Stream {
 
     /// The pass's counters as a dict (see ``pinfeed.Loader.stats``).
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        match self.snapshot() {
+            Some((stats, held)) => stats_dict(py, &stats, held),
+            None => Ok(PyDict::new(py)),
+        }
+    }
+}
+
+impl Stream {
+    /// The pass's counters and the device memory its batches hold: live while it runs in this
+    /// process, else as it ended (`None` before it ended in another process).
+    fn snapshot(&self) -> Option<(Stats, usize)> {
         let live = {
             let guard = lock(&self.loader);
             guard
@@ -550,11 +561,23 @@ impl Stream {
                 .filter(|l| l.is_owner())
                 .map(|l| (l.stats(), l.device_bytes_held()))
         };
-        let snapshot = live.or_else(|| lock(&self.final_stats).clone());
-        match snapshot {
-            Some((stats, held)) => stats_dict(py, &stats, held),
-            None => Ok(PyDict::new(py)),
-        }
+        live.or_else(|| lock(&self.final_stats).clone())
+    }
+}
+
+/// The counters of passes running side by side (a split ``MultiLoader``'s, one a device) as one
+/// dict, by [`Stats::combine`]'s rules, the device memory their batches hold summed; empty for
+/// no pass with counters.
+#[pyfunction]
+pub fn combined_stats<'py>(
+    py: Python<'py>,
+    streams: Vec<PyRef<'py, Stream>>,
+) -> PyResult<Bound<'py, PyDict>> {
+    let (parts, held): (Vec<Stats>, Vec<usize>) =
+        streams.iter().filter_map(|s| s.snapshot()).unzip();
+    match Stats::combine(&parts) {
+        Some(all) => stats_dict(py, &all, held.iter().sum()),
+        None => Ok(PyDict::new(py)),
     }
 }
 

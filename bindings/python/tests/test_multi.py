@@ -72,6 +72,13 @@ def test_replicate_false_is_unchanged_and_stats_say_who_read_what():
     assert stats["replicated"] is False
     assert stats["bytes"] == stats["read_bytes"] == data.nbytes
     assert len(stats["devices"]) == 2 and len(stats["loaders"]) == 2
+    # Combined by the Rust rules: counts summed, the longest wall time and start, one verdict.
+    parts = stats["loaders"]
+    for key in ("batches", "records", "threads", "slots", "pinned_bytes"):
+        assert stats[key] == sum(p[key] for p in parts), key
+    assert stats["elapsed"] == max(p["elapsed"] for p in parts)
+    assert stats["startup"] == max(p["startup"] for p in parts)
+    assert stats["bottleneck"] and stats["explanation"]
 
 
 def test_resume_and_set_epoch_apply_to_every_device():

@@ -26,6 +26,7 @@ __all__ = [
     "byte_size",
     "crop_params",
     "cli_main",
+    "combined_stats",
     "cuda_device_count",
     "device_share",
     "dlpack_dtype",
@@ -268,6 +269,7 @@ def epoch_size(
     world_size: int,
     consumed: int = 0,
 ) -> tuple[int, int]: ...
+def combined_stats(streams: list[Stream]) -> dict[str, Any]: ...
 def reshard_position(
     num_records: int,
     batch_size: int,

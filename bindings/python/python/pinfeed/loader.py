@@ -928,8 +928,12 @@ class Loader:
         """Counters of the current (or last) pass: the Rust ``Stats`` fields (times in seconds,
         sizes in bytes), ``device_bytes_held``, ``gbps``, ``bottleneck`` and ``explanation``.
         In GPU-resident mode, those of the upload."""
-        stream = self._stream or self._pending
+        stream = self._stats_stream()
         return {} if stream is None else stream.stats()
+
+    def _stats_stream(self) -> Optional["_pinfeed.Stream"]:
+        """The pass whose counters :meth:`stats` gives: the current one, else the last."""
+        return self._stream or self._pending
 
     @property
     def source_name(self) -> str:

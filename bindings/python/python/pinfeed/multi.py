@@ -181,28 +181,19 @@ class MultiLoader:
         ``device_bytes_peak``); ``bytes`` is their sum and ``read_bytes`` what was read from the
         source, so a replicated pass reads each byte once (``bytes == len(devices) *
         read_bytes``) where split devices read each their own share. ``gbps`` is the aggregate
-        rate. Replicated, the other keys are those of :meth:`Loader.stats`; split, only
-        ``replicated``, ``devices``, ``batches``, ``records``, ``bytes``, ``read_bytes``,
-        ``pinned_bytes``, ``elapsed`` (the longest) and ``gbps`` are given, with ``loaders``, each
-        device's :meth:`Loader.stats`."""
+        rate. The other keys are those of :meth:`Loader.stats`: split, the devices' counters
+        combined (counts, bytes, times and pinned memory summed, the longest ``elapsed`` and
+        ``startup``, the bottleneck judged from the summed waits), with ``loaders``, each
+        device's :meth:`Loader.stats`; ``replicated`` says which."""
         if self.replicate:
             stats = dict(self.loaders[0].stats())
             stats["replicated"] = True
             return stats
-        parts = [loader.stats() for loader in self.loaders]
-        total = {
-            key: sum(int(p.get(key, 0)) for p in parts)
-            for key in ("batches", "records", "bytes", "read_bytes", "pinned_bytes")
-        }
-        elapsed = max((float(p.get("elapsed", 0.0)) for p in parts), default=0.0)
-        return {
-            "replicated": False,
-            "devices": [d for p in parts for d in p.get("devices", [])],
-            **total,
-            "elapsed": elapsed,
-            "gbps": total["bytes"] / max(elapsed, 1e-9) / 1e9,
-            "loaders": parts,
-        }
+        streams = [s for s in (loader._stats_stream() for loader in self.loaders) if s]
+        stats = dict(_pinfeed.combined_stats(streams))
+        stats["replicated"] = False
+        stats["loaders"] = [loader.stats() for loader in self.loaders]
+        return stats
 
     def close(self) -> None:
         """Stops every device's pass."""
