@@ -189,8 +189,8 @@ class MultiLoader:
             stats = dict(self.loaders[0].stats())
             stats["replicated"] = True
             return stats
-        streams = [s for s in (loader._stats_stream() for loader in self.loaders) if s]
-        stats = dict(_pinfeed.combined_stats(streams))
+        passes = [loader._stats_stream() for loader in self.loaders]
+        stats = dict(_pinfeed.combined_stats([p for p in passes if p is not None]))
         stats["replicated"] = False
         stats["loaders"] = [loader.stats() for loader in self.loaders]
         return stats
