@@ -14,9 +14,11 @@ s3fs column runs in a subprocess whose ``PYTHONPATH`` starts with ``--s3fs-site`
 botocore of its own); without s3fs it is reported as not run. Every column reads every byte of
 the same shards ``--passes`` times, in order, in batches of ``--batch-mib``; each reader's bytes
 are checked (sum of the float64 view) against the shards written. Each reader's client is made
-before its timer starts (boto3's client, pinfeed's ``Loader``): the ``pinfeed+start`` row makes
-the ``Loader`` inside it, paying its start (page-locking its pool, the HTTP client's runtime,
-listing the prefix, reading the shards' headers). The readers run ``--rounds`` times,
+before its timer starts (boto3's client, pinfeed's ``Loader``). A ``Loader`` starts its first
+pass when it is made, so its readers may fill the ring's slots (up to ``2 x readers + 6``
+batches) before the timer: the ``pinfeed+start`` row makes the ``Loader`` inside it, paying its
+start (page-locking its pool, the HTTP client's runtime, listing the prefix, reading the
+shards' headers) and every byte's fetch. The readers run ``--rounds`` times,
 interleaved, and each keeps its best round (every round's seconds are in the JSON): the first
 round of the first reader also pays the process's one-time costs (the CUDA context, the first
 page-locked pool).
@@ -28,6 +30,7 @@ import http.client
 import io
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -297,7 +300,7 @@ def main():
 
     from s3_server import Moto, Seaweed
 
-    server = None
+    server, tmp = None, None
     if not args.endpoint:
         server = Moto() if args.server == "moto" else Seaweed(anonymous=True)
     endpoint = args.endpoint or server.endpoint
@@ -399,6 +402,8 @@ def main():
     finally:
         if server:
             server.stop()
+        if tmp:
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ HTTP client's runtime).
 import argparse
 import json
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -113,13 +114,14 @@ def main():
     from store_bench import keep_best
 
     server = Moto() if args.server == "moto" else Seaweed(key="test", secret="test")
+    tmp = Path(tempfile.mkdtemp(prefix="pinfeed-tokens-bench-"))
     try:
         n = (args.tokens_mib << 20) // 2
         tokens = np.random.default_rng(0).integers(0, 50257, n, dtype=np.uint16)
         s3 = s3_client(server.endpoint)
         s3.create_bucket(Bucket=BUCKET)
         s3.put_object(Bucket=BUCKET, Key=KEY, Body=tokens.tobytes())
-        local = Path(tempfile.mkdtemp(prefix="pinfeed-tokens-bench-")) / KEY
+        local = tmp / KEY
         tokens.tofile(local)
         store = dict(
             endpoint=server.endpoint,
@@ -162,6 +164,7 @@ def main():
         print(f"pinfeed: {results['pinfeed']['explanation']}")
     finally:
         server.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ A probe: prints a table, asserts nothing about speed (each row's bytes are check
 import argparse
 import json
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -79,9 +80,9 @@ def main():
     args = ap.parse_args()
 
     server = Seaweed(anonymous=True)
+    tmp = Path(tempfile.mkdtemp(prefix="pinfeed-store-cpu-"))
     try:
         records = (args.shard_mib << 20) // (4 * sb.RECORD[0])
-        tmp = Path(tempfile.mkdtemp(prefix="pinfeed-store-cpu-"))
         bucket = "pinfeed-bench"
         want = sb.upload(server.endpoint, bucket, args.shards, records, tmp) * args.passes % 2**64
         batch = max(int(args.batch_mib * (1 << 20)) // (4 * sb.RECORD[0]), 1)
@@ -125,6 +126,7 @@ def main():
                 rows[name].append(measured(server.proc.pid, fn))
     finally:
         server.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
     best = {name: max(rs, key=lambda r: r["gbps"]) for name, rs in rows.items()}
     print(f"{'way':<48}{'GB/s':>7}{'client s/GB':>13}{'server s/GB':>13}{'cores busy':>12}")
     for name, r in best.items():
