@@ -122,8 +122,12 @@ fn tables() -> Option<MutexGuard<'static, Tables>> {
     None
 }
 
-/// The cell of `(num_records, seed)` in this process, `None` where [`tables`] gives none.
+/// The cell of `(num_records, seed)` in this process: `None` for a permutation not
+/// [`kept_ahead`], or where [`tables`] gives none.
 fn cell(num_records: u64, seed: u64) -> Option<Cell> {
+    if !kept_ahead(num_records) {
+        return None;
+    }
     let forks = forks();
     let (cell, gone) = tables()?.cell(num_records, seed, forks);
     drop(gone);
@@ -136,7 +140,7 @@ pub(super) fn table_seed(seed: u64, epoch: u64) -> u64 {
 }
 
 /// Whether permutations of `num_records` records are drawn ahead and kept.
-pub(crate) fn kept_ahead(num_records: u64) -> bool {
+fn kept_ahead(num_records: u64) -> bool {
     num_records.saturating_mul(4) <= AHEAD_MAX_BYTES
 }
 
@@ -147,10 +151,7 @@ fn draw(num_records: u64, seed: u64) -> Result<Arc<Table>> {
 /// `0 .. num_records` shuffled by Fisher–Yates from `seed`: the one drawn ahead when there is
 /// one (waiting for it if it is being drawn), else drawn now.
 pub(super) fn table(num_records: u64, seed: u64) -> Result<Arc<Table>> {
-    let Some(cell) = kept_ahead(num_records)
-        .then(|| cell(num_records, seed))
-        .flatten()
-    else {
+    let Some(cell) = cell(num_records, seed) else {
         return draw(num_records, seed);
     };
     match cell.get_or_init(|| draw(num_records, seed).ok()) {
@@ -169,7 +170,7 @@ pub(crate) fn draw_ahead(spec: &OrderSpec, epoch: u64) {
         return;
     }
     let seed = table_seed(spec.seed, epoch);
-    let Some(cell) = kept_ahead(n).then(|| cell(n, seed)).flatten() else {
+    let Some(cell) = cell(n, seed) else {
         return;
     };
     if cell.get().is_some() {
