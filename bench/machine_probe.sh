@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # What a GPU machine is, for comparing machine starts (the CPU copy side differs between hosts of
-# one kind): CPU model and count, NUMA, transparent huge pages, memory, the GPU's link, and the
-# CPU's copy rate into pinned memory at several thread counts (copy_rates, carried by
-# bench/prepare_device.sh). Prints text; `bench/gpu_run.sh machine` keeps it in $OUT/machine_probe.txt.
+# one kind): CPU model and count, NUMA, transparent huge pages, memory (and how fast fresh memory
+# is first written), the GPU's link, and the CPU's copy rate into pinned memory at several thread
+# counts (copy_rates, carried by bench/prepare_device.sh). Prints text; `bench/gpu_run.sh machine`
+# keeps it in $OUT/machine_probe.txt.
 set -uo pipefail
 C=${C:-.device-carry}
 echo "== cpu"
@@ -17,6 +18,13 @@ for f in enabled defrag; do
 done
 echo "numa nodes: $(cat /sys/devices/system/node/online 2>/dev/null || echo unknown)"
 echo "kernel: $(uname -r)"
+# A virtual machine whose host takes back the memory the guest frees (virtio-balloon's free page
+# reporting, feature bit 5) backs it again only when it is next touched, at a fraction of the
+# speed: the probe writes fresh memory after pauses (bench/probes/first_touch_probe.py).
+for d in /sys/bus/virtio/drivers/virtio_balloon/virtio*; do
+    [ -r "$d/features" ] && echo "virtio-balloon $(basename "$d"): free page reporting $(cut -c6 "$d/features" | sed 's/1/on/;s/0/off/')"
+done
+python3 "$(dirname "$0")/probes/first_touch_probe.py" --gib 4 --pauses 0,0,10,0
 echo "== gpu"
 nvidia-smi --query-gpu=name,driver_version,pcie.link.gen.current,pcie.link.width.current,pci.bus_id --format=csv,noheader
 if [ -x "$C/copy_rates" ]; then
