@@ -1,6 +1,7 @@
 //! `pinfeed doctor`: what this machine offers a data loader, measured, and what that means.
 //!
-//! Host facts (cores, memory, the memory-lock limit, transparent hugepages), the GPU and its PCIe
+//! Host facts (cores, memory, the memory-lock limit, transparent hugepages, whether the host takes
+//! back freed memory), the GPU and its PCIe
 //! link and NUMA node, copy rates from pinned and pageable memory, what page-locking one batch
 //! costs against copying it, a file's read rate from disk and from the page cache; then advice in
 //! plain words computed from those numbers. Every part that cannot be measured here (no driver,
@@ -106,6 +107,9 @@ struct Host {
     cap_ipc_lock: bool,
     /// The selected mode in /sys/kernel/mm/transparent_hugepage/enabled.
     transparent_hugepages: Option<String>,
+    /// Whether a virtio-balloon device reports freed memory to the host (free page reporting),
+    /// which then backs it again, slowly, when it is next touched; `None` without a balloon.
+    free_page_reporting: Option<bool>,
     numa_nodes: Option<usize>,
 }
 

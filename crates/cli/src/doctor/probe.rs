@@ -53,8 +53,33 @@ pub(super) fn host_facts() -> Host {
         cap_ipc_lock: has_capability(&status, CAP_IPC_LOCK),
         transparent_hugepages: read_trimmed("/sys/kernel/mm/transparent_hugepage/enabled")
             .and_then(|s| bracketed(&s).map(str::to_owned)),
+        free_page_reporting: free_page_reporting(Path::new(BALLOON_DRIVER)),
         numa_nodes: numa::online_node_count(),
     }
+}
+
+/// Where the virtio-balloon driver lists its devices (`virtio0`, ...).
+const BALLOON_DRIVER: &str = "/sys/bus/virtio/drivers/virtio_balloon";
+
+/// `VIRTIO_BALLOON_F_REPORTING`: the guest reports the pages it frees, and the host takes them.
+const BALLOON_F_REPORTING: usize = 5;
+
+/// Whether a balloon device under `driver` negotiated free page reporting: its `features` file
+/// is one character per feature bit, bit 0 first. `None` when there is no balloon device.
+fn free_page_reporting(driver: &Path) -> Option<bool> {
+    let devices = std::fs::read_dir(driver).ok()?;
+    let mut any = None;
+    for device in devices.flatten() {
+        if !device.file_name().to_string_lossy().starts_with("virtio") {
+            continue;
+        }
+        let Some(features) = read_trimmed(device.path().join("features")) else {
+            continue;
+        };
+        let on = features.as_bytes().get(BALLOON_F_REPORTING) == Some(&b'1');
+        any = Some(any.unwrap_or(false) || on);
+    }
+    any
 }
 
 /// `(soft limit, unlimited)`; `(None, false)` when getrlimit fails.
@@ -204,6 +229,21 @@ mod tests {
         assert!((gen5 - 63.0).abs() < 0.1, "{gen5}");
         let gen3 = link_gbps(3, 16).unwrap();
         assert!((gen3 - 15.75).abs() < 0.1, "{gen3}");
+    }
+
+    #[test]
+    fn free_page_reporting_is_bit_five_of_a_balloon_device() {
+        let dir = std::env::temp_dir().join(format!("pinfeed-balloon-{}", std::process::id()));
+        let device = dir.join("virtio3");
+        std::fs::create_dir_all(&device).unwrap();
+        std::fs::write(dir.join("uevent"), "").unwrap();
+        assert_eq!(free_page_reporting(&dir), None, "no device yet");
+        std::fs::write(device.join("features"), "0110010100000000\n").unwrap();
+        assert_eq!(free_page_reporting(&dir), Some(true));
+        std::fs::write(device.join("features"), "0110000100000000\n").unwrap();
+        assert_eq!(free_page_reporting(&dir), Some(false));
+        assert_eq!(free_page_reporting(&dir.join("absent")), None);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -109,6 +109,18 @@ fn render_host(s: &mut String, h: &Host) {
         "transparent hugepages",
         h.transparent_hugepages.as_deref().unwrap_or("unknown"),
     );
+    line(
+        s,
+        "freed memory",
+        match h.free_page_reporting {
+            Some(true) => {
+                "taken back by the host (virtio-balloon free page reporting): memory allocated \
+                 again after a pause is backed anew, slowly; pinfeed locks its pool once"
+            }
+            Some(false) => "kept (a balloon device without free page reporting)",
+            None => "kept (no balloon device)",
+        },
+    );
     line(s, "NUMA nodes", opt(h.numa_nodes, |n| n.to_string()));
 }
 
