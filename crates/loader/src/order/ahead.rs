@@ -21,7 +21,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Once, OnceLock, TryLockError};
 
 use super::global::Table;
-use super::random::{epoch_key, hash2, SplitMix64};
+use super::random::{draw, epoch_key, hash2, SplitMix64};
 use super::{OrderSpec, Shuffle};
 use crate::error::Result;
 
@@ -31,7 +31,7 @@ const KEPT: usize = 4;
 
 /// The largest permutation drawn ahead, in bytes of its table (4 bytes a record up to 2³²
 /// records): 64 MiB, 16 Mi records.
-pub(crate) const AHEAD_MAX_BYTES: u64 = 64 << 20;
+const AHEAD_MAX_BYTES: u64 = 64 << 20;
 
 /// A permutation being drawn or drawn: `None` inside where drawing it failed (drawn again by
 /// the caller, for its error).
@@ -105,15 +105,15 @@ fn forks() -> u64 {
     FORKS.load(Ordering::Relaxed)
 }
 
-/// The kept permutations: waited for in the process that kept them; in a forked child only
-/// tried for a while (its parent's lock may be held by a thread the child does not have), and
-/// `None` if it stays taken.
-fn tables() -> Option<MutexGuard<'static, Tables>> {
+/// The permutations kept in `kept` ([`TABLES`], the process's, except in tests): waited for in
+/// the process that kept them; in a forked child only tried for a while (its parent's lock may
+/// be held by a thread the child does not have), and `None` if it stays taken.
+fn tables(kept: &Mutex<Tables>) -> Option<MutexGuard<'_, Tables>> {
     if forks() == 0 {
-        return Some(TABLES.lock().unwrap_or_else(|p| p.into_inner()));
+        return Some(kept.lock().unwrap_or_else(|p| p.into_inner()));
     }
     for _ in 0..1000 {
-        match TABLES.try_lock() {
+        match kept.try_lock() {
             Ok(tables) => return Some(tables),
             Err(TryLockError::Poisoned(p)) => return Some(p.into_inner()),
             Err(TryLockError::WouldBlock) => std::thread::yield_now(),
@@ -122,21 +122,21 @@ fn tables() -> Option<MutexGuard<'static, Tables>> {
     None
 }
 
-/// The cell of `(num_records, seed)` in this process: `None` for a permutation not
-/// [`kept_ahead`], or where [`tables`] gives none.
-fn cell(num_records: u64, seed: u64) -> Option<Cell> {
+/// The cell of `(num_records, seed)` in `kept`: `None` for a permutation not [`kept_ahead`],
+/// or where [`tables`] gives none.
+fn cell(kept: &Mutex<Tables>, num_records: u64, seed: u64) -> Option<Cell> {
     if !kept_ahead(num_records) {
         return None;
     }
     let forks = forks();
-    let (cell, gone) = tables()?.cell(num_records, seed, forks);
+    let (cell, gone) = tables(kept)?.cell(num_records, seed, forks);
     drop(gone);
     Some(cell)
 }
 
 /// The seed of the random permutation of `epoch` under the loader's `seed`.
 pub(super) fn table_seed(seed: u64, epoch: u64) -> u64 {
-    hash2(epoch_key(seed, epoch), 1)
+    hash2(epoch_key(seed, epoch), draw::PERMUTATION)
 }
 
 /// Whether permutations of `num_records` records are drawn ahead and kept.
@@ -151,7 +151,12 @@ fn draw(num_records: u64, seed: u64) -> Result<Arc<Table>> {
 /// `0 .. num_records` shuffled by Fisher–Yates from `seed`: the one drawn ahead when there is
 /// one (waiting for it if it is being drawn), else drawn now.
 pub(super) fn table(num_records: u64, seed: u64) -> Result<Arc<Table>> {
-    let Some(cell) = cell(num_records, seed) else {
+    table_of(&TABLES, num_records, seed)
+}
+
+/// [`table`], with the permutations kept in `kept`.
+fn table_of(kept: &Mutex<Tables>, num_records: u64, seed: u64) -> Result<Arc<Table>> {
+    let Some(cell) = cell(kept, num_records, seed) else {
         return draw(num_records, seed);
     };
     match cell.get_or_init(|| draw(num_records, seed).ok()) {
@@ -165,12 +170,17 @@ pub(super) fn table(num_records: u64, seed: u64) -> Result<Arc<Table>> {
 /// that needs it before it is made waits in [`table`], or draws it itself if the thread could
 /// not start.
 pub(crate) fn draw_ahead(spec: &OrderSpec, epoch: u64) {
+    draw_ahead_into(&TABLES, spec, epoch);
+}
+
+/// [`draw_ahead`], keeping the permutation in `kept`.
+fn draw_ahead_into(kept: &Mutex<Tables>, spec: &OrderSpec, epoch: u64) {
     let n = spec.num_records;
     if spec.shuffle != Shuffle::Random {
         return;
     }
     let seed = table_seed(spec.seed, epoch);
-    let Some(cell) = cell(n, seed) else {
+    let Some(cell) = cell(kept, n, seed) else {
         return;
     };
     if cell.get().is_some() {
@@ -209,24 +219,27 @@ mod tests {
 
     #[test]
     fn a_permutation_drawn_ahead_is_the_one_drawn_now_and_shared_by_the_ranks() {
-        // A seed of this test only: the kept permutations are shared by the whole process.
+        // Kept apart from the process's permutations, which the tests running beside this one
+        // may let go at any time by keeping their own.
+        let kept = Mutex::default();
         let (n, s) = (10_000, spec(10_000, 0xA11EAD, 1));
         let seed = table_seed(s.seed, 3);
-        draw_ahead(&s, 3);
+        draw_ahead_into(&kept, &s, 3);
         // Drawn on its own thread, without anyone asking for it.
-        let cell = cell(n, seed).unwrap();
+        let cell = cell(&kept, n, seed).unwrap();
         let start = Instant::now();
         while cell.get().is_none() {
             assert!(start.elapsed() < Duration::from_secs(30), "never drawn");
             std::thread::sleep(Duration::from_millis(1));
         }
-        let ahead = table(n, seed).unwrap();
+        let ahead = table_of(&kept, n, seed).unwrap();
         let drawn = cell.get().unwrap().as_ref().unwrap();
         assert!(Arc::ptr_eq(&ahead, drawn), "the kept table is handed out");
         let now = Table::shuffled(n, &mut SplitMix64::new(seed)).unwrap();
         assert_eq!(entries(&ahead, n), entries(&now, n));
-        // The ranks' orders split that permutation: step by step, rank 0's batch, rank 1's and
-        // rank 2's are the next positions of P, padded past its end from its start.
+        // The ranks' orders (through the process's permutations) split that permutation: step
+        // by step, rank 0's batch, rank 1's and rank 2's are the next positions of P, padded
+        // past its end from its start.
         let ranks: Vec<EpochOrder> = (0..3)
             .map(|r| EpochOrder::new(&spec(n, s.seed, r), 3).unwrap())
             .collect();
@@ -275,8 +288,8 @@ mod tests {
             block: 10,
             window: 4,
         };
-        draw_ahead(&block, 0);
-        let seed = table_seed(block.seed, 0);
-        assert!(!tables().unwrap().entries.iter().any(|e| e.seed == seed));
+        let kept = Mutex::default();
+        draw_ahead_into(&kept, &block, 0);
+        assert!(tables(&kept).unwrap().entries.is_empty());
     }
 }

@@ -3,7 +3,7 @@
 
 use std::sync::{Arc, Mutex};
 
-use super::random::{epoch_key, fisher_yates, hash2, SplitMix64};
+use super::random::{draw, epoch_key, fisher_yates, hash2, SplitMix64};
 use super::{ahead, OrderSpec, Shuffle};
 use crate::error::{LoaderError, Result};
 
@@ -122,7 +122,10 @@ pub(super) struct Blocks {
 impl Blocks {
     pub(super) fn new(num_records: u64, block: u64, window: u64, key: u64) -> Result<Blocks> {
         let num_blocks = num_records.div_ceil(block);
-        let order = Table::shuffled(num_blocks, &mut SplitMix64::new(hash2(key, 2)))?;
+        let order = Table::shuffled(
+            num_blocks,
+            &mut SplitMix64::new(hash2(key, draw::BLOCK_ORDER)),
+        )?;
         let num_windows = num_blocks.div_ceil(window);
         let mut starts = Vec::new();
         usize::try_from(num_windows + 1)
@@ -149,7 +152,7 @@ impl Blocks {
             window,
             order,
             starts,
-            window_key: hash2(key, 3),
+            window_key: hash2(key, draw::WINDOWS),
             kept: Mutex::new(Vec::with_capacity(WINDOWS_KEPT + 1)),
         })
     }
