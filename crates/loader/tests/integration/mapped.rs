@@ -158,9 +158,11 @@ fn a_file_shrinking_under_the_mapping_is_an_error_at_the_consumer() {
     };
     assert!(error.contains(&path.display().to_string()), "{error}");
     assert!(error.contains("shrank"), "{error}");
-    // Slots filled before the cut (the ring's four and the one handed over) may still arrive.
+    // Batches read before the cut may still arrive, after the first: the one in the channel
+    // (`prefetch` 1), the one the copy thread holds until the channel has room, and the ring's
+    // four slots, filled again as copies freed them.
     assert!(
-        delivered <= 6,
+        delivered <= 7,
         "{delivered} batches delivered after the cut"
     );
     assert!(loader.next().is_none_or(|b| b.is_err()));
