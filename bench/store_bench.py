@@ -12,8 +12,10 @@ or with ``--server moto`` moto's (``moto_server``), started here on free loopbac
 ``--endpoint`` names one already running (with the bucket ``--bucket`` to be filled). The
 s3fs column runs in a subprocess whose ``PYTHONPATH`` starts with ``--s3fs-site`` (s3fs pins a
 botocore of its own); without s3fs it is reported as not run. Every column reads every byte of
-the same shards ``--passes`` times, in order, in batches of ``--batch-mib``; each reader's bytes
-are checked (sum of the float64 view) against the shards written. Each reader's client is made
+the same shards ``--passes`` times, in order, in batches of ``--batch-mib``; each reader sums
+every batch (a sum of its 64-bit words, the consumer's work) and its bytes are checked against
+the shards written, but for ``pinfeed_nothing_per_batch``, the ``pinfeed`` row's ``Loader`` with
+nothing done per batch (as the limits' probe only receives its bytes). Each reader's client is made
 before its timer starts (boto3's client, pinfeed's ``Loader``). A ``Loader`` starts its first
 pass when it is made, so its readers may fill the ring's slots (up to ``2 x readers + 6``
 batches) before the timer: the ``pinfeed+start`` row makes the ``Loader`` inside it, paying its
@@ -139,10 +141,14 @@ def keep_best(results, name, r):
     results[name]["rounds_gbps"] = best.get("rounds_gbps", []) + [r["gbps"]]
 
 
-def run_pinfeed(source, batch, args, store=None, start_inside=False, piece_mib=None, threads=None):
+def run_pinfeed(
+    source, batch, args, store=None, start_inside=False, piece_mib=None, threads=None, check=True
+):
     """``--passes`` passes of a ``Loader`` over ``source``, made before the timer starts, or
     after it with ``start_inside``; pieces of ``piece_mib`` (else ``--piece-mib``), ``threads``
-    readers (else ``--threads``, else the loader's own count)."""
+    readers (else ``--threads``, else the loader's own count). Each batch is summed (the
+    consumer's work, and the check of its bytes), or with ``check=False`` only counted, as the
+    server-limit probe only counts what it receives."""
     import pinfeed
 
     torch = None if args.device == "cpu" else __import__("torch")
@@ -161,19 +167,23 @@ def run_pinfeed(source, batch, args, store=None, start_inside=False, piece_mib=N
     total, n = 0, 0
     for _ in range(args.passes):
         for b in loader:
+            n += b.nbytes
+            if not check:
+                continue
             # On the GPU the sum stays there (no synchronisation per batch) until the end.
             total = total + (
                 checksum(b) if args.device == "cpu" else b.view(-1).view(torch.int64).sum()
             )
-            n += b.nbytes
     total = int(total) % 2**64
+    if torch is not None:
+        torch.cuda.synchronize()  # the last copies, when nothing waited for them
     seconds = time.perf_counter() - start
     stats = loader.stats()
     return dict(
         gbps=n / seconds / 1e9,
         bytes=n,
         seconds=seconds,
-        checksum=total,
+        **(dict(checksum=total) if check else {}),
         bottleneck=stats["bottleneck"],
         explanation=stats["explanation"],
         network=stats.get("network"),
@@ -335,6 +345,7 @@ def main():
             "server_limit_one_object": lambda: limit_row(keys[:1]),
             "pinfeed": lambda: run_pinfeed(url, batch, args, store),
             "pinfeed+start": lambda: run_pinfeed(url, batch, args, store, start_inside=True),
+            "pinfeed_nothing_per_batch": lambda: run_pinfeed(url, batch, args, store, check=False),
             "boto3": lambda: run_boto3(
                 endpoint, args.bucket, args.shards, batch_bytes, args.passes
             ),
@@ -364,8 +375,10 @@ def main():
             if "checksum" in r:
                 r["bytes_ok"] = r["checksum"] % 2**64 == want * args.passes % 2**64
         limit = results["server_limit"]["gbps"]
-        by_round = zip(results["pinfeed"]["rounds_gbps"], results["server_limit"]["rounds_gbps"])
-        per_round = [p / lim for p, lim in by_round]
+        limits = results["server_limit"]["rounds_gbps"]
+        per_round = [p / lim for p, lim in zip(results["pinfeed"]["rounds_gbps"], limits)]
+        bare = results["pinfeed_nothing_per_batch"]
+        bare_rounds = [p / lim for p, lim in zip(bare["rounds_gbps"], limits)]
         report = dict(
             server=args.endpoint or args.server,
             machine=os.uname().nodename,
@@ -381,6 +394,8 @@ def main():
             results=results,
             pinfeed_vs_limit=results["pinfeed"]["gbps"] / limit,
             pinfeed_vs_limit_rounds=per_round,
+            pinfeed_nothing_per_batch_vs_limit=bare["gbps"] / limit,
+            pinfeed_nothing_per_batch_vs_limit_rounds=bare_rounds,
             pinfeed_vs_one_object_limit=(
                 results["pinfeed"]["gbps"] / results["server_limit_one_object"]["gbps"]
             ),
@@ -405,6 +420,11 @@ def main():
             f"{', '.join(f'{r:.2f}' for r in per_round)}; of one object's "
             f"{report['pinfeed_vs_one_object_limit']:.2f}); pinfeed / boto3 "
             f"{report['pinfeed_vs_boto3'] or float('nan'):.2f}"
+        )
+        print(
+            f"pinfeed with nothing per batch / server limit "
+            f"{report['pinfeed_nothing_per_batch_vs_limit']:.2f} (round by round "
+            f"{', '.join(f'{r:.2f}' for r in bare_rounds)})"
         )
         print(f"pinfeed bottleneck: {results['pinfeed']['explanation']}")
     finally:
