@@ -21,9 +21,13 @@ echo "kernel: $(uname -r)"
 # A virtual machine whose host takes back the memory the guest frees (virtio-balloon's free page
 # reporting, feature bit 5) backs it again only when it is next touched, at a fraction of the
 # speed: the probe writes fresh memory after pauses (bench/probes/first_touch_probe.py).
+balloons=0
 for d in /sys/bus/virtio/drivers/virtio_balloon/virtio*; do
-    [ -r "$d/features" ] && echo "virtio-balloon $(basename "$d"): free page reporting $(cut -c6 "$d/features" | sed 's/1/on/;s/0/off/')"
+    [ -r "$d/features" ] || continue
+    balloons=$((balloons + 1))
+    echo "virtio-balloon $(basename "$d"): free page reporting $(cut -c6 "$d/features" | sed 's/1/on/;s/0/off/')"
 done
+[ $balloons -eq 0 ] && echo "virtio-balloon: none seen"
 python3 "$(dirname "$0")/probes/first_touch_probe.py" --gib 4 --pauses 0,0,10,0
 echo "== gpu"
 nvidia-smi --query-gpu=name,driver_version,pcie.link.gen.current,pcie.link.width.current,pci.bus_id --format=csv,noheader

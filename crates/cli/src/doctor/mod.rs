@@ -108,7 +108,8 @@ struct Host {
     /// The selected mode in /sys/kernel/mm/transparent_hugepage/enabled.
     transparent_hugepages: Option<String>,
     /// Whether a virtio-balloon device reports freed memory to the host (free page reporting),
-    /// which then backs it again, slowly, when it is next touched; `None` without a balloon.
+    /// which then backs it again, slowly, when it is next touched; `None` where no virtio-balloon
+    /// device is seen (other hypervisors' balloon drivers are not looked for).
     free_page_reporting: Option<bool>,
     numa_nodes: Option<usize>,
 }

@@ -65,7 +65,7 @@ const BALLOON_DRIVER: &str = "/sys/bus/virtio/drivers/virtio_balloon";
 const BALLOON_F_REPORTING: usize = 5;
 
 /// Whether a balloon device under `driver` negotiated free page reporting: its `features` file
-/// is one character per feature bit, bit 0 first. `None` when there is no balloon device.
+/// is one character per feature bit, bit 0 first. `None` when there is no virtio-balloon device.
 fn free_page_reporting(driver: &Path) -> Option<bool> {
     let devices = std::fs::read_dir(driver).ok()?;
     let mut any = None;

@@ -118,7 +118,7 @@ fn render_host(s: &mut String, h: &Host) {
                  again after a pause is backed anew, slowly; pinfeed locks its pool once"
             }
             Some(false) => "kept (a balloon device without free page reporting)",
-            None => "kept (no balloon device)",
+            None => "no virtio-balloon device seen (other hypervisors' balloons not checked)",
         },
     );
     line(s, "NUMA nodes", opt(h.numa_nodes, |n| n.to_string()));

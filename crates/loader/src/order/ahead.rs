@@ -21,7 +21,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Once, OnceLock, TryLockError};
 
 use super::global::Table;
-use super::random::{draw, epoch_key, hash2, SplitMix64};
+use super::random::{epoch_key, hash2, words, SplitMix64};
 use super::{OrderSpec, Shuffle};
 use crate::error::Result;
 
@@ -136,7 +136,7 @@ fn cell(kept: &Mutex<Tables>, num_records: u64, seed: u64) -> Option<Cell> {
 
 /// The seed of the random permutation of `epoch` under the loader's `seed`.
 pub(super) fn table_seed(seed: u64, epoch: u64) -> u64 {
-    hash2(epoch_key(seed, epoch), draw::PERMUTATION)
+    hash2(epoch_key(seed, epoch), words::PERMUTATION)
 }
 
 /// Whether permutations of `num_records` records are drawn ahead and kept.

@@ -3,7 +3,7 @@
 
 use std::sync::{Arc, Mutex};
 
-use super::random::{draw, epoch_key, fisher_yates, hash2, SplitMix64};
+use super::random::{epoch_key, fisher_yates, hash2, words, SplitMix64};
 use super::{ahead, OrderSpec, Shuffle};
 use crate::error::{LoaderError, Result};
 
@@ -124,7 +124,7 @@ impl Blocks {
         let num_blocks = num_records.div_ceil(block);
         let order = Table::shuffled(
             num_blocks,
-            &mut SplitMix64::new(hash2(key, draw::BLOCK_ORDER)),
+            &mut SplitMix64::new(hash2(key, words::BLOCK_ORDER)),
         )?;
         let num_windows = num_blocks.div_ceil(window);
         let mut starts = Vec::new();
@@ -152,7 +152,7 @@ impl Blocks {
             window,
             order,
             starts,
-            window_key: hash2(key, draw::WINDOWS),
+            window_key: hash2(key, words::WINDOWS),
             kept: Mutex::new(Vec::with_capacity(WINDOWS_KEPT + 1)),
         })
     }

@@ -5,7 +5,7 @@ pub(super) use pinfeed_source::rng::{epoch_key, fisher_yates, hash2, SplitMix64}
 
 /// What each word drawn from an epoch's key (`hash2(epoch_key(seed, epoch), word)`) seeds.
 /// Saved positions rely on the draws, so each number is fixed for good.
-pub(super) mod draw {
+pub(super) mod words {
     /// The random permutation (`ahead::table_seed`).
     pub(in crate::order) const PERMUTATION: u64 = 1;
     /// The order of the blocks of a block shuffle.
