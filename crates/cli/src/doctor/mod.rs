@@ -1,11 +1,11 @@
 //! `pinfeed doctor`: what this machine offers a data loader, measured, and what that means.
 //!
 //! Host facts (cores, memory, the memory-lock limit, transparent hugepages, whether the host takes
-//! back freed memory), the GPU and its PCIe
-//! link and NUMA node, copy rates from pinned and pageable memory, what page-locking one batch
-//! costs against copying it, a file's read rate from disk and from the page cache; then advice in
-//! plain words computed from those numbers. Every part that cannot be measured here (no driver,
-//! no sysfs, O_DIRECT refused) is reported as such, and the rest still runs.
+//! back freed memory), the GPU and its PCIe link and NUMA node, copy rates from pinned and
+//! pageable memory, what page-locking one batch costs against copying it, a file's read rate from
+//! disk and from the page cache; then advice in plain words computed from those numbers. Every
+//! part that cannot be measured here (no driver, no sysfs, O_DIRECT refused) is reported as such,
+//! and the rest still runs.
 
 mod advise;
 mod decode;
