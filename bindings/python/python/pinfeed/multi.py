@@ -189,10 +189,10 @@ class MultiLoader:
             stats = dict(self.loaders[0].stats())
             stats["replicated"] = True
             return stats
-        passes = [loader._stats_stream() for loader in self.loaders]
-        stats = dict(_pinfeed.combined_stats([p for p in passes if p is not None]))
+        combined, each = _pinfeed.combined_stats([ld._stats_stream() for ld in self.loaders])
+        stats = dict(combined)
         stats["replicated"] = False
-        stats["loaders"] = [loader.stats() for loader in self.loaders]
+        stats["loaders"] = [dict(d) for d in each]
         return stats
 
     def close(self) -> None:
