@@ -31,6 +31,7 @@ rounds.
 
 import argparse
 import concurrent.futures
+import contextlib
 import http.client
 import io
 import json
@@ -40,6 +41,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import types
 import urllib.parse
 from pathlib import Path
 
@@ -52,6 +54,22 @@ sys.path.insert(0, str(HERE.parent / "bindings" / "python" / "tests"))
 RECORD = (1024,)  # float32: 4 KiB records
 KEY = "test"
 SECRET = "test"
+
+
+def store_options(endpoint):
+    """Storage options for a loopback server started by these benches (key and secret "test")."""
+    return dict(
+        endpoint=endpoint,
+        allow_http="true",
+        region="us-east-1",
+        access_key_id=KEY,
+        secret_access_key=SECRET,
+    )
+
+
+def records_in(mib):
+    """How many 4 KiB records ``mib`` MiB hold (at least one)."""
+    return max(int(mib * (1 << 20)) // (4 * RECORD[0]), 1)
 
 
 def shard(i, records):
@@ -91,6 +109,31 @@ def upload(endpoint, bucket, shards, records, local_dir):
         np.save(buf, a)
         put(endpoint, f"/{bucket}/bench/part-{i:03d}.npy", buf.getvalue())
     return total % 2**64
+
+
+@contextlib.contextmanager
+def seaweed_shards(shards, shard_mib, bucket="pinfeed-bench"):
+    """An anonymous SeaweedFS on loopback holding ``shards`` shards of ``shard_mib`` MiB under
+    ``bench/`` in ``bucket``, the same shards written to a temporary folder: yields a namespace
+    (``server``, ``bucket``, ``keys``, ``size`` of a shard's file, ``checksum`` of all the
+    shards, ``local`` folder); stops the server and removes the folder after."""
+    from s3_server import Seaweed
+
+    server = Seaweed(anonymous=True)
+    tmp = Path(tempfile.mkdtemp(prefix="pinfeed-store-shards-"))
+    try:
+        total = upload(server.endpoint, bucket, shards, records_in(shard_mib), tmp)
+        yield types.SimpleNamespace(
+            server=server,
+            bucket=bucket,
+            keys=[f"bench/part-{i:03d}.npy" for i in range(shards)],
+            size=(tmp / "part-000.npy").stat().st_size,
+            checksum=total,
+            local=tmp,
+        )
+    finally:
+        server.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def server_limit(endpoint, bucket, keys, size, threads=16, piece=8 << 20, seconds=5.0):
@@ -133,13 +176,13 @@ def server_limit(endpoint, bucket, keys, size, threads=16, piece=8 << 20, second
     return total / (time.perf_counter() - start) / 1e9
 
 
-def keep_best(results, name, r):
-    """Keeps ``r`` as ``results[name]`` if it moved more GB/s than the one kept, and every
-    round's GB/s in ``rounds_gbps``."""
+def keep_best(results, name, r, by="gbps"):
+    """Keeps ``r`` as ``results[name]`` if its ``by`` (GB/s, or another rate) is higher than
+    the one kept's, and every round's in ``rounds_<by>``."""
     best = results.get(name, {})
-    if r["gbps"] > best.get("gbps", 0.0):
+    if r[by] > best.get(by, 0.0):
         results[name] = r
-    results[name]["rounds_gbps"] = best.get("rounds_gbps", []) + [r["gbps"]]
+    results[name][f"rounds_{by}"] = best.get(f"rounds_{by}", []) + [r[by]]
 
 
 def run_pinfeed(
@@ -318,19 +361,12 @@ def main():
         server = Moto() if args.server == "moto" else Seaweed(anonymous=True)
     endpoint = args.endpoint or server.endpoint
     try:
-        records = (args.shard_mib << 20) // (4 * RECORD[0])
         tmp = Path(tempfile.mkdtemp(prefix="pinfeed-store-bench-"))
-        want = upload(endpoint, args.bucket, args.shards, records, tmp)
-        batch = max(int(args.batch_mib * (1 << 20)) // (4 * RECORD[0]), 1)
+        want = upload(endpoint, args.bucket, args.shards, records_in(args.shard_mib), tmp)
+        batch = records_in(args.batch_mib)
         batch_bytes = batch * 4 * RECORD[0]
         size = (tmp / "part-000.npy").stat().st_size
-        store = dict(
-            endpoint=endpoint,
-            allow_http="true",
-            region="us-east-1",
-            access_key_id=KEY,
-            secret_access_key=SECRET,
-        )
+        store = store_options(endpoint)
         if args.request_mib:
             store["request_size"] = str(int(args.request_mib * (1 << 20)))
         url = f"s3://{args.bucket}/bench/"

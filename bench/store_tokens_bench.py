@@ -111,7 +111,7 @@ def main():
     args = p.parse_args()
 
     from s3_server import Moto, Seaweed, s3_client
-    from store_bench import keep_best
+    from store_bench import keep_best, store_options
 
     server = Moto() if args.server == "moto" else Seaweed(key="test", secret="test")
     tmp = Path(tempfile.mkdtemp(prefix="pinfeed-tokens-bench-"))
@@ -123,19 +123,17 @@ def main():
         s3.put_object(Bucket=BUCKET, Key=KEY, Body=tokens.tobytes())
         local = tmp / KEY
         tokens.tofile(local)
-        store = dict(
-            endpoint=server.endpoint,
-            allow_http="true",
-            region="us-east-1",
-            access_key_id="test",
-            secret_access_key="test",
-        )
+        store = store_options(server.endpoint)
         results = {}
         for _ in range(args.rounds):
             r, loader = run_pinfeed(f"s3://{BUCKET}/{KEY}", tokens, args, store)
-            keep_best(results, "pinfeed", r)
-            keep_best(results, "boto3_loop", run_boto3(server.endpoint, tokens, loader, args))
-            keep_best(results, "local_disk", run_pinfeed(str(local), tokens, args)[0])
+            rows = dict(
+                pinfeed=r,
+                boto3_loop=run_boto3(server.endpoint, tokens, loader, args),
+                local_disk=run_pinfeed(str(local), tokens, args)[0],
+            )
+            for name, row in rows.items():
+                keep_best(results, name, row, by="steps_per_s")
         report = dict(
             machine=os.uname().nodename,
             cores=os.cpu_count(),

@@ -13,16 +13,13 @@ A probe: prints a table, asserts nothing about speed (each row's bytes are check
 import argparse
 import json
 import os
-import shutil
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 import store_bench as sb  # noqa: E402  (bench/ holds the shared helpers)
-from s3_server import Seaweed  # noqa: E402  (store_bench puts the tests' folder on the path)
 
 TICK = os.sysconf("SC_CLK_TCK")
 
@@ -79,29 +76,17 @@ def main():
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
 
-    server = Seaweed(anonymous=True)
-    tmp = Path(tempfile.mkdtemp(prefix="pinfeed-store-cpu-"))
-    try:
-        records = (args.shard_mib << 20) // (4 * sb.RECORD[0])
-        bucket = "pinfeed-bench"
-        want = sb.upload(server.endpoint, bucket, args.shards, records, tmp) * args.passes % 2**64
-        batch = max(int(args.batch_mib * (1 << 20)) // (4 * sb.RECORD[0]), 1)
-        store = dict(
-            endpoint=server.endpoint,
-            allow_http="true",
-            region="us-east-1",
-            access_key_id=sb.KEY,
-            secret_access_key=sb.SECRET,
-        )
+    with sb.seaweed_shards(args.shards, args.shard_mib) as shards:
+        server, bucket, keys = shards.server, shards.bucket, shards.keys
+        want = shards.checksum * args.passes % 2**64
+        batch = sb.records_in(args.batch_mib)
+        store = sb.store_options(server.endpoint)
         source = f"s3://{bucket}/bench/"
-        size = (tmp / "part-000.npy").stat().st_size
-
-        keys = [f"bench/part-{i:03d}.npy" for i in range(args.shards)]
 
         def limit(ks):
             def run():
                 start = time.perf_counter()
-                gbps = sb.server_limit(server.endpoint, bucket, ks, size)
+                gbps = sb.server_limit(server.endpoint, bucket, ks, shards.size)
                 return gbps * 1e9 * (time.perf_counter() - start)
 
             return run
@@ -124,9 +109,6 @@ def main():
         for _ in range(args.rounds):
             for name, fn in ways.items():
                 rows[name].append(measured(server.proc.pid, fn))
-    finally:
-        server.stop()
-        shutil.rmtree(tmp, ignore_errors=True)
     best = {name: max(rs, key=lambda r: r["gbps"]) for name, rs in rows.items()}
     print(f"{'way':<48}{'GB/s':>7}{'client s/GB':>13}{'server s/GB':>13}{'cores busy':>12}")
     for name, r in best.items():

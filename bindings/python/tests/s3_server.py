@@ -267,17 +267,21 @@ SLOW_DOWN = (
 
 
 class FaultProxy:
-    """Forwards HTTP/1.1 requests to ``upstream`` (one upstream connection per request) and,
-    for the next ranged GETs, injects the faults queued with :meth:`inject`: ``"503"`` (a
+    """Forwards HTTP/1.1 requests to ``upstream`` (one upstream connection per request, the
+    client's kept open between requests) and, for the next ranged GETs, injects the faults queued with :meth:`inject`: ``"503"`` (a
     SlowDown reply, nothing forwarded) or ``"cut"`` (the reply's head and half its body, then
     the connection closed). ``always`` makes every ranged GET fail so; while ``down`` is set,
-    every connection is closed at once, as by a server that is not there."""
+    every connection is closed at once, as by a server that is not there. With ``idle_close``
+    (seconds) a connection that waits that long for its next request is closed, as servers
+    close idle keep-alive connections."""
 
     def __init__(self, upstream_port):
         self.upstream = (HOST, upstream_port)
         self.faults = []
         self.always = None
         self.down = False
+        self.idle_close = None
+        self.idle_closed = 0
         self.injected = 0
         self.lock = threading.Lock()
         self.server = socket.create_server((HOST, 0))
@@ -313,7 +317,14 @@ class FaultProxy:
     def _serve(self, conn):
         with conn:
             while not self.down:
-                head, rest = read_head(conn)
+                conn.settimeout(self.idle_close)
+                try:
+                    head, rest = read_head(conn)
+                except TimeoutError:
+                    with self.lock:
+                        self.idle_closed += 1
+                    return
+                conn.settimeout(None)
                 if head is None:
                     return
                 body = read_exact(conn, rest, content_length(head))
@@ -332,6 +343,13 @@ class FaultProxy:
                     if head.startswith(b"HEAD "):
                         n = 0
                     rbody = read_exact(up, rrest, n)
+                # The proxy keeps its clients' connections open, as a load balancer in front
+                # of a server does, whatever the server said of its own (moto closes each).
+                rhead = b"".join(
+                    line
+                    for line in rhead.splitlines(keepends=True)
+                    if not line.lower().startswith(b"connection:")
+                )
                 if fault == "cut":
                     conn.sendall(rhead + rbody[: len(rbody) // 2])
                     conn.shutdown(socket.SHUT_RDWR)

@@ -102,9 +102,7 @@ impl Cache {
                 dst: buf.as_mut_slice(),
             });
             let mut requests = plan(wanted.collect(), usize::MAX, 0);
-            client.block_on(futures::future::try_join_all(
-                requests.iter_mut().map(|r| client.get(object, r)),
-            ))?;
+            client.get_all(object, &mut requests)?;
             drop(requests);
             for (&block, buf) in group.iter().zip(&buffers) {
                 copy_into(&mut parts, block * BLOCK, buf);

@@ -1,5 +1,6 @@
-//! The connection to one store: `object_store`'s client on a tokio runtime of its own, the
-//! bound on requests in flight, retries, the counters, and the optional local cache.
+//! The connection to one store: `object_store`'s client, driven by the reading threads on
+//! lanes of their own ([`crate::lane`]), the bound on requests in flight, retries, the
+//! counters, and the optional local cache.
 
 use std::io;
 use std::path::PathBuf;
@@ -19,6 +20,7 @@ use tokio::sync::Semaphore;
 use crate::cache::Cache;
 use crate::fault::{backoff, one_line, Fault};
 use crate::fetch::{plan, Part, Request};
+use crate::lane::{LaneConnector, Lanes};
 use crate::location::Location;
 use crate::options::{scrub, StoreOptions};
 
@@ -67,11 +69,10 @@ pub(crate) fn bump(counter: &AtomicU64, n: u64) {
 /// A store's client and everything reads of it share.
 #[derive(Debug)]
 pub(crate) struct Client {
-    // Field order is drop order: the store's connections go before the runtime they run on.
+    // Field order is drop order: the store's connections go before the runtimes they run on.
     store: Arc<dyn ObjectStore>,
-    /// Threads of its own (`pinfeed-net`): reading threads block on it, nothing else of
-    /// pinfeed runs there.
-    runtime: tokio::runtime::Runtime,
+    /// Where requests run: each reading thread drives one while it reads.
+    lanes: Lanes,
     /// Requests in flight over all reading threads: `queue_depth` permits.
     in_flight: Semaphore,
     queue_depth: u32,
@@ -89,10 +90,13 @@ pub(crate) struct Client {
 /// itself, resuming a range where it broke off, and counts the retries).
 macro_rules! build_store {
     ($builder:expr, $key:ty, $base:expr, $pairs:expr, $scheme:expr, $err:expr) => {{
-        let mut builder = $builder.with_url($base).with_retry(RetryConfig {
-            max_retries: 0,
-            ..RetryConfig::default()
-        });
+        let mut builder = $builder
+            .with_url($base)
+            .with_http_connector(LaneConnector)
+            .with_retry(RetryConfig {
+                max_retries: 0,
+                ..RetryConfig::default()
+            });
         for (key, value) in $pairs {
             let parsed: $key = key.parse().map_err(|_| SourceError::Options {
                 reason: format!(
@@ -166,22 +170,13 @@ impl Client {
                 build_err
             ),
         };
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(net_threads(pinfeed_source::system::cores()))
-            .thread_name("pinfeed-net")
-            .enable_all()
-            .build()
-            .map_err(|e| SourceError::Open {
-                path: PathBuf::from(base),
-                source: e,
-            })?;
         let cache = options
             .cache_dir
             .as_ref()
             .map(|dir| Cache::new(dir.clone(), options.cache_limit));
         Ok(Client {
             store,
-            runtime,
+            lanes: Lanes::default(),
             in_flight: Semaphore::new(queue_depth.max(1) as usize),
             queue_depth: queue_depth.max(1),
             retries: options.retries(),
@@ -253,13 +248,24 @@ impl Client {
         }
     }
 
-    /// Runs `future` on the client's runtime, blocking the calling thread, and counts the
-    /// time as waiting on the network.
-    pub(crate) fn block_on<F: std::future::Future>(&self, future: F) -> F::Output {
+    /// Runs `future` on a lane driven by the calling thread, and counts the time as waiting
+    /// on the network. `url` names what was read in the error of a lane that could not start.
+    fn block_on<F: std::future::Future>(&self, url: &str, future: F) -> Result<F::Output> {
         let start = Instant::now();
-        let out = self.runtime.block_on(future);
+        let out = self.lanes.block_on(future);
         bump(&self.counters.wait_ns, start.elapsed().as_nanos() as u64);
-        out
+        out.map_err(|e| SourceError::Open {
+            path: PathBuf::from(url),
+            source: io::Error::new(e.kind(), format!("could not start an HTTP runtime: {e}")),
+        })
+    }
+
+    /// Runs every request of `requests` on `object`, all of them in flight together up to the
+    /// queue depth.
+    pub(crate) fn get_all(&self, object: &Object, requests: &mut [Request<'_>]) -> Result<()> {
+        let gets = requests.iter_mut().map(|r| self.get(object, r));
+        self.block_on(&object.url, futures::future::try_join_all(gets))??;
+        Ok(())
     }
 
     /// The objects directly under `prefix` (`""` for the whole store), as one listing.
@@ -268,7 +274,7 @@ impl Client {
         let path = parse_path(prefix.trim_end_matches('/'), &url)?;
         let prefix = (!prefix.is_empty()).then_some(&path);
         bump(&self.counters.requests, 1);
-        let listed = self.block_on(self.store.list_with_delimiter(prefix));
+        let listed = self.block_on(&url, self.store.list_with_delimiter(prefix))?;
         listed
             .map(|l| l.objects)
             .map_err(|e| self.open_error(&url, Fault::of(&e)))
@@ -279,7 +285,7 @@ impl Client {
         let url = location.url_of(key);
         let path = parse_path(key, &url)?;
         bump(&self.counters.requests, 1);
-        self.block_on(self.store.head(&path))
+        self.block_on(&url, self.store.head(&path))?
             .map_err(|e| self.open_error(&url, Fault::of(&e)))
     }
 
@@ -309,16 +315,13 @@ impl Client {
             return cache.fetch(self, object, parts);
         }
         let mut requests = plan(parts, self.request_size, self.coalesce_gap);
-        self.block_on(futures::future::try_join_all(
-            requests.iter_mut().map(|r| self.get(object, r)),
-        ))?;
-        Ok(())
+        self.get_all(object, &mut requests)
     }
 
     /// Bytes of `request` from `object`, retried after a retryable fault from where the
     /// last attempt broke off (the bytes before it are in place and correct: the `If-Match`
     /// ETag pins the object's version), at most `retries` times with [`backoff`].
-    pub(crate) async fn get(&self, object: &Object, request: &mut Request<'_>) -> Result<()> {
+    async fn get(&self, object: &Object, request: &mut Request<'_>) -> Result<()> {
         let mut pos = request.start;
         let mut attempt = 0u32;
         loop {
@@ -399,14 +402,6 @@ impl Client {
     }
 }
 
-/// Threads of the runtime on `cores` cores: one per two cores, 2 to 8. They run the HTTP
-/// connections (every response is read from its socket there; the reader waiting in
-/// [`Client::block_on`] copies the body into its slot). On the 16-core GPU machine two threads
-/// carried 4.79 GB/s of a 9.05 limit, eight 5.07 of 8.93 on another start (docs/BENCHMARKS.md).
-fn net_threads(cores: usize) -> usize {
-    (cores / 2).clamp(2, 8)
-}
-
 /// `object_store`'s client options for an http(s):// store: the system's roots, and those of
 /// the `root_certificate` storage option's file besides.
 fn http_client_options(options: &StoreOptions) -> Result<ClientOptions> {
@@ -439,12 +434,6 @@ fn parse_path(key: &str, url: &str) -> Result<ObjectPath> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn the_runtime_takes_a_thread_per_two_cores_from_two_to_eight() {
-        let threads: Vec<usize> = [1, 2, 4, 5, 16, 64].map(net_threads).to_vec();
-        assert_eq!(threads, [2, 2, 2, 2, 8, 8]);
-    }
 
     #[test]
     fn only_quoted_etags_are_sent_as_if_match() {

@@ -9,9 +9,11 @@
 //! neighbouring ranges coalesced ([`StoreOptions::coalesce_gap`]), long ranges cut
 //! ([`StoreOptions::request_size`]), every request of a read in flight at once up to the queue
 //! depth (over all reading threads), and each body copied into its place in the caller's
-//! buffer as it arrives: one copy. `object_store` (Apache Arrow's) is the client; its tokio
-//! runtime runs on threads of its own (`pinfeed-net`, one per two cores, 2 to 8) and reading
-//! threads block on it, so the rest of pinfeed stays synchronous.
+//! buffer as it arrives: one copy. `object_store` (Apache Arrow's) is the client. Its async
+//! work runs only inside this crate, on the reading threads: each read drives a tokio runtime
+//! of its own (a lane: a current-thread runtime and connections of its own, reused by the next
+//! read) until its requests are done, so the rest of pinfeed stays synchronous and a body's
+//! chunks never cross threads.
 //!
 //! Credentials come from the store's standard chain (for S3: `AWS_*` environment variables,
 //! web identity, the container and instance metadata endpoints) and [`StoreOptions`]
@@ -50,6 +52,7 @@ mod cache;
 mod client;
 mod fault;
 mod fetch;
+mod lane;
 mod location;
 mod object;
 mod options;
