@@ -5,7 +5,8 @@
 # binaries, wheel into .device-carry/). bench/README.md lists what each section measures.
 #
 #   bash bench/gpu_run.sh [SECTION...]   (default: tests rust torch python)
-#   sections: tests rust torch python pytests ab tokens machine probe nvjpeg jax images weed s3fs
+#   sections: tests rust torch python pytests ab tokens machine probe alternate nvjpeg jax images
+#             weed s3fs
 #             store storetokens
 #             bigcached bigsweep bigcold legacysoak soakstart soakwait
 #   env: SKIP_DOCTOR=1 (no doctor/copy_path in `rust`), PYBENCH_SECTIONS=seed,loaders,...,sweep,
@@ -231,6 +232,21 @@ if want probe && ls $C/*.whl >/dev/null 2>&1; then
     make_data
     PYTHONPATH=/tmp/site timeout 200 python3 bench/probes/pipeline_probe.py --npy "$DATA" \
         --epochs "${PROBE_EPOCHS:-5}" --out "$OUT/pipeline_probe.json"
+fi
+
+if want alternate && ls $C/*.whl >/dev/null 2>&1; then
+    echo "== A training and an evaluation Loader in turn (bench/probes/alternate_probe.py), this wheel and, when carried, bench/prepare_ab.sh's (old)"
+    install_wheel /tmp/site $C/*.whl
+    ls $C/old/*.whl >/dev/null 2>&1 && install_wheel /tmp/site-old $C/old/*.whl
+    for round in 1 2; do
+        for build in new old; do
+            site=/tmp/site; [ $build = old ] && site=/tmp/site-old
+            [ -d $site ] || continue
+            echo "-- $build, round $round"
+            PYTHONPATH=$site timeout 120 python3 bench/probes/alternate_probe.py --device cuda \
+                --out "$OUT/alternate-$build-$round.json" | tail -13
+        done
+    done
 fi
 
 if want jax && ls $C/*.whl >/dev/null 2>&1; then

@@ -66,7 +66,9 @@ enum Memory {
     Cuda(PinnedMemory),
 }
 
-/// What an idle pool can be reused for: the same device, size and method.
+/// What a pool is: the loader that needs one can reuse an idle pool that [`serves`] it.
+///
+/// [`serves`]: PoolKey::serves
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct PoolKey {
     /// The process that made the pool: a forked child must not reuse its parent's (the CUDA
@@ -78,11 +80,23 @@ struct PoolKey {
     method: Option<PinMethod>,
 }
 
-/// The pool of the last loader that finished, kept for the next loader of the same size: a
-/// Python loader starts a loader per epoch, and page-locking a pool again each epoch would cost
-/// as much as a good part of the epoch. At most one pool is kept, and it is freed as soon as a
-/// loader needs a pool of another size, so the pinned memory held never exceeds what the live
-/// loaders asked for plus one finished loader's budget. [`release_idle_pinned_memory`] frees it.
+impl PoolKey {
+    /// Whether a pool of this key can hold the slots of a loader that wants `want`: the same
+    /// process, device and method, and at least as many bytes (the loader uses the first
+    /// `want.bytes`).
+    fn serves(&self, want: &PoolKey) -> bool {
+        (self.pid, self.device, self.method) == (want.pid, want.device, want.method)
+            && self.bytes >= want.bytes
+    }
+}
+
+/// The pool of the last loader that finished (or an earlier one's, when that one serves the
+/// last's loaders too), kept for the next loader it can serve (one of the same size or smaller): a Python loader starts a loader per epoch, and page-locking a pool
+/// again each epoch would cost as much as a good part of the epoch. A smaller loader takes the
+/// larger pool, so a training and an evaluation loader used in turn share one pool rather than
+/// each freeing the other's. At most one pool is kept, and it is freed as soon as a loader
+/// needs a larger one, so the pinned memory held never exceeds what the live loaders asked for
+/// plus one finished loader's budget. [`release_idle_pinned_memory`] frees it.
 static IDLE_POOL: Mutex<Option<(PoolKey, Memory)>> = Mutex::new(None);
 
 /// Frees the pinned pool kept from the last finished loader, if any.
@@ -91,11 +105,11 @@ pub fn release_idle_pinned_memory() {
     drop(idle);
 }
 
-/// The idle pool if it matches `key`; any other idle pool is freed.
-fn take_idle(key: PoolKey) -> Option<Memory> {
+/// The idle pool and its key if it serves `want`; an idle pool that does not is freed.
+fn take_idle(want: PoolKey) -> Option<(PoolKey, Memory)> {
     let mut idle = IDLE_POOL.lock().unwrap_or_else(|p| p.into_inner());
     match idle.take() {
-        Some((k, memory)) if k == key => Some(memory),
+        Some((key, memory)) if key.serves(&want) => Some((key, memory)),
         other => {
             drop(other);
             None
@@ -107,6 +121,7 @@ fn take_idle(key: PoolKey) -> Option<Memory> {
 pub(crate) struct PinnedPool {
     /// `Some` until `Drop` hands it to the idle cache.
     memory: Option<Memory>,
+    /// The memory's own key: its bytes may be more than the slots use (a reused larger pool).
     key: PoolKey,
     slot_bytes: usize,
     slots: usize,
@@ -120,26 +135,30 @@ impl Drop for PinnedPool {
     fn drop(&mut self) {
         // The loader drained its ring before dropping the pool: no copy reads it any more.
         if let Some(memory) = self.memory.take() {
-            let previous = IDLE_POOL
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .replace((self.key, memory));
-            drop(previous);
+            let mut idle = IDLE_POOL.lock().unwrap_or_else(|p| p.into_inner());
+            let (keep, freed) = match idle.take() {
+                // A kept pool that serves this one's loaders serves more: it stays.
+                Some(kept) if kept.0.serves(&self.key) => (kept, Some((self.key, memory))),
+                previous => ((self.key, memory), previous),
+            };
+            *idle = Some(keep);
+            drop(idle);
+            drop(freed);
         }
     }
 }
 
 impl PinnedPool {
     pub(crate) fn host(slot_bytes: usize, slots: usize) -> Result<PinnedPool> {
-        let key = PoolKey {
+        let want = PoolKey {
             pid: std::process::id(),
             device: None,
             bytes: slot_bytes * slots,
             method: None,
         };
-        let memory = match take_idle(key) {
-            Some(memory) => memory,
-            None => Memory::Host(HostMapping::new(slot_bytes * slots, true)?),
+        let (key, memory) = match take_idle(want) {
+            Some(idle) => idle,
+            None => (want, Memory::Host(HostMapping::new(want.bytes, true)?)),
         };
         Ok(PinnedPool {
             memory: Some(memory),
@@ -155,18 +174,18 @@ impl PinnedPool {
         slots: usize,
         method: PinMethod,
     ) -> Result<PinnedPool> {
-        let key = PoolKey {
+        let want = PoolKey {
             pid: std::process::id(),
             device: Some(ctx.ordinal()),
             bytes: slot_bytes * slots,
             method: Some(method),
         };
-        let memory = match take_idle(key) {
-            Some(memory) => memory,
+        let (key, memory) = match take_idle(want) {
+            Some(idle) => idle,
             None => {
-                let memory = PinnedMemory::alloc(ctx, slot_bytes * slots, method)?;
+                let memory = PinnedMemory::alloc(ctx, want.bytes, method)?;
                 count_pinned_allocation();
-                Memory::Cuda(memory)
+                (want, Memory::Cuda(memory))
             }
         };
         Ok(PinnedPool {
@@ -190,7 +209,8 @@ impl PinnedPool {
         }
     }
 
-    /// Bytes page-locked (or, on the host backend where the lock limit refused, reserved).
+    /// Bytes of the slots, page-locked (or, on the host backend where the lock limit refused,
+    /// reserved). The memory taken may be larger: an idle pool of a larger loader, reused.
     pub(crate) fn bytes(&self) -> usize {
         self.slot_bytes * self.slots
     }
@@ -251,5 +271,43 @@ impl PinnedPool {
         debug_assert!(len <= self.slot_bytes);
         // SAFETY: in bounds by `slot_ptr` and `len <= slot_bytes`; exclusive by the claim.
         unsafe { std::slice::from_raw_parts_mut(self.slot_ptr(slot), len) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_idle_pool_serves_loaders_of_its_process_device_and_method_up_to_its_size() {
+        let idle = PoolKey {
+            pid: 7,
+            device: Some(0),
+            bytes: 1 << 20,
+            method: Some(PinMethod::Register),
+        };
+        assert!(idle.serves(&idle));
+        assert!(idle.serves(&PoolKey {
+            bytes: 1 << 19,
+            ..idle
+        }));
+        assert!(!idle.serves(&PoolKey {
+            bytes: (1 << 20) + 1,
+            ..idle
+        }));
+        assert!(!idle.serves(&PoolKey { pid: 8, ..idle }));
+        assert!(!idle.serves(&PoolKey {
+            device: Some(1),
+            ..idle
+        }));
+        assert!(!idle.serves(&PoolKey {
+            device: None,
+            method: None,
+            ..idle
+        }));
+        assert!(!idle.serves(&PoolKey {
+            method: Some(PinMethod::HostAlloc),
+            ..idle
+        }));
     }
 }

@@ -220,7 +220,8 @@ pub struct Stats {
     pub slots: usize,
     /// Bytes in one slot.
     pub slot_bytes: usize,
-    /// Bytes of page-locked memory held: all of it allocated at start-up.
+    /// Bytes of page-locked memory the slots use: all of it taken at start-up (from a finished
+    /// loader's idle pool when one serves, which may be larger: see the pool's reuse rule).
     pub pinned_bytes: usize,
     /// The most page-locked bytes held at any time (the pool is the only page-locked memory a
     /// loader holds, so this equals `pinned_bytes`).

@@ -79,4 +79,57 @@ fn no_page_locked_allocation_after_start() {
             assert_eq!(loader.stats().pinned_allocations_after_start, 0);
         }
     }
+
+    // A training and an evaluation loader of different pool sizes used in turn: the smaller
+    // takes the larger's idle pool, so after the larger's first pass nothing is page-locked.
+    let pass = |pinned_budget: usize| {
+        let options = LoaderOptions {
+            batch_size: 200,
+            epochs: 1,
+            pinned_budget,
+            ..options.clone()
+        };
+        let mut loader = Loader::new(Arc::clone(&source), options).unwrap();
+        assert_eq!(loader.by_ref().map(Result::unwrap).count(), 25);
+        loader.stats().pinned_bytes
+    };
+    let train = pass(256 << 10);
+    let after_first = pinned_allocations();
+    for _ in 0..3 {
+        let eval = pass(128 << 10);
+        assert!(
+            eval < train,
+            "the two loaders' pools are {eval} and {train} bytes"
+        );
+        assert_eq!(pass(256 << 10), train);
+    }
+    assert_eq!(
+        pinned_allocations(),
+        after_first,
+        "a pool was page-locked again for a loader the idle one could serve"
+    );
+
+    // The evaluation loader made while a training pass runs has a pool of its own; when it
+    // finishes after the training loader, the larger idle pool stays and its own is freed.
+    let loader = |pinned_budget: usize| {
+        let options = LoaderOptions {
+            batch_size: 200,
+            epochs: 1,
+            pinned_budget,
+            ..options.clone()
+        };
+        Loader::new(Arc::clone(&source), options).unwrap()
+    };
+    let (train_loader, eval_loader) = (loader(256 << 10), loader(128 << 10));
+    for mut finished in [train_loader, eval_loader] {
+        assert_eq!(finished.by_ref().map(Result::unwrap).count(), 25);
+    }
+    let before = pinned_allocations();
+    assert_eq!(pass(256 << 10), train);
+    pass(128 << 10);
+    assert_eq!(
+        pinned_allocations(),
+        before,
+        "the smaller pool, returned last, displaced the larger"
+    );
 }

@@ -207,7 +207,7 @@ fn gpu_shuffled_epochs_for_a_bounded_time_leak_nothing() {
                 rss < rss0 + (32 << 20),
                 "resident memory grew from {rss0} to {rss} bytes after {epochs} epochs"
             );
-            // Each loader page-locks its pool at most once (an idle pool of the same size is
+            // Each loader page-locks its pool at most once (an idle pool as large or larger is
             // reused; batch sizes vary here, so sizes do too) and nothing per batch.
             let loaders = rounds - 4;
             assert!(
