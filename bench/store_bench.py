@@ -19,7 +19,7 @@ checked against the shards written, but for ``pinfeed_nothing_per_batch``, the `
 reader's client is made before its timer starts (boto3's client, pinfeed's ``Loader``). A
 ``Loader`` starts its first pass when it is made, so its readers may fill the ring's slots (up
 to ``2 x readers + 6`` batches) before the timer: the ``pinfeed+start`` row makes the ``Loader``
-inside it, paying its start (page-locking its pool, the HTTP client's runtime, listing the
+inside it, paying its start (page-locking its pool, the HTTP client, listing the
 prefix, reading the shards' headers) and every byte's fetch. The two limits and the readers run
 ``--rounds`` times, interleaved (a limit beside the readers of its round: on a machine of few
 cores the server's rate moves with the host), and each row keeps its best round (every round's

@@ -13,7 +13,7 @@ windows of the same ``(seed, steps)``; each one's windows are checked against nu
 the tokens at the offsets ``TokenLoader.offsets`` gives (the boto3 loop reads those offsets).
 The columns run ``--rounds`` times, interleaved, and each keeps its best round: the first
 also pays the process's one-time costs (the CUDA context, the thread-count measurement, the
-HTTP client's runtime).
+HTTP client and its first connections).
 """
 
 import argparse

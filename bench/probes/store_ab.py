@@ -39,8 +39,9 @@ for _ in range(passes):
 wall, r1 = time.perf_counter() - t0, resource.getrusage(resource.RUSAGE_SELF)
 assert total == want, f"{sys.argv[6]}: pinfeed delivered other bytes"
 cpu = r1.ru_utime - r0.ru_utime + r1.ru_stime - r0.ru_stime
-print(json.dumps(dict(gbps=n / wall / 1e9, bytes=n, client_cpu_s_per_gb=cpu / (n / 1e9),
-    voluntary_switches=r1.ru_nvcsw - r0.ru_nvcsw, involuntary_switches=r1.ru_nivcsw - r0.ru_nivcsw)))
+print(json.dumps(dict(build=pinfeed.__file__, gbps=n / wall / 1e9, bytes=n,
+    client_cpu_s_per_gb=cpu / (n / 1e9), voluntary_switches=r1.ru_nvcsw - r0.ru_nvcsw,
+    involuntary_switches=r1.ru_nivcsw - r0.ru_nivcsw)))
 """
 
 

@@ -268,20 +268,21 @@ SLOW_DOWN = (
 
 class FaultProxy:
     """Forwards HTTP/1.1 requests to ``upstream`` (one upstream connection per request, the
-    client's kept open between requests) and, for the next ranged GETs, injects the faults queued with :meth:`inject`: ``"503"`` (a
-    SlowDown reply, nothing forwarded) or ``"cut"`` (the reply's head and half its body, then
-    the connection closed). ``always`` makes every ranged GET fail so; while ``down`` is set,
-    every connection is closed at once, as by a server that is not there. With ``idle_close``
-    (seconds) a connection that waits that long for its next request is closed, as servers
-    close idle keep-alive connections."""
+    client's kept open between requests) and, for the next ranged GETs, injects the faults
+    queued with :meth:`inject`: ``"503"`` (a SlowDown reply, nothing forwarded) or ``"cut"``
+    (the reply's head and half its body, then the connection closed). ``always`` makes every
+    ranged GET fail so; while ``down`` is set, a connection is closed as soon as a request
+    arrives on it, as by a server that is not there. :meth:`close_idle` closes the connections
+    waiting for their next request, as a server closes idle keep-alive connections."""
 
     def __init__(self, upstream_port):
         self.upstream = (HOST, upstream_port)
         self.faults = []
         self.always = None
         self.down = False
-        self.idle_close = None
         self.idle_closed = 0
+        self.waiting = set()  # connections between requests
+        self.open = set()
         self.injected = 0
         self.lock = threading.Lock()
         self.server = socket.create_server((HOST, 0))
@@ -314,48 +315,73 @@ class FaultProxy:
                 return
             threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
 
+    def close_idle(self):
+        """Closes every connection waiting for its next request; returns how many."""
+        with self.lock:
+            idle = list(self.waiting)
+            self.idle_closed += len(idle)
+        for conn in idle:
+            try:
+                conn.shutdown(socket.SHUT_RDWR)
+            except OSError:  # closed meanwhile
+                pass
+        return len(idle)
+
     def _serve(self, conn):
-        with conn:
-            while not self.down:
-                conn.settimeout(self.idle_close)
-                try:
-                    head, rest = read_head(conn)
-                except TimeoutError:
+        with self.lock:
+            self.open.add(conn)
+        try:
+            with conn:
+                while not self.down:
                     with self.lock:
-                        self.idle_closed += 1
-                    return
-                conn.settimeout(None)
-                if head is None:
-                    return
-                body = read_exact(conn, rest, content_length(head))
-                fault = self._next_fault(head)
-                if fault == "503":
-                    conn.sendall(SLOW_DOWN)
-                    return
-                if self.down:
-                    return
-                with socket.create_connection(self.upstream) as up:
-                    up.sendall(head + body)
-                    rhead, rrest = read_head(up)
-                    if rhead is None:
+                        self.waiting.add(conn)
+                    try:
+                        head, rest = read_head(conn)
+                    except OSError:
+                        head = None
+                    with self.lock:
+                        self.waiting.discard(conn)
+                    if head is None:
                         return
-                    n = content_length(rhead)
-                    if head.startswith(b"HEAD "):
-                        n = 0
-                    rbody = read_exact(up, rrest, n)
-                # The proxy keeps its clients' connections open, as a load balancer in front
-                # of a server does, whatever the server said of its own (moto closes each).
-                rhead = b"".join(
-                    line
-                    for line in rhead.splitlines(keepends=True)
-                    if not line.lower().startswith(b"connection:")
-                )
-                if fault == "cut":
-                    conn.sendall(rhead + rbody[: len(rbody) // 2])
-                    conn.shutdown(socket.SHUT_RDWR)
-                    return
-                conn.sendall(rhead + rbody)
+                    body = read_exact(conn, rest, content_length(head))
+                    fault = self._next_fault(head)
+                    if fault == "503":
+                        conn.sendall(SLOW_DOWN)
+                        return
+                    if self.down:
+                        return
+                    with socket.create_connection(self.upstream) as up:
+                        up.sendall(head + body)
+                        rhead, rrest = read_head(up)
+                        if rhead is None:
+                            return
+                        n = content_length(rhead)
+                        if head.startswith(b"HEAD "):
+                            n = 0
+                        rbody = read_exact(up, rrest, n)
+                    # The proxy keeps its clients' connections open, as a load balancer in front
+                    # of a server does, whatever the server said of its own (moto closes each).
+                    rhead = b"".join(
+                        line
+                        for line in rhead.splitlines(keepends=True)
+                        if not line.lower().startswith(b"connection:")
+                    )
+                    if fault == "cut":
+                        conn.sendall(rhead + rbody[: len(rbody) // 2])
+                        conn.shutdown(socket.SHUT_RDWR)
+                        return
+                    conn.sendall(rhead + rbody)
+        finally:
+            with self.lock:
+                self.open.discard(conn)
 
     def close(self):
         self.running = False
         self.server.close()
+        with self.lock:
+            conns = list(self.open)
+        for conn in conns:
+            try:
+                conn.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass

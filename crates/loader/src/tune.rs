@@ -104,7 +104,8 @@ pub const fn slots_for_readers(threads: usize) -> usize {
 /// server idle. `bench/store_bench.py` against loopback SeaweedFS (batches of 4 MiB): on the
 /// 16-core GPU machine 11 readers (the copy rates' count) read 3.26 GB/s, 16 read 5.38 and 24
 /// read 4.39; on the 2-core development machine 8 readers read 0.766 and 0.766 GB/s, 16 read
-/// 0.661 and 0.748 (docs/BENCHMARKS.md, object storage).
+/// 0.661 and 0.748 (docs/BENCHMARKS.md, object storage). Measured before lanes, when a shared
+/// runtime's threads read every reader's responses.
 pub const NETWORK_READERS_PER_CORE: usize = 4;
 
 /// The most readers [`for_network`] asks for.

@@ -20,7 +20,8 @@ pub struct NetworkStats {
     /// Blocks that could not be written to or read from the local cache (a full disk, a
     /// deleted directory); the data came from the store instead.
     pub cache_errors: u64,
-    /// Time reading threads waited on the store (or the cache), summed over threads.
+    /// Time reading threads spent on reads from the store (or the cache), summed over threads:
+    /// waiting for replies, and reading their bodies from the sockets into the slots.
     pub wait: Duration,
 }
 

@@ -96,13 +96,17 @@ impl Lanes {
     }
 }
 
-/// Lets the lane's connections see what happened to their sockets while the lane was idle,
-/// before a request takes one: a connection the server closed then leaves the pool rather than
-/// carrying the request and failing. The block-on future yields twice: after the first the
-/// runtime polls its I/O driver, which wakes the connections whose sockets closed; after the
-/// second it has run them (a current-thread runtime runs its woken tasks before it polls the
-/// block-on future again). Without it, the test of idle connections closed by the server
-/// retried every read.
+/// Lets the lane's connections see what happened while the lane was idle before a request
+/// takes one. The block-on future yields twice: after the first, the runtime polls its I/O
+/// driver without blocking, which wakes the connections whose sockets the server closed, and
+/// then polls the block-on future again before the tasks it woke; after the second those tasks
+/// have run, so a closed connection has left the pool rather than carrying the request and
+/// failing. The first yield also runs what the last read left queued, such as handing its
+/// connections back to the pool, which the next request would otherwise not find. Without it,
+/// the test whose server closes connections while the readers wait retried nine reads. It
+/// relies on `yield_now` deferring the wake until the driver was polled (tokio 1.54 and
+/// later); a connection dropped silently (no FIN, as some NATs do) still fails once and is
+/// retried.
 async fn settle() {
     tokio::task::yield_now().await;
     tokio::task::yield_now().await;
@@ -115,15 +119,17 @@ pub(crate) struct LaneConnector;
 
 impl HttpConnector for LaneConnector {
     fn connect(&self, options: &ClientOptions) -> object_store::Result<HttpClient> {
+        // Lane 0's client is made now, so that options reqwest refuses fail when the store is
+        // built, as with object_store's own connector, rather than at the first request.
+        let first = ReqwestConnector::default().connect(options)?;
         Ok(HttpClient::new(LaneService {
             options: options.clone(),
-            clients: Mutex::new(Vec::new()),
+            clients: Mutex::new(vec![Some(first)]),
         }))
     }
 }
 
-/// `reqwest` clients made with one set of options: index 0 for requests made outside any lane,
-/// `1 + id` for lane `id`'s.
+/// `reqwest` clients made with one set of options, one per lane (index: the lane's id).
 #[derive(Debug)]
 struct LaneService {
     options: ClientOptions,
@@ -132,19 +138,27 @@ struct LaneService {
 
 impl LaneService {
     fn client(&self) -> Result<HttpClient, HttpError> {
-        let at = CURRENT.get().map_or(0, |id| id + 1);
-        let mut clients = lock(&self.clients);
-        if clients.len() <= at {
-            clients.resize(at + 1, None);
-        }
-        if let Some(client) = &clients[at] {
+        let Some(id) = CURRENT.get() else {
+            // Every request of this crate runs inside `Lanes::block_on`; one outside would
+            // open connections that no lane drives.
+            return Err(HttpError::new(
+                HttpErrorKind::Unknown,
+                std::io::Error::other("pinfeed-store: an HTTP request outside a lane"),
+            ));
+        };
+        if let Some(Some(client)) = lock(&self.clients).get(id) {
             return Ok(client.clone());
         }
-        let client = ReqwestConnector::default()
+        // Made outside the lock (its TLS set-up takes milliseconds while other lanes read);
+        // only this thread drives lane `id`, so no other thread fills its place meanwhile.
+        let made = ReqwestConnector::default()
             .connect(&self.options)
             .map_err(|e| HttpError::new(HttpErrorKind::Unknown, e))?;
-        clients[at] = Some(client.clone());
-        Ok(client)
+        let mut clients = lock(&self.clients);
+        if clients.len() <= id {
+            clients.resize(id + 1, None);
+        }
+        Ok(clients[id].get_or_insert(made).clone())
     }
 }
 
@@ -152,5 +166,42 @@ impl LaneService {
 impl HttpService for LaneService {
     async fn call(&self, req: HttpRequest) -> Result<HttpResponse, HttpError> {
         self.client()?.execute(req).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_at_once_take_lanes_of_their_own_and_later_reads_reuse_them() {
+        let lanes = Lanes::default();
+        let both_inside = std::sync::Barrier::new(2);
+        let ids: Vec<usize> = std::thread::scope(|s| {
+            let read = || {
+                lanes
+                    .block_on(async {
+                        both_inside.wait();
+                        CURRENT.get().expect("inside a lane")
+                    })
+                    .unwrap()
+            };
+            let threads: Vec<_> = (0..2).map(|_| s.spawn(read)).collect();
+            threads.into_iter().map(|t| t.join().unwrap()).collect()
+        });
+        assert_ne!(ids[0], ids[1]);
+        for _ in 0..3 {
+            let id = lanes.block_on(async { CURRENT.get() }).unwrap();
+            assert!(
+                id.is_some_and(|id| ids.contains(&id)),
+                "{id:?} not in {ids:?}"
+            );
+        }
+        assert_eq!(lanes.made.load(Ordering::Relaxed), 2);
+        assert_eq!(
+            CURRENT.get(),
+            None,
+            "the thread still marked as driving a lane"
+        );
     }
 }
