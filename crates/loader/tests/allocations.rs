@@ -82,14 +82,17 @@ fn no_page_locked_allocation_after_start() {
 
     // A training and an evaluation loader of different pool sizes used in turn: the smaller
     // takes the larger's idle pool, so after the larger's first pass nothing is page-locked.
-    let pass = |pinned_budget: usize| {
+    let loader = |pinned_budget: usize| {
         let options = LoaderOptions {
             batch_size: 200,
             epochs: 1,
             pinned_budget,
             ..options.clone()
         };
-        let mut loader = Loader::new(Arc::clone(&source), options).unwrap();
+        Loader::new(Arc::clone(&source), options).unwrap()
+    };
+    let pass = |pinned_budget: usize| {
+        let mut loader = loader(pinned_budget);
         assert_eq!(loader.by_ref().map(Result::unwrap).count(), 25);
         loader.stats().pinned_bytes
     };
@@ -111,15 +114,6 @@ fn no_page_locked_allocation_after_start() {
 
     // The evaluation loader made while a training pass runs has a pool of its own; when it
     // finishes after the training loader, the larger idle pool stays and its own is freed.
-    let loader = |pinned_budget: usize| {
-        let options = LoaderOptions {
-            batch_size: 200,
-            epochs: 1,
-            pinned_budget,
-            ..options.clone()
-        };
-        Loader::new(Arc::clone(&source), options).unwrap()
-    };
     let (train_loader, eval_loader) = (loader(256 << 10), loader(128 << 10));
     for mut finished in [train_loader, eval_loader] {
         assert_eq!(finished.by_ref().map(Result::unwrap).count(), 25);
