@@ -237,11 +237,11 @@ fi
 if want alternate && ls $C/*.whl >/dev/null 2>&1; then
     echo "== A training and an evaluation Loader in turn (bench/probes/alternate_probe.py), this wheel and, when carried, bench/prepare_ab.sh's (old)"
     install_wheel /tmp/site $C/*.whl
-    ls $C/old/*.whl >/dev/null 2>&1 && install_wheel /tmp/site-old $C/old/*.whl
+    builds=new
+    if ls $C/old/*.whl >/dev/null 2>&1; then install_wheel /tmp/site-old $C/old/*.whl; builds="new old"; fi
     for round in 1 2; do
-        for build in new old; do
+        for build in $builds; do
             site=/tmp/site; [ $build = old ] && site=/tmp/site-old
-            [ -d $site ] || continue
             echo "-- $build, round $round"
             PYTHONPATH=$site timeout 120 python3 bench/probes/alternate_probe.py --device cuda \
                 --out "$OUT/alternate-$build-$round.json" | tail -13

@@ -112,19 +112,23 @@ def upload(endpoint, bucket, shards, records, local_dir):
 
 
 @contextlib.contextmanager
-def seaweed_shards(shards, shard_mib, bucket="pinfeed-bench"):
-    """An anonymous SeaweedFS on loopback holding ``shards`` shards of ``shard_mib`` MiB under
-    ``bench/`` in ``bucket``, the same shards written to a temporary folder: yields a namespace
-    (``server``, ``bucket``, ``keys``, ``size`` of a shard's file, ``checksum`` of all the
-    shards, ``local`` folder); stops the server and removes the folder after."""
-    from s3_server import Seaweed
+def loopback_shards(shards, shard_mib, bucket="pinfeed-bench", server="seaweedfs", endpoint=None):
+    """``shards`` shards of ``shard_mib`` MiB uploaded under ``bench/`` in ``bucket`` and written
+    to a temporary folder, on the server at ``endpoint`` (one already running) or on a server
+    started here on loopback (``server``: SeaweedFS, anonymous, or moto): yields a namespace
+    (``server``, None for ``endpoint``'s; ``endpoint``, ``bucket``, ``keys``, ``size`` of a
+    shard's file, ``checksum`` of all the shards, ``local`` folder); stops the server it started
+    and removes the folder after."""
+    from s3_server import Moto, Seaweed
 
-    server = Seaweed(anonymous=True)
+    up = None if endpoint else Moto() if server == "moto" else Seaweed(anonymous=True)
     tmp = Path(tempfile.mkdtemp(prefix="pinfeed-store-shards-"))
     try:
-        total = upload(server.endpoint, bucket, shards, records_in(shard_mib), tmp)
+        endpoint = endpoint or up.endpoint
+        total = upload(endpoint, bucket, shards, records_in(shard_mib), tmp)
         yield types.SimpleNamespace(
-            server=server,
+            server=up,
+            endpoint=endpoint,
             bucket=bucket,
             keys=[f"bench/part-{i:03d}.npy" for i in range(shards)],
             size=(tmp / "part-000.npy").stat().st_size,
@@ -132,7 +136,8 @@ def seaweed_shards(shards, shard_mib, bucket="pinfeed-bench"):
             local=tmp,
         )
     finally:
-        server.stop()
+        if up:
+            up.stop()
         shutil.rmtree(tmp, ignore_errors=True)
 
 
@@ -354,24 +359,18 @@ def main():
     if any(n < 1 for n in compare_threads):
         p.error(f"--compare-threads {args.compare_threads!r}: every reader count is at least 1")
 
-    from s3_server import Moto, Seaweed
-
-    server, tmp = None, None
-    if not args.endpoint:
-        server = Moto() if args.server == "moto" else Seaweed(anonymous=True)
-    endpoint = args.endpoint or server.endpoint
-    try:
-        tmp = Path(tempfile.mkdtemp(prefix="pinfeed-store-bench-"))
-        want = upload(endpoint, args.bucket, args.shards, records_in(args.shard_mib), tmp)
+    with loopback_shards(
+        args.shards, args.shard_mib, args.bucket, args.server, args.endpoint
+    ) as shards:
+        endpoint, tmp, size, keys = shards.endpoint, shards.local, shards.size, shards.keys
+        want = shards.checksum
         batch = records_in(args.batch_mib)
         batch_bytes = batch * 4 * RECORD[0]
-        size = (tmp / "part-000.npy").stat().st_size
         store = store_options(endpoint)
         if args.request_mib:
             store["request_size"] = str(int(args.request_mib * (1 << 20)))
         url = f"s3://{args.bucket}/bench/"
         results = {}
-        keys = [f"bench/part-{i:03d}.npy" for i in range(args.shards)]
 
         def limit_row(ks):
             return dict(gbps=server_limit(endpoint, args.bucket, ks, size, args.limit_threads))
@@ -466,11 +465,6 @@ def main():
             f"{', '.join(f'{r:.2f}' for r in bare_rounds)})"
         )
         print(f"pinfeed bottleneck: {results['pinfeed'].get('explanation', 'not run')}")
-    finally:
-        if server:
-            server.stop()
-        if tmp:
-            shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -75,7 +75,8 @@ def main():
             f"{p['pinned_allocations']:>13}"
         )
     if args.out:
-        Path(args.out).write_text(json.dumps(dict(device=args.device, passes=passes), indent=1))
+        report = dict(build=pinfeed.__file__, device=args.device, passes=passes)
+        Path(args.out).write_text(json.dumps(report, indent=1))
 
 
 if __name__ == "__main__":

@@ -24,9 +24,13 @@ import store_bench as sb  # noqa: E402  (bench/ holds the shared helpers)
 from store_cpu_probe import server_cpu  # noqa: E402
 
 CHILD = r"""
-import json, resource, sys, time
+import json, os, resource, sys, time
+from pathlib import Path
 sys.path.insert(0, sys.argv[7])
 import pinfeed, store_bench as sb
+site = Path(os.environ["PYTHONPATH"]).resolve()
+if site not in Path(pinfeed.__file__).resolve().parents:
+    sys.exit(f"pinfeed came from {pinfeed.__file__}, not from {site}")
 source, batch, passes, want = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 store = json.loads(sys.argv[5])
 loader = pinfeed.Loader(source, batch, device="cpu", storage_options=store)
@@ -58,11 +62,11 @@ def main():
     args = ap.parse_args()
     sites = dict(a=args.site_a, b=args.site_b)
 
-    with sb.seaweed_shards(args.shards, args.shard_mib) as shards:
+    with sb.loopback_shards(args.shards, args.shard_mib) as shards:
         pid = shards.server.proc.pid
         want = shards.checksum * args.passes % 2**64
         source = f"s3://{shards.bucket}/bench/"
-        store = json.dumps(sb.store_options(shards.server.endpoint))
+        store = json.dumps(sb.store_options(shards.endpoint))
         batch = sb.records_in(args.batch_mib)
 
         def run(build):
@@ -73,15 +77,17 @@ def main():
                 env=dict(os.environ, PYTHONPATH=sites[build]),
                 capture_output=True,
                 text=True,
-                check=True,
             )
+            if out.returncode != 0:
+                last = (out.stderr.strip().splitlines() or ["no output"])[-1]
+                raise SystemExit(f"store_ab: build {build} ({sites[build]}) failed: {last}")
             row = json.loads(out.stdout.strip().splitlines()[-1])
             row["server_cpu_s_per_gb"] = (server_cpu(pid) - s0) / (row["bytes"] / 1e9)
             return row
 
         rounds = []
         for i in range(args.rounds):
-            limit = sb.server_limit(shards.server.endpoint, shards.bucket, shards.keys, shards.size)
+            limit = sb.server_limit(shards.endpoint, shards.bucket, shards.keys, shards.size)
             order = "ab" if i % 2 == 0 else "ba"
             rounds.append(dict(server_limit_gbps=limit, **{b: run(b) for b in order}))
 

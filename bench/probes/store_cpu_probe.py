@@ -76,7 +76,7 @@ def main():
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
 
-    with sb.seaweed_shards(args.shards, args.shard_mib) as shards:
+    with sb.loopback_shards(args.shards, args.shard_mib) as shards:
         server, bucket, keys = shards.server, shards.bucket, shards.keys
         want = shards.checksum * args.passes % 2**64
         batch = sb.records_in(args.batch_mib)

@@ -266,6 +266,15 @@ SLOW_DOWN = (
 ) + _SLOW_DOWN_BODY
 
 
+def _shut_down(conns):
+    """Shuts ``conns`` down both ways (a connection closed meanwhile is passed over)."""
+    for conn in conns:
+        try:
+            conn.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+
 class FaultProxy:
     """Forwards HTTP/1.1 requests to ``upstream`` (one upstream connection per request, the
     client's kept open between requests) and, for the next ranged GETs, injects the faults
@@ -316,16 +325,11 @@ class FaultProxy:
             threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
 
     def close_idle(self):
-        """Closes every connection waiting for its next request; returns how many."""
+        """Closes every connection waiting for its next request."""
         with self.lock:
             idle = list(self.waiting)
             self.idle_closed += len(idle)
-        for conn in idle:
-            try:
-                conn.shutdown(socket.SHUT_RDWR)
-            except OSError:  # closed meanwhile
-                pass
-        return len(idle)
+        _shut_down(idle)
 
     def _serve(self, conn):
         with self.lock:
@@ -380,8 +384,4 @@ class FaultProxy:
         self.server.close()
         with self.lock:
             conns = list(self.open)
-        for conn in conns:
-            try:
-                conn.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
+        _shut_down(conns)

@@ -91,8 +91,9 @@ impl PoolKey {
 }
 
 /// The pool of the last loader that finished (or an earlier one's, when that one serves the
-/// last's loaders too), kept for the next loader it can serve (one of the same size or smaller): a Python loader starts a loader per epoch, and page-locking a pool
-/// again each epoch would cost as much as a good part of the epoch. A smaller loader takes the
+/// last's loaders too), kept for the next loader it can serve (one of the same size or
+/// smaller): a Python loader starts a loader per epoch, and page-locking a pool again each
+/// epoch would cost as much as a good part of the epoch. A smaller loader takes the
 /// larger pool, so a training and an evaluation loader used in turn share one pool rather than
 /// each freeing the other's. At most one pool is kept, and it is freed as soon as a loader
 /// needs a larger one, so the pinned memory held never exceeds what the live loaders asked for
@@ -105,16 +106,11 @@ pub fn release_idle_pinned_memory() {
     drop(idle);
 }
 
-/// The idle pool and its key if it serves `want`; an idle pool that does not is freed.
+/// The idle pool and its key if it serves `want`; an idle pool that does not is freed (after
+/// the lock is let go: freeing pinned memory takes the driver milliseconds).
 fn take_idle(want: PoolKey) -> Option<(PoolKey, Memory)> {
-    let mut idle = IDLE_POOL.lock().unwrap_or_else(|p| p.into_inner());
-    match idle.take() {
-        Some((key, memory)) if key.serves(&want) => Some((key, memory)),
-        other => {
-            drop(other);
-            None
-        }
-    }
+    let idle = IDLE_POOL.lock().unwrap_or_else(|p| p.into_inner()).take();
+    idle.filter(|(key, _)| key.serves(&want))
 }
 
 /// A fixed number of equal slots in one page-locked allocation.
@@ -150,21 +146,8 @@ impl Drop for PinnedPool {
 
 impl PinnedPool {
     pub(crate) fn host(slot_bytes: usize, slots: usize) -> Result<PinnedPool> {
-        let want = PoolKey {
-            pid: std::process::id(),
-            device: None,
-            bytes: slot_bytes * slots,
-            method: None,
-        };
-        let (key, memory) = match take_idle(want) {
-            Some(idle) => idle,
-            None => (want, Memory::Host(HostMapping::new(want.bytes, true)?)),
-        };
-        Ok(PinnedPool {
-            memory: Some(memory),
-            key,
-            slot_bytes,
-            slots,
+        PinnedPool::take_or_make(None, None, slot_bytes, slots, |bytes| {
+            Ok(Memory::Host(HostMapping::new(bytes, true)?))
         })
     }
 
@@ -174,19 +157,32 @@ impl PinnedPool {
         slots: usize,
         method: PinMethod,
     ) -> Result<PinnedPool> {
+        let device = Some(ctx.ordinal());
+        PinnedPool::take_or_make(device, Some(method), slot_bytes, slots, |bytes| {
+            let memory = PinnedMemory::alloc(ctx, bytes, method)?;
+            count_pinned_allocation();
+            Ok(Memory::Cuda(memory))
+        })
+    }
+
+    /// `slots` slots of `slot_bytes` in the idle pool when it serves them (same process,
+    /// `device` and `method`), else in memory `make` allocates (given the bytes).
+    fn take_or_make(
+        device: Option<usize>,
+        method: Option<PinMethod>,
+        slot_bytes: usize,
+        slots: usize,
+        make: impl FnOnce(usize) -> Result<Memory>,
+    ) -> Result<PinnedPool> {
         let want = PoolKey {
             pid: std::process::id(),
-            device: Some(ctx.ordinal()),
+            device,
             bytes: slot_bytes * slots,
-            method: Some(method),
+            method,
         };
         let (key, memory) = match take_idle(want) {
             Some(idle) => idle,
-            None => {
-                let memory = PinnedMemory::alloc(ctx, want.bytes, method)?;
-                count_pinned_allocation();
-                (want, Memory::Cuda(memory))
-            }
+            None => (want, make(want.bytes)?),
         };
         Ok(PinnedPool {
             memory: Some(memory),

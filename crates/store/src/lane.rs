@@ -30,6 +30,7 @@ thread_local! {
 }
 
 /// A runtime that runs only on the thread blocked on it.
+#[derive(Debug)]
 struct Lane {
     id: usize,
     runtime: tokio::runtime::Runtime,
@@ -37,18 +38,10 @@ struct Lane {
 
 /// The lanes of one store: as many as threads have read from it at once, each reused by the
 /// next read.
-#[derive(Default)]
+#[derive(Debug, Default)]
 pub(crate) struct Lanes {
     idle: Mutex<Vec<Lane>>,
     made: AtomicUsize,
-}
-
-impl std::fmt::Debug for Lanes {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Lanes")
-            .field("made", &self.made.load(Ordering::Relaxed))
-            .finish_non_exhaustive()
-    }
 }
 
 /// Marks the calling thread as driving a lane until dropped (a panic included).
