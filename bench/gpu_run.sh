@@ -7,7 +7,7 @@
 #   bash bench/gpu_run.sh [SECTION...]   (default: tests rust torch python)
 #   sections: tests rust torch python pytests ab tokens machine probe alternate nvjpeg jax images
 #             weed s3fs
-#             store storetokens
+#             store storetokens storeab
 #             bigcached bigsweep bigcold legacysoak soakstart soakwait
 #   env: SKIP_DOCTOR=1 (no doctor/copy_path in `rust`), PYBENCH_SECTIONS=seed,loaders,...,sweep,
 #        PYBENCH_ONLY=1 (no torchrun/tests in `python`), SOAK_SECONDS, LEGACY_SOAK_SECONDS, BIGDIR,
@@ -26,6 +26,9 @@ DATA=/tmp/pinfeed-4g.npy
 RECORDS=1489700   # 4 GiB of 3x31x31 uint8 records
 
 nvidia-smi --query-gpu=name,driver_version,pcie.link.gen.current,pcie.link.width.current,memory.total --format=csv,noheader | tee "$OUT/machine.txt"
+# The GPU's short name for result files (h200, h100): the sessions' machines are of either kind.
+GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -o -i 'h[0-9]\{3\}' | tr A-Z a-z)
+GPU=${GPU:-gpu}
 nproc >> "$OUT/machine.txt"; free -g | head -2 >> "$OUT/machine.txt"
 
 if want tests; then
@@ -261,7 +264,7 @@ if want jax && ls $C/*.whl >/dev/null 2>&1; then
         bindings/python/tests/test_frameworks.py 2>&1 | tail -15 | tee "$OUT/jax_tests.txt"
     make_data
     PYTHONPATH=/tmp/site timeout 500 python3 bench/jax_bench.py --npy "$DATA" \
-        --out "$OUT/$(date +%F)-h200-jax.json" ${JAX_BENCH_ARGS:-} 2>&1 | tail -12
+        --out "$OUT/$(date +%F)-$GPU-jax.json" ${JAX_BENCH_ARGS:-} 2>&1 | tail -12
 fi
 
 if want images && ls $C/*.whl >/dev/null 2>&1; then
@@ -279,7 +282,7 @@ if want images && ls $C/*.whl >/dev/null 2>&1; then
         bindings/python/tests/test_images.py 2>&1 | tail -8 | tee "$OUT/images_gpu_pytests.txt"
     # decode="auto" (issue 19 item 4): both decoders timed on this dataset's first batches.
     $C/pinfeed doctor --images "$IMG/train" > "$OUT/images_doctor.txt" 2>&1; grep -A2 'image decode' "$OUT/images_doctor.txt"
-    PYTHONPATH=/tmp/site timeout 580 python3 bench/images_bench.py "$IMG/train" --out "$OUT/$(date +%F)-h200-images.json" ${IMAGES_ARGS:-} 2>&1 | tail -16
+    PYTHONPATH=/tmp/site timeout 580 python3 bench/images_bench.py "$IMG/train" --out "$OUT/$(date +%F)-$GPU-images.json" ${IMAGES_ARGS:-} 2>&1 | tail -16
     $C/pinfeed stream "$IMG/train" --images --size 224 --batch-size 256 --shuffle random --threads "$(nproc)" --json > "$OUT/images_stream.json" && tail -c 400 "$OUT/images_stream.json"
 fi
 
@@ -315,7 +318,7 @@ if want store && ls $C/*.whl >/dev/null 2>&1; then
     install_wheel /tmp/site $C/*.whl
     store_servers
     PYTHONPATH=/tmp/site:/tmp/site-moto timeout 580 python3 bench/store_bench.py --device cuda \
-        --server $server --shards 16 --shard-mib 128 --out "$OUT/$(date +%F)-h200-store.json" \
+        --server $server --shards 16 --shard-mib 128 --out "$OUT/$(date +%F)-$GPU-store.json" \
         $([ -d /tmp/site-s3fs ] && echo --s3fs-site /tmp/site-s3fs) ${STORE_ARGS:-} 2>&1 | tail -14
 fi
 
@@ -324,7 +327,22 @@ if want storetokens && ls $C/*.whl >/dev/null 2>&1; then
     install_wheel /tmp/site $C/*.whl
     store_servers
     PYTHONPATH=/tmp/site:/tmp/site-moto timeout 580 python3 bench/store_tokens_bench.py --device cuda \
-        --server $server --out "$OUT/$(date +%F)-h200-store-tokens.json" 2>&1 | tail -8
+        --server $server --out "$OUT/$(date +%F)-$GPU-store-tokens.json" 2>&1 | tail -8
+fi
+
+if want storeab && ls $C/old/*.whl $C/*.whl >/dev/null 2>&1; then
+    echo "== Object storage, two builds in turns: bench/prepare_ab.sh's (old) and this one (new), shards and token windows"
+    install_wheel /tmp/site-old $C/old/*.whl && install_wheel /tmp/site $C/*.whl
+    store_servers
+    PYTHONPATH=/tmp/site-moto timeout 400 python3 bench/probes/store_ab.py /tmp/site-old /tmp/site \
+        --shards 16 --shard-mib 128 --rounds "${AB_ROUNDS:-3}" --out "$OUT/store-ab.json" 2>&1 | tail -10
+    for round in 1 2; do
+        for build in old new; do
+            site=/tmp/site; [ $build = old ] && site=/tmp/site-old
+            PYTHONPATH=$site:/tmp/site-moto timeout 150 python3 bench/store_tokens_bench.py --device cuda \
+                --server $server --rounds 1 --out "$OUT/store-tokens-$build-$round.json" 2>&1 | grep -E "^pinfeed " | sed "s/^/$build, round $round: /"
+        done
+    done
 fi
 
 if want legacysoak && ls $C/*.whl >/dev/null 2>&1; then
@@ -358,11 +376,11 @@ if want nvjpeg; then
         find "$IMGDIR" -type f -exec cat {} + > /dev/null   # page-cached
         echo "== nvjpeg_bench: pinned bytes -> nvJPEG -> crop/resize 224 (uint8 NCHW), per backend"
         $C/nvjpeg_bench "$IMGDIR" --batch 256 --size 224 --threads 1,2,4 --backends hardware,hybrid \
-            --out "$OUT/$(date +%F)-h200-nvjpeg.json" ${NVJPEG_BENCH_ARGS:-} 2>&1 | tee "$OUT/nvjpeg_bench.txt" \
+            --out "$OUT/$(date +%F)-$GPU-nvjpeg.json" ${NVJPEG_BENCH_ARGS:-} 2>&1 | tee "$OUT/nvjpeg_bench.txt" \
             || echo "!! nvjpeg_bench failed (exit ${PIPESTATUS[0]})"
         echo "== torchvision decode_jpeg(device=cuda) + crop/resize 224 on the same files"
         python3 bench/nvjpeg_torchvision.py "$IMGDIR" --batch 256 --size 224 \
-            --out "$OUT/$(date +%F)-h200-torchvision-decode.json" 2>&1 | tee "$OUT/nvjpeg_torchvision.txt" \
+            --out "$OUT/$(date +%F)-$GPU-torchvision-decode.json" 2>&1 | tee "$OUT/nvjpeg_torchvision.txt" \
             || echo "!! nvjpeg_torchvision.py failed"
     fi
 fi
