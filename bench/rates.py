@@ -11,3 +11,21 @@ def machine_rates(stats):
     memory (GB/s, among four copying) and the bus's (None where the count was given or there is
     no GPU)."""
     return {k: stats.get(k) for k in KEYS}
+
+
+def gpu_name():
+    """The first GPU's name as nvidia-smi gives it ("NVIDIA H100 80GB HBM3"), or None without
+    one: the one-GPU machine comes as more than one card."""
+    import subprocess
+
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.splitlines()[0].strip() if out.strip() else None

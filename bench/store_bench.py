@@ -46,7 +46,7 @@ import urllib.parse
 from pathlib import Path
 
 import numpy as np
-from rates import machine_rates
+from rates import gpu_name, machine_rates
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "bindings" / "python" / "tests"))
@@ -425,6 +425,7 @@ def main():
         report = dict(
             server=args.endpoint or args.server,
             machine=os.uname().nodename,
+            gpu=gpu_name(),
             cores=os.cpu_count(),
             device=args.device,
             shards=args.shards,

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from rates import machine_rates
+from rates import gpu_name, machine_rates
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "bindings" / "python" / "tests"))
@@ -136,6 +136,7 @@ def main():
                 keep_best(results, name, row, by="steps_per_s")
         report = dict(
             machine=os.uname().nodename,
+            gpu=gpu_name(),
             cores=os.cpu_count(),
             server=args.server,
             device=args.device,
