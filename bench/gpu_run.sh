@@ -246,8 +246,8 @@ if want alternate && ls $C/*.whl >/dev/null 2>&1; then
         for build in $builds; do
             site=/tmp/site; [ $build = old ] && site=/tmp/site-old
             echo "-- $build, round $round"
-            PYTHONPATH=$site timeout 120 python3 bench/probes/alternate_probe.py --device cuda \
-                --out "$OUT/alternate-$build-$round.json" | tail -13
+            PYTHONPATH=$site timeout 120 python3 bench/probes/alternate_probe.py --device cuda --epochs 4 --train-budget 4MiB --eval-budget 2MiB \
+                --out "$OUT/alternate-$build-$round.json" | tail -9
         done
     done
 fi
@@ -340,7 +340,7 @@ if want storeab && ls $C/old/*.whl $C/*.whl >/dev/null 2>&1; then
         for build in old new; do
             site=/tmp/site; [ $build = old ] && site=/tmp/site-old
             PYTHONPATH=$site:/tmp/site-moto timeout 150 python3 bench/store_tokens_bench.py --device cuda \
-                --server $server --rounds 1 --out "$OUT/store-tokens-$build-$round.json" 2>&1 | grep -E "^pinfeed " | sed "s/^/$build, round $round: /"
+                --server $server --rounds 2 --out "$OUT/store-tokens-$build-$round.json" 2>&1 | grep -E "^pinfeed " | sed "s/^/$build, round $round: /"
         done
     done
 fi
