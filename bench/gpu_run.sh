@@ -223,6 +223,8 @@ if want machine && ls $C/*.whl >/dev/null 2>&1; then
     make_data
     # What the readers of a shuffled Loader could gather alone, beside the sweep's Loader rows.
     [ -x $C/copy_rates ] && $C/copy_rates --gather "$DATA" 4 8 12 16 2>&1 | tee "$OUT/gather_rates.txt"
+    # And what an in-order Loader's readers could read alone (a `pread` a batch).
+    [ -x $C/copy_rates ] && $C/copy_rates --read "$DATA" 4 8 12 16 2>&1 | tee "$OUT/read_rates.txt"
     install_wheel /tmp/site $C/*.whl
     timeout 400 python3 bench/ab.py --build current=/tmp/site --rounds "${AB_ROUNDS:-3}" \
         --npy "$DATA" --out "$OUT/machine.json" 2>&1 | tail -8

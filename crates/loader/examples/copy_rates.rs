@@ -3,7 +3,8 @@
 //! and while the copy engine reads pinned memory at full speed. `to_device` cannot spend less
 //! CPU time than its bytes divided by the best rate per CPU-second found here.
 //!
-//! `cargo run --release --example copy_rates [--gather FILE] [THREADS ...]` on a GPU machine
+//! `cargo run --release --example copy_rates [--gather FILE | --read FILE] [THREADS ...]` on a
+//! GPU machine
 //! (default 1 2 4 6 8 10 12 16). A probe: prints a table, asserts nothing about speed, checks the
 //! copied bytes.
 //!
@@ -21,6 +22,11 @@
 //! count, with no ring or consumer around them. A loader's slot holds a piece of a batch (4 MiB
 //! by default), so the two arenas are alike where a batch fits in one piece, as the
 //! benchmarks' 2.9 MB batches do.
+//!
+//! With `--read FILE` the threads take the file's batches of 1,024 records in order instead,
+//! each read with the loader's range read (`pread` into the slot, as an in-order `Loader` over
+//! a page-cached file reads it), into the same arena: the most an in-order `Loader`'s readers
+//! can deliver at that thread count.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Instant;
@@ -61,6 +67,8 @@ enum Work {
         source: Box<dyn Source>,
         order: Vec<u64>,
     },
+    /// The batches of `source` in order, each read as one range.
+    Read(Box<dyn Source>),
 }
 
 impl Work {
@@ -70,7 +78,7 @@ impl Work {
     fn arena(&self, threads: usize) -> (usize, PinMethod) {
         match self {
             Work::Bulk(_) => (ARENA, PinMethod::HostAlloc),
-            Work::Gather { .. } => (
+            Work::Gather { .. } | Work::Read(_) => (
                 slots_for_readers(threads)
                     .min(MAX_SLOTS)
                     .min(DEFAULT_PINNED_BUDGET / self.units().1)
@@ -93,6 +101,10 @@ impl Work {
                 order.len() / GATHER_BATCH,
                 GATHER_BATCH * source.layout().record_bytes(),
             ),
+            Work::Read(source) => (
+                source.num_records() as usize / GATHER_BATCH,
+                GATHER_BATCH * source.layout().record_bytes(),
+            ),
         }
     }
 
@@ -104,6 +116,9 @@ impl Work {
                 let batch = &order[i * GATHER_BATCH..(i + 1) * GATHER_BATCH];
                 source.gather(batch, dst).expect("gather");
             }
+            Work::Read(source) => source
+                .read_records((i * GATHER_BATCH) as u64, dst)
+                .expect("read"),
         }
     }
 
@@ -165,18 +180,27 @@ fn copy_through(threads: usize, work: &Work, arena: &mut [u8]) -> (f64, f64) {
 /// The work the arguments ask for, and the thread counts.
 fn parse_args() -> Result<(Work, Vec<usize>), Box<dyn std::error::Error>> {
     let mut args: Vec<String> = std::env::args().skip(1).collect();
-    let work = match args.iter().position(|a| a == "--gather") {
+    let mode = args.iter().position(|a| a == "--gather" || a == "--read");
+    let work = match mode {
         Some(at) => {
-            let path = args.get(at + 1).ok_or("--gather needs a file")?.clone();
+            let flag = args[at].clone();
+            let path = args
+                .get(at + 1)
+                .ok_or(format!("{flag} needs a file"))?
+                .clone();
             args.drain(at..at + 2);
             let options = ReadOptions {
                 reader: Reader::Mmap,
                 ..ReadOptions::default()
             };
             let source = pinfeed_source::open_with(&path, None, &options)?;
-            let mut order: Vec<u64> = (0..source.num_records()).collect();
-            rng::fisher_yates(&mut order, &mut rng::SplitMix64::new(1));
-            Work::Gather { source, order }
+            if flag == "--read" {
+                Work::Read(source)
+            } else {
+                let mut order: Vec<u64> = (0..source.num_records()).collect();
+                rng::fisher_yates(&mut order, &mut rng::SplitMix64::new(1));
+                Work::Gather { source, order }
+            }
         }
         None => Work::Bulk(
             (0..SOURCE)
@@ -224,6 +248,18 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             "Shuffled batches of {GATHER_BATCH} records of {} ({} records of {} bytes) gathered into a pool laid out as a Loader's at each thread count (a batch a slot, registered; slots: {}) by {}",
             source.name(),
             order.len(),
+            source.layout().record_bytes(),
+            threads
+                .iter()
+                .map(|&t| format!("{} at {t} threads", work.arena_units(t)))
+                .collect::<Vec<_>>()
+                .join(", "),
+            source.reader_description()
+        ),
+        Work::Read(source) => println!(
+            "Batches of {GATHER_BATCH} records of {} ({} records of {} bytes) read in order, a range each, into a pool laid out as a Loader's at each thread count (a batch a slot, registered; slots: {}) by {}",
+            source.name(),
+            source.num_records(),
             source.layout().record_bytes(),
             threads
                 .iter()
