@@ -4,7 +4,7 @@
 use std::collections::VecDeque;
 use std::fmt;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use pinfeed_cuda::{CUstream, CudaError, DeviceBuffer, Event, EventPool};
 
@@ -93,26 +93,84 @@ impl HostBuffer {
     }
 }
 
-/// Recycles the host backend's "device" buffers so that steady state allocates nothing.
-#[derive(Debug, Default)]
+/// Idle host-backend buffers the process keeps for reuse, at most (as a CUDA device's cache).
+const HOST_CACHE_ENTRIES: usize = DEVICE_CACHE_ENTRIES;
+/// Bytes of idle host-backend buffers the process keeps for reuse, at most.
+const HOST_CACHE_BYTES: usize = DEVICE_CACHE_BYTES;
+
+/// Recycles the host backend's "device" buffers so that steady state allocates nothing. One
+/// cache serves every loader of the process ([`HostBufferCache::shared`]): a Python loader
+/// starts a loader per epoch, and a buffer the allocator hands out afresh faults in each of
+/// its pages on the host copy's first write (with a cache per loader, 7 of a pass's 64
+/// batches of 4 MiB did, doubling what the host copy cost them). Keeps the most recently let
+/// go, at most [`HOST_CACHE_ENTRIES`] buffers and [`HOST_CACHE_BYTES`]. A forked child neither
+/// takes nor keeps its parent's buffers: a thread the child does not have may have held the
+/// lock at the fork.
+#[derive(Debug)]
 pub(crate) struct HostBufferCache {
-    free: Mutex<Vec<HostBuffer>>,
+    /// The process the cache belongs to.
+    pid: u32,
+    /// Oldest first, and the bytes they hold.
+    free: Mutex<(VecDeque<HostBuffer>, usize)>,
+}
+
+impl Default for HostBufferCache {
+    fn default() -> HostBufferCache {
+        HostBufferCache {
+            pid: std::process::id(),
+            free: Mutex::default(),
+        }
+    }
 }
 
 impl HostBufferCache {
-    pub(super) fn get(&self, len: usize) -> HostBuffer {
-        let mut free = self.free.lock().unwrap_or_else(|p| p.into_inner());
-        match free.iter().position(|b| b.len() == len) {
-            Some(i) => free.swap_remove(i),
-            None => HostBuffer::new(len),
-        }
+    /// The process's cache.
+    pub(super) fn shared() -> Arc<HostBufferCache> {
+        static SHARED: OnceLock<Arc<HostBufferCache>> = OnceLock::new();
+        Arc::clone(SHARED.get_or_init(Arc::default))
     }
+
+    /// The idle buffers, unless this is a forked child of the process that made the cache.
+    fn free(&self) -> Option<std::sync::MutexGuard<'_, (VecDeque<HostBuffer>, usize)>> {
+        (std::process::id() == self.pid)
+            .then(|| self.free.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    pub(super) fn get(&self, len: usize) -> HostBuffer {
+        let reused = self.free().and_then(|mut free| {
+            let (buffers, bytes) = &mut *free;
+            let i = buffers.iter().rposition(|b| b.len() == len)?;
+            *bytes -= len;
+            buffers.remove(i)
+        });
+        reused.unwrap_or_else(|| HostBuffer::new(len))
+    }
+
     fn put(&self, buf: HostBuffer) {
-        let mut free = self.free.lock().unwrap_or_else(|p| p.into_inner());
-        // A handful is enough: the ring has a bounded number of batches in flight.
-        if free.len() < 64 {
-            free.push(buf);
+        let Some(mut free) = self.free() else {
+            return;
+        };
+        let (buffers, bytes) = &mut *free;
+        *bytes += buf.len();
+        buffers.push_back(buf);
+        let mut evicted = Vec::new();
+        while buffers.len() > HOST_CACHE_ENTRIES || *bytes > HOST_CACHE_BYTES {
+            let Some(old) = buffers.pop_front() else {
+                break;
+            };
+            *bytes -= old.len();
+            evicted.push(old);
         }
+        drop(free);
+        // Freed after the lock is let go: unmapping large buffers takes a while.
+        drop(evicted);
+    }
+
+    /// Idle buffers and the bytes they hold.
+    #[cfg(test)]
+    fn idle(&self) -> (usize, usize) {
+        let free = self.free.lock().unwrap_or_else(|p| p.into_inner());
+        (free.0.len(), free.1)
     }
 }
 
@@ -457,6 +515,57 @@ mod tests {
             assert_eq!(again.as_slice().len(), len);
             assert_eq!(again.as_slice().as_ptr() as usize % HOST_ALIGN, 0);
         }
+    }
+
+    /// A buffer let go is handed out again for the same size only; the cache keeps the most
+    /// recently let go within its bounds on buffers and bytes.
+    #[test]
+    fn host_buffers_are_reused_within_the_cache_bounds() {
+        let cache = HostBufferCache::default();
+        let buf = cache.get(4096);
+        let at = buf.as_slice().as_ptr();
+        cache.put(buf);
+        assert_ne!(cache.get(4095).as_slice().as_ptr(), at, "another size");
+        assert_eq!(cache.get(4096).as_slice().as_ptr(), at, "the same size");
+        assert_eq!(cache.idle(), (0, 0));
+
+        let many: Vec<HostBuffer> = (0..HOST_CACHE_ENTRIES + 3).map(|_| cache.get(64)).collect();
+        let newest = many.last().unwrap().as_slice().as_ptr();
+        for buf in many {
+            cache.put(buf);
+        }
+        assert_eq!(cache.idle(), (HOST_CACHE_ENTRIES, HOST_CACHE_ENTRIES * 64));
+        assert_eq!(cache.get(64).as_slice().as_ptr(), newest);
+
+        let big = HOST_CACHE_BYTES / 2 + 1;
+        let (a, b) = (cache.get(big), cache.get(big));
+        let b_at = b.as_slice().as_ptr();
+        cache.put(a);
+        cache.put(b);
+        // The oldest go first until the bytes fit: every small one, then the first big one.
+        assert_eq!(cache.idle(), (1, big));
+        assert_eq!(cache.get(big).as_slice().as_ptr(), b_at);
+    }
+
+    /// In a forked child (here: a cache whose process is another) nothing is kept or reused.
+    #[test]
+    fn a_forked_child_neither_keeps_nor_reuses_host_buffers() {
+        let cache = HostBufferCache {
+            pid: std::process::id().wrapping_add(1),
+            free: Mutex::default(),
+        };
+        let buf = cache.get(4096);
+        cache.put(buf);
+        assert_eq!(cache.idle(), (0, 0));
+    }
+
+    /// Every host backend of the process shares one cache.
+    #[test]
+    fn host_backends_share_one_buffer_cache() {
+        assert!(Arc::ptr_eq(
+            &HostBufferCache::shared(),
+            &HostBufferCache::shared()
+        ));
     }
 
     /// Memory let go on the legacy default stream goes to a later batch only once an event

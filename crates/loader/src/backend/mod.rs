@@ -105,7 +105,7 @@ impl Backend {
         match device.resolve() {
             DeviceSpec::Cpu | DeviceSpec::Auto => Ok(Backend::Host {
                 engine: HostCopyEngine::start(None)?,
-                cache: Arc::default(),
+                cache: HostBufferCache::shared(),
             }),
             DeviceSpec::Cuda(ordinal) => {
                 let ctx = Context::new(ordinal)?;
@@ -131,7 +131,7 @@ impl Backend {
     pub(crate) fn host_gated(gate: Arc<CopyGate>) -> Result<Backend> {
         Ok(Backend::Host {
             engine: HostCopyEngine::start(Some(gate))?,
-            cache: Arc::default(),
+            cache: HostBufferCache::shared(),
         })
     }
 
