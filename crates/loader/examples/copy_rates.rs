@@ -3,8 +3,8 @@
 //! and while the copy engine reads pinned memory at full speed. `to_device` cannot spend less
 //! CPU time than its bytes divided by the best rate per CPU-second found here.
 //!
-//! `cargo run --release --example copy_rates [--gather FILE | --read FILE] [THREADS ...]` on a
-//! GPU machine
+//! `cargo run --release --example copy_rates [--gather FILE | --read FILE] [--stream]
+//! [--dma-arena] [THREADS ...]` on a GPU machine
 //! (default 1 2 4 6 8 10 12 16). A probe: prints a table, asserts nothing about speed, checks the
 //! copied bytes.
 //!
@@ -27,6 +27,10 @@
 //! each read with the loader's range read (`pread` into the slot, as an in-order `Loader` over
 //! a page-cached file reads it), into the same arena: the most an in-order `Loader`'s readers
 //! can deliver at that thread count.
+//!
+//! `--stream` makes the gathers write with streaming stores (`pinfeed_source::stores`);
+//! `--dma-arena` makes the copy engine read the arena the threads write, as it reads a loader's
+//! slots, instead of a buffer of its own.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Instant;
@@ -53,6 +57,20 @@ fn thread_cpu_seconds() -> f64 {
     };
     let t = |v: libc::timeval| v.tv_sec as f64 + v.tv_usec as f64 * 1e-6;
     t(usage.ru_utime) + t(usage.ru_stime)
+}
+
+/// A pinned address the copy engine's thread reads from.
+#[derive(Clone, Copy)]
+struct SendPtr(*mut u8);
+// SAFETY: only handed to the driver as a copy's source; the allocation outlives the thread.
+unsafe impl Send for SendPtr {}
+// SAFETY: as above.
+unsafe impl Sync for SendPtr {}
+
+impl SendPtr {
+    fn get(self) -> *mut u8 {
+        self.0
+    }
 }
 
 /// Records in one gathered batch (the benchmarks' batch size).
@@ -177,9 +195,25 @@ fn copy_through(threads: usize, work: &Work, arena: &mut [u8]) -> (f64, f64) {
     (bytes / wall / 1e9, bytes / cpu / 1e9)
 }
 
-/// The work the arguments ask for, and the thread counts.
-fn parse_args() -> Result<(Work, Vec<usize>), Box<dyn std::error::Error>> {
+/// Options besides the work and the thread counts.
+struct Flags {
+    /// `--dma-arena`: the copy engine reads the arena the threads write, not a buffer of its own.
+    dma_from_arena: bool,
+}
+
+/// The work the arguments ask for, the thread counts and the flags.
+fn parse_args() -> Result<(Work, Vec<usize>, Flags), Box<dyn std::error::Error>> {
     let mut args: Vec<String> = std::env::args().skip(1).collect();
+    let mut flag = |name: &str| {
+        let at = args.iter().position(|a| a == name);
+        at.map(|at| args.remove(at)).is_some()
+    };
+    let flags = Flags {
+        dma_from_arena: flag("--dma-arena"),
+    };
+    if flag("--stream") {
+        pinfeed_source::stores::set_streaming(true);
+    }
     let mode = args.iter().position(|a| a == "--gather" || a == "--read");
     let work = match mode {
         Some(at) => {
@@ -215,11 +249,11 @@ fn parse_args() -> Result<(Work, Vec<usize>), Box<dyn std::error::Error>> {
             .map(|a| a.parse().map_err(|_| format!("{a}: not a thread count")))
             .collect::<Result<_, _>>()?,
     };
-    Ok((work, threads))
+    Ok((work, threads, flags))
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let (work, threads) = parse_args()?;
+    let (work, threads, flags) = parse_args()?;
     if threads.contains(&0) {
         return Err("0 threads: at least 1".into());
     }
@@ -280,7 +314,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         for _ in 0..3 {
             let r = copy_through(t, &work, arena);
             idle = (idle.0.max(r.0), idle.1.max(r.1));
-            // The copy engine reads `dma_src` over and over while the CPU copies.
+            // The copy engine reads `dma_src` (or the arena) over and over while the CPU copies.
+            let (from, len) = if flags.dma_from_arena {
+                (arena_mem.as_ptr(), arena_bytes)
+            } else {
+                (dma_src.as_ptr(), DMA_BYTES)
+            };
+            let from = SendPtr(from);
             let stop = AtomicBool::new(false);
             let (r, moved, secs) = std::thread::scope(|s| -> Result<_, String> {
                 let dma = s.spawn(|| -> Result<(usize, f64), String> {
@@ -288,20 +328,21 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     let (t0, mut moved) = (Instant::now(), 0);
                     while !stop.load(Ordering::Relaxed) {
                         for _ in 0..4 {
-                            // SAFETY: both buffers hold DMA_BYTES and outlive the synchronise
-                            // below; nothing writes `dma_src` meanwhile.
+                            // SAFETY: both buffers hold `len` bytes and outlive the synchronise
+                            // below; the device reads `from`, which the CPU may be writing
+                            // (the arena): a probe's read, whose bytes nothing looks at.
                             unsafe {
                                 pinfeed_cuda::memcpy_htod_async(
                                     dma_dst.ptr(),
-                                    dma_src.as_ptr(),
-                                    DMA_BYTES,
+                                    from.get(),
+                                    len,
                                     &stream,
                                 )
                             }
                             .map_err(|e| e.to_string())?;
                         }
                         stream.synchronize().map_err(|e| e.to_string())?;
-                        moved += 4 * DMA_BYTES;
+                        moved += 4 * len;
                     }
                     Ok((moved, t0.elapsed().as_secs_f64()))
                 });
