@@ -276,22 +276,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let dma_dst = pool.alloc_async(DMA_BYTES, &stream)?;
     stream.synchronize()?;
 
-    match &work {
-        Work::Bulk(_) => println!("CPU copies into a 64 MiB pinned arena; seed ms = CPU time the seed tensor's 2.68 GB would take"),
-        Work::Gather { source, order } => println!(
-            "Shuffled batches of {GATHER_BATCH} records of {} ({} records of {} bytes) gathered into a pool laid out as a Loader's at each thread count (a batch a slot, registered; slots: {}) by {}",
-            source.name(),
-            order.len(),
-            source.layout().record_bytes(),
-            threads
-                .iter()
-                .map(|&t| format!("{} at {t} threads", work.arena_units(t)))
-                .collect::<Vec<_>>()
-                .join(", "),
-            source.reader_description()
-        ),
-        Work::Read(source) => println!(
-            "Batches of {GATHER_BATCH} records of {} ({} records of {} bytes) read in order, a range each, into a pool laid out as a Loader's at each thread count (a batch a slot, registered; slots: {}) by {}",
+    let records = match &work {
+        Work::Bulk(_) => None,
+        Work::Gather { source, .. } => Some((source, "Shuffled batches", "gathered")),
+        Work::Read(source) => Some((source, "Batches", "read in order, a range each,")),
+    };
+    match records {
+        None => println!("CPU copies into a 64 MiB pinned arena; seed ms = CPU time the seed tensor's 2.68 GB would take"),
+        Some((source, batches, how)) => println!(
+            "{batches} of {GATHER_BATCH} records of {} ({} records of {} bytes) {how} into a pool laid out as a Loader's at each thread count (a batch a slot, registered; slots: {}) by {}",
             source.name(),
             source.num_records(),
             source.layout().record_bytes(),
