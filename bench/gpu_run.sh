@@ -5,7 +5,7 @@
 # binaries, wheel into .device-carry/). bench/README.md lists what each section measures.
 #
 #   bash bench/gpu_run.sh [SECTION...]   (default: tests rust torch python)
-#   sections: tests rust torch python pytests ab tokens machine probe stores alternate nvjpeg jax
+#   sections: tests rust torch python pytests ab tokens machine probe arena alternate nvjpeg jax
 #             images
 #             weed s3fs
 #             store storetokens storeab
@@ -240,20 +240,13 @@ if want probe && ls $C/*.whl >/dev/null 2>&1; then
         --epochs "${PROBE_EPOCHS:-5}" --out "$OUT/pipeline_probe.json"
 fi
 
-if want stores && ls $C/*.whl >/dev/null 2>&1; then
-    echo "== Streaming stores in the mapped gather: the readers alone (the copy engine reading a buffer of its own, then the arena they write), then the shuffled Loader with PINFEED_STREAM_STORES 0 and 1 in turns"
-    install_wheel /tmp/site $C/*.whl
+if want arena && [ -x $C/copy_rates ]; then
+    echo "== The readers alone with the copy engine reading a buffer of its own, then the arena they write (as it reads a loader's slots), in turns"
     make_data
-    for dma in "" --dma-arena; do
-        for stream in "" --stream; do
-            echo "-- gather ${dma:-(own buffer)} ${stream:-(ordinary stores)}"
-            $C/copy_rates --gather "$DATA" $dma $stream 8 12 16 2>&1 | tail -3 | tee -a "$OUT/stores_gather.txt"
-        done
-    done
     for round in 1 2 3; do
-        for v in 0 1; do
-            PINFEED_STREAM_STORES=$v PYTHONPATH=/tmp/site timeout 100 python3 bench/probes/pipeline_probe.py \
-                --npy "$DATA" --epochs 5 --out "$OUT/stores-probe-$v-$round.json" 2>&1 | grep -E "^random " | sed "s/^/streaming $v, round $round: /"
+        for dma in "" --dma-arena; do
+            echo "-- round $round, gather ${dma:-(own buffer)}"
+            $C/copy_rates --gather "$DATA" $dma 8 12 16 2>&1 | tail -3 | tee -a "$OUT/arena_gather.txt"
         done
     done
 fi

@@ -3,8 +3,8 @@
 //! and while the copy engine reads pinned memory at full speed. `to_device` cannot spend less
 //! CPU time than its bytes divided by the best rate per CPU-second found here.
 //!
-//! `cargo run --release --example copy_rates [--gather FILE | --read FILE] [--stream]
-//! [--dma-arena] [THREADS ...]` on a GPU machine
+//! `cargo run --release --example copy_rates [--gather FILE | --read FILE] [--dma-arena]
+//! [THREADS ...]` on a GPU machine
 //! (default 1 2 4 6 8 10 12 16). A probe: prints a table, asserts nothing about speed, checks the
 //! copied bytes.
 //!
@@ -28,7 +28,6 @@
 //! a page-cached file reads it), into the same arena: the most an in-order `Loader`'s readers
 //! can deliver at that thread count.
 //!
-//! `--stream` makes the gathers write with streaming stores (`pinfeed_source::stores`);
 //! `--dma-arena` makes the copy engine read the arena the threads write, as it reads a loader's
 //! slots, instead of a buffer of its own.
 
@@ -211,9 +210,6 @@ fn parse_args() -> Result<(Work, Vec<usize>, Flags), Box<dyn std::error::Error>>
     let flags = Flags {
         dma_from_arena: flag("--dma-arena"),
     };
-    if flag("--stream") {
-        pinfeed_source::stores::set_streaming(true);
-    }
     let mode = args.iter().position(|a| a == "--gather" || a == "--read");
     let work = match mode {
         Some(at) => {

@@ -76,7 +76,6 @@ pub use network::NetworkStats;
 pub use npy::NpyFile;
 pub use read::open_regular;
 pub use readers::auto::cached_fraction;
-pub use readers::stores;
 pub use readers::{
     resolve_auto, AlignedBuffer, GatherRun, ReadOptions, Reader, UnknownReader,
     DEFAULT_QUEUE_DEPTH, DEFAULT_READ_SIZE, DIRECT_ALIGN,

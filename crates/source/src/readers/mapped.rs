@@ -139,7 +139,6 @@ impl MappedFile {
             return pread_runs(file, path, runs, dst);
         }
         let mut end = 0u64;
-        let streaming = super::stores::streaming();
         for run in runs {
             let from = run
                 .offset
@@ -159,16 +158,14 @@ impl MappedFile {
             // shrunk file's end faults and reads as zeroes (see `crate::sigbus`), which the
             // checks below catch.
             unsafe {
-                super::stores::copy(
+                std::ptr::copy_nonoverlapping(
                     self.map.as_ptr().add(from),
                     dst.as_mut_ptr().add(run.at),
                     run.len,
-                    streaming,
                 );
             }
             end = end.max(run.offset + run.len as u64);
         }
-        super::stores::fence(streaming);
         // A file cut in the middle of a page reads as zeroes after the cut without a fault:
         // the size tells. (One `fstat` a batch, against one `pread` a record.)
         match file.metadata() {

@@ -34,7 +34,6 @@ pub(crate) mod auto;
 pub(crate) mod direct;
 pub(crate) mod mapped;
 pub(crate) mod pread;
-pub mod stores;
 pub(crate) mod uring;
 
 pub use aligned::AlignedBuffer;
