@@ -241,12 +241,16 @@ if want probe && ls $C/*.whl >/dev/null 2>&1; then
 fi
 
 if want arena && [ -x $C/copy_rates ]; then
-    echo "== The readers alone with the copy engine reading a buffer of its own, then the arena they write (as it reads a loader's slots), in turns"
+    echo "== The readers alone (copy_rates --gather and --read), each thread round a share of its own or the ring's order (--ring), the copy engine reading a buffer of its own or the arena (--dma-arena), three rounds in turns"
     make_data
     for round in 1 2 3; do
-        for dma in "" --dma-arena; do
-            echo "-- round $round, gather ${dma:-(own buffer)}"
-            $C/copy_rates --gather "$DATA" $dma 8 12 16 2>&1 | tail -3 | tee -a "$OUT/arena_gather.txt"
+        for mode in --gather --read; do
+            for ring in "" --ring; do
+                for dma in "" --dma-arena; do
+                    echo "-- round $round $mode ${ring:-(own share)} ${dma:-(own buffer)}"
+                    $C/copy_rates $mode "$DATA" $ring $dma 12 16 2>&1 | tail -2 | tee -a "$OUT/arena_rates.txt"
+                done
+            done
         done
     done
 fi

@@ -4,7 +4,7 @@
 //! CPU time than its bytes divided by the best rate per CPU-second found here.
 //!
 //! `cargo run --release --example copy_rates [--gather FILE | --read FILE] [--dma-arena]
-//! [THREADS ...]` on a GPU machine
+//! [--ring] [THREADS ...]` on a GPU machine
 //! (default 1 2 4 6 8 10 12 16). A probe: prints a table, asserts nothing about speed, checks the
 //! copied bytes.
 //!
@@ -29,7 +29,9 @@
 //! can deliver at that thread count.
 //!
 //! `--dma-arena` makes the copy engine read the arena the threads write, as it reads a loader's
-//! slots, instead of a buffer of its own.
+//! slots, instead of a buffer of its own. `--ring` has every thread write unit `i` into slot
+//! `i` mod the arena's units, as a loader's ring hands a slot to whichever reader claims its next
+//! batch, instead of each thread writing round a share of its own.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Instant;
@@ -194,10 +196,67 @@ fn copy_through(threads: usize, work: &Work, arena: &mut [u8]) -> (f64, f64) {
     (bytes / wall / 1e9, bytes / cpu / 1e9)
 }
 
+/// Copies the work's units through the arena with `threads` threads, unit `i` into slot `i` mod
+/// the arena's units, as a loader's ring hands its slots round whichever reader claims the next
+/// batch; returns (GB/s, GB/s per CPU-second).
+fn copy_round_ring(threads: usize, work: &Work, arena: &mut [u8]) -> (f64, f64) {
+    let (units, unit) = work.units();
+    let slots = arena.len() / unit;
+    let next = AtomicUsize::new(0);
+    // A slot's lock (a thread `slots` units behind another could reach its slot at once) and
+    // the unit it holds last.
+    let busy: Vec<AtomicBool> = (0..slots).map(|_| AtomicBool::new(false)).collect();
+    let holds: Vec<AtomicUsize> = (0..slots).map(|_| AtomicUsize::new(usize::MAX)).collect();
+    let base = SendPtr(arena.as_mut_ptr());
+    let t0 = Instant::now();
+    let cpu: f64 = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..threads)
+            .map(|_| {
+                let (next, busy, holds) = (&next, &busy, &holds);
+                s.spawn(move || {
+                    let c0 = thread_cpu_seconds();
+                    loop {
+                        let i = next.fetch_add(1, Ordering::Relaxed);
+                        if i >= units {
+                            break;
+                        }
+                        let slot = i % slots;
+                        while busy[slot].swap(true, Ordering::Acquire) {
+                            std::hint::spin_loop();
+                        }
+                        // SAFETY: the slot is inside the arena, and this thread alone holds
+                        // its lock until the store below.
+                        let dst = unsafe {
+                            std::slice::from_raw_parts_mut(base.get().add(slot * unit), unit)
+                        };
+                        work.copy(i, dst);
+                        holds[slot].store(i, Ordering::Relaxed);
+                        busy[slot].store(false, Ordering::Release);
+                    }
+                    thread_cpu_seconds() - c0
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).sum()
+    });
+    let wall = t0.elapsed().as_secs_f64();
+    for (slot, i) in holds.iter().enumerate() {
+        let i = i.load(Ordering::Relaxed);
+        if i != usize::MAX {
+            let got = &arena[slot * unit..(slot + 1) * unit];
+            assert!(work.holds(i, got), "unit {i} differs");
+        }
+    }
+    let bytes = (units * unit) as f64;
+    (bytes / wall / 1e9, bytes / cpu / 1e9)
+}
+
 /// Options besides the work and the thread counts.
 struct Flags {
     /// `--dma-arena`: the copy engine reads the arena the threads write, not a buffer of its own.
     dma_from_arena: bool,
+    /// `--ring`: every thread writes round the whole arena in unit order ([`copy_round_ring`]).
+    ring: bool,
 }
 
 /// The work the arguments ask for, the thread counts and the flags.
@@ -209,6 +268,7 @@ fn parse_args() -> Result<(Work, Vec<usize>, Flags), Box<dyn std::error::Error>>
     };
     let flags = Flags {
         dma_from_arena: flag("--dma-arena"),
+        ring: flag("--ring"),
     };
     let mode = args.iter().position(|a| a == "--gather" || a == "--read");
     let work = match mode {
@@ -300,8 +360,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         // is dropped before it.
         let arena = unsafe { std::slice::from_raw_parts_mut(arena_mem.as_ptr(), arena_bytes) };
         let (mut idle, mut busy, mut dma_rate) = ((0f64, 0f64), (0f64, 0f64), 0f64);
+        let copy = if flags.ring {
+            copy_round_ring
+        } else {
+            copy_through
+        };
         for _ in 0..3 {
-            let r = copy_through(t, &work, arena);
+            let r = copy(t, &work, arena);
             idle = (idle.0.max(r.0), idle.1.max(r.1));
             // The copy engine reads `dma_src` (or the arena) over and over while the CPU copies.
             let (from, len) = if flags.dma_from_arena {
@@ -337,7 +402,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 });
                 // Let the copy engine get going first.
                 std::thread::sleep(std::time::Duration::from_millis(20));
-                let r = copy_through(t, &work, arena);
+                let r = copy(t, &work, arena);
                 stop.store(true, Ordering::Relaxed);
                 let (moved, secs) = dma.join().unwrap()?;
                 Ok((r, moved, secs))
