@@ -30,6 +30,7 @@ def shares(st):
     return dict(
         threads=n,
         slots=st["slots"],
+        slots_peak=st["slots_peak_in_use"],
         gbps=st["bytes"] / wall / 1e9,
         startup_s=st.get("startup"),
         reading_share=st["read_time"] / (n * wall),
@@ -94,7 +95,7 @@ def main():
     rows = [probe(args.npy, s, args.threads, args.epochs, args.device) for s in ("none", "random")]
     print(
         f"{'shuffle':<8}{'threads':>8}{'GB/s':>8}{'reading':>9}{'GB/s/reader':>13}"
-        f"{'all readers':>13}{'slot wait':>11}{'copy idle':>11}{'wall GB/s':>11}{'start ms':>10}"
+        f"{'all readers':>13}{'slot wait':>11}{'copy idle':>11}{'wall GB/s':>11}{'start ms':>10}{'huge MiB':>9}{'slots used':>12}"
     )
     for r in rows:
         print(
@@ -103,6 +104,7 @@ def main():
             f"{r['wait_free_slot_share']:>11.0%}{r['copy_waiting_filled_share']:>11.0%}"
             f"{r['wall_gbps']:>11.1f}"
             f"{(r['startup_s'] or float('nan')) * 1e3:>10.1f}{r['anon_huge_mib'] or 0:>9.0f}"
+            f"{r['slots_peak']:>7} of {r['slots']:<3}"
         )
     for r in rows:
         print(f"{r['shuffle']}: {r['explanation']}")
