@@ -149,83 +149,45 @@ impl Work {
     }
 }
 
-/// Copies the work's units through the arena with `threads` threads, each round its own
-/// share; returns (GB/s, GB/s per CPU-second).
-fn copy_through(threads: usize, work: &Work, arena: &mut [u8]) -> (f64, f64) {
-    let (units, unit) = work.units();
-    let next = AtomicUsize::new(0);
-    debug_assert!(
-        (1..=arena.len() / unit).contains(&threads),
-        "checked in main"
-    );
-    let share = arena.len() / threads / unit * unit;
-    let t0 = Instant::now();
-    let done: Vec<(f64, Option<(usize, usize)>)> = std::thread::scope(|s| {
-        let handles: Vec<_> = arena
-            .chunks_mut(share)
-            .take(threads)
-            .map(|mine| {
-                let next = &next;
-                s.spawn(move || {
-                    let c0 = thread_cpu_seconds();
-                    // (source chunk, place in `mine`) of the last copy, to check.
-                    let (mut last, mut at) = (None, 0);
-                    loop {
-                        let i = next.fetch_add(1, Ordering::Relaxed);
-                        if i >= units {
-                            break;
-                        }
-                        work.copy(i, &mut mine[at..at + unit]);
-                        last = Some((i, at));
-                        at = (at + unit) % (mine.len() / unit * unit);
-                    }
-                    (thread_cpu_seconds() - c0, last)
-                })
-            })
-            .collect();
-        handles.into_iter().map(|h| h.join().unwrap()).collect()
-    });
-    let wall = t0.elapsed().as_secs_f64();
-    let cpu: f64 = done.iter().map(|(cpu, _)| cpu).sum();
-    for (mine, (_, last)) in arena.chunks(share).zip(&done) {
-        if let Some((i, at)) = *last {
-            assert!(work.holds(i, &mine[at..at + unit]), "unit {i} differs");
-        }
-    }
-    let bytes = (units * unit) as f64;
-    (bytes / wall / 1e9, bytes / cpu / 1e9)
-}
-
-/// Copies the work's units through the arena with `threads` threads, unit `i` into slot `i` mod
-/// the arena's units, as a loader's ring hands its slots round whichever reader claims the next
-/// batch; returns (GB/s, GB/s per CPU-second).
-fn copy_round_ring(threads: usize, work: &Work, arena: &mut [u8]) -> (f64, f64) {
+/// Copies the work's units through the arena with `threads` threads, each taking the next
+/// unit in turn; returns (GB/s, GB/s per CPU-second). Thread `k`'s `n`-th unit goes round a share
+/// of the arena's slots of its own, or, with `ring`, unit `i` goes into slot `i` mod the slots,
+/// as a loader's ring hands its slots round whichever reader claims the next batch. Each slot's
+/// last unit is checked afterwards.
+fn copy_units(threads: usize, work: &Work, arena: &mut [u8], ring: bool) -> (f64, f64) {
     let (units, unit) = work.units();
     let slots = arena.len() / unit;
+    debug_assert!((1..=slots).contains(&threads), "checked in main");
+    let share = slots / threads;
     let next = AtomicUsize::new(0);
-    // A slot's lock (a thread `slots` units behind another could reach its slot at once) and
-    // the unit it holds last.
+    // A slot's lock (in ring order a thread `slots` units behind another can reach its slot at
+    // once; in own shares it is never contended) and the unit it holds last.
     let busy: Vec<AtomicBool> = (0..slots).map(|_| AtomicBool::new(false)).collect();
     let holds: Vec<AtomicUsize> = (0..slots).map(|_| AtomicUsize::new(usize::MAX)).collect();
     let base = SendPtr(arena.as_mut_ptr());
     let t0 = Instant::now();
     let cpu: f64 = std::thread::scope(|s| {
         let handles: Vec<_> = (0..threads)
-            .map(|_| {
+            .map(|k| {
                 let (next, busy, holds) = (&next, &busy, &holds);
                 s.spawn(move || {
                     let c0 = thread_cpu_seconds();
-                    loop {
+                    for n in 0.. {
                         let i = next.fetch_add(1, Ordering::Relaxed);
                         if i >= units {
                             break;
                         }
-                        let slot = i % slots;
+                        let slot = if ring {
+                            i % slots
+                        } else {
+                            k * share + n % share
+                        };
                         while busy[slot].swap(true, Ordering::Acquire) {
                             std::hint::spin_loop();
                         }
-                        // SAFETY: the slot is inside the arena, and this thread alone holds
-                        // its lock until the store below.
+                        // SAFETY: slots are disjoint `unit`-byte pieces of the arena, which
+                        // outlives this scope and is not touched through `arena` until it ends;
+                        // this thread alone holds the slot's lock until the store below.
                         let dst = unsafe {
                             std::slice::from_raw_parts_mut(base.get().add(slot * unit), unit)
                         };
@@ -255,7 +217,7 @@ fn copy_round_ring(threads: usize, work: &Work, arena: &mut [u8]) -> (f64, f64) 
 struct Flags {
     /// `--dma-arena`: the copy engine reads the arena the threads write, not a buffer of its own.
     dma_from_arena: bool,
-    /// `--ring`: every thread writes round the whole arena in unit order ([`copy_round_ring`]).
+    /// `--ring`: every thread writes round the whole arena in unit order ([`copy_units`]).
     ring: bool,
 }
 
@@ -360,13 +322,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         // is dropped before it.
         let arena = unsafe { std::slice::from_raw_parts_mut(arena_mem.as_ptr(), arena_bytes) };
         let (mut idle, mut busy, mut dma_rate) = ((0f64, 0f64), (0f64, 0f64), 0f64);
-        let copy = if flags.ring {
-            copy_round_ring
-        } else {
-            copy_through
-        };
         for _ in 0..3 {
-            let r = copy(t, &work, arena);
+            let r = copy_units(t, &work, arena, flags.ring);
             idle = (idle.0.max(r.0), idle.1.max(r.1));
             // The copy engine reads `dma_src` (or the arena) over and over while the CPU copies.
             let (from, len) = if flags.dma_from_arena {
@@ -402,7 +359,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 });
                 // Let the copy engine get going first.
                 std::thread::sleep(std::time::Duration::from_millis(20));
-                let r = copy(t, &work, arena);
+                let r = copy_units(t, &work, arena, flags.ring);
                 stop.store(true, Ordering::Relaxed);
                 let (moved, secs) = dma.join().unwrap()?;
                 Ok((r, moved, secs))
