@@ -12,6 +12,7 @@ import time
 
 import numpy as np
 import torch
+from rates import machine_rates  # bench/ is the script's folder, on sys.path
 
 import pinfeed
 
@@ -37,13 +38,13 @@ for reader in ["pread", "auto"]:
         assert at == len(mm), f"{reader}: {at} records of {len(mm)}"
         st = loader.stats()
         r = {
+            **machine_rates(st),
             "reader": reader,
             "pass": p,
             "gbps": n / wall / 1e9,
             "wall_s": wall,
             "cpu_s": cpu,
             "described": st.get("reader"),
-            "threads": st.get("threads"),
             "explanation": st["explanation"],
         }
         rows.append(r)

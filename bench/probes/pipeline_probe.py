@@ -19,6 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from ab import drain  # noqa: E402  (bench/ holds the shared helpers)
+from rates import machine_rates  # noqa: E402
 
 import pinfeed  # noqa: E402
 
@@ -28,7 +29,7 @@ def shares(st):
     n, wall = st["threads"], st["elapsed"]
     per_reader = st["read_bytes"] / max(st["read_time"], 1e-9) / 1e9
     return dict(
-        threads=n,
+        machine_rates(st),
         slots=st["slots"],
         slots_peak=st["slots_peak_in_use"],
         gbps=st["bytes"] / wall / 1e9,
