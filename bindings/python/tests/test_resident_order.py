@@ -13,6 +13,7 @@ from test_fork import run_in_child
 import pinfeed
 import pinfeed.loader as loader_module
 from pinfeed import _pinfeed
+from pinfeed._orders_ahead import OrdersAhead
 
 N = 211
 SMALL = dict(device="cpu", pinned_budget="256KiB", num_threads=2)
@@ -195,7 +196,7 @@ def test_a_failing_order_raises_in_the_consumer_not_the_worker():
             raise pinfeed.PinfeedValueError("no such order")
         return key
 
-    orders = loader_module._OrdersAhead(fill, 2)
+    orders = OrdersAhead(fill, 2)
     orders.want(["bad", "good"])
     with orders._cond:  # both tried by the workers
         assert orders._cond.wait_for(lambda: len(calls) == 2 and not orders._running, timeout=30)

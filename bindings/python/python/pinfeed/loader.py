@@ -3,13 +3,11 @@
 import atexit
 import os
 import sys
-import threading
 import warnings
 import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from typing import (
     Any,
-    Callable,
     Optional,
     Union,
 )
@@ -29,6 +27,7 @@ from ._arrays import (
     torch_module,
 )
 from ._frameworks import check_device, check_dtype, deliver, framework_arg
+from ._orders_ahead import OrdersAhead, order_filler
 from .errors import PinfeedError, PinfeedMemoryError, PinfeedValueError, PinfeedWarning
 from .order import block_args, distributed_defaults, order_kind, shuffle_mode, u64_arg
 from .transforms import Normalize, ToFloat, make_caller
@@ -81,13 +80,11 @@ _AS_TORCH = "torch tensors (as_torch=True)"
 # Passes still running, closed at exit so that no reader thread is left inside the interpreter
 # while it shuts down.
 _live_streams: "weakref.WeakSet[_pinfeed.Stream]" = weakref.WeakSet()
-# Likewise the order workers of GPU-resident loaders still open: joined, not killed inside Rust.
-_live_orders: "weakref.WeakSet[_OrdersAhead]" = weakref.WeakSet()
 
 
 @atexit.register
 def _close_live_streams() -> None:
-    for closable in [*_live_streams, *_live_orders]:
+    for closable in list(_live_streams):
         try:
             closable.close()
         except Exception:  # pragma: no cover - best effort at exit
@@ -457,7 +454,7 @@ class Loader:
         # (order key, the epoch's index on the resident copy's device, the stream it was
         # copied on (CUDA) or None).
         self._resident_order: Optional[tuple[Any, Any, Any]] = None
-        self._orders: Optional[_OrdersAhead] = None
+        self._orders: Optional[OrdersAhead] = None
         # The first pass (in GPU-resident mode, the upload) starts now: configuration errors
         # surface here, and reading overlaps whatever the caller does before iterating.
         self._pending: Optional[_pinfeed.Stream] = self._start((0, 0, 0))
@@ -507,7 +504,7 @@ class Loader:
             # at once fit the pinned budget; they are computed after the upload, whose ring has
             # the budget until then. Otherwise they stay pageable.
             pin = (_ORDERS_AHEAD + 1) * 8 * self._order_len <= opts.pinned_budget
-            self._orders = _OrdersAhead(_order_filler(self.device, pin), _ORDERS_AHEAD)
+            self._orders = OrdersAhead(order_filler(self.device, pin), _ORDERS_AHEAD)
         else:
             self._batches_per_epoch = int(self._pending.batches_per_epoch)
         self._len = self._batches_per_epoch * self.epochs
@@ -857,7 +854,7 @@ class Loader:
 
     def _resident_index(self, epoch: int, consumed: int) -> tuple[Any, Any]:
         """The int64 index of ``epoch`` on the resident copy's device, and (CUDA) the stream
-        its copy was issued on. Usually computed ahead (see :class:`_OrdersAhead`); the orders
+        its copy was issued on. Usually computed ahead (see :class:`pinfeed._orders_ahead.OrdersAhead`); the orders
         of the next epochs are started here, to be ready when those epochs begin."""
         key = self._order_key(epoch, consumed)
         if self._resident_order is None or self._resident_order[0] != key:
@@ -958,142 +955,6 @@ class Loader:
                 self.close()
         except Exception:
             pass
-
-
-def _order_filler(device: str, pin: bool) -> Callable[[tuple[Any, ...]], Any]:
-    """Computes the order of a key (:meth:`Loader._order_key`) into a new int64 buffer: with
-    ``pin``, a pinned torch tensor for a CUDA device (copied on without a synchronous pageable
-    copy); a numpy array otherwise. It holds no reference to the Loader, so threads running it
-    do not keep the Loader alive."""
-
-    def fill(key: tuple[Any, ...]) -> Any:
-        num_records, batch_size, rank, epoch, consumed, length, order = key
-        if device.startswith("cuda") and pin:
-            torch = torch_module()
-            with torch.cuda.device(torch.device(device)):
-                host = torch.empty(length, dtype=torch.int64, pin_memory=True)
-            out = host.numpy()
-        else:
-            host = out = np.empty(length, dtype=np.int64)
-        _pinfeed.epoch_order(
-            num_records,
-            batch_size,
-            rank=rank,
-            epoch=epoch,
-            out=out,
-            consumed=consumed,
-            **dict(order),
-        )
-        return host
-
-    return fill
-
-
-class _OrdersAhead:
-    """Epoch orders of a GPU-resident Loader, computed ahead of need on a few worker threads
-    (the Rust work runs without the GIL, beside the gathers of the current epoch) and kept until
-    asked for or no longer wanted.
-
-    Orders are keyed by everything they depend on (:meth:`Loader._order_key`), so after
-    set_epoch or load_state_dict a precomputed order is never used in the wrong place, merely
-    dropped. The workers are started at the first :meth:`want` (starting a thread takes
-    milliseconds, waking one microseconds) and stopped and joined by :meth:`close`: the Loader
-    calls it from close() and when it is garbage-collected (the workers hold this object, not
-    the Loader), and the exit hook for any left. They are daemons so that a forgotten Loader
-    never holds up exit. A forked child inherits no thread: there nothing is joined and no lock
-    is taken (a parent thread may have held it at the fork).
-    """
-
-    def __init__(self, fill: Callable[[tuple[Any, ...]], Any], workers: int) -> None:
-        self._fill = fill
-        self._workers = workers
-        self._pid = os.getpid()
-        self._cond = threading.Condition()
-        # All guarded by `_cond`. `_wanted`: in the order they will be needed; `_ready` holds
-        # only wanted keys, with None for an order that failed (not tried again but by get(),
-        # which raises the error); `_running` may hold a key no longer wanted (its result is
-        # then dropped).
-        self._wanted: list[tuple[Any, ...]] = []
-        self._ready: dict[tuple[Any, ...], Any] = {}
-        self._running: set[tuple[Any, ...]] = set()
-        self._threads: list[threading.Thread] = []
-        self._stop = False
-        _live_orders.add(self)
-
-    def want(self, keys: Sequence[tuple[Any, ...]]) -> None:
-        """Drops the orders kept for other keys and has those of ``keys`` not ready or running
-        computed, first to last."""
-        with self._cond:
-            self._wanted = list(keys)
-            for key in [k for k in self._ready if k not in self._wanted]:
-                del self._ready[key]
-            if self._next_job() is None:
-                return
-            self._stop = False
-            self._threads = [t for t in self._threads if t.is_alive()]
-            while len(self._threads) < self._workers:
-                thread = threading.Thread(
-                    target=self._work, name="pinfeed-order-ahead", daemon=True
-                )
-                self._threads.append(thread)
-                thread.start()
-            self._cond.notify_all()
-
-    def get(self, key: tuple[Any, ...]) -> Any:
-        """The order of ``key``: the one computed ahead (waiting for it if it is being
-        computed), else computed now, in the caller's thread, where any error is raised."""
-        with self._cond:
-            while key in self._running:
-                self._cond.wait()
-            host = self._ready.pop(key, None)
-            if key in self._wanted:  # taken: not to be computed again
-                self._wanted.remove(key)
-        return self._fill(key) if host is None else host
-
-    def _next_job(self) -> Optional[tuple[Any, ...]]:
-        for key in self._wanted:
-            if key not in self._ready and key not in self._running:
-                return key
-        return None
-
-    def _work(self) -> None:
-        while True:
-            with self._cond:
-                key = self._next_job()
-                while not self._stop and key is None:
-                    self._cond.wait()
-                    key = self._next_job()
-                if self._stop:
-                    return
-                self._running.add(key)
-            try:
-                host = self._fill(key)
-            except Exception:
-                host = None
-            with self._cond:
-                self._running.discard(key)
-                if key in self._wanted:
-                    self._ready[key] = host
-                self._cond.notify_all()
-
-    def close(self) -> None:
-        """Drops the orders kept, stops the workers and joins them (one busy finishes its
-        order first). A later :meth:`want` starts new ones."""
-        if os.getpid() != self._pid:
-            return
-        with self._cond:
-            self._stop = True
-            self._wanted = []
-            self._ready.clear()
-            self._cond.notify_all()
-            if threading.current_thread() in self._threads:
-                # Run by a garbage collection inside a worker, which may hold `_cond` further
-                # up its stack: joining the others could wait on it forever. They all end on
-                # their own, at their next look at `_stop`.
-                return
-            threads, self._threads = self._threads, []
-        for thread in threads:
-            thread.join()
 
 
 def _stream_batches(loader: Loader, stream: "_pinfeed.Stream") -> Iterator[tuple[int, int, Any]]:
