@@ -1,6 +1,7 @@
 //! `pinfeed._pinfeed`: the Rust half of the `pinfeed` Python package.
 //!
-//! Thin wrappers: [`loader::Source`] and [`loader::Stream`] (one pass of a `pinfeed::Loader`),
+//! Thin wrappers: [`loader::Source`] and [`loader::Stream`] (one pass of a `pinfeed::Loader`), the
+//! record order (`order::epoch_order` and its sizes),
 //! [`stage::Stager`] and [`stage::PinnedRegion`], and
 //! [`dlpack::DeviceBuffer`], the DLPack object every batch and upload comes out as. Anything
 //! that blocks runs without the GIL; errors become the classes of `pinfeed.errors`. The
@@ -15,6 +16,7 @@ mod fork;
 mod images;
 mod loader;
 mod options;
+mod order;
 mod stage;
 mod store;
 mod tokens;
@@ -88,9 +90,9 @@ fn _pinfeed(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(cuda_device_count, m)?)?;
     m.add_function(wrap_pyfunction!(pinned_allocations, m)?)?;
     m.add_function(wrap_pyfunction!(loader::combined_stats, m)?)?;
-    m.add_function(wrap_pyfunction!(loader::epoch_order, m)?)?;
-    m.add_function(wrap_pyfunction!(loader::epoch_size, m)?)?;
-    m.add_function(wrap_pyfunction!(loader::reshard_position, m)?)?;
+    m.add_function(wrap_pyfunction!(order::epoch_order, m)?)?;
+    m.add_function(wrap_pyfunction!(order::epoch_size, m)?)?;
+    m.add_function(wrap_pyfunction!(order::reshard_position, m)?)?;
     m.add_function(wrap_pyfunction!(options::device_share, m)?)?;
     m.add_function(wrap_pyfunction!(options::byte_size, m)?)?;
     m.add_function(wrap_pyfunction!(options::bottleneck, m)?)?;
