@@ -1,7 +1,6 @@
 """The epoch orders of a GPU-resident ``Loader`` (``shuffle="gpu"``), computed ahead of need on
 worker threads while the current epoch is gathered."""
 
-import atexit
 import os
 import threading
 import weakref
@@ -13,18 +12,9 @@ import numpy as np
 from . import _pinfeed
 from ._arrays import torch_module
 
-# The order workers of GPU-resident loaders still open, joined at exit (after the loaders'
-# passes are closed), not killed inside Rust.
-_live_orders: "weakref.WeakSet[OrdersAhead]" = weakref.WeakSet()
-
-
-@atexit.register
-def _close_live_orders() -> None:
-    for orders in list(_live_orders):
-        try:
-            orders.close()
-        except Exception:  # pragma: no cover - best effort at exit
-            pass
+# The order workers of GPU-resident loaders still open: joined at exit by the loader module's
+# hook, after the loaders' passes, not killed inside Rust.
+live_orders: "weakref.WeakSet[OrdersAhead]" = weakref.WeakSet()
 
 
 def order_filler(device: str, pin: bool) -> Callable[[tuple[Any, ...]], Any]:
@@ -66,7 +56,7 @@ class OrdersAhead:
     dropped. The workers are started at the first :meth:`want` (starting a thread takes
     milliseconds, waking one microseconds) and stopped and joined by :meth:`close`: the Loader
     calls it from close() and when it is garbage-collected (the workers hold this object, not
-    the Loader), and the exit hook above for any left. They are daemons so that a forgotten Loader
+    the Loader), and the loader module's exit hook for any left. They are daemons so that a forgotten Loader
     never holds up exit. A forked child inherits no thread: there nothing is joined and no lock
     is taken (a parent thread may have held it at the fork).
     """
@@ -85,7 +75,7 @@ class OrdersAhead:
         self._running: set[tuple[Any, ...]] = set()
         self._threads: list[threading.Thread] = []
         self._stop = False
-        _live_orders.add(self)
+        live_orders.add(self)
 
     def want(self, keys: Sequence[tuple[Any, ...]]) -> None:
         """Drops the orders kept for other keys and has those of ``keys`` not ready or running

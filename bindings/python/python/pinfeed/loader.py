@@ -27,7 +27,7 @@ from ._arrays import (
     torch_module,
 )
 from ._frameworks import check_device, check_dtype, deliver, framework_arg
-from ._orders_ahead import OrdersAhead, order_filler
+from ._orders_ahead import OrdersAhead, live_orders, order_filler
 from .errors import PinfeedError, PinfeedMemoryError, PinfeedValueError, PinfeedWarning
 from .order import block_args, distributed_defaults, order_kind, shuffle_mode, u64_arg
 from .transforms import Normalize, ToFloat, make_caller
@@ -78,13 +78,13 @@ def merge_states(states: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 _AS_TORCH = "torch tensors (as_torch=True)"
 
 # Passes still running, closed at exit so that no reader thread is left inside the interpreter
-# while it shuts down.
+# while it shuts down; then the order workers of GPU-resident loaders (`live_orders`), joined.
 _live_streams: "weakref.WeakSet[_pinfeed.Stream]" = weakref.WeakSet()
 
 
 @atexit.register
 def _close_live_streams() -> None:
-    for closable in list(_live_streams):
+    for closable in [*_live_streams, *live_orders]:
         try:
             closable.close()
         except Exception:  # pragma: no cover - best effort at exit
