@@ -109,7 +109,8 @@ def warn_if_host_fallback(asked: str, got: str) -> None:
         _warned_host_fallback = True
         warnings.warn(
             'device="auto" found no usable CUDA driver and device: running on the host backend '
-            '(numpy batches); pass device="cpu" to ask for it, or device="cuda" to require a GPU',
+            '(batches in host memory); pass device="cpu" to ask for it, or device="cuda" to '
+            "require a GPU",
             PinfeedWarning,
             stacklevel=_caller_outside_pinfeed(),
         )
