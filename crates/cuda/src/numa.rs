@@ -169,8 +169,8 @@ pub(crate) fn map_placed(
     // records into a slot of a few MiB, and the copy engine reads it: in 2 MiB pages a slot
     // takes two or three TLB entries instead of hundreds. Shuffled passes of the 4 GiB file
     // went from 72% to 80% and from 79% to 82% of the bus on two starts (medians of three
-    // rounds), the other rows unchanged (docs/BENCHMARKS.md, "Machines of one kind"). Every `PinMethod::Register` allocation is
-    // mapped here: the loader's pool and the `Stager`'s arena.
+    // rounds), the other rows unchanged (docs/BENCHMARKS.md, "Machines of one kind"). Every
+    // `PinMethod::Register` allocation is mapped here: the loader's pool and the `Stager`'s arena.
     let _ = map.advise(memmap2::Advice::HugePage);
     let placement = match placement {
         NumaPlacement::GpuNode(node) => match mbind_preferred(map.as_mut_ptr(), bytes, node) {
