@@ -27,7 +27,7 @@ use std::sync::{Mutex, MutexGuard};
 use pinfeed_source::DType;
 use pyo3::prelude::*;
 
-use crate::errors::ToPy;
+use crate::errors::{value_error, ToPy};
 
 /// Locks `mutex`, poisoned or not: what these mutexes guard (an `Option` taken once, counters)
 /// is whole after any panic, and a poisoned lock must not turn `close()` or `Drop` into a panic.
@@ -40,6 +40,26 @@ pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 /// pinned or host-backend memory waits for the copies still reading it.
 pub(crate) fn drop_detached<T: Send>(value: T) {
     Python::attach(|py| py.detach(move || drop(value)));
+}
+
+/// The address and length of a C-contiguous numpy array (anything with
+/// `__array_interface__` and `nbytes`), which must stay alive while the memory is used.
+pub(crate) fn array_memory(
+    py: Python<'_>,
+    array: &Bound<'_, PyAny>,
+) -> PyResult<(usize, usize, Vec<u64>)> {
+    let interface = array.getattr("__array_interface__")?;
+    let (address, _readonly): (usize, bool) = interface.get_item("data")?.extract()?;
+    if !interface.get_item("strides")?.is_none() {
+        return Err(value_error(
+            py,
+            "Layout",
+            "the array is not C-contiguous; pass numpy.ascontiguousarray(x) (a copy)",
+        ));
+    }
+    let shape: Vec<u64> = interface.get_item("shape")?.extract()?;
+    let nbytes: usize = array.getattr("nbytes")?.extract()?;
+    Ok((address, nbytes, shape))
 }
 
 /// The DLPack ``(code, bits, lanes)`` of a numpy descr literal, or ``None`` when DLPack has no

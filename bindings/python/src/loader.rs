@@ -15,27 +15,7 @@ use crate::errors::{loader_error, source_error, value_error, Kind, Raised, ToPy}
 use crate::fork::{self, ForkSafe};
 use crate::options::{int_arg, order_spec, size_arg, StreamOptions};
 use crate::transform::{Normalize, PyTransform, ToFloat};
-use crate::{drop_detached, lock};
-
-/// The address and length of a C-contiguous numpy array (anything with
-/// `__array_interface__` and `nbytes`), which must stay alive while the memory is used.
-pub(crate) fn array_memory(
-    py: Python<'_>,
-    array: &Bound<'_, PyAny>,
-) -> PyResult<(usize, usize, Vec<u64>)> {
-    let interface = array.getattr("__array_interface__")?;
-    let (address, _readonly): (usize, bool) = interface.get_item("data")?.extract()?;
-    if !interface.get_item("strides")?.is_none() {
-        return Err(value_error(
-            py,
-            "Layout",
-            "the array is not C-contiguous; pass numpy.ascontiguousarray(x) (a copy)",
-        ));
-    }
-    let shape: Vec<u64> = interface.get_item("shape")?.extract()?;
-    let nbytes: usize = array.getattr("nbytes")?.extract()?;
-    Ok((address, nbytes, shape))
-}
+use crate::{array_memory, drop_detached, lock};
 
 /// A dataset of fixed-size records: a `.npy` or raw record file, or a numpy array.
 #[pyclass(module = "pinfeed._pinfeed", frozen)]

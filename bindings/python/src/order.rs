@@ -5,8 +5,8 @@ use pinfeed::{BatchRecords, EpochOrder, OrderSpec, Position, Shuffle};
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
+use crate::array_memory;
 use crate::errors::{value_error, ToPy};
-use crate::loader::array_memory;
 use crate::options::shuffle_arg;
 
 /// ``(records, batches)`` of one rank's epoch (or of the split of its rest after ``consumed``

@@ -5,10 +5,10 @@ use std::sync::Mutex;
 use pinfeed::{DeviceSpec, StagerOptions};
 use pyo3::prelude::*;
 
+use crate::array_memory;
 use crate::dlpack::{dl_dtype_from_tuple, DeviceBuffer};
 use crate::errors::{value_error, Kind, Raised, ToPy};
 use crate::fork::{self, ForkSafe};
-use crate::loader::array_memory;
 use crate::options::{device_arg, size_arg};
 use crate::{drop_detached, lock};
 
