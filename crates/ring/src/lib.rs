@@ -132,8 +132,10 @@ impl<F> fmt::Debug for SlotState<F> {
 
 struct State<F> {
     slots: Vec<SlotState<F>>,
-    /// Indices of `Free` slots. Every index appears at most once, and only for `Free` slots.
-    free: VecDeque<usize>,
+    /// Indices of `Free` slots, a stack: the slot freed last is claimed first (its lines are
+    /// the likeliest still in the CPU's cache). Every index appears at most once, and only for
+    /// `Free` slots.
+    free: Vec<usize>,
     /// Indices of `Copying` slots in the order their copies were issued (the order they finish in
     /// on one stream, so the oldest is the one worth waiting for).
     copying: VecDeque<usize>,
@@ -185,7 +187,7 @@ impl<F: Fence> Ring<F> {
         assert!(capacity > 0, "a ring needs at least one slot");
         let state = State {
             slots: (0..capacity).map(|_| SlotState::Free).collect(),
-            free: (0..capacity).collect(),
+            free: (0..capacity).rev().collect(),
             copying: VecDeque::with_capacity(capacity),
             fence_waiter: false,
             next_seq: 0,
@@ -222,7 +224,7 @@ impl<F: Fence> Ring<F> {
     /// down. The sequence number is assigned together with the slot, so every outstanding
     /// sequence number owns a slot and the copy engine can never wait for a batch that has none.
     ///
-    /// When no slot is free, the caller reclaims slots whose copies have finished; if none has,
+    /// The caller first takes back the slots whose copies have finished; if still none is free,
     /// one caller blocks on the oldest copy's fence (the others on a condition variable).
     pub fn acquire(&self) -> Result<Option<Claim>, F::Error> {
         let mut state = self.lock();
@@ -234,7 +236,11 @@ impl<F: Fence> Ring<F> {
                 self.slot_freed.notify_all();
                 return Ok(None);
             }
-            if let Some(slot) = state.free.pop_front() {
+            // Slots whose copies have finished go back first, so that the slot freed last is
+            // taken again while its lines may still be in the cache, and a pass cycles through
+            // the fewest slots it needs instead of the whole pool.
+            Self::reclaim_completed(&mut state)?;
+            if let Some(slot) = state.free.pop() {
                 debug_assert!(matches!(state.slots[slot], SlotState::Free));
                 let seq = state.next_seq;
                 state.next_seq += 1;
@@ -257,10 +263,6 @@ impl<F: Fence> Ring<F> {
                 return Ok(Some(Claim { slot, seq }));
             }
             waited_since.get_or_insert_with(Instant::now);
-            if Self::reclaim_completed(&mut state)? > 0 {
-                // Taken above, and passed on from one waiter to the next.
-                continue;
-            }
             match state.copying.front() {
                 Some(&oldest) if !state.fence_waiter => {
                     let SlotState::Copying { fence, .. } = &state.slots[oldest] else {
@@ -304,7 +306,7 @@ impl<F: Fence> Ring<F> {
             }
             state.copying.pop_front();
             state.slots[slot] = SlotState::Free;
-            state.free.push_back(slot);
+            state.free.push(slot);
             state.stats.recycled += 1;
             reclaimed += 1;
         }
@@ -332,7 +334,7 @@ impl<F: Fence> Ring<F> {
         let mut state = self.lock();
         debug_assert!(matches!(state.slots[claim.slot], SlotState::Filling { .. }));
         state.slots[claim.slot] = SlotState::Free;
-        state.free.push_back(claim.slot);
+        state.free.push(claim.slot);
         state.shutdown = true;
         drop(state);
         self.notify_everyone();

@@ -159,3 +159,41 @@ fn issuing_a_copy_of_an_unfilled_slot_is_a_bug() {
     let ring = Ring::<SharedFlag>::new(1, 1);
     ring.copy_issued(0, SharedFlag::default());
 }
+
+#[test]
+fn a_pass_cycles_the_fewest_slots_the_slot_freed_last_first() {
+    // Eight slots, one batch in flight at a time: every batch reuses the slot its predecessor
+    // freed, and the other seven are never touched.
+    let ring = Ring::<SharedFlag>::new(8, 20);
+    let mut used = Vec::new();
+    for seq in 0..20 {
+        let claim = ring.acquire().unwrap().unwrap();
+        used.push(claim.slot());
+        ring.fill_done(claim);
+        let slot = ring.next_filled(seq).unwrap();
+        let fence = SharedFlag::default();
+        ring.copy_issued(slot, fence.clone());
+        fence.0.complete();
+    }
+    assert!(used.iter().all(|&s| s == used[0]), "slots used: {used:?}");
+
+    // With two copies unfinished, the next claim takes a third slot, and once they finish the
+    // slot freed last (the second copy's) comes back first.
+    let ring = Ring::<SharedFlag>::new(4, 4);
+    let fences = [SharedFlag::default(), SharedFlag::default()];
+    let mut slots = Vec::new();
+    for (seq, fence) in fences.iter().enumerate() {
+        let claim = ring.acquire().unwrap().unwrap();
+        slots.push(claim.slot());
+        ring.fill_done(claim);
+        let slot = ring.next_filled(seq as u64).unwrap();
+        ring.copy_issued(slot, fence.clone());
+    }
+    let third = ring.acquire().unwrap().unwrap();
+    assert!(!slots.contains(&third.slot()));
+    fences.iter().for_each(|f| f.0.complete());
+    let fourth = ring.acquire().unwrap().unwrap();
+    assert_eq!(fourth.slot(), slots[1]);
+    ring.fill_done(third);
+    ring.fill_done(fourth);
+}
