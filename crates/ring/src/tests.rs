@@ -36,11 +36,11 @@ impl Fence for SharedFlag {
 #[test]
 fn sequences_follow_claims_and_stop_at_total() {
     let ring = Ring::<SharedFlag>::new(3, 2);
-    let a = ring.acquire().unwrap().unwrap();
-    let b = ring.acquire().unwrap().unwrap();
+    let a = ring.acquire(0).unwrap().unwrap();
+    let b = ring.acquire(0).unwrap().unwrap();
     assert_eq!((a.seq(), b.seq()), (0, 1));
     assert_ne!(a.slot(), b.slot());
-    assert!(ring.acquire().unwrap().is_none());
+    assert!(ring.acquire(0).unwrap().is_none());
     ring.fill_done(a);
     ring.fill_done(b);
 }
@@ -48,7 +48,7 @@ fn sequences_follow_claims_and_stop_at_total() {
 #[test]
 fn delivers_in_sequence_order_whatever_the_fill_order() {
     let ring = Ring::<SharedFlag>::new(3, 3);
-    let claims: Vec<Claim> = (0..3).map(|_| ring.acquire().unwrap().unwrap()).collect();
+    let claims: Vec<Claim> = (0..3).map(|_| ring.acquire(0).unwrap().unwrap()).collect();
     let slots: Vec<usize> = claims.iter().map(Claim::slot).collect();
     for claim in claims.into_iter().rev() {
         ring.fill_done(claim);
@@ -63,7 +63,7 @@ fn delivers_in_sequence_order_whatever_the_fill_order() {
 #[test]
 fn slot_is_not_reused_before_its_fence_completes() {
     let ring = std::sync::Arc::new(Ring::<SharedFlag>::new(1, 2));
-    let claim = ring.acquire().unwrap().unwrap();
+    let claim = ring.acquire(0).unwrap().unwrap();
     let slot = claim.slot();
     ring.fill_done(claim);
     assert_eq!(ring.next_filled(0), Some(slot));
@@ -75,7 +75,7 @@ fn slot_is_not_reused_before_its_fence_completes() {
         let ring = ring.clone();
         let got_second = got_second.clone();
         std::thread::spawn(move || {
-            let claim = ring.acquire().unwrap().unwrap();
+            let claim = ring.acquire(0).unwrap().unwrap();
             got_second.store(true, Ordering::SeqCst);
             claim
         })
@@ -97,10 +97,10 @@ fn slot_is_not_reused_before_its_fence_completes() {
 #[test]
 fn shutdown_wakes_blocked_fillers_and_copier() {
     let ring = std::sync::Arc::new(Ring::<SharedFlag>::new(1, 10));
-    let held = ring.acquire().unwrap().unwrap();
+    let held = ring.acquire(0).unwrap().unwrap();
     let filler = {
         let ring = ring.clone();
-        std::thread::spawn(move || ring.acquire().unwrap())
+        std::thread::spawn(move || ring.acquire(0).unwrap())
     };
     let copier = {
         let ring = ring.clone();
@@ -117,9 +117,9 @@ fn shutdown_wakes_blocked_fillers_and_copier() {
 #[test]
 fn abandoning_a_claim_shuts_the_ring_down() {
     let ring = Ring::<SharedFlag>::new(2, 4);
-    let claim = ring.acquire().unwrap().unwrap();
+    let claim = ring.acquire(0).unwrap().unwrap();
     ring.fill_abandoned(claim);
-    assert!(ring.acquire().unwrap().is_none());
+    assert!(ring.acquire(0).unwrap().is_none());
     assert_eq!(ring.next_filled(0), None);
 }
 
@@ -128,7 +128,7 @@ fn drain_waits_for_every_fence() {
     let ring = std::sync::Arc::new(Ring::<SharedFlag>::new(2, 2));
     let fences = [SharedFlag::default(), SharedFlag::default()];
     for fence in &fences {
-        let claim = ring.acquire().unwrap().unwrap();
+        let claim = ring.acquire(0).unwrap().unwrap();
         let (slot, seq) = (claim.slot(), claim.seq());
         ring.fill_done(claim);
         assert_eq!(ring.next_filled(seq), Some(slot));
@@ -167,7 +167,7 @@ fn a_pass_cycles_the_fewest_slots_the_slot_freed_last_first() {
     let ring = Ring::<SharedFlag>::new(8, 20);
     let mut used = Vec::new();
     for seq in 0..20 {
-        let claim = ring.acquire().unwrap().unwrap();
+        let claim = ring.acquire(0).unwrap().unwrap();
         used.push(claim.slot());
         ring.fill_done(claim);
         let slot = ring.next_filled(seq).unwrap();
@@ -183,17 +183,50 @@ fn a_pass_cycles_the_fewest_slots_the_slot_freed_last_first() {
     let fences = [SharedFlag::default(), SharedFlag::default()];
     let mut slots = Vec::new();
     for (seq, fence) in fences.iter().enumerate() {
-        let claim = ring.acquire().unwrap().unwrap();
+        let claim = ring.acquire(0).unwrap().unwrap();
         slots.push(claim.slot());
         ring.fill_done(claim);
         let slot = ring.next_filled(seq as u64).unwrap();
         ring.copy_issued(slot, fence.clone());
     }
-    let third = ring.acquire().unwrap().unwrap();
+    let third = ring.acquire(0).unwrap().unwrap();
     assert!(!slots.contains(&third.slot()));
     fences.iter().for_each(|f| f.0.complete());
-    let fourth = ring.acquire().unwrap().unwrap();
+    let fourth = ring.acquire(0).unwrap().unwrap();
     assert_eq!(fourth.slot(), slots[1]);
     ring.fill_done(third);
     ring.fill_done(fourth);
+}
+
+#[test]
+fn a_filler_takes_back_the_slot_it_filled_itself() {
+    // Two fillers, four slots: once both own a slot, each claims its own again, though the other
+    // filler's slot was freed later (and would be on top of the stack).
+    let ring = Ring::<SharedFlag>::new(4, 8);
+    let mut own: [Option<usize>; 2] = [None; 2];
+    for seq in 0..8u64 {
+        let filler = (seq % 2) as usize;
+        let claim = ring.acquire(filler).unwrap().unwrap();
+        assert_eq!(
+            *own[filler].get_or_insert(claim.slot()),
+            claim.slot(),
+            "batch {seq}"
+        );
+        ring.fill_done(claim);
+        let slot = ring.next_filled(seq).unwrap();
+        let fence = SharedFlag::default();
+        ring.copy_issued(slot, fence.clone());
+        fence.0.complete();
+    }
+    assert_ne!(own[0], own[1]);
+
+    // With its own slot still being copied, a filler takes another free slot rather than wait.
+    let ring = Ring::<SharedFlag>::new(2, 2);
+    let first = ring.acquire(0).unwrap().unwrap();
+    ring.fill_done(first);
+    let slot = ring.next_filled(0).unwrap();
+    ring.copy_issued(slot, SharedFlag::default());
+    let second = ring.acquire(0).unwrap().unwrap();
+    assert_ne!(second.slot(), slot);
+    ring.fill_done(second);
 }

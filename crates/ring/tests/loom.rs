@@ -37,10 +37,10 @@ fn two_fillers_one_copier() {
         let ring = Arc::new(Ring::<Flag>::new(1, 3));
         let in_flight = Arc::new(AtomicBool::new(false));
         let fillers: Vec<_> = (0..2)
-            .map(|_| {
+            .map(|filler| {
                 let (ring, in_flight) = (ring.clone(), in_flight.clone());
                 loom::thread::spawn(move || {
-                    while let Some(claim) = ring.acquire().unwrap() {
+                    while let Some(claim) = ring.acquire(filler).unwrap() {
                         assert!(
                             !in_flight.load(Ordering::SeqCst),
                             "slot claimed during a copy"
@@ -69,14 +69,14 @@ fn two_fillers_one_copier() {
 fn shutdown_releases_everyone() {
     loom::model(|| {
         let ring = Arc::new(Ring::<Flag>::new(1, 5));
-        let claim = ring.acquire().unwrap().unwrap();
+        let claim = ring.acquire(0).unwrap().unwrap();
         ring.fill_done(claim);
         let slot = ring.next_filled(0).unwrap();
         let flag = Flag::default();
         ring.copy_issued(slot, flag.clone());
         let filler = {
             let ring = ring.clone();
-            loom::thread::spawn(move || ring.acquire().unwrap().map(|c| c.seq()))
+            loom::thread::spawn(move || ring.acquire(0).unwrap().map(|c| c.seq()))
         };
         let copier = {
             let ring = ring.clone();

@@ -78,7 +78,7 @@ fn run(capacity: usize, total: u64, fillers: usize, seed: u64) {
             let (ring, memory) = (ring.clone(), memory.clone());
             std::thread::spawn(move || {
                 let mut rng = rand::rngs::StdRng::seed_from_u64(seed + f as u64);
-                while let Some(claim) = ring.acquire().unwrap() {
+                while let Some(claim) = ring.acquire(f).unwrap() {
                     let base = claim.slot() * SLOT_BYTES;
                     for i in 0..SLOT_BYTES {
                         memory[base + i].store(claim.seq() as u8, Ordering::SeqCst);

@@ -324,8 +324,8 @@ impl Loader {
             let handle = std::thread::Builder::new()
                 .name(format!("pinfeed-read-{i}"))
                 .spawn(move || match shared.staging {
-                    Staging::Slots(_) => reader::read_loop(&shared),
-                    Staging::Windows(_) => reader::register_loop(&shared),
+                    Staging::Slots(_) => reader::read_loop(&shared, i),
+                    Staging::Windows(_) => reader::register_loop(&shared, i),
                 })
                 .map_err(|source| LoaderError::Thread {
                     what: "reader",

@@ -15,12 +15,13 @@ use crate::error::{panic_message, LoaderError, Result};
 use crate::order::BatchRecords;
 use crate::stats::add;
 
-pub(super) fn read_loop(shared: &Shared) {
+/// The loop of reader `index` (the ring hands it back the slots it filled itself first).
+pub(super) fn read_loop(shared: &Shared, index: usize) {
     let mut scratch: Option<AlignedBuffer> = None;
     // The batch this reader read a piece of last: its next piece is usually of the same one.
     let mut last: Option<(u64, Arc<BatchSpec>)> = None;
     loop {
-        let claim = match shared.ring.acquire() {
+        let claim = match shared.ring.acquire(index) {
             Ok(Some(claim)) => claim,
             Ok(None) => return,
             Err(e) => return shared.fail(e.into()),
@@ -136,7 +137,7 @@ fn read_batch(
 }
 
 /// Locks windows of the mapped file in order, as the ring frees slots.
-pub(super) fn register_loop(shared: &Shared) {
+pub(super) fn register_loop(shared: &Shared, index: usize) {
     let Staging::Windows(windows) = &shared.staging else {
         unreachable!("the registrar runs only with mapped windows");
     };
@@ -146,7 +147,7 @@ pub(super) fn register_loop(shared: &Shared) {
         }
     }
     loop {
-        let claim = match shared.ring.acquire() {
+        let claim = match shared.ring.acquire(index) {
             Ok(Some(claim)) => claim,
             Ok(None) => return,
             Err(e) => return shared.fail(e.into()),
