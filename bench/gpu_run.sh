@@ -247,7 +247,7 @@ if want arena && [ -x $C/copy_rates ]; then
         for mode in --gather --read; do
             for ring in "" --ring; do
                 for dma in "" --dma-arena; do
-                    echo "-- round $round $mode ${ring:-(own share)} ${dma:-(own buffer)}"
+                    echo "-- round $round $mode ${ring:-(own share)} ${dma:-(own buffer)}" | tee -a "$OUT/arena_rates.txt"
                     $C/copy_rates $mode "$DATA" $ring $dma 12 16 2>&1 | tail -2 | tee -a "$OUT/arena_rates.txt"
                 done
             done

@@ -30,8 +30,9 @@
 //!
 //! `--dma-arena` makes the copy engine read the arena the threads write, as it reads a loader's
 //! slots, instead of a buffer of its own. `--ring` has every thread write unit `i` into slot
-//! `i` mod the arena's units, as a loader's ring hands a slot to whichever reader claims its next
-//! batch, instead of each thread writing round a share of its own.
+//! `i` mod the arena's units, as a free list taken in turn hands slots to whichever reader
+//! claims next, instead of each thread writing round a share of its own, as a loader's ring
+//! has its readers do (it gives each reader back the slots it filled itself).
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Instant;
@@ -152,7 +153,7 @@ impl Work {
 /// Copies the work's units through the arena with `threads` threads, each taking the next
 /// unit in turn; returns (GB/s, GB/s per CPU-second). Thread `k`'s `n`-th unit goes round a share
 /// of the arena's slots of its own, or, with `ring`, unit `i` goes into slot `i` mod the slots,
-/// as a loader's ring hands its slots round whichever reader claims the next batch. Each slot's
+/// as a free list taken in turn hands slots round whichever reader claims next. Each slot's
 /// last unit is checked afterwards.
 fn copy_units(threads: usize, work: &Work, arena: &mut [u8], ring: bool) -> (f64, f64) {
     let (units, unit) = work.units();

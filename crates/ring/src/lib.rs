@@ -232,10 +232,10 @@ impl<F: Fence> Ring<F> {
     /// one caller blocks on the oldest copy's fence (the others on a condition variable).
     ///
     /// Of the free slots, a filler takes the one it filled last itself; when none of its own is
-    /// free, one nobody has claimed yet, and only then the slot freed last. A slot's lines are
-    /// then written again by the core that wrote them, not fetched from another core. Threads writing round slots of their own
-    /// copied 30 to 45% faster than the same threads writing each slot in turn
-    /// (`copy_rates --ring`, docs/BENCHMARKS.md).
+    /// free, one nobody has claimed yet, and only then the slot freed last. So each reader
+    /// writes round slots of its own: threads doing that copied 1.2 to 1.5 times as fast as the
+    /// same threads writing each slot in turn, the order a plain free list hands slots out in
+    /// (`copy_rates --ring` on three machine starts, docs/BENCHMARKS.md).
     pub fn acquire(&self, filler: usize) -> Result<Option<Claim>, F::Error> {
         let mut state = self.lock();
         let mut waited_since: Option<Instant> = None;
