@@ -233,9 +233,9 @@ impl<F: Fence> Ring<F> {
     ///
     /// Of the free slots, a filler takes the one it filled last itself; when none of its own is
     /// free, one nobody has claimed yet, and only then the slot freed last. So each reader
-    /// writes round slots of its own: threads doing that copied 1.2 to 1.5 times as fast as the
+    /// writes round slots of its own: threads doing that copied 1.1 to 1.5 times as fast as the
     /// same threads writing each slot in turn, the order a plain free list hands slots out in
-    /// (`copy_rates --ring` on three machine starts, docs/BENCHMARKS.md).
+    /// (`copy_rates --ring` on four machine starts, docs/BENCHMARKS.md).
     pub fn acquire(&self, filler: usize) -> Result<Option<Claim>, F::Error> {
         let mut state = self.lock();
         let mut waited_since: Option<Instant> = None;
