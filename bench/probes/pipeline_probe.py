@@ -42,6 +42,10 @@ def shares(st):
         copy_waiting_consumer_share=st["wait_consumer"] / wall,
         consumer_waiting_share=st["consumer_wait"] / wall,
         slot_waits=st["slot_waits"],
+        # Claims in which a reader got back a slot it filled itself (absent in older builds).
+        own_slot_share=st["slot_claims_own"] / max(st["slot_claims"], 1)
+        if "slot_claims_own" in st
+        else None,
         explanation=st["explanation"],
     )
 
@@ -97,6 +101,7 @@ def main():
     print(
         f"{'shuffle':<8}{'threads':>8}{'GB/s':>8}{'reading':>9}{'GB/s/reader':>13}"
         f"{'all readers':>13}{'slot wait':>11}{'copy idle':>11}{'wall GB/s':>11}{'start ms':>10}{'huge MiB':>9}{'slots used':>12}"
+        f"{'own slot':>10}"
     )
     for r in rows:
         print(
@@ -106,6 +111,7 @@ def main():
             f"{r['wall_gbps']:>11.1f}"
             f"{(r['startup_s'] or float('nan')) * 1e3:>10.1f}{r['anon_huge_mib'] or 0:>9.0f}"
             f"{r['slots_peak']:>7} of {r['slots']:<3}"
+            + (f"{r['own_slot_share']:>10.0%}" if r["own_slot_share"] is not None else f"{'':>10}")
         )
     for r in rows:
         print(f"{r['shuffle']}: {r['explanation']}")

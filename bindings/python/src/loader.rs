@@ -702,6 +702,8 @@ fn stats_dict<'py>(py: Python<'py>, s: &Stats, held: usize) -> PyResult<Bound<'p
     )?;
     d.set_item("slots_recycled", s.slots_recycled)?;
     d.set_item("slot_waits", s.slot_waits)?;
+    d.set_item("slot_claims", s.slot_claims)?;
+    d.set_item("slot_claims_own", s.slot_claims_own)?;
     d.set_item("slots_peak_in_use", s.slots_peak_in_use)?;
     d.set_item("device_bytes_peak", s.device_bytes_peak)?;
     d.set_item("device_bytes_held", held)?;

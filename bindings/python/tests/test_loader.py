@@ -49,6 +49,10 @@ def test_batches_in_pieces_equal_whole_batches(tmp_path, piece_size, shuffle):
     assert loader.stats()["slot_bytes"] == (
         4096 if piece_size is not None else 128 * 60 + (4096 - 128 * 60 % 4096)
     )
+    # Whole batches: one slot claimed a batch, the first of each reader never one of its own.
+    claims = whole.stats()
+    assert claims["slot_claims"] == 8
+    assert 0 <= claims["slot_claims_own"] < claims["slot_claims"]
 
 
 def test_piece_size_must_be_positive():

@@ -239,6 +239,11 @@ pub struct Stats {
     pub slots_recycled: u64,
     /// Times a reader found no free slot.
     pub slot_waits: u64,
+    /// Slots claimed by the readers (one a batch, or a piece of one).
+    pub slot_claims: u64,
+    /// Claims in which a reader got back a slot it had filled itself (the ring prefers those:
+    /// docs/ARCHITECTURE.md, "The slot life cycle").
+    pub slot_claims_own: u64,
     /// The most slots out of the free list at once.
     pub slots_peak_in_use: usize,
     /// The most device bytes held by batches at once on one device (the largest of
@@ -283,6 +288,8 @@ impl Stats {
                 .max(s.pinned_allocations_after_start);
             all.slots_recycled += s.slots_recycled;
             all.slot_waits += s.slot_waits;
+            all.slot_claims += s.slot_claims;
+            all.slot_claims_own += s.slot_claims_own;
             all.slots_peak_in_use += s.slots_peak_in_use;
             all.device_bytes_peak = all.device_bytes_peak.max(s.device_bytes_peak);
             all.network = match (all.network.take(), &s.network) {

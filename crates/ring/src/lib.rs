@@ -94,6 +94,8 @@ pub struct RingStats {
     pub claims: u64,
     /// Claims that had to wait because no slot was free.
     pub claims_waited: u64,
+    /// Claims that got back a slot the same filler had filled last ([`Ring::acquire`]).
+    pub claims_own: u64,
     /// Total time fillers spent waiting for a free slot (the copy engine or the consumer was behind).
     pub wait_free: Duration,
     /// Total time the copy engine spent waiting for the next batch to be filled (the readers were behind).
@@ -250,8 +252,9 @@ impl<F: Fence> Ring<F> {
             // taken again while its lines may still be in the cache, and a pass cycles through
             // the fewest slots it needs instead of the whole pool.
             Self::reclaim_completed(&mut state)?;
-            if let Some(slot) = Self::take_free(&mut state, filler) {
+            if let Some((slot, own)) = Self::take_free(&mut state, filler) {
                 debug_assert!(matches!(state.slots[slot], SlotState::Free));
+                state.stats.claims_own += u64::from(own);
                 let seq = state.next_seq;
                 state.next_seq += 1;
                 state.slots[slot] = SlotState::Filling { seq };
@@ -304,8 +307,8 @@ impl<F: Fence> Ring<F> {
     }
 
     /// Takes the free slot `filler` filled last, else one no filler has claimed yet, else the
-    /// slot freed last.
-    fn take_free(state: &mut State<F>, filler: usize) -> Option<usize> {
+    /// slot freed last; and says whether it was one of `filler`'s own.
+    fn take_free(state: &mut State<F>, filler: usize) -> Option<(usize, bool)> {
         let last_of = |owner: Option<usize>| {
             state
                 .free
@@ -316,8 +319,8 @@ impl<F: Fence> Ring<F> {
             .or_else(|| last_of(None))
             .or_else(|| state.free.len().checked_sub(1))?;
         let slot = state.free.remove(at);
-        state.filled_by[slot] = Some(filler);
-        Some(slot)
+        let own = state.filled_by[slot].replace(filler) == Some(filler);
+        Some((slot, own))
     }
 
     /// Moves every copying slot whose fence has completed back to the free list, oldest first,

@@ -219,6 +219,11 @@ fn a_filler_takes_back_the_slot_it_filled_itself() {
         fence.0.complete();
     }
     assert_ne!(own[0], own[1]);
+    assert_eq!(
+        ring.stats().claims_own,
+        6,
+        "every claim but each filler's first"
+    );
 
     // With its own slot still being copied, a filler takes another free slot rather than wait.
     let ring = Ring::<SharedFlag>::new(2, 2);

@@ -100,6 +100,8 @@ pub(super) fn report_json(args: &StreamArgs, m: &Measured) -> serde_json::Value 
         "slot_bytes": stats.slot_bytes,
         "slots_recycled": stats.slots_recycled,
         "slot_waits": stats.slot_waits,
+        "slot_claims": stats.slot_claims,
+        "slot_claims_own": stats.slot_claims_own,
         "slots_peak_in_use": stats.slots_peak_in_use,
         "cuda_init_s": m.cuda_init_s,
         "stages": {
@@ -270,11 +272,14 @@ fn print_pipeline(out: &mut impl Write, args: &StreamArgs, m: &Measured) -> io::
     )?;
     writeln!(
         out,
-        "  slots: recycled {}, readers waited for a free slot {} times ({:.3} s), peak in use {}",
+        "  slots: recycled {}, readers waited for a free slot {} times ({:.3} s), peak in use {}, \
+         {} of {} claims a reader's own",
         stats.slots_recycled,
         stats.slot_waits,
         stats.wait_free_slot.as_secs_f64(),
-        stats.slots_peak_in_use
+        stats.slots_peak_in_use,
+        stats.slot_claims_own,
+        stats.slot_claims
     )?;
     if let Some(net) = &stats.network {
         writeln!(

@@ -453,6 +453,8 @@ impl Loader {
             ),
             slots_recycled: ring.recycled,
             slot_waits: ring.claims_waited,
+            slot_claims: ring.claims,
+            slot_claims_own: ring.claims_own,
             slots_peak_in_use: ring.peak_in_use,
             network: s
                 .source

@@ -85,6 +85,30 @@ fn many_epochs_through_a_two_slot_ring() {
     assert_eq!(crc32fast::hash(&bytes), crc32fast::hash(&data.repeat(20)));
 }
 
+#[test]
+fn stats_count_the_claims_and_those_of_a_readers_own_slot() {
+    // One claim a batch; a lone reader's claims are of its own slots but for the first of each
+    // slot (the ring's own test checks which slot each of several readers gets).
+    let (source, data) = random_source(64, 4096, 5);
+    let options = LoaderOptions {
+        epochs: 10,
+        pinned_budget: 4 * 4 * 4096,
+        num_threads: Some(1),
+        ..host_options(4)
+    };
+    let mut loader = Loader::new(source, options).unwrap();
+    let mut bytes = Vec::new();
+    for batch in loader.by_ref() {
+        bytes.extend_from_slice(batch.unwrap().host_bytes().unwrap().unwrap());
+    }
+    assert_eq!(bytes, data.repeat(10));
+    let stats = loader.stats();
+    assert_eq!(stats.slots, 4);
+    assert_eq!(stats.slot_claims, 160, "{stats:?}");
+    let not_own = stats.slot_claims - stats.slot_claims_own;
+    assert!((1..=stats.slots as u64).contains(&not_own), "{stats:?}");
+}
+
 struct Negate;
 impl Transform for Negate {
     fn output_record_bytes(&self) -> usize {
