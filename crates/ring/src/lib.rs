@@ -234,10 +234,10 @@ impl<F: Fence> Ring<F> {
     /// one caller blocks on the oldest copy's fence (the others on a condition variable).
     ///
     /// Of the free slots, a filler takes the one it filled last itself; when none of its own is
-    /// free, one nobody has claimed yet, and only then the slot freed last. So each reader
-    /// writes round slots of its own: threads doing that copied 1.1 to 1.5 times as fast as the
-    /// same threads writing each slot in turn, the order a plain free list hands slots out in
-    /// (`copy_rates --ring` on four machine starts, docs/BENCHMARKS.md).
+    /// free, one nobody has claimed yet, and only then the slot freed last. So a reader writes
+    /// round slots of its own whenever one is free: threads doing that copied 1.1 to 1.5 times
+    /// as fast as the same threads writing each slot in turn, the order a plain free list hands
+    /// slots out in (`copy_rates --ring` on four machine starts, docs/BENCHMARKS.md).
     pub fn acquire(&self, filler: usize) -> Result<Option<Claim>, F::Error> {
         let mut state = self.lock();
         let mut waited_since: Option<Instant> = None;
@@ -248,9 +248,8 @@ impl<F: Fence> Ring<F> {
                 self.slot_freed.notify_all();
                 return Ok(None);
             }
-            // Slots whose copies have finished go back first, so that the slot freed last is
-            // taken again while its lines may still be in the cache, and a pass cycles through
-            // the fewest slots it needs instead of the whole pool.
+            // Slots whose copies have finished go back first, so that a filler finds its own
+            // slot free again as soon as its copy is done (see `take_free`).
             Self::reclaim_completed(&mut state)?;
             if let Some((slot, own)) = Self::take_free(&mut state, filler) {
                 debug_assert!(matches!(state.slots[slot], SlotState::Free));

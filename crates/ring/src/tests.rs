@@ -225,6 +225,23 @@ fn a_filler_takes_back_the_slot_it_filled_itself() {
         "every claim but each filler's first"
     );
 
+    // A filler none of whose slots is free, with every slot claimed before, takes the slot
+    // freed last.
+    let ring = Ring::<SharedFlag>::new(2, 3);
+    let mut freed = Vec::new();
+    for (seq, filler) in [(0, 0), (1, 1)] {
+        let claim = ring.acquire(filler).unwrap().unwrap();
+        freed.push(claim.slot());
+        ring.fill_done(claim);
+        let slot = ring.next_filled(seq).unwrap();
+        let fence = SharedFlag::default();
+        ring.copy_issued(slot, fence.clone());
+        fence.0.complete();
+    }
+    let third = ring.acquire(2).unwrap().unwrap();
+    assert_eq!(third.slot(), freed[1]);
+    ring.fill_done(third);
+
     // With its own slot still being copied, a filler takes another free slot rather than wait.
     let ring = Ring::<SharedFlag>::new(2, 2);
     let first = ring.acquire(0).unwrap().unwrap();
