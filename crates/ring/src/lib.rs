@@ -134,9 +134,8 @@ impl<F> fmt::Debug for SlotState<F> {
 
 struct State<F> {
     slots: Vec<SlotState<F>>,
-    /// Indices of `Free` slots, a stack: the slot freed last is claimed first (its lines are
-    /// the likeliest still in the CPU's cache). Every index appears at most once, and only for
-    /// `Free` slots.
+    /// Indices of `Free` slots in the order they were freed (a stack: `take_free` looks from
+    /// the top). Every index appears at most once, and only for `Free` slots.
     free: Vec<usize>,
     /// The filler that claimed each slot last (`None` before its first claim).
     filled_by: Vec<Option<usize>>,
@@ -324,8 +323,7 @@ impl<F: Fence> Ring<F> {
 
     /// Moves every copying slot whose fence has completed back to the free list, oldest first,
     /// stopping at the first one still in flight (copies on one stream finish in order).
-    fn reclaim_completed(state: &mut State<F>) -> Result<usize, F::Error> {
-        let mut reclaimed = 0;
+    fn reclaim_completed(state: &mut State<F>) -> Result<(), F::Error> {
         while let Some(&slot) = state.copying.front() {
             let SlotState::Copying { fence, .. } = &state.slots[slot] else {
                 unreachable!("slot {slot} is in the copying queue but not Copying");
@@ -337,9 +335,8 @@ impl<F: Fence> Ring<F> {
             state.slots[slot] = SlotState::Free;
             state.free.push(slot);
             state.stats.recycled += 1;
-            reclaimed += 1;
         }
-        Ok(reclaimed)
+        Ok(())
     }
 
     /// Marks a claimed slot as filled with its batch: `Filling → Filled`.

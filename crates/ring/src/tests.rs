@@ -160,35 +160,42 @@ fn issuing_a_copy_of_an_unfilled_slot_is_a_bug() {
     ring.copy_issued(0, SharedFlag::default());
 }
 
+/// A fence already completed.
+fn finished() -> SharedFlag {
+    let fence = SharedFlag::default();
+    fence.0.complete();
+    fence
+}
+
+/// Takes batch `seq` through the ring for `filler`: claims a slot, fills it and issues its copy
+/// with `fence`. Returns the slot.
+fn pass(ring: &Ring<SharedFlag>, filler: usize, seq: u64, fence: &SharedFlag) -> usize {
+    let claim = ring.acquire(filler).unwrap().unwrap();
+    assert_eq!(claim.seq(), seq);
+    let slot = claim.slot();
+    ring.fill_done(claim);
+    assert_eq!(ring.next_filled(seq), Some(slot));
+    ring.copy_issued(slot, fence.clone());
+    slot
+}
+
 #[test]
 fn a_pass_cycles_the_fewest_slots_the_slot_freed_last_first() {
     // Eight slots, one batch in flight at a time: every batch reuses the slot its predecessor
     // freed, and the other seven are never touched.
     let ring = Ring::<SharedFlag>::new(8, 20);
-    let mut used = Vec::new();
-    for seq in 0..20 {
-        let claim = ring.acquire(0).unwrap().unwrap();
-        used.push(claim.slot());
-        ring.fill_done(claim);
-        let slot = ring.next_filled(seq).unwrap();
-        let fence = SharedFlag::default();
-        ring.copy_issued(slot, fence.clone());
-        fence.0.complete();
-    }
+    let used: Vec<usize> = (0..20)
+        .map(|seq| pass(&ring, 0, seq, &finished()))
+        .collect();
     assert!(used.iter().all(|&s| s == used[0]), "slots used: {used:?}");
 
     // With two copies unfinished, the next claim takes a third slot, and once they finish the
     // slot freed last (the second copy's) comes back first.
     let ring = Ring::<SharedFlag>::new(4, 4);
     let fences = [SharedFlag::default(), SharedFlag::default()];
-    let mut slots = Vec::new();
-    for (seq, fence) in fences.iter().enumerate() {
-        let claim = ring.acquire(0).unwrap().unwrap();
-        slots.push(claim.slot());
-        ring.fill_done(claim);
-        let slot = ring.next_filled(seq as u64).unwrap();
-        ring.copy_issued(slot, fence.clone());
-    }
+    let slots: Vec<usize> = (0..2)
+        .map(|seq| pass(&ring, 0, seq, &fences[seq as usize]))
+        .collect();
     let third = ring.acquire(0).unwrap().unwrap();
     assert!(!slots.contains(&third.slot()));
     fences.iter().for_each(|f| f.0.complete());
@@ -206,17 +213,8 @@ fn a_filler_takes_back_the_slot_it_filled_itself() {
     let mut own: [Option<usize>; 2] = [None; 2];
     for seq in 0..8u64 {
         let filler = (seq % 2) as usize;
-        let claim = ring.acquire(filler).unwrap().unwrap();
-        assert_eq!(
-            *own[filler].get_or_insert(claim.slot()),
-            claim.slot(),
-            "batch {seq}"
-        );
-        ring.fill_done(claim);
-        let slot = ring.next_filled(seq).unwrap();
-        let fence = SharedFlag::default();
-        ring.copy_issued(slot, fence.clone());
-        fence.0.complete();
+        let slot = pass(&ring, filler, seq, &finished());
+        assert_eq!(*own[filler].get_or_insert(slot), slot, "batch {seq}");
     }
     assert_ne!(own[0], own[1]);
     assert_eq!(
@@ -228,26 +226,17 @@ fn a_filler_takes_back_the_slot_it_filled_itself() {
     // A filler none of whose slots is free, with every slot claimed before, takes the slot
     // freed last.
     let ring = Ring::<SharedFlag>::new(2, 3);
-    let mut freed = Vec::new();
-    for (seq, filler) in [(0, 0), (1, 1)] {
-        let claim = ring.acquire(filler).unwrap().unwrap();
-        freed.push(claim.slot());
-        ring.fill_done(claim);
-        let slot = ring.next_filled(seq).unwrap();
-        let fence = SharedFlag::default();
-        ring.copy_issued(slot, fence.clone());
-        fence.0.complete();
-    }
+    let freed = [
+        pass(&ring, 0, 0, &finished()),
+        pass(&ring, 1, 1, &finished()),
+    ];
     let third = ring.acquire(2).unwrap().unwrap();
     assert_eq!(third.slot(), freed[1]);
     ring.fill_done(third);
 
     // With its own slot still being copied, a filler takes another free slot rather than wait.
     let ring = Ring::<SharedFlag>::new(2, 2);
-    let first = ring.acquire(0).unwrap().unwrap();
-    ring.fill_done(first);
-    let slot = ring.next_filled(0).unwrap();
-    ring.copy_issued(slot, SharedFlag::default());
+    let slot = pass(&ring, 0, 0, &SharedFlag::default());
     let second = ring.acquire(0).unwrap().unwrap();
     assert_ne!(second.slot(), slot);
     ring.fill_done(second);
