@@ -46,6 +46,15 @@ def shares(st):
         own_slot_share=st["slot_claims_own"] / max(st["slot_claims"], 1)
         if "slot_claims_own" in st
         else None,
+        # Readers waiting for a slot with no copy in flight (slots held behind a batch still
+        # being read), and the copy thread waiting for a batch while later ones were filled
+        # (absent in older builds).
+        wait_free_no_copy_share=st["wait_free_slot_no_copy"] / (n * wall)
+        if "wait_free_slot_no_copy" in st
+        else None,
+        copy_waiting_behind_share=st["wait_filled_behind"] / wall
+        if "wait_filled_behind" in st
+        else None,
         explanation=st["explanation"],
     )
 
@@ -101,8 +110,12 @@ def main():
     print(
         f"{'shuffle':<8}{'threads':>8}{'GB/s':>8}{'reading':>9}{'GB/s/reader':>13}"
         f"{'all readers':>13}{'slot wait':>11}{'copy idle':>11}{'wall GB/s':>11}{'start ms':>10}{'huge MiB':>9}{'slots used':>12}"
-        f"{'own slot':>10}"
+        f"{'own slot':>10}{'no copy':>9}{'behind':>8}"
     )
+
+    def share(x, width):
+        return f"{x:>{width}.0%}" if x is not None else " " * width
+
     for r in rows:
         print(
             f"{r['shuffle']:<8}{r['threads']:>8}{r['gbps']:>8.1f}{r['reading_share']:>9.0%}"
@@ -111,7 +124,9 @@ def main():
             f"{r['wall_gbps']:>11.1f}"
             f"{(r['startup_s'] or float('nan')) * 1e3:>10.1f}{r['anon_huge_mib'] or 0:>9.0f}"
             f"{r['slots_peak']:>7} of {r['slots']:<3}"
-            + (f"{r['own_slot_share']:>10.0%}" if r["own_slot_share"] is not None else f"{'':>10}")
+            + share(r["own_slot_share"], 10)
+            + share(r["wait_free_no_copy_share"], 9)
+            + share(r["copy_waiting_behind_share"], 8)
         )
     for r in rows:
         print(f"{r['shuffle']}: {r['explanation']}")

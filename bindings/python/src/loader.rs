@@ -685,7 +685,12 @@ fn stats_dict<'py>(py: Python<'py>, s: &Stats, held: usize) -> PyResult<Bound<'p
     d.set_item("read_bytes", s.read_bytes)?;
     d.set_item("transform_time", s.transform_time.as_secs_f64())?;
     d.set_item("wait_free_slot", s.wait_free_slot.as_secs_f64())?;
+    d.set_item(
+        "wait_free_slot_no_copy",
+        s.wait_free_slot_no_copy.as_secs_f64(),
+    )?;
     d.set_item("wait_filled", s.wait_filled.as_secs_f64())?;
+    d.set_item("wait_filled_behind", s.wait_filled_behind.as_secs_f64())?;
     d.set_item("copy_issue_time", s.copy_issue_time.as_secs_f64())?;
     d.set_item("wait_consumer", s.wait_consumer.as_secs_f64())?;
     d.set_item("consumer_wait", s.consumer_wait.as_secs_f64())?;

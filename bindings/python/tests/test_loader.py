@@ -209,6 +209,9 @@ def test_stats():
     assert isinstance(s["bottleneck"], str) and isinstance(s["explanation"], str)
     for key in ("elapsed", "startup", "read_time", "wait_free_slot", "consumer_wait", "gbps"):
         assert isinstance(s[key], float)
+    # The waits told apart are parts of the whole ones.
+    assert 0 <= s["wait_filled_behind"] <= s["wait_filled"]
+    assert 0 <= s["wait_free_slot_no_copy"] <= s["wait_free_slot"]
     assert 0 < s["startup"]
     assert "device_bytes_held" in s
 

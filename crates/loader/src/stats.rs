@@ -208,8 +208,14 @@ pub struct Stats {
     pub transform_time: Duration,
     /// Time readers waited for a free slot, summed over threads.
     pub wait_free_slot: Duration,
+    /// Of `wait_free_slot`, the time no copy was in flight: every slot was being read into, or
+    /// filled and held back (behind a batch still being read, or a consumer that was behind).
+    pub wait_free_slot_no_copy: Duration,
     /// Time the copy thread waited for the next batch to be filled.
     pub wait_filled: Duration,
+    /// Of `wait_filled`, the time a later batch was filled already: copies go in sequence
+    /// order, so a batch still being read held back those read after it.
+    pub wait_filled_behind: Duration,
     /// Time the copy thread spent issuing copies.
     pub copy_issue_time: Duration,
     /// Time the copy thread waited for the consumer to take a batch.
@@ -274,7 +280,9 @@ impl Stats {
             all.read_bytes += s.read_bytes;
             all.transform_time += s.transform_time;
             all.wait_free_slot += s.wait_free_slot;
+            all.wait_free_slot_no_copy += s.wait_free_slot_no_copy;
             all.wait_filled += s.wait_filled;
+            all.wait_filled_behind += s.wait_filled_behind;
             all.copy_issue_time += s.copy_issue_time;
             all.wait_consumer += s.wait_consumer;
             all.consumer_wait += s.consumer_wait;
@@ -331,28 +339,37 @@ impl Stats {
     /// One sentence on what limits the loader and by how much.
     pub fn explain(&self) -> String {
         let read_rate = self.read_bytes as f64 / self.read_time.as_secs_f64().max(1e-9) / 1e9;
+        let share = |t: Duration| 100.0 * t.as_secs_f64() / self.elapsed.as_secs_f64().max(1e-9);
+        // Copies go in sequence order: the part of the copy thread's wait in which later
+        // batches were filled already, behind one still being read, where it is a percent or more.
+        let behind = match share(self.wait_filled_behind) {
+            p if p >= 1.0 => format!(" ({p:.0}% with later batches filled, behind one being read)"),
+            _ => String::new(),
+        };
         match self.bottleneck() {
             Bottleneck::Consumer => format!(
                 "consumer-bound: the consumer waited {:.0}% of the time for data; batches were ready ahead",
-                100.0 * self.consumer_wait.as_secs_f64() / self.elapsed.as_secs_f64().max(1e-9)
+                share(self.consumer_wait)
             ),
             Bottleneck::Read => format!(
-                "read-bound: {} reader thread(s) read at {:.2} GB/s each; the copy engine waited {:.0}% of the time",
+                "read-bound: {} reader thread(s) read at {:.2} GB/s each; the copy engine waited {:.0}% of the time{behind}",
                 self.threads,
                 read_rate,
-                100.0 * self.wait_filled.as_secs_f64() / self.elapsed.as_secs_f64().max(1e-9)
+                share(self.wait_filled)
             ),
             Bottleneck::Copy => format!(
-                "copy-bound: {:.2} GB/s delivered while readers waited {:.2} s for free slots",
+                "copy-bound: {:.2} GB/s delivered while readers waited {:.2} s for free slots \
+                 ({:.2} s of it with no copy in flight)",
                 self.gbps(),
-                self.wait_free_slot.as_secs_f64()
+                self.wait_free_slot.as_secs_f64(),
+                self.wait_free_slot_no_copy.as_secs_f64()
             ),
             Bottleneck::Network => {
                 let net = self.network.clone().unwrap_or_default();
                 format!(
                     "network-bound: {} reader thread(s) waited {:.2} s of their {:.2} s reading \
                      on object storage ({:.2} GB/s fetched in {} requests, {} retried); the copy \
-                     engine waited {:.0}% of the time",
+                     engine waited {:.0}% of the time{behind}",
                     self.threads,
                     // Timed around each request, so it may pass the read time by a hair.
                     net.wait.min(self.read_time).as_secs_f64(),
@@ -360,7 +377,7 @@ impl Stats {
                     net.bytes_fetched as f64 / self.elapsed.as_secs_f64().max(1e-9) / 1e9,
                     net.requests,
                     net.retries,
-                    100.0 * self.wait_filled.as_secs_f64() / self.elapsed.as_secs_f64().max(1e-9)
+                    share(self.wait_filled)
                 )
             }
             Bottleneck::Unknown => "too few batches to tell what limits the loader".to_string(),

@@ -98,8 +98,14 @@ pub struct RingStats {
     pub claims_own: u64,
     /// Total time fillers spent waiting for a free slot (the copy engine or the consumer was behind).
     pub wait_free: Duration,
+    /// Of `wait_free`, the time no copy was in flight: every slot was being filled, or filled and
+    /// waiting for its turn (behind a batch still being filled, or a consumer that was behind).
+    pub wait_free_no_copy: Duration,
     /// Total time the copy engine spent waiting for the next batch to be filled (the readers were behind).
     pub wait_filled: Duration,
+    /// Of `wait_filled`, the time a later batch was already filled: batches go to the copy
+    /// engine in sequence order, so one still being filled held back those filled after it.
+    pub wait_filled_behind: Duration,
     /// Slots returned to the free list after their fence completed.
     pub recycled: u64,
     /// Most slots out of the free list at once.
@@ -295,10 +301,14 @@ impl<F: Fence> Ring<F> {
                     waited?;
                 }
                 _ => {
+                    let no_copy = state.copying.is_empty().then(Instant::now);
                     state = self
                         .slot_freed
                         .wait(state)
                         .unwrap_or_else(|poisoned| poisoned.into_inner());
+                    if let Some(since) = no_copy {
+                        state.stats.wait_free_no_copy += since.elapsed();
+                    }
                 }
             }
         }
@@ -391,10 +401,19 @@ impl<F: Fence> Ring<F> {
                 return None;
             }
             waited = true;
+            // Whether a later batch is filled already, held back by this one (copies go in order).
+            let behind = state
+                .slots
+                .iter()
+                .any(|s| matches!(s, SlotState::Filled { seq: s } if *s > seq))
+                .then(Instant::now);
             state = self
                 .slot_filled
                 .wait(state)
                 .unwrap_or_else(|poisoned| poisoned.into_inner());
+            if let Some(since) = behind {
+                state.stats.wait_filled_behind += since.elapsed();
+            }
         }
     }
 

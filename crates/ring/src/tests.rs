@@ -241,3 +241,101 @@ fn a_filler_takes_back_the_slot_it_filled_itself() {
     assert_ne!(second.slot(), slot);
     ring.fill_done(second);
 }
+
+/// Runs `then` on a thread of its own after `delay`, while the caller goes on (to wait in the
+/// ring: the caller's wait starts at once, the thread's delay a little later, so the wait lasts
+/// about `delay` or more).
+fn after(delay: Duration, then: impl FnOnce() + Send + 'static) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        std::thread::sleep(delay);
+        then();
+    })
+}
+
+#[test]
+fn the_copy_engine_waiting_behind_an_unfilled_batch_is_counted_apart() {
+    // Batch 1 is filled before batch 0: the copy engine's wait for batch 0 is a wait behind it.
+    let delay = Duration::from_millis(40);
+    let ring = std::sync::Arc::new(Ring::<SharedFlag>::new(2, 3));
+    let first = ring.acquire(0).unwrap().unwrap();
+    let second = ring.acquire(1).unwrap().unwrap();
+    ring.fill_done(second);
+    let slot = first.slot();
+    let filler = after(delay, {
+        let ring = ring.clone();
+        move || ring.fill_done(first)
+    });
+    assert_eq!(ring.next_filled(0), Some(slot));
+    filler.join().unwrap();
+    let stats = ring.stats();
+    assert!(stats.wait_filled_behind >= delay / 2, "{stats:?}");
+    assert!(stats.wait_filled >= stats.wait_filled_behind, "{stats:?}");
+
+    // With nothing filled after it, waiting for batch 2 is no wait behind another.
+    ring.copy_issued(slot, finished());
+    assert!(ring.next_filled(1).is_some());
+    let before = ring.stats();
+    let third = ring.acquire(0).unwrap().unwrap();
+    let filler = after(delay, {
+        let ring = ring.clone();
+        move || ring.fill_done(third)
+    });
+    assert!(ring.next_filled(2).is_some());
+    filler.join().unwrap();
+    let stats = ring.stats();
+    assert!(
+        stats.wait_filled >= before.wait_filled + delay / 2,
+        "{stats:?}"
+    );
+    assert_eq!(
+        stats.wait_filled_behind, before.wait_filled_behind,
+        "{stats:?}"
+    );
+}
+
+#[test]
+fn a_filler_waiting_with_no_copy_in_flight_is_counted_apart() {
+    // One slot, being filled: the second claim waits with no copy in flight until the first
+    // batch's copy is issued.
+    let delay = Duration::from_millis(40);
+    let ring = std::sync::Arc::new(Ring::<SharedFlag>::new(1, 3));
+    let first = ring.acquire(0).unwrap().unwrap();
+    let slot = first.slot();
+    let copier = after(delay, {
+        let ring = ring.clone();
+        move || {
+            ring.fill_done(first);
+            assert_eq!(ring.next_filled(0), Some(slot));
+            ring.copy_issued(slot, finished());
+        }
+    });
+    let second = ring.acquire(1).unwrap().unwrap();
+    copier.join().unwrap();
+    let stats = ring.stats();
+    assert!(stats.wait_free_no_copy >= delay / 2, "{stats:?}");
+    assert!(stats.wait_free >= stats.wait_free_no_copy, "{stats:?}");
+
+    ring.fill_done(second);
+
+    // Waiting on copies in flight is not, whether on the fence or beside the filler waiting on it.
+    let ring = std::sync::Arc::new(Ring::<SharedFlag>::new(2, 4));
+    let fences = [SharedFlag::default(), SharedFlag::default()];
+    for (seq, fence) in (0..).zip(&fences) {
+        pass(&ring, 0, seq, fence);
+    }
+    let other = {
+        let ring = ring.clone();
+        std::thread::spawn(move || ring.acquire(1).unwrap().unwrap())
+    };
+    let copies = after(delay, {
+        let fences = fences.clone();
+        move || fences.iter().for_each(|f| f.0.complete())
+    });
+    let mine = ring.acquire(0).unwrap().unwrap();
+    copies.join().unwrap();
+    ring.fill_done(mine);
+    ring.fill_done(other.join().unwrap());
+    let stats = ring.stats();
+    assert!(stats.wait_free >= delay / 2, "{stats:?}");
+    assert_eq!(stats.wait_free_no_copy, Duration::ZERO, "{stats:?}");
+}

@@ -109,7 +109,9 @@ pub(super) fn report_json(args: &StreamArgs, m: &Measured) -> serde_json::Value 
             "read_s": stats.read_time.as_secs_f64(),
             "transform_s": stats.transform_time.as_secs_f64(),
             "wait_free_slot_s": stats.wait_free_slot.as_secs_f64(),
+            "wait_free_slot_no_copy_s": stats.wait_free_slot_no_copy.as_secs_f64(),
             "copy_wait_filled_s": stats.wait_filled.as_secs_f64(),
+            "copy_wait_filled_behind_s": stats.wait_filled_behind.as_secs_f64(),
             "copy_issue_s": stats.copy_issue_time.as_secs_f64(),
             "copy_wait_consumer_s": stats.wait_consumer.as_secs_f64(),
             "consumer_wait_s": stats.consumer_wait.as_secs_f64(),
@@ -272,11 +274,12 @@ fn print_pipeline(out: &mut impl Write, args: &StreamArgs, m: &Measured) -> io::
     )?;
     writeln!(
         out,
-        "  slots: recycled {}, readers waited for a free slot {} times ({:.3} s), peak in use {}, \
-         {} of {} claims a reader's own",
+        "  slots: recycled {}, readers waited for a free slot {} times ({:.3} s, {:.3} s with no \
+         copy in flight), peak in use {}, {} of {} claims a reader's own",
         stats.slots_recycled,
         stats.slot_waits,
         stats.wait_free_slot.as_secs_f64(),
+        stats.wait_free_slot_no_copy.as_secs_f64(),
         stats.slots_peak_in_use,
         stats.slot_claims_own,
         stats.slot_claims

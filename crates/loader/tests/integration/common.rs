@@ -72,3 +72,30 @@ impl Source for Faulty {
         self.inner.read_records(first, dst)
     }
 }
+
+/// Wraps a source and takes `delay` longer over the read that holds a given record.
+#[derive(Debug)]
+pub struct Slow {
+    pub inner: Arc<dyn Source>,
+    pub slow_record: u64,
+    pub delay: std::time::Duration,
+}
+
+impl Source for Slow {
+    fn name(&self) -> &str {
+        "slow source"
+    }
+    fn layout(&self) -> &Layout {
+        self.inner.layout()
+    }
+    fn num_records(&self) -> u64 {
+        self.inner.num_records()
+    }
+    fn read_records(&self, first: u64, dst: &mut [u8]) -> pinfeed_source::Result<()> {
+        let n = (dst.len() / self.layout().record_bytes()) as u64;
+        if (first..first + n).contains(&self.slow_record) {
+            std::thread::sleep(self.delay);
+        }
+        self.inner.read_records(first, dst)
+    }
+}

@@ -1,10 +1,11 @@
 //! Every byte delivered equals the source; every record once per epoch, in order.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use pinfeed::{Loader, LoaderOptions, Transform};
 
-use crate::common::{collect, host_options, random_source};
+use crate::common::{collect, host_options, random_source, Slow};
 
 #[test]
 fn byte_exact_for_batch_sizes_that_divide_and_do_not() {
@@ -107,6 +108,36 @@ fn stats_count_the_claims_and_those_of_a_readers_own_slot() {
     assert_eq!(stats.slot_claims, 160, "{stats:?}");
     let not_own = stats.slot_claims - stats.slot_claims_own;
     assert!((1..=stats.slots as u64).contains(&not_own), "{stats:?}");
+}
+
+#[test]
+fn stats_tell_apart_the_copy_held_behind_a_batch_still_being_read() {
+    // Two readers; the first batch takes 60 ms longer to read, so the second is filled while
+    // the copy thread still waits for the first (copies go in order).
+    let (inner, data) = random_source(40, 16, 7);
+    let delay = Duration::from_millis(60);
+    let source = Arc::new(Slow {
+        inner,
+        slow_record: 0,
+        delay,
+    });
+    let options = LoaderOptions {
+        num_threads: Some(2),
+        ..host_options(10)
+    };
+    let mut loader = Loader::new(source, options).unwrap();
+    let mut bytes = Vec::new();
+    for batch in loader.by_ref() {
+        bytes.extend_from_slice(batch.unwrap().host_bytes().unwrap().unwrap());
+    }
+    assert_eq!(bytes, data);
+    let stats = loader.stats();
+    assert!(stats.wait_filled_behind >= delay / 2, "{stats:?}");
+    assert!(stats.wait_filled >= stats.wait_filled_behind, "{stats:?}");
+    assert!(
+        stats.wait_free_slot >= stats.wait_free_slot_no_copy,
+        "{stats:?}"
+    );
 }
 
 struct Negate;
