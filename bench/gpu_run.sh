@@ -15,7 +15,8 @@
 #        AB_ROUNDS (default 3), TOKENS_ARGS (extra arguments of tokens_bench.py),
 #        JAX_BENCH_ARGS (extra arguments of jax_bench.py),
 #        IMAGES_COUNT (JPEGs of the `images` section, default 20000), IMAGES_ARGS,
-#        PROBE_EPOCHS (timed epochs a row of `probe`, default 5)
+#        PROBE_EPOCHS (timed epochs a row of `probe`, default 5), PROBE_THREADS (reader counts
+#        of `probe`, 0 for the loader's own; default 0)
 set -uo pipefail
 C=.device-carry
 OUT=${OUT:-/tmp/pinfeed-out}
@@ -207,6 +208,7 @@ fi
 
 if want ab && ls $C/old/*.whl $C/*.whl >/dev/null 2>&1; then
     echo "== A/B: the wheel of bench/prepare_ab.sh's revision (old) against this one (new)"
+    [ -f $C/old/revision.txt ] && echo "old: $(cat $C/old/revision.txt)" | tee "$OUT/ab-old-revision.txt"
     install_wheel /tmp/site-old $C/old/*.whl && install_wheel /tmp/site $C/*.whl
     timeout 500 python3 bench/ab.py --build old=/tmp/site-old --build new=/tmp/site --rounds "${AB_ROUNDS:-3}" \
         --npy "$DATA" --out "$OUT/ab.json" 2>&1 | tail -8
@@ -236,8 +238,14 @@ if want probe && ls $C/*.whl >/dev/null 2>&1; then
     echo "== Where a Loader's epoch goes, in order and shuffled (bench/probes/pipeline_probe.py)"
     install_wheel /tmp/site $C/*.whl
     make_data
-    PYTHONPATH=/tmp/site timeout 200 python3 bench/probes/pipeline_probe.py --npy "$DATA" \
-        --epochs "${PROBE_EPOCHS:-5}" --out "$OUT/pipeline_probe.json"
+    # PROBE_THREADS: reader counts to probe besides the loader's own (0), e.g. "0 16".
+    for t in ${PROBE_THREADS:-0}; do
+        name=pipeline_probe; args=""
+        [ "$t" != 0 ] && { name=pipeline_probe-threads$t; args="--threads $t"; }
+        echo "-- readers: ${t/#0/as the loader chooses}"
+        PYTHONPATH=/tmp/site timeout 200 python3 bench/probes/pipeline_probe.py --npy "$DATA" $args \
+            --epochs "${PROBE_EPOCHS:-5}" --out "$OUT/$name.json"
+    done
 fi
 
 if want arena && [ -x $C/copy_rates ]; then

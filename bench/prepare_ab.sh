@@ -17,7 +17,9 @@ SHA=$(git rev-parse --verify "$REV^{commit}")
 WT=$(mktemp -d /tmp/pinfeed-ab-XXXXXX)
 trap 'git worktree remove --force "$WT" >/dev/null 2>&1 || true' EXIT
 git worktree add --detach "$WT" "$SHA" >/dev/null
-(cd "$WT" && CARGO_TARGET_DIR="$WT/target" python3 -m maturin build --release -m bindings/python/Cargo.toml -o "$WT/wheel" --quiet)
+(cd "$WT" && CARGO_TARGET_DIR="$WT/target" python3 -m maturin build --release --strip -m bindings/python/Cargo.toml -o "$WT/wheel" --quiet)
 rm -rf "${C:?}/$NAME" && mkdir -p "$C/$NAME"
 cp "$WT"/wheel/*.whl "$C/$NAME/"
-echo "$C/$NAME/: the wheel of $SHA"
+# Which revision the wheel is, for the run's log (gpu_run.sh prints it).
+git log -1 --format='%h %s' "$SHA" > "$C/$NAME/revision.txt"
+echo "$C/$NAME/: the wheel of $(cat "$C/$NAME/revision.txt")"
