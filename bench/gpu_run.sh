@@ -16,7 +16,7 @@
 #        JAX_BENCH_ARGS (extra arguments of jax_bench.py),
 #        IMAGES_COUNT (JPEGs of the `images` section, default 20000), IMAGES_ARGS,
 #        PROBE_EPOCHS (timed epochs a row of `probe`, default 5), PROBE_THREADS (reader counts
-#        of `probe`, 0 for the loader's own; default 0)
+#        of `probe`, 0 for the loader's own; default 0), PROBE_ROUNDS (default 1)
 set -uo pipefail
 C=.device-carry
 OUT=${OUT:-/tmp/pinfeed-out}
@@ -235,16 +235,25 @@ if want machine && ls $C/*.whl >/dev/null 2>&1; then
 fi
 
 if want probe && ls $C/*.whl >/dev/null 2>&1; then
-    echo "== Where a Loader's epoch goes, in order and shuffled (bench/probes/pipeline_probe.py)"
+    echo "== Where a Loader's epoch goes, in order and shuffled (bench/probes/pipeline_probe.py), this wheel and, when carried, bench/prepare_ab.sh's (old), in turns"
     install_wheel /tmp/site $C/*.whl
+    builds=new
+    if ls $C/old/*.whl >/dev/null 2>&1; then install_wheel /tmp/site-old $C/old/*.whl; builds="new old"; fi
     make_data
-    # PROBE_THREADS: reader counts to probe besides the loader's own (0), e.g. "0 16".
-    for t in ${PROBE_THREADS:-0}; do
-        name=pipeline_probe; args=""
-        [ "$t" != 0 ] && { name=pipeline_probe-threads$t; args="--threads $t"; }
-        echo "-- readers: ${t/#0/as the loader chooses}"
-        PYTHONPATH=/tmp/site timeout 200 python3 bench/probes/pipeline_probe.py --npy "$DATA" $args \
-            --epochs "${PROBE_EPOCHS:-5}" --out "$OUT/$name.json"
+    # PROBE_THREADS: reader counts to probe, 0 for the loader's own (e.g. "0 16"); PROBE_ROUNDS.
+    # Files: pipeline_probe[-old][-threadsN][-rR].json (no suffix: this wheel, its own count, round 1).
+    for round in $(seq "${PROBE_ROUNDS:-1}"); do
+        for build in $builds; do
+            for t in ${PROBE_THREADS:-0}; do
+                site=/tmp/site; name=pipeline_probe; args=""
+                [ $build = old ] && { site=/tmp/site-old; name=$name-old; }
+                [ "$t" != 0 ] && { name=$name-threads$t; args="--threads $t"; }
+                [ "$round" != 1 ] && name=$name-r$round
+                echo "-- $build, round $round, readers: ${t/#0/as the loader chooses}"
+                PYTHONPATH=$site timeout 200 python3 bench/probes/pipeline_probe.py --npy "$DATA" $args \
+                    --epochs "${PROBE_EPOCHS:-5}" --out "$OUT/$name.json"
+            done
+        done
     done
 fi
 
