@@ -242,11 +242,13 @@ if want probe && ls $C/*.whl >/dev/null 2>&1; then
     make_data
     # PROBE_THREADS: reader counts to probe, 0 for the loader's own (e.g. "0 16"); PROBE_ROUNDS.
     # Files: pipeline_probe[-old][-threadsN][-rR].json (no suffix: this wheel, its own count, round 1).
+    # Each run is a fresh process of 2 x (PROBE_EPOCHS + 1) passes over the 4 GiB file: keep
+    # rounds x builds x counts within one call's time.
     for round in $(seq "${PROBE_ROUNDS:-1}"); do
         for build in $builds; do
             for t in ${PROBE_THREADS:-0}; do
                 site=/tmp/site; name=pipeline_probe; args=""
-                [ $build = old ] && { site=/tmp/site-old; name=$name-old; }
+                [ "$build" = old ] && { site=/tmp/site-old; name=$name-old; }
                 [ "$t" != 0 ] && { name=$name-threads$t; args="--threads $t"; }
                 [ "$round" != 1 ] && name=$name-r$round
                 echo "-- $build, round $round, readers: ${t/#0/as the loader chooses}"

@@ -37,7 +37,7 @@ test_binary "$C/tests/pinfeed-lib" -p pinfeed --lib
 # The soak test binary (its GPU soak runs for minutes, so not with the tests above).
 test_binary "$C/soak" -p pinfeed --test soak
 if [ -f bindings/python/pyproject.toml ]; then
-    # Stripped (7.7 MB; 27 MB with the release profile's line tables), so that a call's
+    # Stripped (7.7 MB; 27 MB with the release profile's `debug = 1`), so that a call's
     # 64 MiB carries it beside the wheels of other revisions (bench/prepare_ab.sh).
     python3 -m maturin build --release --strip -m bindings/python/Cargo.toml -o "$C" --quiet
 fi

@@ -47,12 +47,12 @@ def shares(st):
         if "slot_claims_own" in st
         else None,
         # Readers waiting for a slot with no copy in flight (slots held behind a batch still
-        # being read), and the copy thread waiting for a batch while later ones were filled
-        # (absent in older builds).
-        wait_free_no_copy_share=st["wait_free_slot_no_copy"] / (n * wall)
+        # being read, or a consumer that was behind), and the copy thread waiting for a batch
+        # while later ones were filled (absent in older builds).
+        wait_free_slot_no_copy_share=st["wait_free_slot_no_copy"] / (n * wall)
         if "wait_free_slot_no_copy" in st
         else None,
-        copy_waiting_behind_share=st["wait_filled_behind"] / wall
+        copy_waiting_filled_behind_share=st["wait_filled_behind"] / wall
         if "wait_filled_behind" in st
         else None,
         explanation=st["explanation"],
@@ -125,8 +125,8 @@ def main():
             f"{(r['startup_s'] or float('nan')) * 1e3:>10.1f}{r['anon_huge_mib'] or 0:>9.0f}"
             f"{r['slots_peak']:>7} of {r['slots']:<3}"
             + share(r["own_slot_share"], 10)
-            + share(r["wait_free_no_copy_share"], 9)
-            + share(r["copy_waiting_behind_share"], 8)
+            + share(r["wait_free_slot_no_copy_share"], 9)
+            + share(r["copy_waiting_filled_behind_share"], 8)
         )
     for r in rows:
         print(f"{r['shuffle']}: {r['explanation']}")

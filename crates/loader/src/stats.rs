@@ -208,13 +208,14 @@ pub struct Stats {
     pub transform_time: Duration,
     /// Time readers waited for a free slot, summed over threads.
     pub wait_free_slot: Duration,
-    /// Of `wait_free_slot`, the time no copy was in flight: every slot was being read into, or
-    /// filled and held back (behind a batch still being read, or a consumer that was behind).
+    /// Of `wait_free_slot`, the time no copy was in flight (none issued and not yet taken
+    /// back): every slot was being read into, or filled and held back (behind a batch still
+    /// being read, or a consumer that was behind).
     pub wait_free_slot_no_copy: Duration,
     /// Time the copy thread waited for the next batch to be filled.
     pub wait_filled: Duration,
-    /// Of `wait_filled`, the time a later batch was filled already: copies go in sequence
-    /// order, so a batch still being read held back those read after it.
+    /// Of `wait_filled`, the time a later piece or batch was filled already: copies go in
+    /// sequence order, so one still being read held back those read after it.
     pub wait_filled_behind: Duration,
     /// Time the copy thread spent issuing copies.
     pub copy_issue_time: Duration,
@@ -341,10 +342,16 @@ impl Stats {
         let read_rate = self.read_bytes as f64 / self.read_time.as_secs_f64().max(1e-9) / 1e9;
         let share = |t: Duration| 100.0 * t.as_secs_f64() / self.elapsed.as_secs_f64().max(1e-9);
         // Copies go in sequence order: the part of the copy thread's wait in which later
-        // batches were filled already, behind one still being read, where it is a percent or more.
-        let behind = match share(self.wait_filled_behind) {
-            p if p >= 1.0 => format!(" ({p:.0}% with later batches filled, behind one being read)"),
-            _ => String::new(),
+        // batches were filled already, behind one still being read, named where it is 1% or
+        // more of that wait.
+        let behind = 100.0 * self.wait_filled_behind.as_secs_f64()
+            / self.wait_filled.as_secs_f64().max(1e-9);
+        let behind = if behind >= 1.0 {
+            format!(
+                ", {behind:.0}% of it behind a batch still being read while later ones were filled"
+            )
+        } else {
+            String::new()
         };
         match self.bottleneck() {
             Bottleneck::Consumer => format!(

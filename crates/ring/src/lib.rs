@@ -98,13 +98,14 @@ pub struct RingStats {
     pub claims_own: u64,
     /// Total time fillers spent waiting for a free slot (the copy engine or the consumer was behind).
     pub wait_free: Duration,
-    /// Of `wait_free`, the time no copy was in flight: every slot was being filled, or filled and
-    /// waiting for its turn (behind a batch still being filled, or a consumer that was behind).
+    /// Of `wait_free`, the time no copy was in flight (none issued and not yet taken back):
+    /// every slot was being filled, or filled and waiting for its turn (behind a batch still
+    /// being filled, or a consumer that was behind). Summed over fillers, as `wait_free` is.
     pub wait_free_no_copy: Duration,
     /// Total time the copy engine spent waiting for the next batch to be filled (the readers were behind).
     pub wait_filled: Duration,
-    /// Of `wait_filled`, the time a later batch was already filled: batches go to the copy
-    /// engine in sequence order, so one still being filled held back those filled after it.
+    /// Of `wait_filled`, the time a later sequence number was filled already: batches go to the
+    /// copy engine in sequence order, so one still being filled held back those filled after it.
     pub wait_filled_behind: Duration,
     /// Slots returned to the free list after their fence completed.
     pub recycled: u64,
@@ -151,6 +152,9 @@ struct State<F> {
     /// Whether some thread is blocked in `Fence::wait` on the oldest copying slot; others then
     /// wait on the condition variable rather than on the same fence.
     fence_waiter: bool,
+    /// How long `copying` has been empty, all told: a filler's wait with no copy in flight is
+    /// the growth of [`NoCopyClock::now`] over it, however often the queue filled and emptied.
+    no_copy: NoCopyClock,
     /// The next sequence number to hand out; always `<= total`.
     next_seq: u64,
     /// Sequence numbers at or beyond this are never handed out.
@@ -162,6 +166,31 @@ struct State<F> {
 impl<F> State<F> {
     fn in_use(&self) -> usize {
         self.slots.len() - self.free.len()
+    }
+}
+
+/// A clock that runs while no copy is in flight.
+struct NoCopyClock {
+    /// Time counted up to `since`.
+    total: Duration,
+    /// When the copying queue last became empty, while it is empty.
+    since: Option<Instant>,
+}
+
+impl NoCopyClock {
+    /// The time counted so far.
+    fn now(&self) -> Duration {
+        self.total + self.since.map_or(Duration::ZERO, |t| t.elapsed())
+    }
+    /// The copying queue got its first copy: stop.
+    fn stop(&mut self) {
+        if let Some(t) = self.since.take() {
+            self.total += t.elapsed();
+        }
+    }
+    /// The copying queue became empty: run.
+    fn start(&mut self) {
+        self.since.get_or_insert_with(Instant::now);
     }
 }
 
@@ -200,6 +229,10 @@ impl<F: Fence> Ring<F> {
             filled_by: vec![None; capacity],
             copying: VecDeque::with_capacity(capacity),
             fence_waiter: false,
+            no_copy: NoCopyClock {
+                total: Duration::ZERO,
+                since: Some(Instant::now()),
+            },
             next_seq: 0,
             total,
             shutdown: false,
@@ -246,6 +279,7 @@ impl<F: Fence> Ring<F> {
     pub fn acquire(&self, filler: usize) -> Result<Option<Claim>, F::Error> {
         let mut state = self.lock();
         let mut waited_since: Option<Instant> = None;
+        let mut no_copy = Duration::ZERO; // of this claim's wait
         loop {
             if state.shutdown || state.next_seq >= state.total {
                 // Others asleep here are done too: wake them to leave (once per thread).
@@ -268,6 +302,7 @@ impl<F: Fence> Ring<F> {
                 if let Some(since) = waited_since {
                     state.stats.claims_waited += 1;
                     state.stats.wait_free += since.elapsed();
+                    state.stats.wait_free_no_copy += no_copy;
                 }
                 // Wake the next waiter only while slots are left for it: waking every reader for
                 // each freed slot had a dozen threads query the driver per copy, slowing it.
@@ -280,6 +315,7 @@ impl<F: Fence> Ring<F> {
                 return Ok(Some(Claim { slot, seq }));
             }
             waited_since.get_or_insert_with(Instant::now);
+            let before = state.no_copy.now();
             match state.copying.front() {
                 Some(&oldest) if !state.fence_waiter => {
                     let SlotState::Copying { fence, .. } = &state.slots[oldest] else {
@@ -301,16 +337,13 @@ impl<F: Fence> Ring<F> {
                     waited?;
                 }
                 _ => {
-                    let no_copy = state.copying.is_empty().then(Instant::now);
                     state = self
                         .slot_freed
                         .wait(state)
                         .unwrap_or_else(|poisoned| poisoned.into_inner());
-                    if let Some(since) = no_copy {
-                        state.stats.wait_free_no_copy += since.elapsed();
-                    }
                 }
             }
+            no_copy += state.no_copy.now().saturating_sub(before);
         }
     }
 
@@ -342,6 +375,9 @@ impl<F: Fence> Ring<F> {
                 break;
             }
             state.copying.pop_front();
+            if state.copying.is_empty() {
+                state.no_copy.start();
+            }
             state.slots[slot] = SlotState::Free;
             state.free.push(slot);
             state.stats.recycled += 1;
@@ -383,6 +419,7 @@ impl<F: Fence> Ring<F> {
         let mut state = self.lock();
         let started = Instant::now();
         let mut waited = false;
+        let mut behind = Duration::ZERO; // of this wait
         loop {
             if seq >= state.total {
                 return None;
@@ -390,10 +427,11 @@ impl<F: Fence> Ring<F> {
             let found = state
                 .slots
                 .iter()
-                .position(|s| matches!(s, SlotState::Filled { seq: s } if *s == seq));
+                .position(|s| matches!(s, SlotState::Filled { seq: filled } if *filled == seq));
             if let Some(slot) = found {
                 if waited {
                     state.stats.wait_filled += started.elapsed();
+                    state.stats.wait_filled_behind += behind;
                 }
                 return Some(slot);
             }
@@ -401,18 +439,18 @@ impl<F: Fence> Ring<F> {
                 return None;
             }
             waited = true;
-            // Whether a later batch is filled already, held back by this one (copies go in order).
-            let behind = state
+            // Whether a later one is filled already, held back by this one (copies go in order).
+            let later_filled = state
                 .slots
                 .iter()
-                .any(|s| matches!(s, SlotState::Filled { seq: s } if *s > seq))
+                .any(|s| matches!(s, SlotState::Filled { seq: filled } if *filled > seq))
                 .then(Instant::now);
             state = self
                 .slot_filled
                 .wait(state)
                 .unwrap_or_else(|poisoned| poisoned.into_inner());
-            if let Some(since) = behind {
-                state.stats.wait_filled_behind += since.elapsed();
+            if let Some(since) = later_filled {
+                behind += since.elapsed();
             }
         }
     }
@@ -432,6 +470,7 @@ impl<F: Fence> Ring<F> {
             fence: Arc::new(fence),
         };
         state.copying.push_back(slot);
+        state.no_copy.stop();
         // A reader asleep because nothing was in flight must now wait on this copy; with a fence
         // waiter already there, nobody needs waking.
         let wake = !state.fence_waiter;

@@ -242,9 +242,9 @@ fn a_filler_takes_back_the_slot_it_filled_itself() {
     ring.fill_done(second);
 }
 
-/// Runs `then` on a thread of its own after `delay`, while the caller goes on (to wait in the
-/// ring: the caller's wait starts at once, the thread's delay a little later, so the wait lasts
-/// about `delay` or more).
+/// Runs `then` on a thread of its own after `delay`, while the caller goes on to wait in the
+/// ring. The caller's wait lasts about `delay`, less by however long the caller was kept from
+/// starting it, which is why the tests below ask for a quarter of it.
 fn after(delay: Duration, then: impl FnOnce() + Send + 'static) -> std::thread::JoinHandle<()> {
     std::thread::spawn(move || {
         std::thread::sleep(delay);
@@ -252,23 +252,24 @@ fn after(delay: Duration, then: impl FnOnce() + Send + 'static) -> std::thread::
     })
 }
 
+const DELAY: Duration = Duration::from_millis(100);
+
 #[test]
 fn the_copy_engine_waiting_behind_an_unfilled_batch_is_counted_apart() {
     // Batch 1 is filled before batch 0: the copy engine's wait for batch 0 is a wait behind it.
-    let delay = Duration::from_millis(40);
     let ring = std::sync::Arc::new(Ring::<SharedFlag>::new(2, 3));
     let first = ring.acquire(0).unwrap().unwrap();
     let second = ring.acquire(1).unwrap().unwrap();
     ring.fill_done(second);
     let slot = first.slot();
-    let filler = after(delay, {
+    let filler = after(DELAY, {
         let ring = ring.clone();
         move || ring.fill_done(first)
     });
     assert_eq!(ring.next_filled(0), Some(slot));
     filler.join().unwrap();
     let stats = ring.stats();
-    assert!(stats.wait_filled_behind >= delay / 2, "{stats:?}");
+    assert!(stats.wait_filled_behind >= DELAY / 4, "{stats:?}");
     assert!(stats.wait_filled >= stats.wait_filled_behind, "{stats:?}");
 
     // With nothing filled after it, waiting for batch 2 is no wait behind another.
@@ -276,7 +277,7 @@ fn the_copy_engine_waiting_behind_an_unfilled_batch_is_counted_apart() {
     assert!(ring.next_filled(1).is_some());
     let before = ring.stats();
     let third = ring.acquire(0).unwrap().unwrap();
-    let filler = after(delay, {
+    let filler = after(DELAY, {
         let ring = ring.clone();
         move || ring.fill_done(third)
     });
@@ -284,7 +285,7 @@ fn the_copy_engine_waiting_behind_an_unfilled_batch_is_counted_apart() {
     filler.join().unwrap();
     let stats = ring.stats();
     assert!(
-        stats.wait_filled >= before.wait_filled + delay / 2,
+        stats.wait_filled >= before.wait_filled + DELAY / 4,
         "{stats:?}"
     );
     assert_eq!(
@@ -294,14 +295,43 @@ fn the_copy_engine_waiting_behind_an_unfilled_batch_is_counted_apart() {
 }
 
 #[test]
+fn a_wait_cut_short_by_shutdown_counts_in_neither_whole_nor_part() {
+    let ring = std::sync::Arc::new(Ring::<SharedFlag>::new(2, 4));
+    let first = ring.acquire(0).unwrap().unwrap();
+    let second = ring.acquire(1).unwrap().unwrap();
+    ring.fill_done(second);
+    let stop = after(DELAY / 4, {
+        let ring = ring.clone();
+        move || ring.shutdown()
+    });
+    // The copy engine waits behind batch 0, and a filler with no copy in flight; both end so.
+    let filler = {
+        let ring = ring.clone();
+        std::thread::spawn(move || ring.acquire(2).unwrap())
+    };
+    assert_eq!(ring.next_filled(0), None);
+    assert_eq!(filler.join().unwrap(), None);
+    stop.join().unwrap();
+    ring.fill_abandoned(first);
+    let stats = ring.stats();
+    assert_eq!(
+        (stats.wait_filled, stats.wait_filled_behind),
+        (Duration::ZERO, Duration::ZERO)
+    );
+    assert_eq!(
+        (stats.wait_free, stats.wait_free_no_copy),
+        (Duration::ZERO, Duration::ZERO)
+    );
+}
+
+#[test]
 fn a_filler_waiting_with_no_copy_in_flight_is_counted_apart() {
     // One slot, being filled: the second claim waits with no copy in flight until the first
     // batch's copy is issued.
-    let delay = Duration::from_millis(40);
-    let ring = std::sync::Arc::new(Ring::<SharedFlag>::new(1, 3));
+    let ring = std::sync::Arc::new(Ring::<SharedFlag>::new(1, 5));
     let first = ring.acquire(0).unwrap().unwrap();
     let slot = first.slot();
-    let copier = after(delay, {
+    let copier = after(DELAY, {
         let ring = ring.clone();
         move || {
             ring.fill_done(first);
@@ -312,30 +342,41 @@ fn a_filler_waiting_with_no_copy_in_flight_is_counted_apart() {
     let second = ring.acquire(1).unwrap().unwrap();
     copier.join().unwrap();
     let stats = ring.stats();
-    assert!(stats.wait_free_no_copy >= delay / 2, "{stats:?}");
+    assert!(stats.wait_free_no_copy >= DELAY / 4, "{stats:?}");
     assert!(stats.wait_free >= stats.wait_free_no_copy, "{stats:?}");
 
+    // A filler asleep while a copy is issued and runs counts only the time before it: here
+    // two wait, one on the copy's fence, the other beside it for the whole copy.
+    let before = ring.stats();
+    let waiters: Vec<_> = (2..4)
+        .map(|filler| {
+            let ring = ring.clone();
+            std::thread::spawn(move || {
+                let claim = ring.acquire(filler).unwrap().unwrap();
+                let seq = claim.seq();
+                ring.fill_done(claim);
+                seq
+            })
+        })
+        .collect();
+    std::thread::sleep(DELAY / 4); // both asleep, with no copy in flight
     ring.fill_done(second);
-
-    // Waiting on copies in flight is not, whether on the fence or beside the filler waiting on it.
-    let ring = std::sync::Arc::new(Ring::<SharedFlag>::new(2, 4));
-    let fences = [SharedFlag::default(), SharedFlag::default()];
-    for (seq, fence) in (0..).zip(&fences) {
-        pass(&ring, 0, seq, fence);
+    assert_eq!(ring.next_filled(1), Some(slot));
+    let fence = SharedFlag::default();
+    ring.copy_issued(slot, fence.clone());
+    std::thread::sleep(DELAY);
+    fence.0.complete();
+    for seq in 2..4 {
+        assert_eq!(ring.next_filled(seq), Some(slot));
+        ring.copy_issued(slot, finished());
     }
-    let other = {
-        let ring = ring.clone();
-        std::thread::spawn(move || ring.acquire(1).unwrap().unwrap())
-    };
-    let copies = after(delay, {
-        let fences = fences.clone();
-        move || fences.iter().for_each(|f| f.0.complete())
-    });
-    let mine = ring.acquire(0).unwrap().unwrap();
-    copies.join().unwrap();
-    ring.fill_done(mine);
-    ring.fill_done(other.join().unwrap());
+    let mut seqs: Vec<u64> = waiters.into_iter().map(|w| w.join().unwrap()).collect();
+    seqs.sort_unstable();
+    assert_eq!(seqs, [2, 3]);
     let stats = ring.stats();
-    assert!(stats.wait_free >= delay / 2, "{stats:?}");
-    assert_eq!(stats.wait_free_no_copy, Duration::ZERO, "{stats:?}");
+    let waited = stats.wait_free - before.wait_free;
+    let no_copy = stats.wait_free_no_copy - before.wait_free_no_copy;
+    // Each waited through the copy (DELAY), with a copy in flight all along.
+    assert!(waited >= 2 * DELAY, "{stats:?}");
+    assert!(no_copy + DELAY * 3 / 2 <= waited, "{stats:?}");
 }

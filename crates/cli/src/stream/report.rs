@@ -284,6 +284,14 @@ fn print_pipeline(out: &mut impl Write, args: &StreamArgs, m: &Measured) -> io::
         stats.slot_claims_own,
         stats.slot_claims
     )?;
+    writeln!(
+        out,
+        "  copy thread: waited {:.3} s for the next batch ({:.3} s of it with later ones filled), \
+         {:.3} s for the consumer",
+        stats.wait_filled.as_secs_f64(),
+        stats.wait_filled_behind.as_secs_f64(),
+        stats.wait_consumer.as_secs_f64()
+    )?;
     if let Some(net) = &stats.network {
         writeln!(
             out,

@@ -112,10 +112,12 @@ fn stats_count_the_claims_and_those_of_a_readers_own_slot() {
 
 #[test]
 fn stats_tell_apart_the_copy_held_behind_a_batch_still_being_read() {
-    // Two readers; the first batch takes 60 ms longer to read, so the second is filled while
-    // the copy thread still waits for the first (copies go in order).
-    let (inner, data) = random_source(40, 16, 7);
-    let delay = Duration::from_millis(60);
+    // Two readers and two slots; the first batch takes 100 ms longer to read, so the second is
+    // filled while the copy thread still waits for the first (copies go in order), and the
+    // second reader then waits for a slot with no copy in flight. (A wait counts once it ends
+    // in a claim: with 100 batches, the first reader does not take all the rest meanwhile.)
+    let (inner, data) = random_source(1000, 16, 7);
+    let delay = Duration::from_millis(100);
     let source = Arc::new(Slow {
         inner,
         slow_record: 0,
@@ -123,6 +125,7 @@ fn stats_tell_apart_the_copy_held_behind_a_batch_still_being_read() {
     });
     let options = LoaderOptions {
         num_threads: Some(2),
+        pinned_budget: 2 * 4096,
         ..host_options(10)
     };
     let mut loader = Loader::new(source, options).unwrap();
@@ -132,8 +135,11 @@ fn stats_tell_apart_the_copy_held_behind_a_batch_still_being_read() {
     }
     assert_eq!(bytes, data);
     let stats = loader.stats();
-    assert!(stats.wait_filled_behind >= delay / 2, "{stats:?}");
+    assert_eq!(stats.slots, 2);
+    // A quarter: the waits start a little after the slow read does.
+    assert!(stats.wait_filled_behind >= delay / 4, "{stats:?}");
     assert!(stats.wait_filled >= stats.wait_filled_behind, "{stats:?}");
+    assert!(stats.wait_free_slot_no_copy >= delay / 4, "{stats:?}");
     assert!(
         stats.wait_free_slot >= stats.wait_free_slot_no_copy,
         "{stats:?}"
