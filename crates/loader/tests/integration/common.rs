@@ -38,12 +38,23 @@ pub fn collect(loader: Loader) -> (Vec<u8>, Vec<(u64, u64, usize)>) {
     (bytes, batches)
 }
 
-/// Wraps a source and fails (or panics) when asked for a given record.
+/// What a [`Faulty`] source does when asked for its bad record.
+#[derive(Debug, Clone, Copy)]
+pub enum Fault {
+    /// Fails the read with an I/O error.
+    Error,
+    /// Panics.
+    Panic,
+    /// Reads it, this much later.
+    Delay(std::time::Duration),
+}
+
+/// Wraps a source and fails, panics or is slow when asked for a given record.
 #[derive(Debug)]
 pub struct Faulty {
     pub inner: Arc<dyn Source>,
     pub bad_record: u64,
-    pub panic: bool,
+    pub fault: Fault,
 }
 
 impl Source for Faulty {
@@ -59,42 +70,18 @@ impl Source for Faulty {
     fn read_records(&self, first: u64, dst: &mut [u8]) -> pinfeed_source::Result<()> {
         let n = (dst.len() / self.layout().record_bytes()) as u64;
         if (first..first + n).contains(&self.bad_record) {
-            if self.panic {
-                panic!("injected panic at record {}", self.bad_record);
+            match self.fault {
+                Fault::Panic => panic!("injected panic at record {}", self.bad_record),
+                Fault::Error => {
+                    return Err(pinfeed_source::SourceError::Read {
+                        path: "faulty source".into(),
+                        offset: self.bad_record,
+                        len: dst.len(),
+                        source: std::io::Error::other("injected I/O error"),
+                    })
+                }
+                Fault::Delay(delay) => std::thread::sleep(delay),
             }
-            return Err(pinfeed_source::SourceError::Read {
-                path: "faulty source".into(),
-                offset: self.bad_record,
-                len: dst.len(),
-                source: std::io::Error::other("injected I/O error"),
-            });
-        }
-        self.inner.read_records(first, dst)
-    }
-}
-
-/// Wraps a source and takes `delay` longer over the read that holds a given record.
-#[derive(Debug)]
-pub struct Slow {
-    pub inner: Arc<dyn Source>,
-    pub slow_record: u64,
-    pub delay: std::time::Duration,
-}
-
-impl Source for Slow {
-    fn name(&self) -> &str {
-        "slow source"
-    }
-    fn layout(&self) -> &Layout {
-        self.inner.layout()
-    }
-    fn num_records(&self) -> u64 {
-        self.inner.num_records()
-    }
-    fn read_records(&self, first: u64, dst: &mut [u8]) -> pinfeed_source::Result<()> {
-        let n = (dst.len() / self.layout().record_bytes()) as u64;
-        if (first..first + n).contains(&self.slow_record) {
-            std::thread::sleep(self.delay);
         }
         self.inner.read_records(first, dst)
     }

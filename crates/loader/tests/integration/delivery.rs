@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use pinfeed::{Loader, LoaderOptions, Transform};
 
-use crate::common::{collect, host_options, random_source, Slow};
+use crate::common::{collect, host_options, random_source, Fault, Faulty};
 
 #[test]
 fn byte_exact_for_batch_sizes_that_divide_and_do_not() {
@@ -118,10 +118,10 @@ fn stats_tell_apart_the_copy_held_behind_a_batch_still_being_read() {
     // in a claim: with 100 batches, the first reader does not take all the rest meanwhile.)
     let (inner, data) = random_source(1000, 16, 7);
     let delay = Duration::from_millis(100);
-    let source = Arc::new(Slow {
+    let source = Arc::new(Faulty {
         inner,
-        slow_record: 0,
-        delay,
+        bad_record: 0,
+        fault: Fault::Delay(delay),
     });
     let options = LoaderOptions {
         num_threads: Some(2),

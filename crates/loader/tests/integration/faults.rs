@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use pinfeed::{Loader, LoaderError, LoaderOptions};
 use pinfeed_source::{Layout, Source};
 
-use crate::common::{host_options, random_source, Faulty};
+use crate::common::{host_options, random_source, Fault, Faulty};
 
 fn run_faulty(panic: bool) -> (usize, LoaderError) {
     run_faulty_with(panic, host_options(10))
@@ -18,7 +18,7 @@ fn run_faulty_with(panic: bool, options: LoaderOptions) -> (usize, LoaderError) 
     let source = Arc::new(Faulty {
         inner,
         bad_record: 555,
-        panic,
+        fault: if panic { Fault::Panic } else { Fault::Error },
     });
     let loader = Loader::new(source, options).unwrap();
     let mut good = 0;

@@ -9,7 +9,7 @@ use pinfeed::{
 };
 use pinfeed_source::Source;
 
-use crate::common::{host_options, random_source, Faulty};
+use crate::common::{host_options, random_source, Fault, Faulty};
 
 /// What one device received: its bytes, read back, and each batch's (epoch, index, records).
 #[derive(Debug, Default, PartialEq)]
@@ -397,7 +397,7 @@ fn a_read_error_ends_a_replicated_run_after_the_whole_steps_before_it() {
     let source = Arc::new(Faulty {
         inner,
         bad_record: 555,
-        panic: false,
+        fault: Fault::Error,
     });
     for piece_bytes in [None, Some(3 * 16)] {
         let options = LoaderOptions {
