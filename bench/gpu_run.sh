@@ -241,22 +241,32 @@ if want probe && ls $C/*.whl >/dev/null 2>&1; then
     if ls $C/old/*.whl >/dev/null 2>&1; then install_wheel /tmp/site-old $C/old/*.whl; builds="new old"; fi
     make_data
     # PROBE_THREADS: reader counts to probe, 0 for the loader's own (e.g. "0 16"); PROBE_ROUNDS.
-    # Files: pipeline_probe[-old][-threadsN][-rR].json (no suffix: this wheel, its own count, round 1).
     # Each run is a fresh process of 2 x (PROBE_EPOCHS + 1) passes over the 4 GiB file: keep
-    # rounds x builds x counts within one call's time.
+    # rounds x builds x counts within one call's time. Every run's rows go into one file,
+    # pipeline_probe.json, labelled with its build, the readers asked for (null: the loader's
+    # own count) and its round; the printed tables into pipeline_probe.txt.
+    runs=$(mktemp -d)
     for round in $(seq "${PROBE_ROUNDS:-1}"); do
         for build in $builds; do
             for t in ${PROBE_THREADS:-0}; do
-                site=/tmp/site; name=pipeline_probe; args=""
-                [ "$build" = old ] && { site=/tmp/site-old; name=$name-old; }
-                [ "$t" != 0 ] && { name=$name-threads$t; args="--threads $t"; }
-                [ "$round" != 1 ] && name=$name-r$round
-                echo "-- $build, round $round, readers: ${t/#0/as the loader chooses}"
+                site=/tmp/site; args=""
+                [ "$build" = old ] && site=/tmp/site-old
+                [ "$t" != 0 ] && args="--threads $t"
+                echo "-- $build, round $round, readers: ${t/#0/as the loader chooses}" | tee -a "$OUT/pipeline_probe.txt"
                 PYTHONPATH=$site timeout 200 python3 bench/probes/pipeline_probe.py --npy "$DATA" $args \
-                    --epochs "${PROBE_EPOCHS:-5}" --out "$OUT/$name.json"
+                    --epochs "${PROBE_EPOCHS:-5}" --out "$runs/$build-$t-$round.json" | tee -a "$OUT/pipeline_probe.txt"
             done
         done
     done
+    python3 - "$runs" "$OUT/pipeline_probe.json" <<'EOF'
+import json, pathlib, sys
+rows = []
+for f in sorted(pathlib.Path(sys.argv[1]).glob("*.json")):
+    build, threads, rnd = f.stem.split("-")
+    for row in json.loads(f.read_text()):
+        rows.append(dict(row, build=build, asked_threads=int(threads) or None, round=int(rnd)))
+pathlib.Path(sys.argv[2]).write_text(json.dumps(rows, indent=1))
+EOF
 fi
 
 if want arena && [ -x $C/copy_rates ]; then
