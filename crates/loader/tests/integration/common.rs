@@ -38,6 +38,15 @@ pub fn collect(loader: Loader) -> (Vec<u8>, Vec<(u64, u64, usize)>) {
     (bytes, batches)
 }
 
+/// Every byte a host-backend loader delivers, in delivery order; the loader stays for its stats.
+pub fn host_bytes(loader: &mut Loader) -> Vec<u8> {
+    let mut bytes = Vec::new();
+    for batch in loader.by_ref() {
+        bytes.extend_from_slice(batch.expect("batch").host_bytes().unwrap().unwrap());
+    }
+    bytes
+}
+
 /// What a [`Faulty`] source does when asked for its bad record.
 #[derive(Debug, Clone, Copy)]
 pub enum Fault {

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use pinfeed::{Loader, LoaderOptions, Transform};
 
-use crate::common::{collect, host_options, random_source, Fault, Faulty};
+use crate::common::{collect, host_bytes, host_options, random_source, Fault, Faulty};
 
 #[test]
 fn byte_exact_for_batch_sizes_that_divide_and_do_not() {
@@ -70,19 +70,11 @@ fn many_epochs_through_a_two_slot_ring() {
         num_threads: Some(4),
         ..host_options(4)
     };
-    let loader = Loader::new(source, options).unwrap();
-    let (bytes, _) = {
-        let mut loader = loader;
-        let mut bytes = Vec::new();
-        for batch in loader.by_ref() {
-            let batch = batch.unwrap();
-            bytes.extend_from_slice(batch.host_bytes().unwrap().unwrap());
-        }
-        let stats = loader.stats();
-        assert_eq!(stats.slots, 2);
-        assert!(stats.slots_recycled >= 318, "{stats:?}");
-        (bytes, stats)
-    };
+    let mut loader = Loader::new(source, options).unwrap();
+    let bytes = host_bytes(&mut loader);
+    let stats = loader.stats();
+    assert_eq!(stats.slots, 2);
+    assert!(stats.slots_recycled >= 318, "{stats:?}");
     assert_eq!(crc32fast::hash(&bytes), crc32fast::hash(&data.repeat(20)));
 }
 
@@ -98,10 +90,7 @@ fn stats_count_the_claims_and_those_of_a_readers_own_slot() {
         ..host_options(4)
     };
     let mut loader = Loader::new(source, options).unwrap();
-    let mut bytes = Vec::new();
-    for batch in loader.by_ref() {
-        bytes.extend_from_slice(batch.unwrap().host_bytes().unwrap().unwrap());
-    }
+    let bytes = host_bytes(&mut loader);
     assert_eq!(bytes, data.repeat(10));
     let stats = loader.stats();
     assert_eq!(stats.slots, 4);
@@ -129,10 +118,7 @@ fn stats_tell_apart_the_copy_held_behind_a_batch_still_being_read() {
         ..host_options(10)
     };
     let mut loader = Loader::new(source, options).unwrap();
-    let mut bytes = Vec::new();
-    for batch in loader.by_ref() {
-        bytes.extend_from_slice(batch.unwrap().host_bytes().unwrap().unwrap());
-    }
+    let bytes = host_bytes(&mut loader);
     assert_eq!(bytes, data);
     let stats = loader.stats();
     assert_eq!(stats.slots, 2);
