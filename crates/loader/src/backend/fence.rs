@@ -72,6 +72,15 @@ impl CudaFence {
 }
 
 impl CopyFence {
+    /// Blocks until the memory this copy writes may go back to its cache: on the host backend
+    /// the copy thread writes into it until the flag is set; CUDA memory goes back to its
+    /// device's cache at once, where it is reused in stream order (`DeviceBufferCache`).
+    pub(crate) fn wait_before_reuse(&self) {
+        if !matches!(self, CopyFence::Cuda(_)) {
+            let _ = pinfeed_ring::Fence::wait(self);
+        }
+    }
+
     /// The fence of all of `fences`: the one itself when there is one.
     pub(crate) fn all(mut fences: Vec<CopyFence>) -> CopyFence {
         debug_assert!(!fences.is_empty(), "a fence of no copy");

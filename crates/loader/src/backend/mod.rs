@@ -409,11 +409,6 @@ impl Landed {
 
 impl Drop for Landed {
     fn drop(&mut self) {
-        // On the host backend the copy thread writes into this memory until the flag is set;
-        // it must not go back to the cache before. CUDA memory goes back to its device's cache,
-        // where it is reused in stream order (`DeviceBufferCache`).
-        if !matches!(self.ready, CopyFence::Cuda(_)) {
-            let _ = pinfeed_ring::Fence::wait(&self.ready);
-        }
+        self.ready.wait_before_reuse();
     }
 }

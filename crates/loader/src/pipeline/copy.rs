@@ -173,6 +173,18 @@ fn copy_slots(shared: &Arc<Shared>, pool: &PinnedPool, batches: &SyncSender<Resu
     }
 }
 
+impl Drop for Assembling {
+    /// A batch dropped before delivery (a later piece's read or copy failed, or the consumer
+    /// went away) may still be written by copies issued into it.
+    fn drop(&mut self) {
+        for (_, last) in &self.on {
+            if let Some(fence) = last {
+                fence.wait_before_reuse();
+            }
+        }
+    }
+}
+
 impl Assembling {
     /// A batch's first piece has come: its device memory, whole, on every device.
     fn new(shared: &Shared, spec: Arc<BatchSpec>) -> Result<Assembling> {
@@ -192,10 +204,12 @@ fn deliver_assembled(
     shared: &Shared,
     batches: &SyncSender<Result<Batch>>,
     seq: u64,
-    Assembling { spec, on }: Assembling,
+    mut batch: Assembling,
 ) -> bool {
-    let len = spec.count * shared.out_record_bytes;
-    for (target, (memory, last)) in on.into_iter().enumerate() {
+    let len = batch.spec.count * shared.out_record_bytes;
+    // Taken out one device at a time: what is left if one fails waits for its copies in drop.
+    for target in 0..batch.on.len() {
+        let (memory, last) = batch.on.remove(0);
         // Copies to one device finish in the order they were issued (one stream; one host copy
         // thread), so the batch is complete there when its last copy is.
         let ready = match last {
@@ -208,7 +222,7 @@ fn deliver_assembled(
                 }
             },
         };
-        let place = (seq, Arc::clone(&spec), len);
+        let place = (seq, Arc::clone(&batch.spec), len);
         if !deliver(shared, batches, target, place, memory, ready) {
             return false;
         }
@@ -391,5 +405,89 @@ impl HeldWindows<'_> {
         for (_, slot, fence) in std::mem::take(&mut self.held) {
             let _ = self.release(slot, fence);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use pinfeed_source::dtype::parse_user_dtype;
+    use pinfeed_source::{HostBuffer, Layout, Source, SourceError};
+
+    use crate::backend::{Backend, CopyGate};
+    use crate::{DeviceSpec, Loader, LoaderOptions};
+
+    /// A host buffer whose record `bad` fails to read.
+    #[derive(Debug)]
+    struct FailsAt {
+        inner: HostBuffer,
+        bad: u64,
+    }
+
+    impl Source for FailsAt {
+        fn name(&self) -> &str {
+            "fails at one record"
+        }
+        fn layout(&self) -> &Layout {
+            self.inner.layout()
+        }
+        fn num_records(&self) -> u64 {
+            self.inner.num_records()
+        }
+        fn read_records(&self, first: u64, dst: &mut [u8]) -> pinfeed_source::Result<()> {
+            let n = (dst.len() / self.layout().record_bytes()) as u64;
+            if (first..first + n).contains(&self.bad) {
+                return Err(SourceError::Read {
+                    path: "fails at one record".into(),
+                    offset: self.bad,
+                    len: dst.len(),
+                    source: std::io::Error::other("injected I/O error"),
+                });
+            }
+            self.inner.read_records(first, dst)
+        }
+    }
+
+    /// Batch 0 is read in pieces of 10 records and its third piece fails. The copies of the
+    /// first two are held back by a closed gate: the copy thread, dropping the batch, must wait
+    /// for them before its memory goes back to the cache (where it could be freed while the
+    /// host copy thread still writes into it), so the error reaches the consumer only once the
+    /// gate has opened.
+    #[test]
+    fn a_batch_dropped_after_a_failed_piece_waits_for_its_copies() {
+        let (dtype, _) = parse_user_dtype("u8").unwrap();
+        let layout = Layout::new(dtype, vec![16]).unwrap();
+        let inner = HostBuffer::from_vec(vec![7u8; 1000 * 16], layout).unwrap();
+        let source = std::sync::Arc::new(FailsAt { inner, bad: 25 });
+        let options = LoaderOptions {
+            batch_size: 100,
+            piece_bytes: Some(10 * 16),
+            num_threads: Some(1),
+            pinned_budget: 8 * 4096,
+            device: DeviceSpec::Cpu,
+            ..LoaderOptions::default()
+        };
+        let gate = CopyGate::closed();
+        let held = std::sync::Arc::clone(&gate);
+        let mut loader = Loader::start(source, options, move || {
+            Ok(vec![std::sync::Arc::new(Backend::host_gated(held)?)])
+        })
+        .unwrap();
+        let opener = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(200));
+            let opened = std::time::Instant::now();
+            gate.open();
+            opened
+        });
+        let first = loader.next().expect("an item");
+        let received = std::time::Instant::now();
+        let opened = opener.join().unwrap();
+        let err = first.expect_err("batch 0 failed").to_string();
+        assert!(err.contains("injected I/O error"), "{err}");
+        assert!(
+            received >= opened,
+            "the error came before the batch's copies finished"
+        );
     }
 }
