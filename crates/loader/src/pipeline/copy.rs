@@ -413,53 +413,25 @@ mod tests {
     use std::time::Duration;
 
     use pinfeed_source::dtype::parse_user_dtype;
-    use pinfeed_source::{HostBuffer, Layout, Source, SourceError};
+    use pinfeed_source::{Layout, RawFile};
 
     use crate::backend::{Backend, CopyGate};
     use crate::{DeviceSpec, Loader, LoaderOptions};
 
-    /// A host buffer whose record `bad` fails to read.
-    #[derive(Debug)]
-    struct FailsAt {
-        inner: HostBuffer,
-        bad: u64,
-    }
-
-    impl Source for FailsAt {
-        fn name(&self) -> &str {
-            "fails at one record"
-        }
-        fn layout(&self) -> &Layout {
-            self.inner.layout()
-        }
-        fn num_records(&self) -> u64 {
-            self.inner.num_records()
-        }
-        fn read_records(&self, first: u64, dst: &mut [u8]) -> pinfeed_source::Result<()> {
-            let n = (dst.len() / self.layout().record_bytes()) as u64;
-            if (first..first + n).contains(&self.bad) {
-                return Err(SourceError::Read {
-                    path: "fails at one record".into(),
-                    offset: self.bad,
-                    len: dst.len(),
-                    source: std::io::Error::other("injected I/O error"),
-                });
-            }
-            self.inner.read_records(first, dst)
-        }
-    }
-
-    /// Batch 0 is read in pieces of 10 records and its third piece fails. The copies of the
-    /// first two are held back by a closed gate: the copy thread, dropping the batch, must wait
-    /// for them before its memory goes back to the cache (where it could be freed while the
-    /// host copy thread still writes into it), so the error reaches the consumer only once the
-    /// gate has opened.
+    /// Batch 0 is read in pieces of 10 records of a file cut to 25 records after it was
+    /// opened, so its third piece fails. The copies of the first two are held back by a closed
+    /// gate: the copy thread, dropping the batch, must wait for them before its memory goes
+    /// back to the cache (where it could be freed while the host copy thread still writes into
+    /// it), so the error reaches the consumer only once the gate has opened.
     #[test]
     fn a_batch_dropped_after_a_failed_piece_waits_for_its_copies() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("records.bin");
+        std::fs::write(&path, vec![7u8; 1000 * 16]).unwrap();
         let (dtype, _) = parse_user_dtype("u8").unwrap();
-        let layout = Layout::new(dtype, vec![16]).unwrap();
-        let inner = HostBuffer::from_vec(vec![7u8; 1000 * 16], layout).unwrap();
-        let source = std::sync::Arc::new(FailsAt { inner, bad: 25 });
+        let source = RawFile::open(&path, Layout::new(dtype, vec![16]).unwrap()).unwrap();
+        let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+        file.set_len(25 * 16).unwrap();
         let options = LoaderOptions {
             batch_size: 100,
             piece_bytes: Some(10 * 16),
@@ -470,7 +442,7 @@ mod tests {
         };
         let gate = CopyGate::closed();
         let held = std::sync::Arc::clone(&gate);
-        let mut loader = Loader::start(source, options, move || {
+        let mut loader = Loader::start(std::sync::Arc::new(source), options, move || {
             Ok(vec![std::sync::Arc::new(Backend::host_gated(held)?)])
         })
         .unwrap();
@@ -484,7 +456,7 @@ mod tests {
         let received = std::time::Instant::now();
         let opened = opener.join().unwrap();
         let err = first.expect_err("batch 0 failed").to_string();
-        assert!(err.contains("injected I/O error"), "{err}");
+        assert!(err.contains("records.bin"), "{err}");
         assert!(
             received >= opened,
             "the error came before the batch's copies finished"
