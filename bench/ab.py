@@ -43,12 +43,14 @@ def drain(loader, check=None):
 def worker(npy, label):
     import numpy as np
     import torch
+    from rates import host_cpu
     from torch_baselines import bus_rate  # bench/ is the script's folder, on sys.path
     from torch_baselines import timed as best_of
 
     import pinfeed
 
     rows = []
+    host = host_cpu()
 
     def row(name, nbytes, wall, cpu, bus, loader=None):
         gbps = nbytes / wall / 1e9
@@ -73,6 +75,7 @@ def worker(npy, label):
                 "cpu_s": cpu,
                 "bus_gbps": bus,
                 "share_of_bus": gbps / bus,
+                "host_cpu": host,
             }
         )
 

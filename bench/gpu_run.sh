@@ -5,8 +5,8 @@
 # binaries, wheel into .device-carry/). bench/README.md lists what each section measures.
 #
 #   bash bench/gpu_run.sh [SECTION...]   (default: tests rust torch python)
-#   sections: tests rust torch python pytests ab tokens machine probe arena alternate nvjpeg jax
-#             images
+#   sections: tests rust torch python pytests ab tokens machine probe arena footprint alternate
+#             nvjpeg jax images
 #             weed s3fs
 #             store storetokens storeab
 #             bigcached bigsweep bigcold legacysoak soakstart soakwait
@@ -16,7 +16,8 @@
 #        JAX_BENCH_ARGS (extra arguments of jax_bench.py),
 #        IMAGES_COUNT (JPEGs of the `images` section, default 20000), IMAGES_ARGS,
 #        PROBE_EPOCHS (timed epochs a row of `probe`, default 5), PROBE_THREADS (reader counts
-#        of `probe`, 0 for the loader's own; default 0), PROBE_ROUNDS (default 1)
+#        of `probe`, 0 for the loader's own; default 0), PROBE_ROUNDS (default 1),
+#        FOOTPRINT_ROUNDS (default 3), FOOTPRINT_ARGS (extra arguments of footprint_probe.py)
 set -uo pipefail
 C=.device-carry
 OUT=${OUT:-/tmp/pinfeed-out}
@@ -282,6 +283,15 @@ if want arena && [ -x $C/copy_rates ]; then
             done
         done
     done
+fi
+
+if want footprint && ls $C/*.whl >/dev/null 2>&1; then
+    echo "== The pinned pool's footprint: fewer slots, smaller pieces (bench/probes/footprint_probe.py), in order and shuffled, beside torch's pinned copy"
+    install_wheel /tmp/site $C/*.whl
+    make_data
+    # FOOTPRINT_ARGS: e.g. --config "r+2=slots=+2" (each configuration is a fresh process a round).
+    PYTHONPATH=/tmp/site timeout 500 python3 bench/probes/footprint_probe.py --npy "$DATA" \
+        --rounds "${FOOTPRINT_ROUNDS:-3}" --out "$OUT/footprint.json" ${FOOTPRINT_ARGS:-} 2>&1 | tail -12
 fi
 
 if want alternate && ls $C/*.whl >/dev/null 2>&1; then

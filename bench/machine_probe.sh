@@ -10,6 +10,8 @@ echo "== cpu"
 lscpu 2>/dev/null | grep -E "^(Model name|CPU\(s\)|Thread|Core|Socket|NUMA node|L3|Hypervisor|Flags)" \
     | sed -E 's/^(Flags:\s+).*/\1(avx512f: '"$(grep -c -w avx512f /proc/cpuinfo 2>/dev/null | head -1)"' cpus)/'
 grep -m1 "model name" /proc/cpuinfo
+# Family, model and stepping tell the host's CPU generation where the name does not.
+grep -m4 -E "^(cpu family|model|stepping|microcode)\s*:" /proc/cpuinfo | tr -s '\t ' ' ' | paste -sd ';'
 echo "nproc $(nproc)  affinity $(python3 -c 'import os; print(len(os.sched_getaffinity(0)))')"
 echo "== memory"
 grep -E "MemTotal|MemAvailable|Hugepagesize|AnonHugePages" /proc/meminfo

@@ -29,3 +29,29 @@ def gpu_name():
     except (OSError, subprocess.SubprocessError):
         return None
     return out.splitlines()[0].strip() if out.strip() else None
+
+
+def host_cpu():
+    """The CPU the guest is shown: model name, family/model/stepping and the last-level cache
+    (MiB). Hosts of one machine kind differ in it (docs/BENCHMARKS.md, "Machines of one kind"),
+    so result files record it beside the rates."""
+    from pathlib import Path
+
+    info = {}
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            key = key.strip()
+            if key in ("model name", "cpu family", "model", "stepping") and key not in info:
+                info[key] = value.strip()
+            if not line.strip() and info:
+                break
+    except OSError:
+        pass
+    l3 = Path("/sys/devices/system/cpu/cpu0/cache/index3/size")
+    try:
+        size = l3.read_text().strip()  # "107520K"
+        info["l3_mib"] = int(size.rstrip("KMG")) / {"K": 1024, "M": 1, "G": 1 / 1024}[size[-1]]
+    except (OSError, ValueError, KeyError, IndexError):
+        info["l3_mib"] = None
+    return info
