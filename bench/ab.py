@@ -115,6 +115,26 @@ def worker(npy, label):
     print(json.dumps(rows))
 
 
+def in_turns(rounds, runs):
+    """The rows of every run of `runs` (LABEL, ARGV, ENV: a Python worker that prints its rows as
+    a JSON list on its last line), `rounds` times, each round in the reverse order of the last so
+    that no run always goes first; each row gets its round. A failed run is printed and skipped."""
+    results = []
+    for r in range(rounds):
+        order = runs if r % 2 == 0 else list(reversed(runs))
+        for label, argv, env in order:
+            out = subprocess.run(
+                [sys.executable, *argv], env=env, capture_output=True, text=True, check=False
+            )
+            if out.returncode != 0:
+                print(f"round {r + 1} {label}: FAILED\n{out.stderr[-3000:]}")
+                continue
+            for x in json.loads(out.stdout.strip().splitlines()[-1]):
+                x["round"] = r + 1
+                results.append(x)
+    return results
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument(
@@ -140,25 +160,11 @@ def main():
         while f.read(64 << 20):
             pass
     builds = dict(b.split("=", 1) for b in args.build)
-    results = []
-    for r in range(args.rounds):
-        # Each round reverses the order of the last, so neither build always runs first.
-        order = list(builds.items()) if r % 2 == 0 else list(reversed(builds.items()))
-        for label, site in order:
-            env = dict(os.environ, PYTHONPATH=site)
-            out = subprocess.run(
-                [sys.executable, __file__, "--worker", label, "--npy", args.npy],
-                env=env,
-                capture_output=True,
-                text=True,
-                check=False,
-            )
-            if out.returncode != 0:
-                print(f"round {r + 1} {label}: FAILED\n{out.stderr[-3000:]}")
-                continue
-            for x in json.loads(out.stdout.strip().splitlines()[-1]):
-                x["round"] = r + 1
-                results.append(x)
+    runs = [
+        (label, [__file__, "--worker", label, "--npy", args.npy], dict(os.environ, PYTHONPATH=site))
+        for label, site in builds.items()
+    ]
+    results = in_turns(args.rounds, runs)
     if args.out:
         with open(args.out, "w") as f:
             json.dump(results, f, indent=1)

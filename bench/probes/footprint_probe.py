@@ -21,12 +21,11 @@ prints a table, asserts nothing about speed.
 import argparse
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from ab import drain  # noqa: E402  (bench/ holds the shared helpers)
+from ab import drain, in_turns  # noqa: E402  (bench/ holds the shared helpers)
 from rates import host_cpu  # noqa: E402
 
 DEFAULT_CONFIGS = [
@@ -122,23 +121,11 @@ def main():
     configs = [c.split("=", 1) for c in (args.config or DEFAULT_CONFIGS)]
     for _, spec in configs:
         parse_spec(spec)  # a bad one fails before anything runs
-    results = []
-    for r in range(args.rounds):
-        order = configs if r % 2 == 0 else list(reversed(configs))
-        for label, spec in order:
-            out = subprocess.run(
-                [sys.executable, __file__, "--npy", args.npy, "--worker", label, spec],
-                env=dict(os.environ),
-                capture_output=True,
-                text=True,
-                check=False,
-            )
-            if out.returncode != 0:
-                print(f"round {r + 1} {label}: FAILED\n{out.stderr[-3000:]}")
-                continue
-            for x in json.loads(out.stdout.strip().splitlines()[-1]):
-                x["round"] = r + 1
-                results.append(x)
+    runs = [
+        (label, [__file__, "--npy", args.npy, "--worker", label, spec], dict(os.environ))
+        for label, spec in configs
+    ]
+    results = in_turns(args.rounds, runs)
     if args.out:
         Path(args.out).write_text(json.dumps(results, indent=1))
     print(
