@@ -6,7 +6,7 @@ The readers write slots while the copy engine reads them, both through the host'
 smaller the set of slots in use, the more of it can stay in the last-level cache between the
 two (the `Stager`'s arena is 64 MiB for that reason: docs/ARCHITECTURE.md). A loader's pool is
 `2 x readers + 6` slots of a batch (or a piece) each: 30 slots of 2.95 MB, 88 MB, at 12
-readers. Each configuration below changes one of the two:
+readers. The configurations shrink the count, the size or both:
 
     python3 bench/probes/footprint_probe.py [--npy /tmp/pinfeed-4g.npy] [--rounds 3]
         [--config LABEL=SPEC ...] [--out F]
@@ -75,6 +75,8 @@ def worker(npy, label, spec):
         if piece is not None:
             kw["piece_size"] = piece
         if extra is not None:
+            # A loader of the same options tells the readers and the slot size; its pool is
+            # kept for the next loader of the process.
             st = pinfeed.Loader(npy, 1024, **kw).stats()
             kw["pinned_budget"] = (st["threads"] + extra) * st["slot_bytes"]
         loader = pinfeed.Loader(npy, 1024, **kw)
