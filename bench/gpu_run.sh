@@ -289,7 +289,8 @@ if want footprint && ls $C/*.whl >/dev/null 2>&1; then
     echo "== The pinned pool's footprint: fewer slots, smaller pieces (bench/probes/footprint_probe.py), in order and shuffled, beside torch's pinned copy"
     install_wheel /tmp/site $C/*.whl
     make_data
-    # FOOTPRINT_ARGS: e.g. --config "r+2=slots=+2" (each configuration is a fresh process a round).
+    # FOOTPRINT_ARGS: e.g. "--config r+2=slots=+2" (split on spaces, so labels without them;
+    # each configuration is a fresh process a round).
     PYTHONPATH=/tmp/site timeout 500 python3 bench/probes/footprint_probe.py --npy "$DATA" \
         --rounds "${FOOTPRINT_ROUNDS:-3}" --out "$OUT/footprint.json" ${FOOTPRINT_ARGS:-} 2>&1 | tail -12
 fi

@@ -43,9 +43,9 @@ def parse_spec(spec):
         return extra, piece
     for part in spec.split(","):
         key, _, value = part.partition("=")
-        if key == "slots" and value.startswith("+"):
+        if key == "slots" and value[:1] == "+" and value[1:].isdigit():
             extra = int(value[1:])
-        elif key == "piece":
+        elif key == "piece" and value.isdigit():
             piece = int(value)
         else:
             raise SystemExit(f"unknown part {part!r} of {spec!r}: slots=+K or piece=BYTES")

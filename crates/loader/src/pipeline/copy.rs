@@ -410,6 +410,7 @@ impl HeldWindows<'_> {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
     use std::time::Duration;
 
     use pinfeed_source::dtype::parse_user_dtype;
@@ -441,9 +442,9 @@ mod tests {
             ..LoaderOptions::default()
         };
         let gate = CopyGate::closed();
-        let held = std::sync::Arc::clone(&gate);
-        let mut loader = Loader::start(std::sync::Arc::new(source), options, move || {
-            Ok(vec![std::sync::Arc::new(Backend::host_gated(held)?)])
+        let held = Arc::clone(&gate);
+        let mut loader = Loader::start(Arc::new(source), options, move || {
+            Ok(vec![Arc::new(Backend::host_gated(held)?)])
         })
         .unwrap();
         let opener = std::thread::spawn(move || {
