@@ -50,7 +50,7 @@ def worker(npy, label):
     import pinfeed
 
     rows = []
-    host = host_cpu()
+    machine_cpu = host_cpu()
 
     def row(name, nbytes, wall, cpu, bus, loader=None):
         gbps = nbytes / wall / 1e9
@@ -75,7 +75,7 @@ def worker(npy, label):
                 "cpu_s": cpu,
                 "bus_gbps": bus,
                 "share_of_bus": gbps / bus,
-                "host_cpu": host,
+                "host_cpu": machine_cpu,
             }
         )
 
