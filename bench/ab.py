@@ -40,6 +40,20 @@ def drain(loader, check=None):
         check(total)
 
 
+def sums_check(array, what):
+    """A `check` for `drain`: the column sums of what arrived (records flattened) must equal
+    `array`'s, else the assertion names `what`."""
+    import numpy as np
+    import torch
+
+    want = torch.from_numpy(np.asarray(array.reshape(len(array), -1).sum(axis=0, dtype=np.int64)))
+
+    def check(total):
+        assert torch.equal(total.cpu(), want), f"{what}: the Loader delivered other bytes"
+
+    return check
+
+
 def worker(npy, label):
     import numpy as np
     import torch
@@ -92,12 +106,9 @@ def worker(npy, label):
 
     # The 4 GiB file, in order and shuffled.
     data = np.load(npy, mmap_mode="r")
-    want = torch.from_numpy(np.asarray(data.reshape(len(data), -1).sum(axis=0, dtype=np.int64)))
+    check = sums_check(data, npy)
     nbytes = data.nbytes
     bus = bus_rate(4 << 20, 256)
-
-    def check(total):
-        assert torch.equal(total.cpu(), want), "Loader delivered other bytes"
 
     for shuffle in ["none", "random"]:
         loader = pinfeed.Loader(npy, 1024, device="cuda", shuffle=shuffle, seed=1)
@@ -108,8 +119,7 @@ def worker(npy, label):
     # Batches of 1 MiB from a host array.
     host = np.random.default_rng(0).integers(0, 255, size=(1024 * 1024, 1024), dtype=np.uint8)
     loader = pinfeed.Loader(host, 1024, device="cuda")
-    want = torch.from_numpy(host.sum(axis=0, dtype=np.int64))
-    drain(loader, check)
+    drain(loader, sums_check(host, "the host array"))
     wall, cpu = best_of(lambda: drain(loader))
     row("1 MiB batches from a host array", host.nbytes, wall, cpu, bus_rate(1 << 20, 1024), loader)
     print(json.dumps(rows))

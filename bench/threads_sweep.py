@@ -14,7 +14,7 @@ import json
 
 import numpy as np
 import torch
-from ab import COLS, ROWS, drain  # bench/ is the script's folder, on sys.path
+from ab import COLS, ROWS, drain, sums_check  # bench/ is the script's folder, on sys.path
 from python_bench import upload_through
 from torch_baselines import bus_rate, timed
 
@@ -57,11 +57,8 @@ def main():
     del a
 
     data = np.load(args.npy, mmap_mode="r")
-    want = torch.from_numpy(np.asarray(data.reshape(len(data), -1).sum(axis=0, dtype=np.int64)))
+    check = sums_check(data, args.npy)
     bus = bus_rate(4 << 20, 256)
-
-    def check(total):
-        assert torch.equal(total.cpu(), want), "Loader delivered other bytes"
 
     for shuffle in ["none", "random"]:
         for n in counts:

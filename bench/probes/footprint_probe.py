@@ -25,7 +25,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from ab import drain, in_turns  # noqa: E402  (bench/ holds the shared helpers)
+from ab import drain, in_turns, sums_check  # noqa: E402  (bench/ holds the shared helpers)
 from rates import host_cpu  # noqa: E402
 
 DEFAULT_CONFIGS = [
@@ -54,7 +54,6 @@ def parse_spec(spec):
 
 def worker(npy, label, spec):
     import numpy as np
-    import torch
     from torch_baselines import bus_rate
     from torch_baselines import timed as best_of
 
@@ -62,14 +61,11 @@ def worker(npy, label, spec):
 
     extra, piece = parse_spec(spec)
     data = np.load(npy, mmap_mode="r")
-    want = torch.from_numpy(np.asarray(data.reshape(len(data), -1).sum(axis=0, dtype=np.int64)))
+    check = sums_check(data, f"{label}: {npy}")
     bus = bus_rate(4 << 20, 256)
 
-    def check(total):
-        assert torch.equal(total.cpu(), want), f"{label}: the Loader delivered other bytes"
-
     rows = []
-    host = host_cpu()
+    machine_cpu = host_cpu()
     for shuffle in ["none", "random"]:
         kw = dict(device="cuda", shuffle=shuffle, seed=1)
         if piece is not None:
@@ -103,7 +99,7 @@ def worker(npy, label, spec):
                 "reading_share": st["read_time"] / (n * epoch),
                 "wait_free_slot_share": st["wait_free_slot"] / (n * epoch),
                 "own_slot_share": st["slot_claims_own"] / max(st["slot_claims"], 1),
-                "host_cpu": host,
+                "host_cpu": machine_cpu,
             }
         )
         del loader
