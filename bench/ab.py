@@ -15,6 +15,11 @@ state) over the same rows:
 - torch's pinned `copy_` of the same sizes (the bus), so each row is also a share of the bus.
 
 Every row checks what it delivered (column sums against numpy's) before it is timed.
+
+`--device cpu --small` runs the same rows on the host backend at small sizes (a 16 MiB seed
+tensor and host array, a file of 20,000 records where `--npy` does not exist yet), with torch's
+host-to-host `copy_` as the reference: how the tests run this script on a machine without a
+GPU. Its figures are not the bus's.
 """
 
 import argparse
@@ -25,6 +30,35 @@ import sys
 
 RECORDS = 1489700  # 4 GiB of 3x31x31 uint8 records
 ROWS, COLS = 1024, 655360
+
+
+def sizes(small):
+    """The seed tensor's shape, the 1 MiB-batch host array's rows of 1 KiB, the records of a
+    file written where `--npy` is absent, and the copies each row's reference times (bytes,
+    copies a run): the benchmark's, or `--small`'s."""
+    if small:
+        return {
+            "seed": (64, 65536),
+            "host_rows": 16384,
+            "records": 20000,
+            "bus_seed": (16 << 20, 3),
+            "bus_file": (4 << 20, 16),
+            "bus_host": (1 << 20, 16),
+        }
+    return {
+        "seed": (ROWS, COLS),
+        "host_rows": 1 << 20,
+        "records": RECORDS,
+        "bus_seed": (1 << 30, 3),
+        "bus_file": (4 << 20, 256),
+        "bus_host": (1 << 20, 1024),
+    }
+
+
+def loader_kwargs(device):
+    """The `Loader` arguments of a row on `device`: torch tensors on the host backend too, so
+    that one check reads both."""
+    return {"device": device} if device != "cpu" else {"device": device, "framework": "torch"}
 
 
 def drain(loader, check=None):
@@ -54,7 +88,7 @@ def sums_check(array, what):
     return check
 
 
-def worker(npy, label):
+def worker(npy, label, device, small):
     import numpy as np
     import torch
     from rates import host_cpu
@@ -65,6 +99,7 @@ def worker(npy, label):
 
     rows = []
     machine_cpu = host_cpu()
+    size = sizes(small)
 
     def row(name, nbytes, wall, cpu, bus, loader=None):
         gbps = nbytes / wall / 1e9
@@ -94,34 +129,37 @@ def worker(npy, label):
         )
 
     # The seed tensor.
-    a = torch.rand(ROWS, COLS)
+    a = torch.rand(*size["seed"])
     want = a.sum(dim=0, dtype=torch.float64)
-    got = pinfeed.to_device(a, device="cuda")
+    got = torch.as_tensor(pinfeed.to_device(a, device=device))  # numpy on the host backend
     assert torch.equal(got.sum(dim=0, dtype=torch.float64).cpu(), want), "to_device differs"
     del got
-    wall, cpu = best_of(lambda: pinfeed.to_device(a, device="cuda"))
-    stager = pinfeed.staging._shared_stager("cuda", None)
-    row("seed tensor: to_device(a)", a.numel() * 4, wall, cpu, bus_rate(1 << 30, 3), stager)
+    wall, cpu = best_of(lambda: pinfeed.to_device(a, device=device))
+    stager = pinfeed.staging._shared_stager(device, None)
+    bus = bus_rate(*size["bus_seed"], device)
+    row("seed tensor: to_device(a)", a.numel() * 4, wall, cpu, bus, stager)
     del a
 
     # The 4 GiB file, in order and shuffled.
     data = np.load(npy, mmap_mode="r")
     check = sums_check(data, npy)
     nbytes = data.nbytes
-    bus = bus_rate(4 << 20, 256)
+    bus = bus_rate(*size["bus_file"], device)
 
     for shuffle in ["none", "random"]:
-        loader = pinfeed.Loader(npy, 1024, device="cuda", shuffle=shuffle, seed=1)
+        loader = pinfeed.Loader(npy, 1024, shuffle=shuffle, seed=1, **loader_kwargs(device))
         drain(loader, check)
         wall, cpu = best_of(lambda loader=loader: drain(loader))
         row(f"4 GiB .npy, shuffle={shuffle}", nbytes, wall, cpu, bus, loader)
 
     # Batches of 1 MiB from a host array.
-    host = np.random.default_rng(0).integers(0, 255, size=(1024 * 1024, 1024), dtype=np.uint8)
-    loader = pinfeed.Loader(host, 1024, device="cuda")
+    shape = (size["host_rows"], 1024)
+    host = np.random.default_rng(0).integers(0, 255, size=shape, dtype=np.uint8)
+    loader = pinfeed.Loader(host, 1024, **loader_kwargs(device))
     drain(loader, sums_check(host, "the host array"))
     wall, cpu = best_of(lambda: drain(loader))
-    row("1 MiB batches from a host array", host.nbytes, wall, cpu, bus_rate(1 << 20, 1024), loader)
+    bus = bus_rate(*size["bus_host"], device)
+    row("1 MiB batches from a host array", host.nbytes, wall, cpu, bus, loader)
     print(json.dumps(rows))
 
 
@@ -153,16 +191,19 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--npy", default="/tmp/pinfeed-4g.npy")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    ap.add_argument("--small", action="store_true", help="small sizes (see above)")
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
-        return worker(args.npy, args.worker)
+        return worker(args.npy, args.worker, args.device, args.small)
     if not os.path.exists(args.npy):
         import numpy as np
 
         rng = np.random.default_rng(1)
-        m = np.lib.format.open_memmap(args.npy, "w+", np.uint8, (RECORDS, 3, 31, 31))
-        for i in range(0, RECORDS, 65536):
+        records = sizes(args.small)["records"]
+        m = np.lib.format.open_memmap(args.npy, "w+", np.uint8, (records, 3, 31, 31))
+        for i in range(0, records, 65536):
             m[i : i + 65536] = rng.integers(0, 255, size=m[i : i + 65536].shape, dtype=np.uint8)
         m.flush()
         del m
@@ -170,8 +211,13 @@ def main():
         while f.read(64 << 20):
             pass
     builds = dict(b.split("=", 1) for b in args.build)
+    flags = ["--device", args.device] + (["--small"] if args.small else [])
     runs = [
-        (label, [__file__, "--worker", label, "--npy", args.npy], dict(os.environ, PYTHONPATH=site))
+        (
+            label,
+            [__file__, "--worker", label, "--npy", args.npy, *flags],
+            dict(os.environ, PYTHONPATH=site),
+        )
         for label, site in builds.items()
     ]
     results = in_turns(args.rounds, runs)

@@ -4,9 +4,11 @@ order and shuffled with N reader threads, beside torch's pinned `copy_` of the s
 bus) in the same process. What the adaptive defaults are chosen against.
 
     python3 bench/threads_sweep.py [--npy /tmp/pinfeed-4g.npy] [--out sweep.json]
+        [--device cpu --small]
 
 Each row's bytes are checked once (column sums against numpy's or torch's) before it is timed;
-each figure is the median of three runs.
+each figure is the median of three runs. `--device cpu --small` as in bench/ab.py: the host
+backend at small sizes, for the tests.
 """
 
 import argparse
@@ -14,7 +16,7 @@ import json
 
 import numpy as np
 import torch
-from ab import COLS, ROWS, drain, sums_check  # bench/ is the script's folder, on sys.path
+from ab import drain, loader_kwargs, sizes, sums_check  # bench/ is the script's folder, on sys.path
 from python_bench import upload_through
 from torch_baselines import bus_rate, timed
 
@@ -26,7 +28,10 @@ def main():
     ap.add_argument("--npy", default="/tmp/pinfeed-4g.npy")
     ap.add_argument("--threads", default="4,8,12,16")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    ap.add_argument("--small", action="store_true", help="small sizes (bench/ab.py)")
     args = ap.parse_args()
+    device, size = args.device, sizes(args.small)
     counts = [int(t) for t in args.threads.split(",")]
     rows = []
 
@@ -41,14 +46,14 @@ def main():
             flush=True,
         )
 
-    default = pinfeed.staging._shared_stager("cuda", None).counters()
+    default = pinfeed.staging._shared_stager(device, None).counters()
     print(f"default copy threads here: {default.get('threads_reason')}", flush=True)
-    a = torch.rand(ROWS, COLS)
+    a = torch.rand(*size["seed"])
     want = a.sum(dim=0, dtype=torch.float64)
-    bus = bus_rate(1 << 30, 3)
+    bus = bus_rate(*size["bus_seed"], device)
     for n in counts:
-        st = pinfeed._pinfeed.Stager("cuda", None, n, "stage")
-        got = upload_through(st, a)
+        st = pinfeed._pinfeed.Stager(device, None, n, "stage")
+        got = torch.as_tensor(upload_through(st, a))  # numpy on the host backend
         assert torch.equal(got.sum(dim=0, dtype=torch.float64).cpu(), want), "to_device differs"
         del got
         wall, cpu = timed(lambda st=st: upload_through(st, a))
@@ -58,13 +63,12 @@ def main():
 
     data = np.load(args.npy, mmap_mode="r")
     check = sums_check(data, args.npy)
-    bus = bus_rate(4 << 20, 256)
+    bus = bus_rate(*size["bus_file"], device)
 
     for shuffle in ["none", "random"]:
         for n in counts:
-            loader = pinfeed.Loader(
-                args.npy, 1024, device="cuda", shuffle=shuffle, seed=1, num_threads=n
-            )
+            kw = loader_kwargs(device)
+            loader = pinfeed.Loader(args.npy, 1024, shuffle=shuffle, seed=1, num_threads=n, **kw)
             drain(loader, check)
             wall, cpu = timed(lambda loader=loader: drain(loader))
             st = loader.stats()

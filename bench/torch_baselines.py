@@ -15,24 +15,33 @@ import torch
 from torch.utils.data import BatchSampler, DataLoader, Dataset, RandomSampler
 
 
+def sync():
+    """Waits for the GPU's work; nothing to wait for on a machine without one (a smoke run of
+    a script on the host backend)."""
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
 def timed(fn, repeat=3):
     """Median wall and CPU seconds of `fn` over `repeat` runs, the device synchronised."""
     runs = []
     for _ in range(repeat):
-        torch.cuda.synchronize()
+        sync()
         c0, t0 = time.process_time(), time.perf_counter()
         fn()
-        torch.cuda.synchronize()
+        sync()
         runs.append((time.perf_counter() - t0, time.process_time() - c0))
     runs.sort()
     return runs[len(runs) // 2]
 
 
-def bus_rate(nbytes, reps):
+def bus_rate(nbytes, reps, device="cuda"):
     """GB/s of torch's pinned `copy_` of `nbytes` to the GPU, `reps` copies a run: the bus that
-    the other rows are a share of."""
-    pin = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
-    dst = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    the other rows are a share of. With `device="cpu"` (the host backend), a `copy_` between two
+    host tensors instead: a reference for a smoke run, not a bus."""
+    pinned = device != "cpu"
+    pin = torch.empty(nbytes, dtype=torch.uint8, pin_memory=pinned)
+    dst = torch.empty(nbytes, dtype=torch.uint8, device=device)
     dst.copy_(pin, non_blocking=True)
     wall, _ = timed(lambda: [dst.copy_(pin, non_blocking=True) for _ in range(reps)])
     return nbytes * reps / wall / 1e9

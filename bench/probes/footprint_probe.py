@@ -9,13 +9,14 @@ two (the `Stager`'s arena is 64 MiB for that reason: docs/ARCHITECTURE.md). A lo
 readers. The configurations shrink the count, the size or both:
 
     python3 bench/probes/footprint_probe.py [--npy /tmp/pinfeed-4g.npy] [--rounds 3]
-        [--config LABEL=SPEC ...] [--out F]
+        [--config LABEL=SPEC ...] [--out F] [--device cpu]
 
 SPEC is `default`, or comma-separated `slots=+K` (the loader's readers + K slots, through
 `pinned_budget`) and `piece=BYTES` (`piece_size`). Every configuration runs in a fresh process
 (rounds in turns, each round in the reverse order of the last), checks what it delivered
 against numpy's column sums, then times three passes of each order (the median). A probe:
-prints a table, asserts nothing about speed.
+prints a table, asserts nothing about speed. `--device cpu` runs it on the host backend, with
+torch's host-to-host `copy_` as the reference, for the tests.
 """
 
 import argparse
@@ -25,7 +26,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from ab import drain, in_turns, sums_check  # noqa: E402  (bench/ holds the shared helpers)
+from ab import drain, in_turns, loader_kwargs, sums_check  # noqa: E402  (bench/ holds the shared helpers)
 from rates import host_cpu  # noqa: E402
 
 DEFAULT_CONFIGS = [
@@ -52,7 +53,7 @@ def parse_spec(spec):
     return extra, piece
 
 
-def worker(npy, label, spec):
+def worker(npy, label, spec, device):
     import numpy as np
     from torch_baselines import bus_rate
     from torch_baselines import timed as best_of
@@ -62,12 +63,12 @@ def worker(npy, label, spec):
     extra, piece = parse_spec(spec)
     data = np.load(npy, mmap_mode="r")
     check = sums_check(data, f"{label}: {npy}")
-    bus = bus_rate(4 << 20, 256)
+    bus = bus_rate(4 << 20, 256, device)
 
     rows = []
     machine_cpu = host_cpu()
     for shuffle in ["none", "random"]:
-        kw = dict(device="cuda", shuffle=shuffle, seed=1)
+        kw = dict(shuffle=shuffle, seed=1, **loader_kwargs(device))
         if piece is not None:
             kw["piece_size"] = piece
         if extra is not None:
@@ -112,15 +113,20 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--config", action="append", default=None, help="LABEL=SPEC (see above)")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     ap.add_argument("--worker", nargs=2, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
-        return worker(args.npy, *args.worker)
+        return worker(args.npy, *args.worker, args.device)
     configs = [c.split("=", 1) for c in (args.config or DEFAULT_CONFIGS)]
     for _, spec in configs:
         parse_spec(spec)  # a bad one fails before anything runs
     runs = [
-        (label, [__file__, "--npy", args.npy, "--worker", label, spec], dict(os.environ))
+        (
+            label,
+            [__file__, "--npy", args.npy, "--device", args.device, "--worker", label, spec],
+            dict(os.environ),
+        )
         for label, spec in configs
     ]
     results = in_turns(args.rounds, runs)

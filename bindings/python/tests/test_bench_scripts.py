@@ -1,0 +1,125 @@
+"""The benchmark scripts the GPU machine runs for the loader's speed on each machine start
+(bench/ab.py, bench/threads_sweep.py, bench/probes/footprint_probe.py), run here on the host
+backend at small sizes (``--device cpu``): each gets through every row to its table and result
+file, and the check each row makes before it is timed catches a changed byte. The figures are
+the GPU machine's to take (docs/BENCHMARKS.md); these tests read none of them."""
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import pinfeed
+
+BENCH = Path(__file__).resolve().parents[3] / "bench"
+AB_ROWS = [
+    "seed tensor: to_device(a)",
+    "4 GiB .npy, shuffle=none",
+    "4 GiB .npy, shuffle=random",
+    "1 MiB batches from a host array",
+]
+
+
+@pytest.fixture(scope="module")
+def npy(tmp_path_factory):
+    """6,000 records of 3x31x31 bytes, the benchmark file's record at a small count."""
+    path = tmp_path_factory.mktemp("bench") / "records.npy"
+    rng = np.random.default_rng(1)
+    np.save(path, rng.integers(0, 256, size=(6000, 3, 31, 31), dtype=np.uint8))
+    return path
+
+
+def run(script, *args, cwd):
+    """Runs a bench script with this interpreter; its stdout, or the test fails with stderr."""
+    out = subprocess.run(
+        [sys.executable, str(BENCH / script), *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=cwd,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out.stdout
+
+
+def test_ab_runs_every_row_of_both_builds(npy, tmp_path):
+    # Each build is a folder put on PYTHONPATH; empty ones leave the installed pinfeed to both.
+    (tmp_path / "one").mkdir()
+    (tmp_path / "two").mkdir()
+    out = tmp_path / "ab.json"
+    args = ["--build", f"one={tmp_path / 'one'}", "--build", f"two={tmp_path / 'two'}"]
+    args += ["--rounds", "1", "--npy", str(npy), "--device", "cpu", "--small", "--out", str(out)]
+    stdout = run("ab.py", *args, cwd=tmp_path)
+    assert "FAILED" not in stdout
+    rows = json.loads(out.read_text())
+    assert sorted((x["build"], x["name"]) for x in rows) == sorted(
+        (b, n) for b in ["one", "two"] for n in AB_ROWS
+    )
+    for x in rows:
+        assert x["gbps"] > 0 and x["bus_gbps"] > 0 and x["share_of_bus"] > 0, x
+        assert x["round"] == 1 and x["threads"] >= 1, x
+        assert "l3_mib" in x["host_cpu"], x
+    for name in AB_ROWS:
+        assert name in stdout
+
+
+def test_threads_sweep_runs_each_count(npy, tmp_path):
+    out = tmp_path / "threads.json"
+    args = ["--npy", str(npy), "--device", "cpu", "--small", "--threads", "1,2", "--out", str(out)]
+    run("threads_sweep.py", *args, cwd=tmp_path)
+    result = json.loads(out.read_text())
+    assert result["default"]["threads"] >= 1
+    paths = ["to_device", "Loader shuffle=none", "Loader shuffle=random"]
+    assert sorted((x["path"], x["threads"]) for x in result["rows"]) == sorted(
+        (p, n) for p in paths for n in [1, 2]
+    )
+    assert all(x["gbps"] > 0 and x["share_of_bus"] > 0 for x in result["rows"])
+
+
+def test_footprint_probe_runs_each_config(npy, tmp_path):
+    out = tmp_path / "footprint.json"
+    configs = ["--config", "default=default", "--config", "small=piece=1048576,slots=+2"]
+    args = ["--npy", str(npy), "--device", "cpu", "--rounds", "1", *configs, "--out", str(out)]
+    stdout = run("probes/footprint_probe.py", *args, cwd=tmp_path)
+    rows = json.loads(out.read_text())
+    assert sorted((x["config"], x["shuffle"]) for x in rows) == sorted(
+        (c, s) for c in ["default", "small"] for s in ["none", "random"]
+    )
+    mib = {x["config"]: x["footprint_mib"] for x in rows}
+    assert mib["small"] < mib["default"]
+    assert all(x["gbps"] > 0 for x in rows)
+    assert "small" in stdout
+
+
+def test_footprint_probe_refuses_a_bad_spec(npy, tmp_path):
+    out = subprocess.run(
+        [sys.executable, str(BENCH / "probes/footprint_probe.py"), "--npy", str(npy)]
+        + ["--device", "cpu", "--config", "x=slots=4"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+        check=False,
+    )
+    assert out.returncode != 0
+    assert out.stderr.strip().splitlines()[-1] == (
+        "unknown part 'slots=4' of 'slots=4': slots=+K or piece=BYTES"
+    )
+
+
+def test_the_rows_check_catches_a_changed_byte(npy):
+    spec = importlib.util.spec_from_file_location("bench_ab", BENCH / "ab.py")
+    ab = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ab)
+    data = np.load(npy, mmap_mode="r")
+    loader = pinfeed.Loader(str(npy), 1000, shuffle="random", seed=1, **ab.loader_kwargs("cpu"))
+    ab.drain(loader, ab.sums_check(data, "records"))
+    changed = np.array(data)
+    changed[4321, 1, 2, 3] ^= 1
+    with pytest.raises(AssertionError, match="changed: the Loader delivered other bytes"):
+        ab.drain(loader, ab.sums_check(changed, "changed"))
