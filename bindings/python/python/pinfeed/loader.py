@@ -22,20 +22,17 @@ from ._arrays import (
     export_for,
     host_array,
     is_torch_tensor,
-    materialize,
     split_dtype,
     torch_module,
 )
 from ._frameworks import check_device, check_dtype, deliver, framework_arg
 from ._orders_ahead import OrdersAhead, live_orders, order_filler
-from .errors import PinfeedError, PinfeedMemoryError, PinfeedValueError, PinfeedWarning
+from ._resident import check_budget, gather, index_on_device, upload, upload_batch
+from .errors import PinfeedError, PinfeedValueError, PinfeedWarning
 from .order import block_args, distributed_defaults, order_kind, shuffle_mode, u64_arg
 from .transforms import Normalize, ToFloat, make_caller
 
 __all__ = ["Loader"]
-
-# Bytes in a batch of the GPU-resident upload: large copies, few batches.
-_UPLOAD_BATCH_BYTES = 8 << 20
 
 # Epochs whose GPU-resident order is computed ahead while the current epoch is gathered, and
 # worker threads computing them: two, so that a shuffle up to twice as slow as an epoch's
@@ -427,16 +424,14 @@ class Loader:
         self._stream_options = opts
         if self.resident:
             # The upload: every record once, in file order, on one "rank", in batches of a few
-            # MiB (a quarter of the pinned budget at most, so the ring keeps several slots)
-            # whatever the training batch size; what bounds the resident copy is checked below,
-            # not the batches held during the upload.
+            # MiB; what bounds the resident copy is checked below, not the batches held during
+            # the upload.
             widest = max(
                 int(self._source.record_bytes),
                 transform_out_bytes or 0,
                 self._export_record_bytes(),
             )
-            upload_batch = max(1, min(_UPLOAD_BATCH_BYTES, opts.pinned_budget // 4) // widest)
-            self._stream_options = opts.upload(upload_batch)
+            self._stream_options = opts.upload(upload_batch(widest, opts.pinned_budget))
         self._fingerprint: int = opts.fingerprint
         # Positions are (epoch, batches of it done, records of its global order consumed before
         # the split those batches count in: 0 but after an elastic resume, see the Rust
@@ -487,7 +482,14 @@ class Loader:
             raise
         if self.resident:
             try:
-                self._check_resident_budget(device_budget, int(self._pending.record_bytes))
+                check_budget(
+                    name,
+                    self.device,
+                    self.num_records,
+                    int(self._pending.record_bytes),
+                    device_budget,
+                    opts.device_budget,
+                )
                 # Checks the rank and drop_last against the dataset now, as a stream would,
                 # without drawing an order: epoch 0's is drawn when its pass starts.
                 # `_order_len`: records of this rank in each epoch, what an order buffer holds.
@@ -787,32 +789,6 @@ class Loader:
             ]
             self._orders.want([k for k in keys if k != have])
 
-    def _check_resident_budget(self, device_budget: Any, record_bytes: int) -> None:
-        need = self.num_records * record_bytes
-        if device_budget is not None:
-            budget = self._options.device_budget
-            source = f"device_budget={device_budget!r}"
-        elif self.device.startswith("cuda"):
-            torch = torch_module()
-            free, _total = torch.cuda.mem_get_info(torch.device(self.device))
-            budget = free // 2
-            source = f"half of the {free} bytes free on {self.device} (device_budget=None)"
-        else:
-            try:
-                avail = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-            except (ValueError, OSError, AttributeError):  # pragma: no cover - not POSIX
-                return
-            budget = avail // 2
-            source = f"half of the {avail} bytes of available host memory (device_budget=None)"
-        if need > budget:
-            raise PinfeedMemoryError(
-                f'{self._source.name}: shuffle="gpu" keeps the whole dataset on {self.device}: '
-                f"{self.num_records} records of {record_bytes} bytes = {need} bytes, more than "
-                f"the {budget} bytes allowed ({source}); raise device_budget if the device has "
-                "room, or stream the shuffled order instead with shuffle=True (random reads) or "
-                'shuffle="block" (for slow random reads)'
-            )
-
     def _ensure_resident(self) -> None:
         """Uploads the dataset once: the pending upload stream, in file order, into one array."""
         if self._resident_data is not None:
@@ -821,37 +797,8 @@ class Loader:
         if stream is None:
             stream = self._start((0, 0, 0))
         self._stream = stream
-        n = self.num_records
-        out: Any = None
-        filled = 0
-        cuda = self.device.startswith("cuda")
-        for buf in stream:
-            batch = materialize(buf, self._export.view, False)
-            k = int(batch.shape[0])
-            if out is None:
-                if cuda:
-                    torch = torch_module()
-                    try:
-                        out = torch.empty(
-                            (n,) + tuple(batch.shape[1:]), dtype=batch.dtype, device=batch.device
-                        )
-                    except torch.cuda.OutOfMemoryError as e:
-                        stream.close()
-                        raise PinfeedMemoryError(
-                            f"{self._source.name}: no room on {self.device} for the resident "
-                            f"copy of the dataset ({n * stream.record_bytes} bytes); lower "
-                            'device_budget\'s share or use shuffle=True or "block"'
-                        ) from e
-                else:
-                    out = np.empty((n,) + tuple(batch.shape[1:]), dtype=batch.dtype)
-            if cuda:
-                out[filled : filled + k].copy_(batch)
-            else:
-                out[filled : filled + k] = batch
-            filled += k
-        if filled != n:  # pragma: no cover - the stream ends early only by raising
-            raise PinfeedError(f"{self._source.name}: the upload delivered {filled} of {n} records")
-        self._resident_data = out
+        name, view = self._source.name, self._export.view
+        self._resident_data = upload(stream, name, self.device, self.num_records, view)
 
     def _resident_index(self, epoch: int, consumed: int) -> tuple[Any, Any]:
         """The int64 index of ``epoch`` on the resident copy's device, and (CUDA) the stream
@@ -862,17 +809,7 @@ class Loader:
             assert self._orders is not None
             host = self._orders.get(key)
             if self.device.startswith("cuda"):
-                torch = torch_module()
-                device = self._resident_data.device
-                stream = torch.cuda.current_stream(device)
-                if isinstance(host, np.ndarray):
-                    # Pageable (the orders would not fit the pinned budget): a synchronous copy.
-                    index = torch.from_numpy(host).to(device)
-                else:
-                    # Pinned: the copy is asynchronous, on the current stream. Dropping `host`
-                    # is safe once the copy is issued: torch's pinned-memory cache records an
-                    # event on the block and reuses it only after the copy has completed.
-                    index = host.to(device, non_blocking=True)
+                index, stream = index_on_device(self._resident_data, host)
                 self._resident_order = (key, index, stream)
             else:
                 self._resident_order = (key, host, None)
@@ -880,31 +817,16 @@ class Loader:
         return self._resident_order[1], self._resident_order[2]
 
     def _resident_batches(self, start: "_Position") -> Iterator[tuple[int, int, Any]]:
-        data, b = self._resident_data, self.batch_size
         cuda = self.device.startswith("cuda")
         as_torch = self.framework == "torch"
         torch = torch_module() if cuda else torch_module(_AS_TORCH) if as_torch else None
+        data = self._resident_data
         for epoch in range(start[0], start[0] + self.epochs):
             consumed = start[2] if epoch == start[0] else 0
             index, copied_on = self._resident_index(epoch, consumed)
-            # Streams this epoch's gathers ran on that are known to see the index.
-            synced = [copied_on]
-            batches = self._split_batches(consumed)
-            for i in range(start[1] if epoch == start[0] else 0, batches):
-                sel = index[i * b : (i + 1) * b]
-                if cuda:
-                    stream = torch.cuda.current_stream(data.device)
-                    if stream not in synced:
-                        # Gathered on another stream than the index was copied on: wait for
-                        # the copy (once: the stream stays ordered after it), and keep the
-                        # index's memory from the allocator until this stream is done with it.
-                        stream.wait_stream(copied_on)
-                        index.record_stream(stream)
-                        synced.append(stream)
-                    yield epoch, i, data.index_select(0, sel)
-                else:
-                    batch = np.take(data, sel, axis=0)
-                    yield epoch, i, torch.from_numpy(batch) if as_torch else batch
+            batches = range(start[1] if epoch == start[0] else 0, self._split_batches(consumed))
+            for i, batch in gather(data, index, copied_on, batches, self.batch_size, torch):
+                yield epoch, i, batch
 
     def close(self) -> None:
         """Stops the current pass and frees its pinned memory (batches already out stay valid);
