@@ -201,9 +201,11 @@ install_wheel() {  # DIR WHEEL...: an installed pinfeed in DIR
 if want pytests && ls $C/*.whl >/dev/null 2>&1; then
     echo "== Python GPU tests"
     install_wheel /tmp/site $C/*.whl
+    # torchdata, where its wheel is carried (prepare_device.sh), for the trainers' GPU tests.
+    ls $C/wheels/*.whl >/dev/null 2>&1 && install_wheel /tmp/site-extra $C/wheels/*.whl
     # The GPU-marked tests alone: the others need the servers and packages of requirements-dev.txt,
     # which the GPU machine has not, and run in CI.
-    PYTHONPATH=/tmp/site timeout 300 python3 -m pytest -q -rfs -p no:cacheprovider -m gpu bindings/python/tests --gpu 2>&1 \
+    PYTHONPATH=/tmp/site:/tmp/site-extra timeout 300 python3 -m pytest -q -rfs -p no:cacheprovider -m gpu bindings/python/tests --gpu 2>&1 \
         | grep -E "^(FAILED|SKIPPED|ERROR)|passed|failed" | tail -40 | tee "$OUT/python_gpu_tests.txt"
 fi
 
