@@ -24,29 +24,31 @@ def upload_batch(record_bytes: int, pinned_budget: int) -> int:
     return max(1, min(_UPLOAD_BATCH_BYTES, pinned_budget // 4) // record_bytes)
 
 
-def check_budget(name: str, device: str, records: int, record_bytes: int, asked: Any, budget: int):
+def check_budget(
+    name: str, device: str, records: int, record_bytes: int, asked: Any, budget: Optional[int]
+) -> None:
     """Refuses a resident copy of ``records`` records over its budget: ``budget`` where the user
     gave a ``device_budget`` (``asked``, as given), else half of what is free on the device (or
     of the host's available memory)."""
     need = records * record_bytes
-    if asked is not None:
-        source = f"device_budget={asked!r}"
+    if asked is not None and budget is not None:
+        limit, source = budget, f"device_budget={asked!r}"
     elif device.startswith("cuda"):
         torch = torch_module()
         free, _total = torch.cuda.mem_get_info(torch.device(device))
-        budget = free // 2
+        limit = free // 2
         source = f"half of the {free} bytes free on {device} (device_budget=None)"
     else:
         try:
             avail = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
         except (ValueError, OSError, AttributeError):  # pragma: no cover - not POSIX
             return
-        budget = avail // 2
+        limit = avail // 2
         source = f"half of the {avail} bytes of available host memory (device_budget=None)"
-    if need > budget:
+    if need > limit:
         raise PinfeedMemoryError(
             f'{name}: shuffle="gpu" keeps the whole dataset on {device}: {records} records of '
-            f"{record_bytes} bytes = {need} bytes, more than the {budget} bytes allowed "
+            f"{record_bytes} bytes = {need} bytes, more than the {limit} bytes allowed "
             f"({source}); raise device_budget if the device has room, or stream the shuffled "
             'order instead with shuffle=True (random reads) or shuffle="block" (for slow random '
             "reads)"
@@ -109,7 +111,7 @@ def gather(
     copied_on: Any,
     batches: range,
     batch_size: int,
-    torch: Optional[Any],
+    torch: Any,
 ) -> Iterator[tuple[int, Any]]:
     """Batches ``batches`` of an epoch, each the records of ``index``'s slice gathered from the
     resident copy ``data``: on its CUDA device with ``torch`` (``copied_on`` the stream ``index``
