@@ -163,23 +163,28 @@ def worker(npy, label, device, small):
     print(json.dumps(rows))
 
 
-def in_turns(rounds, runs):
+def in_turns(rounds, runs, out=None):
     """The rows of every run of `runs` (LABEL, ARGV, ENV: a Python worker that prints its rows as
     a JSON list on its last line), `rounds` times, each round in the reverse order of the last so
-    that no run always goes first; each row gets its round. A failed run is printed and skipped."""
+    that no run always goes first; each row gets its round. A failed run is printed and skipped.
+    The rows so far are written to `out` (JSON) after every run, so that a run cut short by a
+    time limit keeps the rounds it finished."""
     results = []
     for r in range(rounds):
         order = runs if r % 2 == 0 else list(reversed(runs))
         for label, argv, env in order:
-            out = subprocess.run(
+            proc = subprocess.run(
                 [sys.executable, *argv], env=env, capture_output=True, text=True, check=False
             )
-            if out.returncode != 0:
-                print(f"round {r + 1} {label}: FAILED\n{out.stderr[-3000:]}")
+            if proc.returncode != 0:
+                print(f"round {r + 1} {label}: FAILED\n{proc.stderr[-3000:]}")
                 continue
-            for x in json.loads(out.stdout.strip().splitlines()[-1]):
+            for x in json.loads(proc.stdout.strip().splitlines()[-1]):
                 x["round"] = r + 1
                 results.append(x)
+            if out:
+                with open(out, "w") as f:
+                    json.dump(results, f, indent=1)
     return results
 
 
@@ -220,10 +225,7 @@ def main():
         )
         for label, site in builds.items()
     ]
-    results = in_turns(args.rounds, runs)
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(results, f, indent=1)
+    results = in_turns(args.rounds, runs, args.out)
     names = list(dict.fromkeys(x["name"] for x in results))
     print(f"{'row':<36}" + "".join(f"{b:>26}" for b in builds))
     for n in names:

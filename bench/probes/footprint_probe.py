@@ -129,9 +129,7 @@ def main():
         )
         for label, spec in configs
     ]
-    results = in_turns(args.rounds, runs)
-    if args.out:
-        Path(args.out).write_text(json.dumps(results, indent=1))
+    results = in_turns(args.rounds, runs, args.out)
     print(
         f"{'config':<26}{'readers':>8}{'slots':>6}{'MiB':>6}  {'in order, % of bus':<22}{'shuffled':<22}"
     )

@@ -1,7 +1,8 @@
 """The benchmark scripts the GPU machine runs for the loader's speed on each machine start
 (bench/ab.py, bench/threads_sweep.py, bench/probes/footprint_probe.py), run here on the host
 backend at small sizes (``--device cpu``): each gets through every row to its table and result
-file, and the check each row makes before it is timed catches a changed byte. The figures are
+file, the check each row makes before it is timed catches a changed byte, and the turns that
+``bench/ab.py`` runs builds in keep the rows of the runs that finished. The figures are
 the GPU machine's to take (docs/BENCHMARKS.md); these tests read none of them."""
 
 import importlib.util
@@ -112,10 +113,16 @@ def test_footprint_probe_refuses_a_bad_spec(npy, tmp_path):
     )
 
 
-def test_the_rows_check_catches_a_changed_byte(npy):
+def load_ab():
+    """bench/ab.py as a module (it imports only the standard library at its top)."""
     spec = importlib.util.spec_from_file_location("bench_ab", BENCH / "ab.py")
     ab = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(ab)
+    return ab
+
+
+def test_the_rows_check_catches_a_changed_byte(npy):
+    ab = load_ab()
     data = np.load(npy, mmap_mode="r")
     loader = pinfeed.Loader(str(npy), 1000, shuffle="random", seed=1, **ab.loader_kwargs("cpu"))
     ab.drain(loader, ab.sums_check(data, "records"))
@@ -123,3 +130,15 @@ def test_the_rows_check_catches_a_changed_byte(npy):
     changed[4321, 1, 2, 3] ^= 1
     with pytest.raises(AssertionError, match="changed: the Loader delivered other bytes"):
         ab.drain(loader, ab.sums_check(changed, "changed"))
+
+
+def test_in_turns_keeps_the_rows_of_the_runs_that_finished(tmp_path, capsys):
+    ab = load_ab()
+    ok = ("ok", ["-c", 'print("noise"); print(\'[{"row": 1}]\')'], None)
+    failed = ("failed", ["-c", "import sys; sys.exit('worker broke')"], None)
+    out = tmp_path / "rows.json"
+    rows = ab.in_turns(2, [ok, failed], out)
+    assert rows == [{"row": 1, "round": 1}, {"row": 1, "round": 2}]
+    assert json.loads(out.read_text()) == rows
+    printed = capsys.readouterr().out
+    assert "round 1 failed: FAILED" in printed and "worker broke" in printed
