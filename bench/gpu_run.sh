@@ -209,12 +209,24 @@ if want pytests && ls $C/*.whl >/dev/null 2>&1; then
         | grep -E "^(FAILED|SKIPPED|ERROR)|passed|failed" | tail -40 | tee "$OUT/python_gpu_tests.txt"
 fi
 
-if want ab && ls $C/old/*.whl $C/*.whl >/dev/null 2>&1; then
-    echo "== A/B: the wheel of bench/prepare_ab.sh's revision (old) against this one (new)"
-    [ -f $C/old/revision.txt ] && echo "old: $(cat $C/old/revision.txt)" | tee "$OUT/ab-old-revision.txt"
-    install_wheel /tmp/site-old $C/old/*.whl && install_wheel /tmp/site $C/*.whl
-    timeout 500 python3 bench/ab.py --build old=/tmp/site-old --build new=/tmp/site --rounds "${AB_ROUNDS:-3}" \
-        --npy "$DATA" --out "$OUT/ab.json" 2>&1 | tail -8
+if want ab && ls $C/*.whl >/dev/null 2>&1; then
+    # Every other build carried: .device-carry/old (bench/prepare_ab.sh REV) and each
+    # .device-carry/ab-NAME (bench/prepare_ab.sh REV ab-NAME), labelled old and NAME.
+    builds=()
+    for d in $C/old $C/ab-*; do
+        ls "$d"/*.whl >/dev/null 2>&1 || continue
+        name=$(basename "$d"); name=${name#ab-}
+        [ -f "$d/revision.txt" ] && echo "$name: $(cat "$d/revision.txt")" | tee -a "$OUT/ab-revisions.txt"
+        install_wheel "/tmp/site-$name" "$d"/*.whl && builds+=(--build "$name=/tmp/site-$name")
+    done
+    if [ ${#builds[@]} -eq 0 ]; then
+        echo "== A/B: no other build carried (.device-carry/old or ab-NAME, from bench/prepare_ab.sh)"
+    else
+        echo "== A/B: the wheels of bench/prepare_ab.sh's revisions against this one (new)"
+        install_wheel /tmp/site $C/*.whl
+        timeout 500 python3 bench/ab.py "${builds[@]}" --build new=/tmp/site --rounds "${AB_ROUNDS:-3}" \
+            --npy "$DATA" --out "$OUT/ab.json" 2>&1 | tail -8
+    fi
 fi
 
 if want tokens && ls $C/*.whl >/dev/null 2>&1; then
