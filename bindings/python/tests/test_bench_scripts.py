@@ -34,18 +34,31 @@ def npy(tmp_path_factory):
     return path
 
 
-def run(script, *args, cwd):
-    """Runs a bench script with this interpreter; its stdout, or the test fails with stderr."""
-    out = subprocess.run(
-        [sys.executable, str(BENCH / script), *args],
+def script(name, *args, cwd):
+    """Runs the bench script `name` with this interpreter; the finished process."""
+    return subprocess.run(
+        [sys.executable, str(BENCH / name), *args],
         capture_output=True,
         text=True,
         timeout=600,
         cwd=cwd,
         check=False,
     )
+
+
+def run(name, *args, cwd):
+    """Runs a bench script; its stdout, or the test fails with its stderr."""
+    out = script(name, *args, cwd=cwd)
     assert out.returncode == 0, out.stderr[-3000:]
     return out.stdout
+
+
+def load_ab():
+    """bench/ab.py as a module (it imports only the standard library at its top)."""
+    spec = importlib.util.spec_from_file_location("bench_ab", BENCH / "ab.py")
+    ab = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ab)
+    return ab
 
 
 def test_ab_runs_every_row_of_both_builds(npy, tmp_path):
@@ -98,27 +111,12 @@ def test_footprint_probe_runs_each_config(npy, tmp_path):
 
 
 def test_footprint_probe_refuses_a_bad_spec(npy, tmp_path):
-    out = subprocess.run(
-        [sys.executable, str(BENCH / "probes/footprint_probe.py"), "--npy", str(npy)]
-        + ["--device", "cpu", "--config", "x=slots=4"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=tmp_path,
-        check=False,
-    )
+    args = ["--npy", str(npy), "--device", "cpu", "--config", "x=slots=4"]
+    out = script("probes/footprint_probe.py", *args, cwd=tmp_path)
     assert out.returncode != 0
     assert out.stderr.strip().splitlines()[-1] == (
         "unknown part 'slots=4' of 'slots=4': slots=+K or piece=BYTES"
     )
-
-
-def load_ab():
-    """bench/ab.py as a module (it imports only the standard library at its top)."""
-    spec = importlib.util.spec_from_file_location("bench_ab", BENCH / "ab.py")
-    ab = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(ab)
-    return ab
 
 
 def test_the_rows_check_catches_a_changed_byte(npy):
