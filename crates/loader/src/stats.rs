@@ -209,13 +209,15 @@ pub struct Stats {
     /// Time readers waited for a free slot, summed over threads.
     pub wait_free_slot: Duration,
     /// Of `wait_free_slot`, the time no copy was in flight (none issued and not yet taken
-    /// back): every slot was being read into, or filled and held back (behind a batch still
-    /// being read, or a consumer that was behind).
+    /// back): every slot was being read into, or filled and held back (past the copy thread's
+    /// window behind a batch still being read, or for a consumer that was behind).
     pub wait_free_slot_no_copy: Duration,
     /// Time the copy thread waited for the next batch to be filled.
     pub wait_filled: Duration,
-    /// Of `wait_filled`, the time a later piece or batch was filled already: copies go in
-    /// sequence order, so one still being read held back those read after it.
+    /// Of `wait_filled`, the time a later piece or batch was filled already, past the window
+    /// the copy thread copies in fill order (pieces of the oldest batch not yet delivered and
+    /// the slots' worth after; one batch with a device budget or GPU decoding): one still being
+    /// read held back those read after it.
     pub wait_filled_behind: Duration,
     /// Time the copy thread spent issuing copies.
     pub copy_issue_time: Duration,
@@ -341,9 +343,9 @@ impl Stats {
     pub fn explain(&self) -> String {
         let read_rate = self.read_bytes as f64 / self.read_time.as_secs_f64().max(1e-9) / 1e9;
         let share = |t: Duration| 100.0 * t.as_secs_f64() / self.elapsed.as_secs_f64().max(1e-9);
-        // Copies go in sequence order: the part of the copy thread's wait in which later
-        // batches were filled already, behind one still being read, named where it is 1% or
-        // more of that wait.
+        // The part of the copy thread's wait in which later batches, past its window, were
+        // filled already, behind one still being read, named where it is 1% or more of that
+        // wait.
         let behind = 100.0 * self.wait_filled_behind.as_secs_f64()
             / self.wait_filled.as_secs_f64().max(1e-9);
         let behind = if behind >= 1.0 {

@@ -4,8 +4,9 @@
 //! numbers, and it guarantees the properties that make the data path safe:
 //!
 //! - a slot is held by one filler at a time ([`Claim`]);
-//! - batches reach the copy engine in sequence order ([`Ring::next_filled`]), whatever order the
-//!   fillers finish in;
+//! - the copy engine takes batches in sequence order ([`Ring::next_filled`]), whatever order the
+//!   fillers finish in, or the lowest filled one within a range of sequence numbers it names
+//!   ([`Ring::next_filled_in`]);
 //! - a slot whose copy was issued returns to the free list only after that copy's [`Fence`]
 //!   reports completion, so a slot is never overwritten while a copy may still read it.
 //!
@@ -104,8 +105,9 @@ pub struct RingStats {
     pub wait_free_no_copy: Duration,
     /// Total time the copy engine spent waiting for the next batch to be filled (the readers were behind).
     pub wait_filled: Duration,
-    /// Of `wait_filled`, the time a later sequence number was filled already: batches go to the
-    /// copy engine in sequence order, so one still being filled held back those filled after it.
+    /// Of `wait_filled`, the time a later sequence number was filled already, beyond the range
+    /// the copy engine asked for ([`Ring::next_filled_in`]): one still being filled held back
+    /// those filled after it.
     pub wait_filled_behind: Duration,
     /// Slots returned to the free list after their fence completed.
     pub recycled: u64,
@@ -416,34 +418,50 @@ impl<F: Fence> Ring<F> {
     /// stays `Filled` until [`Ring::copy_issued`]. Returns `None` if the ring shut down first or
     /// `seq` is past the last batch.
     pub fn next_filled(&self, seq: u64) -> Option<usize> {
+        self.next_filled_in(seq..seq + 1).map(|(slot, _)| slot)
+    }
+
+    /// Blocks until some batch with a sequence number in `seqs` is filled and returns the slot
+    /// and sequence number of the lowest such, which stays `Filled` until
+    /// [`Ring::copy_issued`]. Returns `None` if the ring shut down first or `seqs` starts past
+    /// the last batch.
+    ///
+    /// With a range of one this is [`Ring::next_filled`]: batches in sequence order. A wider
+    /// range lets the copy engine take batches in the order they were filled, within it.
+    pub fn next_filled_in(&self, seqs: std::ops::Range<u64>) -> Option<(usize, u64)> {
         let mut state = self.lock();
         let started = Instant::now();
         let mut waited = false;
         let mut behind = Duration::ZERO; // of this wait
         loop {
-            if seq >= state.total {
+            if seqs.start >= state.total {
                 return None;
             }
             let found = state
                 .slots
                 .iter()
-                .position(|s| matches!(s, SlotState::Filled { seq: filled } if *filled == seq));
-            if let Some(slot) = found {
+                .enumerate()
+                .filter_map(|(slot, s)| match s {
+                    SlotState::Filled { seq } if seqs.contains(seq) => Some((slot, *seq)),
+                    _ => None,
+                })
+                .min_by_key(|&(_, seq)| seq);
+            if let Some(found) = found {
                 if waited {
                     state.stats.wait_filled += started.elapsed();
                     state.stats.wait_filled_behind += behind;
                 }
-                return Some(slot);
+                return Some(found);
             }
             if state.shutdown {
                 return None;
             }
             waited = true;
-            // Whether a later one is filled already, held back by this one (copies go in order).
+            // Whether a later one is filled already, held back by the range.
             let later_filled = state
                 .slots
                 .iter()
-                .any(|s| matches!(s, SlotState::Filled { seq: filled } if *filled > seq))
+                .any(|s| matches!(s, SlotState::Filled { seq } if *seq >= seqs.end))
                 .then(Instant::now);
             state = self
                 .slot_filled

@@ -61,6 +61,36 @@ fn delivers_in_sequence_order_whatever_the_fill_order() {
 }
 
 #[test]
+fn a_range_gives_the_lowest_filled_batch_in_it_and_none_outside() {
+    let ring = Ring::<SharedFlag>::new(4, 4);
+    let claims: Vec<Claim> = (0..4).map(|_| ring.acquire(0).unwrap().unwrap()).collect();
+    let slots: Vec<usize> = claims.iter().map(Claim::slot).collect();
+    let mut claims = claims.into_iter().map(Some).collect::<Vec<_>>();
+    for seq in [3, 2] {
+        ring.fill_done(claims[seq].take().unwrap());
+    }
+    // 0 and 1 are still being filled: the lowest filled of 0..4 is 2, and 0..3 holds it too.
+    assert_eq!(ring.next_filled_in(0..4), Some((slots[2], 2)));
+    assert_eq!(ring.next_filled_in(0..3), Some((slots[2], 2)));
+    ring.copy_issued(slots[2], SharedFlag::default());
+    assert_eq!(ring.next_filled_in(0..4), Some((slots[3], 3)));
+    ring.copy_issued(slots[3], SharedFlag::default());
+    // Nothing filled in 0..2 yet: the copy engine waits until 1 is, though 0 is not.
+    let ring = std::sync::Arc::new(ring);
+    let second = claims[1].take().unwrap();
+    let filler = after(DELAY, {
+        let ring = ring.clone();
+        move || ring.fill_done(second)
+    });
+    assert_eq!(ring.next_filled_in(0..2), Some((slots[1], 1)));
+    filler.join().unwrap();
+    ring.copy_issued(slots[1], SharedFlag::default());
+    ring.fill_done(claims[0].take().unwrap());
+    assert_eq!(ring.next_filled_in(0..1), Some((slots[0], 0)));
+    assert_eq!(ring.next_filled_in(4..8), None, "past the last batch");
+}
+
+#[test]
 fn slot_is_not_reused_before_its_fence_completes() {
     let ring = std::sync::Arc::new(Ring::<SharedFlag>::new(1, 2));
     let claim = ring.acquire(0).unwrap().unwrap();
@@ -292,6 +322,30 @@ fn the_copy_engine_waiting_behind_an_unfilled_batch_is_counted_apart() {
         stats.wait_filled_behind, before.wait_filled_behind,
         "{stats:?}"
     );
+}
+
+#[test]
+fn a_wait_behind_counts_batches_filled_past_the_range_only() {
+    // 1 is filled; waiting for something in 0..2 is no wait behind, as 1 is in the range (and
+    // is handed out at once); waiting in 2..3 while 3 is filled is one.
+    let ring = std::sync::Arc::new(Ring::<SharedFlag>::new(4, 4));
+    let claims: Vec<Claim> = (0..4).map(|_| ring.acquire(0).unwrap().unwrap()).collect();
+    let [zero, one, two, three] = claims.try_into().unwrap();
+    let slot = one.slot();
+    ring.fill_done(one);
+    assert_eq!(ring.next_filled_in(0..2), Some((slot, 1)));
+    assert_eq!(ring.stats().wait_filled, Duration::ZERO);
+    ring.fill_done(three);
+    let filler = after(DELAY, {
+        let ring = ring.clone();
+        move || ring.fill_done(two)
+    });
+    assert!(ring.next_filled_in(2..3).is_some());
+    filler.join().unwrap();
+    let stats = ring.stats();
+    assert!(stats.wait_filled_behind >= DELAY / 4, "{stats:?}");
+    assert!(stats.wait_filled >= stats.wait_filled_behind, "{stats:?}");
+    ring.fill_done(zero);
 }
 
 #[test]

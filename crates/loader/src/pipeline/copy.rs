@@ -1,7 +1,8 @@
-//! The copy thread: takes filled slots in sequence order, issues their copies to every device
-//! and hands finished batches to the consumer.
+//! The copy thread: takes filled slots in the order they were filled (within a window of
+//! sequence numbers), issues their copies to every device and hands finished batches to the
+//! consumer in sequence order.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::mpsc::SyncSender;
 use std::sync::Arc;
 use std::time::Instant;
@@ -60,19 +61,44 @@ fn deliver(
     true
 }
 
-/// A batch being assembled by the copy thread: its place, and on each device its memory and
-/// the fence of the last copy issued into it.
+/// A batch being assembled by the copy thread: its place, on each device its memory and the
+/// fence of the last copy issued into it, and how many of its pieces are still to be issued.
 struct Assembling {
     spec: Arc<BatchSpec>,
     on: Vec<(DeviceMemory, Option<CopyFence>)>,
+    pieces_left: u64,
 }
 
+/// Copies filled slots in the order they were filled, within `Shared::copy_window` pieces of
+/// the first batch not yet delivered, and delivers batches in sequence order as their last
+/// piece's copy is issued. A slot is then free again as soon as its own copy has finished,
+/// instead of after every batch before it was read.
 fn copy_slots(shared: &Arc<Shared>, pool: &PinnedPool, batches: &SyncSender<Result<Batch>>) {
     let pieces = shared.pieces;
-    let rb = shared.out_record_bytes;
-    let mut current: Option<Assembling> = None;
-    for unit in 0..shared.plan.total() * pieces.per_batch {
-        let Some(slot) = shared.ring.next_filled(unit) else {
+    let units = shared.plan.total() * pieces.per_batch;
+    let mut open: BTreeMap<u64, Assembling> = BTreeMap::new();
+    // The first batch not yet delivered.
+    let mut head = 0u64;
+    // The first piece that will never be copied (its read, or its batch's device memory,
+    // failed) and why: the batches before its batch are delivered first, then the error.
+    let mut failed_at: Option<(u64, LoaderError)> = None;
+    loop {
+        while let Some(entry) = open.first_entry() {
+            if *entry.key() != head || entry.get().pieces_left > 0 {
+                break;
+            }
+            if !deliver_assembled(shared, batches, head, entry.remove()) {
+                return;
+            }
+            head += 1;
+        }
+        let end = failed_at.as_ref().map_or(units, |(unit, _)| *unit);
+        if head >= end / pieces.per_batch {
+            break;
+        }
+        let first = head * pieces.per_batch;
+        let window = first + shared.copy_window.max(pieces.per_batch);
+        let Some((slot, unit)) = shared.ring.next_filled_in(first..window.min(end)) else {
             break;
         };
         let started = Instant::now();
@@ -81,31 +107,26 @@ fn copy_slots(shared: &Arc<Shared>, pool: &PinnedPool, batches: &SyncSender<Resu
             .unwrap_or_else(|p| p.into_inner())
             .take()
             .expect("a filled slot has its contents recorded");
+        let (seq, _) = pieces.split(unit);
+        let opened = contents.and_then(|contents| {
+            if let std::collections::btree_map::Entry::Vacant(v) = open.entry(seq) {
+                v.insert(Assembling::new(shared, Arc::clone(&contents.spec))?);
+            }
+            Ok(contents)
+        });
         let SlotContents {
-            spec,
-            records,
-            offset,
-        } = match contents {
+            records, offset, ..
+        } = match opened {
             Ok(contents) => contents,
-            // Its read failed: every batch before it was delivered; nothing reads the slot.
+            // Nothing reads the slot, and no later piece is taken from the ring from now on.
             Err(e) => {
-                shared.fail(e);
-                break;
+                if failed_at.as_ref().is_none_or(|(at, _)| unit < *at) {
+                    failed_at = Some((unit, e));
+                }
+                continue;
             }
         };
-        let (seq, piece) = pieces.split(unit);
-        if let Some(spec) = spec {
-            match Assembling::new(shared, spec) {
-                Ok(batch) => current = Some(batch),
-                Err(e) => {
-                    shared.fail(e);
-                    break;
-                }
-            }
-        }
-        let batch = current
-            .as_mut()
-            .expect("the first piece of a batch comes before the others");
+        let batch = open.get_mut(&seq).expect("opened above");
         let (fence, failed) = if records.is_empty() {
             // Nothing to copy: the slot is free as soon as the copies before it are done.
             match shared.backend().completed_fence() {
@@ -149,8 +170,8 @@ fn copy_slots(shared: &Arc<Shared>, pool: &PinnedPool, batches: &SyncSender<Resu
                     shared,
                     src,
                     &mut batch.on,
-                    records.start * rb,
-                    records.len() * rb,
+                    records.start * shared.out_record_bytes,
+                    records.len() * shared.out_record_bytes,
                 )
             }
         };
@@ -161,13 +182,23 @@ fn copy_slots(shared: &Arc<Shared>, pool: &PinnedPool, batches: &SyncSender<Resu
         }
         if let Some(e) = failed {
             shared.fail(e);
-            break;
+            return;
         }
+        batch.pieces_left -= 1;
         add(&shared.counters.copy_issue_ns, started.elapsed());
-        if piece + 1 == pieces.per_batch {
-            let batch = current.take().expect("assembled above");
-            if !deliver_assembled(shared, batches, seq, batch) {
-                return;
+    }
+    if let Some((_, e)) = failed_at {
+        shared.fail(e);
+    }
+}
+
+impl Drop for Assembling {
+    /// A batch dropped before delivery (the consumer went away, or a later piece failed) may
+    /// still be written by copies issued into it.
+    fn drop(&mut self) {
+        for (_, last) in &self.on {
+            if let Some(fence) = last {
+                fence.wait_before_reuse();
             }
         }
     }
@@ -194,7 +225,11 @@ impl Assembling {
             .iter()
             .map(|t| Ok((t.backend.alloc(bytes, &t.budget)?, None)))
             .collect::<Result<Vec<_>>>()?;
-        Ok(Assembling { spec, on })
+        Ok(Assembling {
+            spec,
+            on,
+            pieces_left: shared.pieces.per_batch,
+        })
     }
 }
 
@@ -211,7 +246,8 @@ fn deliver_assembled(
     for target in 0..batch.on.len() {
         let (memory, last) = batch.on.remove(0);
         // Copies to one device finish in the order they were issued (one stream; one host copy
-        // thread), so the batch is complete there when its last copy is.
+        // thread), so the batch is complete there when the last copy issued into it is,
+        // whichever of its pieces that was.
         let ready = match last {
             Some(fence) => fence,
             None => match shared.targets[target].backend.completed_fence() {

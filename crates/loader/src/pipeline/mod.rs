@@ -6,9 +6,10 @@
 //!        └──────────────────────────────────────────────────────────┘
 //! ```
 //!
-//! Readers own a slot from `acquire` to `fill_done`. The copy thread takes filled slots in
-//! sequence order, allocates the batch's device memory, issues the copy and hands the batch to
-//! the consumer through a bounded channel (`prefetch` deep). The consumer owns each [`Batch`]
+//! Readers own a slot from `acquire` to `fill_done`. The copy thread takes filled slots in the
+//! order they were filled, within a window of sequence numbers (`copy_window`), allocates each
+//! batch's device memory when its first piece comes, issues the copies and hands batches to
+//! the consumer in sequence order through a bounded channel (`prefetch` deep). The consumer owns each [`Batch`]
 //! and its device memory until it drops it.
 //!
 //! A loader may copy to several devices (targets): each slot is then copied to every one, each
@@ -42,9 +43,9 @@ use crate::{LoaderOptions, Transform};
 
 /// A filled slot: which piece of which batch, and the offset of its first byte in the slot.
 struct SlotContents {
-    /// The batch's place in the plan, recorded with its first piece only (the copy thread
-    /// needs it once per batch).
-    spec: Option<Arc<BatchSpec>>,
+    /// The batch's place in the plan (the copy thread opens the batch with whichever of its
+    /// pieces comes first).
+    spec: Arc<BatchSpec>,
     /// The piece's records, `lo .. hi` of the batch (empty for a piece past a short batch's
     /// end).
     records: std::ops::Range<usize>,
@@ -89,12 +90,15 @@ struct Shared {
     counters: Counters,
     /// What each filled slot holds: the batch's place in the plan and where its bytes start in
     /// the slot (aligned reads may put them past the start), or why its read failed. Set by the
-    /// slot's reader before `fill_done` and taken by the copy thread after `next_filled`, which
-    /// the ring orders; so the plan is worked out once per batch, and a failed read reaches the
-    /// consumer in batch order, after every batch before it.
+    /// slot's reader before `fill_done` and taken by the copy thread after `next_filled_in`,
+    /// which the ring orders; so the plan is worked out once per batch, and a failed read
+    /// reaches the consumer in batch order, after every batch before it.
     slot_contents: Vec<Mutex<Option<Result<SlotContents>>>>,
     /// How batches are cut into slots (one piece a batch with a transform or register reader).
     pieces: Pieces,
+    /// How many pieces past the first of the oldest batch not yet delivered the copy thread may
+    /// copy, in the order they were filled (see [`copy_window`]).
+    copy_window: u64,
     started: Instant,
     /// Time `Loader::new` took before the threads started (mostly page-locking the pool).
     startup: Duration,
@@ -135,6 +139,21 @@ impl Drop for Shared {
         if let Staging::Windows(windows) = &self.staging {
             windows.unlock_all();
         }
+    }
+}
+
+/// How many pieces ahead of the oldest batch not yet delivered the copy thread may copy (at
+/// least the pieces of that batch). Copied early, a batch holds its device memory until the
+/// batches before it are delivered; so the window is the ring's slots, and the device memory
+/// held by batches the copy thread has begun is at most about the pinned pool's size (a
+/// piece's bytes on the device are those of its slot). With a device budget, or with GPU
+/// decoding (a batch decoded is larger than its slot), it is one batch: batches are copied in
+/// sequence order, each holding device memory only once its turn has come.
+fn copy_window(options: &LoaderOptions, ring_slots: usize) -> u64 {
+    if options.device_budget.is_some() || options.gpu_images.is_some() {
+        1
+    } else {
+        ring_slots as u64
     }
 }
 
@@ -298,6 +317,7 @@ impl Loader {
             error: Mutex::new(None),
             counters: Counters::default(),
             slot_contents: (0..ring_slots).map(|_| Mutex::new(None)).collect(),
+            copy_window: copy_window(&options, ring_slots),
             pieces: layout.pieces,
             started: Instant::now(),
             startup: begun.elapsed(),

@@ -106,7 +106,7 @@ fn fill(
         .read_bytes
         .fetch_add(raw_len as u64, std::sync::atomic::Ordering::Relaxed);
     Ok(SlotContents {
-        spec: (piece == 0).then(|| Arc::clone(&spec)),
+        spec,
         records,
         offset,
     })

@@ -101,17 +101,13 @@ fn stats_count_the_claims_and_those_of_a_readers_own_slot() {
 
 #[test]
 fn stats_tell_apart_the_copy_held_behind_a_batch_still_being_read() {
-    // Two readers and two slots; the first batch takes 100 ms longer to read, so the second is
-    // filled while the copy thread still waits for the first (copies go in order), and the
+    // Two readers and two slots; the first batch takes 100 ms longer to read. The second is
+    // copied as soon as it is filled, but the copy thread takes nothing past the ring's two
+    // slots from the first: the third is filled while it still waits for the first, and the
     // second reader then waits for a slot with no copy in flight. (A wait counts once it ends
     // in a claim: with 100 batches, the first reader does not take all the rest meanwhile.)
-    let (inner, data) = random_source(1000, 16, 7);
     let delay = Duration::from_millis(100);
-    let source = Arc::new(Faulty {
-        inner,
-        bad_record: 0,
-        fault: Fault::Delay(delay),
-    });
+    let (source, data) = slow_first_batch(delay);
     let options = LoaderOptions {
         num_threads: Some(2),
         pinned_budget: 2 * 4096,
@@ -130,6 +126,62 @@ fn stats_tell_apart_the_copy_held_behind_a_batch_still_being_read() {
         stats.wait_free_slot >= stats.wait_free_slot_no_copy,
         "{stats:?}"
     );
+}
+
+/// 1000 records of 16 bytes, the first one 100 ms slow to read: 100 batches of 10 records.
+fn slow_first_batch(delay: Duration) -> (Arc<Faulty>, Vec<u8>) {
+    let (inner, data) = random_source(1000, 16, 7);
+    let source = Arc::new(Faulty {
+        inner,
+        bad_record: 0,
+        fault: Fault::Delay(delay),
+    });
+    (source, data)
+}
+
+#[test]
+fn later_batches_are_copied_while_an_earlier_one_is_still_read() {
+    // Ten slots (2 × 2 readers + 6), the first batch slow. The second reader's nine batches
+    // are copied as it fills them, each into device memory of its own, while the first is
+    // still read (the copy thread takes nothing ten or more past it): the device holds about
+    // the ring's worth of batches at once, and they still reach the consumer in order with
+    // every byte equal.
+    let (source, data) = slow_first_batch(Duration::from_millis(100));
+    let options = LoaderOptions {
+        num_threads: Some(2),
+        pinned_budget: 16 * 4096,
+        prefetch: 1,
+        ..host_options(10)
+    };
+    let mut loader = Loader::new(source, options).unwrap();
+    assert_eq!(host_bytes(&mut loader), data, "every byte, in order");
+    let stats = loader.stats();
+    assert_eq!(stats.slots, 10);
+    let batch_bytes = 10 * 16;
+    assert!(stats.device_bytes_peak >= 9 * batch_bytes, "{stats:?}");
+    // The ten batches of the window, one in the channel and one the consumer holds.
+    assert!(stats.device_bytes_peak <= 12 * batch_bytes, "{stats:?}");
+}
+
+#[test]
+fn with_a_device_budget_batches_are_copied_in_sequence_order() {
+    // As above, with a device budget of twenty batches: the copy thread takes the batches in
+    // order, so the device holds at most the one being copied, the one in the channel
+    // (prefetch 1) and the one the consumer holds.
+    let (source, data) = slow_first_batch(Duration::from_millis(100));
+    let batch_bytes = 10 * 16;
+    let options = LoaderOptions {
+        num_threads: Some(2),
+        pinned_budget: 16 * 4096,
+        prefetch: 1,
+        device_budget: Some(20 * batch_bytes),
+        ..host_options(10)
+    };
+    let mut loader = Loader::new(source, options).unwrap();
+    assert_eq!(host_bytes(&mut loader), data, "every byte, in order");
+    let stats = loader.stats();
+    assert!(stats.device_bytes_peak >= batch_bytes, "{stats:?}");
+    assert!(stats.device_bytes_peak <= 3 * batch_bytes, "{stats:?}");
 }
 
 struct Negate;

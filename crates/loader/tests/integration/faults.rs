@@ -144,6 +144,37 @@ fn faults_reach_the_consumer_in_batch_order_whichever_reader_failed_first() {
     assert!(err.contains("bad record 25"), "{err}");
 }
 
+#[test]
+fn a_fault_copied_early_waits_for_the_batches_before_it() {
+    // Batch 0 is slow; batch 3 fails at once and reaches the copy thread first. The consumer
+    // still gets batches 0, 1 and 2, every byte equal, then batch 3's error.
+    let (inner, data) = random_source(100, 16, 15);
+    let slow = Arc::new(Faulty {
+        inner,
+        bad_record: 0,
+        fault: Fault::Delay(Duration::from_millis(100)),
+    });
+    let source = Faulty {
+        inner: slow,
+        bad_record: 35,
+        fault: Fault::Error,
+    };
+    let options = LoaderOptions {
+        num_threads: Some(3),
+        ..host_options(10)
+    };
+    let loader = Loader::new(Arc::new(source), options).unwrap();
+    let got: Vec<_> = loader.collect();
+    assert_eq!(got.len(), 4, "three batches and one error");
+    let bytes: Vec<u8> = got[..3]
+        .iter()
+        .flat_map(|b| b.as_ref().unwrap().host_bytes().unwrap().unwrap().to_vec())
+        .collect();
+    assert_eq!(bytes, data[..3 * 10 * 16]);
+    let err = got[3].as_ref().unwrap_err().to_string();
+    assert!(err.contains("injected I/O error"), "{err}");
+}
+
 /// A source that counts reads in flight, to show no reader is left running after drop.
 #[derive(Debug)]
 struct Slow {
