@@ -193,18 +193,6 @@ fn copy_slots(shared: &Arc<Shared>, pool: &PinnedPool, batches: &SyncSender<Resu
 }
 
 impl Drop for Assembling {
-    /// A batch dropped before delivery (the consumer went away, or a later piece failed) may
-    /// still be written by copies issued into it.
-    fn drop(&mut self) {
-        for (_, last) in &self.on {
-            if let Some(fence) = last {
-                fence.wait_before_reuse();
-            }
-        }
-    }
-}
-
-impl Drop for Assembling {
     /// A batch dropped before delivery (a later piece's read or copy failed, or the consumer
     /// went away) may still be written by copies issued into it.
     fn drop(&mut self) {

@@ -143,17 +143,18 @@ impl Drop for Shared {
 }
 
 /// How many pieces ahead of the oldest batch not yet delivered the copy thread may copy (at
-/// least the pieces of that batch). Copied early, a batch holds its device memory until the
-/// batches before it are delivered; so the window is the ring's slots, and the device memory
-/// held by batches the copy thread has begun is at most about the pinned pool's size (a
-/// piece's bytes on the device are those of its slot). With a device budget, or with GPU
-/// decoding (a batch decoded is larger than its slot), it is one batch: batches are copied in
-/// sequence order, each holding device memory only once its turn has come.
-fn copy_window(options: &LoaderOptions, ring_slots: usize) -> u64 {
+/// least the pieces of that batch): the pieces the readers work on at once (one each; they
+/// claim in sequence order), so that one read finishing late holds back none of the others.
+/// Copied early, a batch holds its device memory until the batches before it are delivered; a
+/// window of the readers keeps those batches, with the prefetched ones, within the device's
+/// cache of idle buffers. With a device budget, or with GPU decoding (a batch decoded is
+/// larger than its slot), it is one batch: batches are copied in sequence order, each holding
+/// device memory only once its turn has come.
+fn copy_window(options: &LoaderOptions, readers: usize) -> u64 {
     if options.device_budget.is_some() || options.gpu_images.is_some() {
         1
     } else {
-        ring_slots as u64
+        readers as u64
     }
 }
 
@@ -317,7 +318,7 @@ impl Loader {
             error: Mutex::new(None),
             counters: Counters::default(),
             slot_contents: (0..ring_slots).map(|_| Mutex::new(None)).collect(),
-            copy_window: copy_window(&options, ring_slots),
+            copy_window: copy_window(&options, threads.min(ring_slots)),
             pieces: layout.pieces,
             started: Instant::now(),
             startup: begun.elapsed(),

@@ -141,11 +141,11 @@ fn slow_first_batch(delay: Duration) -> (Arc<Faulty>, Vec<u8>) {
 
 #[test]
 fn later_batches_are_copied_while_an_earlier_one_is_still_read() {
-    // Ten slots (2 × 2 readers + 6), the first batch slow. The second reader's nine batches
-    // are copied as it fills them, each into device memory of its own, while the first is
-    // still read (the copy thread takes nothing ten or more past it): the device holds about
-    // the ring's worth of batches at once, and they still reach the consumer in order with
-    // every byte equal.
+    // Two readers, the first batch slow. The copy thread may take the two pieces the readers
+    // work on: the second reader's batch is copied as it fills it, while the first is still
+    // read, and no batch two or more past it. The device holds at most the window's two
+    // batches, one in the channel and one the consumer holds, and the batches still reach the
+    // consumer in order with every byte equal.
     let (source, data) = slow_first_batch(Duration::from_millis(100));
     let options = LoaderOptions {
         num_threads: Some(2),
@@ -158,9 +158,8 @@ fn later_batches_are_copied_while_an_earlier_one_is_still_read() {
     let stats = loader.stats();
     assert_eq!(stats.slots, 10);
     let batch_bytes = 10 * 16;
-    assert!(stats.device_bytes_peak >= 9 * batch_bytes, "{stats:?}");
-    // The ten batches of the window, one in the channel and one the consumer holds.
-    assert!(stats.device_bytes_peak <= 12 * batch_bytes, "{stats:?}");
+    assert!(stats.device_bytes_peak >= 2 * batch_bytes, "{stats:?}");
+    assert!(stats.device_bytes_peak <= 4 * batch_bytes, "{stats:?}");
 }
 
 #[test]
