@@ -1,4 +1,4 @@
-use std::sync::Arc;
+use std::sync::{Arc, Condvar, Mutex};
 
 use pinfeed::{DeviceSpec, Loader, LoaderOptions};
 use pinfeed_source::dtype::parse_user_dtype;
@@ -48,7 +48,7 @@ pub fn host_bytes(loader: &mut Loader) -> Vec<u8> {
 }
 
 /// What a [`Faulty`] source does when asked for its bad record.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub enum Fault {
     /// Fails the read with an I/O error.
     Error,
@@ -56,6 +56,27 @@ pub enum Fault {
     Panic,
     /// Reads it, this much later.
     Delay(std::time::Duration),
+    /// Reads it once the gate is opened: a test holds a read for as long as it looks.
+    Wait(Arc<Gate>),
+}
+
+/// Holds [`Fault::Wait`] reads until [`Gate::open`].
+#[derive(Debug, Default)]
+pub struct Gate {
+    open: Mutex<bool>,
+    opened: Condvar,
+}
+
+impl Gate {
+    pub fn open(&self) {
+        *self.open.lock().unwrap() = true;
+        self.opened.notify_all();
+    }
+
+    fn wait(&self) {
+        let open = self.open.lock().unwrap();
+        drop(self.opened.wait_while(open, |open| !*open).unwrap());
+    }
 }
 
 /// Wraps a source and fails, panics or is slow when asked for a given record.
@@ -79,7 +100,7 @@ impl Source for Faulty {
     fn read_records(&self, first: u64, dst: &mut [u8]) -> pinfeed_source::Result<()> {
         let n = (dst.len() / self.layout().record_bytes()) as u64;
         if (first..first + n).contains(&self.bad_record) {
-            match self.fault {
+            match &self.fault {
                 Fault::Panic => panic!("injected panic at record {}", self.bad_record),
                 Fault::Error => {
                     return Err(pinfeed_source::SourceError::Read {
@@ -89,7 +110,8 @@ impl Source for Faulty {
                         source: std::io::Error::other("injected I/O error"),
                     })
                 }
-                Fault::Delay(delay) => std::thread::sleep(delay),
+                Fault::Delay(delay) => std::thread::sleep(*delay),
+                Fault::Wait(gate) => gate.wait(),
             }
         }
         self.inner.read_records(first, dst)
