@@ -215,9 +215,9 @@ pub struct Stats {
     /// Time the copy thread waited for the next batch to be filled.
     pub wait_filled: Duration,
     /// Of `wait_filled`, the time a later piece or batch was filled already, past the window
-    /// the copy thread copies in fill order (pieces of the oldest batch not yet delivered and
-    /// the slots' worth after; one batch with a device budget or GPU decoding): one still being
-    /// read held back those read after it.
+    /// the copy thread copies in fill order (from the oldest batch not yet delivered, a piece
+    /// for each reader, at least that batch's; one batch with a device budget or GPU
+    /// decoding): one still being read held back those read after it.
     pub wait_filled_behind: Duration,
     /// Time the copy thread spent issuing copies.
     pub copy_issue_time: Duration,
