@@ -2,6 +2,7 @@
 //! sequence numbers), issues their copies to every device and hands finished batches to the
 //! consumer in sequence order.
 
+use std::collections::btree_map::Entry;
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::mpsc::SyncSender;
 use std::sync::Arc;
@@ -109,7 +110,7 @@ fn copy_slots(shared: &Arc<Shared>, pool: &PinnedPool, batches: &SyncSender<Resu
             .expect("a filled slot has its contents recorded");
         let (seq, _) = pieces.split(unit);
         let opened = contents.and_then(|contents| {
-            if let std::collections::btree_map::Entry::Vacant(v) = open.entry(seq) {
+            if let Entry::Vacant(v) = open.entry(seq) {
                 v.insert(Assembling::new(shared, Arc::clone(&contents.spec))?);
             }
             Ok(contents)

@@ -117,3 +117,15 @@ impl Source for Faulty {
         self.inner.read_records(first, dst)
     }
 }
+
+/// 1000 random records of 16 bytes whose first record is `delay` slow to read (100 batches of
+/// 10 records, the first one late), and the bytes.
+pub fn slow_first_batch(delay: std::time::Duration) -> (Arc<Faulty>, Vec<u8>) {
+    let (inner, data) = random_source(1000, 16, 7);
+    let source = Arc::new(Faulty {
+        inner,
+        bad_record: 0,
+        fault: Fault::Delay(delay),
+    });
+    (source, data)
+}

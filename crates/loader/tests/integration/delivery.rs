@@ -5,7 +5,9 @@ use std::time::{Duration, Instant};
 
 use pinfeed::{Loader, LoaderOptions, Transform};
 
-use crate::common::{collect, host_bytes, host_options, random_source, Fault, Faulty, Gate};
+use crate::common::{
+    collect, host_bytes, host_options, random_source, slow_first_batch, Fault, Faulty, Gate,
+};
 
 #[test]
 fn byte_exact_for_batch_sizes_that_divide_and_do_not() {
@@ -126,17 +128,6 @@ fn stats_tell_apart_the_copy_held_behind_a_batch_still_being_read() {
         stats.wait_free_slot >= stats.wait_free_slot_no_copy,
         "{stats:?}"
     );
-}
-
-/// 1000 records of 16 bytes, the first one 100 ms slow to read: 100 batches of 10 records.
-fn slow_first_batch(delay: Duration) -> (Arc<Faulty>, Vec<u8>) {
-    let (inner, data) = random_source(1000, 16, 7);
-    let source = Arc::new(Faulty {
-        inner,
-        bad_record: 0,
-        fault: Fault::Delay(delay),
-    });
-    (source, data)
 }
 
 #[test]

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use pinfeed::{Loader, LoaderError, LoaderOptions};
 use pinfeed_source::{Layout, Source};
 
-use crate::common::{host_options, random_source, Fault, Faulty};
+use crate::common::{host_options, random_source, slow_first_batch, Fault, Faulty};
 
 fn run_faulty(panic: bool) -> (usize, LoaderError) {
     run_faulty_with(panic, host_options(10))
@@ -148,12 +148,7 @@ fn faults_reach_the_consumer_in_batch_order_whichever_reader_failed_first() {
 fn a_fault_copied_early_waits_for_the_batches_before_it() {
     // Batch 0 is slow; batch 3 fails at once and reaches the copy thread first. The consumer
     // still gets batches 0, 1 and 2, every byte equal, then batch 3's error.
-    let (inner, data) = random_source(100, 16, 15);
-    let slow = Arc::new(Faulty {
-        inner,
-        bad_record: 0,
-        fault: Fault::Delay(Duration::from_millis(100)),
-    });
+    let (slow, data) = slow_first_batch(Duration::from_millis(100));
     let source = Faulty {
         inner: slow,
         bad_record: 35,
