@@ -88,6 +88,11 @@ def sums_check(array, what):
     return check
 
 
+def share(part, whole):
+    """`part / whole`, or None where either is missing or `whole` is zero."""
+    return part / whole if part is not None and whole else None
+
+
 def worker(npy, label, device, small):
     import numpy as np
     import torch
@@ -118,6 +123,10 @@ def worker(npy, label, device, small):
                 "machine_bus_gbps": st.get("bus_gbps"),
                 "slots": st.get("slots"),
                 "bottleneck": st.get("bottleneck"),
+                # A Loader's claims of a slot: the share that got back one of the reader's own,
+                # and the share that waited for one.
+                "own_slot_share": share(st.get("slot_claims_own"), st.get("slot_claims")),
+                "slot_wait_share": share(st.get("slot_waits"), st.get("slot_claims")),
                 "build": label,
                 "name": name,
                 "gbps": gbps,
