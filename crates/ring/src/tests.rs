@@ -272,6 +272,54 @@ fn a_filler_takes_back_the_slot_it_filled_itself() {
     ring.fill_done(second);
 }
 
+#[test]
+fn a_slot_freed_while_its_filler_sleeps_goes_back_to_it() {
+    // Two slots, both being copied: filler 1 waits on the oldest copy (filler 0's slot) and
+    // filler 0 waits asleep. When that copy finishes, filler 1 leaves the slot to filler 0 and
+    // waits on the next copy, which frees its own.
+    let ring = std::sync::Arc::new(Ring::<SharedFlag>::new(2, 4));
+    let fences = [SharedFlag::default(), SharedFlag::default()];
+    let slots = [pass(&ring, 0, 0, &fences[0]), pass(&ring, 1, 1, &fences[1])];
+    let claim_on_thread = |filler: usize| {
+        let ring = ring.clone();
+        std::thread::spawn(move || {
+            let claim = ring.acquire(filler).unwrap().unwrap();
+            let slot = claim.slot();
+            ring.fill_done(claim);
+            slot
+        })
+    };
+    let until = |what: &str, done: &dyn Fn(&State<SharedFlag>) -> bool| {
+        let started = Instant::now();
+        while !done(&ring.lock()) {
+            assert!(started.elapsed() < Duration::from_secs(10), "never {what}");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    };
+    let second = claim_on_thread(1);
+    until("filler 1 waits on a fence", &|s| s.fence_waiter);
+    let first = claim_on_thread(0);
+    until("filler 0 sleeps", &|s| s.fillers.is_asleep(0));
+
+    fences[0].0.complete();
+    until("the freed slot is claimed again", &|s| {
+        matches!(
+            s.slots[slots[0]],
+            SlotState::Filling { .. } | SlotState::Filled { .. }
+        )
+    });
+    assert_eq!(
+        ring.lock().filled_by[slots[0]],
+        Some(0),
+        "claimed by the wrong filler"
+    );
+    fences[1].0.complete();
+    assert_eq!(first.join().unwrap(), slots[0]);
+    assert_eq!(second.join().unwrap(), slots[1]);
+    let stats = ring.stats();
+    assert_eq!((stats.claims, stats.claims_own), (4, 2), "{stats:?}");
+}
+
 /// Runs `then` on a thread of its own after `delay`, while the caller goes on to wait in the
 /// ring. The caller's wait lasts about `delay`, less by however long the caller was kept from
 /// starting it, which is why the tests below ask for a quarter of it.
