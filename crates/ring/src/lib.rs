@@ -318,8 +318,9 @@ impl<F: Fence> Ring<F> {
     /// that filler: it is woken, and the slot is kept for it. Otherwise a filler waiting on the
     /// oldest copy takes whatever slot that copy freed. On two H100 starts, a Loader of 1 MiB
     /// batches from a host array, whose readers wait for a slot in about half their claims,
-    /// got a reader's own slot back in 54 to 62% of claims instead of 11 to 24%, and ran 3 to
-    /// 6 points of the pinned copy faster (docs/BENCHMARKS.md, "Changes tried").
+    /// got a reader's own slot back in 54 to 62% of claims instead of 11 to 24% (each run's
+    /// median), and ran 3 to 6 points of the pinned copy faster (docs/BENCHMARKS.md, "Changes
+    /// tried").
     pub fn acquire(&self, filler: usize) -> Result<Option<Claim>, F::Error> {
         let mut state = self.lock();
         let mut waited_since: Option<Instant> = None;
