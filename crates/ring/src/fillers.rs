@@ -66,6 +66,11 @@ impl Fillers {
         self.state(filler) == Filler::Asleep
     }
 
+    /// Whether a thread with index `filler` is in `acquire`, asleep or woken and not yet back.
+    pub(crate) fn is_waiting(&self, filler: usize) -> bool {
+        self.state(filler) != Filler::Awake
+    }
+
     /// Whether `filler` was signalled and has not yet run: a slot kept for it stays kept.
     pub(crate) fn is_woken(&self, filler: usize) -> bool {
         self.state(filler) == Filler::Woken

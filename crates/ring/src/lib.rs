@@ -11,7 +11,7 @@
 //!   reports completion, so a slot is never overwritten while a copy may still read it.
 //!
 //! Each slot goes `Free → Filling → Filled → Copying → Free`. Fillers block (without spinning)
-//! while every slot is busy, and the copy engine blocks while the next batch is not yet filled:
+//! while every slot is busy or kept for another filler ([`Ring::acquire`]), and the copy engine blocks while the next batch is not yet filled:
 //! back-pressure both ways. [`Ring::shutdown`] wakes everyone, and [`Ring::drain`] waits for every
 //! outstanding fence so that the memory behind the slots can be freed.
 //!
@@ -156,7 +156,7 @@ struct State<F> {
     /// on one stream, so the oldest is the one worth waiting for).
     copying: VecDeque<usize>,
     /// Whether some thread is blocked in `Fence::wait` on the oldest copying slot; others then
-    /// wait on the condition variable rather than on the same fence.
+    /// sleep, each on its own condition variable ([`Fillers`]), rather than on the same fence.
     fence_waiter: bool,
     /// How long `copying` has been empty, all told: a filler's wait with no copy in flight is
     /// the growth of [`NoCopyClock::now`] over it, however often the queue filled and emptied.
@@ -174,8 +174,9 @@ impl<F> State<F> {
         self.slots.len() - self.free.len()
     }
 
-    /// Whether free `slot` is kept for the filler that filled it last: that filler was asleep
-    /// when the slot came free, and was woken to take it back.
+    /// Whether free `slot` is kept for the filler that filled it last: that filler has been
+    /// woken and has not run yet (woken to take this slot back, or for other work before it
+    /// came free), so it will take the slot as its own.
     fn kept(&self, slot: usize) -> bool {
         self.filled_by[slot].is_some_and(|owner| self.fillers.is_woken(owner))
     }
@@ -301,15 +302,21 @@ impl<F: Fence> Ring<F> {
     /// Claims a free slot for the next batch in sequence for filler `filler` (a reader thread's
     /// index), blocking while none is free.
     ///
+    /// Each index is one thread's: two threads in `acquire` with the same index at once could
+    /// leave one asleep for good. Indices are small (the ring keeps a condition variable for
+    /// each up to the largest).
+    ///
     /// Returns `Ok(None)` once every sequence number has been handed out or the ring was shut
     /// down. The sequence number is assigned together with the slot, so every outstanding
     /// sequence number owns a slot and the copy engine can never wait for a batch that has none.
     ///
     /// The caller first takes back the slots whose copies have finished; if still none is free,
-    /// one caller blocks on the oldest copy's fence (the others on a condition variable).
+    /// one caller blocks on the oldest copy's fence (the others sleep, each on a condition
+    /// variable of its own).
     ///
     /// Of the free slots, a filler takes the one it filled last itself; when none of its own is
-    /// free, one nobody has claimed yet, and only then the slot freed last. So a reader writes
+    /// free, one nobody has claimed yet, and only then the slot freed last that is not kept for
+    /// another filler (below). So a reader writes
     /// round slots of its own whenever one is free: threads doing that copied 1.1 to 1.5 times
     /// as fast as the same threads writing each slot in turn, the order a plain free list hands
     /// slots out in (`copy_rates --ring` on four machine starts, docs/BENCHMARKS.md).
@@ -325,6 +332,10 @@ impl<F: Fence> Ring<F> {
         let mut state = self.lock();
         let mut waited_since: Option<Instant> = None;
         let mut no_copy = Duration::ZERO; // of this claim's wait
+        debug_assert!(
+            !state.fillers.is_waiting(filler),
+            "filler {filler} is waiting in acquire on another thread"
+        );
         loop {
             state.fillers.awake(filler);
             if state.shutdown || state.next_seq >= state.total {
@@ -366,7 +377,6 @@ impl<F: Fence> Ring<F> {
                     };
                     let fence = Arc::clone(fence);
                     state.fence_waiter = true;
-                    state.wake_fillers();
                     drop(state);
                     let waited = fence.wait();
                     state = self.lock();
@@ -375,11 +385,13 @@ impl<F: Fence> Ring<F> {
                         state.fillers.wake_all();
                     }
                     // On success this thread goes round again: it takes a slot the copy freed
-                    // (unless that one is kept for its filler) or waits on the next copy.
+                    // (unless that one is kept for its filler) or waits again, on the next copy
+                    // or asleep.
                     waited?;
                 }
                 _ => {
-                    state.wake_fillers();
+                    // Nothing here for another sleeper either: `take_free` left no free slot
+                    // but kept ones, whose fillers were woken as they came free.
                     let waker = state.fillers.sleep(filler);
                     state = waker
                         .wait(state)
