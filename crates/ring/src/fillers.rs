@@ -17,6 +17,7 @@ enum Filler {
 }
 
 /// Every filler the ring has seen, by index. Only ever used under the ring's lock.
+#[derive(Default)]
 pub(crate) struct Fillers {
     states: Vec<Filler>,
     wakers: Vec<Arc<Condvar>>,
@@ -26,14 +27,6 @@ pub(crate) struct Fillers {
 }
 
 impl Fillers {
-    pub(crate) fn new() -> Self {
-        Fillers {
-            states: Vec::new(),
-            wakers: Vec::new(),
-            queue: VecDeque::new(),
-        }
-    }
-
     fn state(&self, filler: usize) -> Filler {
         self.states.get(filler).copied().unwrap_or(Filler::Awake)
     }
@@ -61,7 +54,7 @@ impl Fillers {
     }
 
     /// Whether `filler` is asleep, for the tests to wait until it is.
-    #[cfg(test)]
+    #[cfg(all(test, not(loom)))]
     pub(crate) fn is_asleep(&self, filler: usize) -> bool {
         self.state(filler) == Filler::Asleep
     }

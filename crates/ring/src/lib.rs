@@ -265,7 +265,7 @@ impl<F: Fence> Ring<F> {
             slots: (0..capacity).map(|_| SlotState::Free).collect(),
             free: (0..capacity).rev().collect(),
             filled_by: vec![None; capacity],
-            fillers: Fillers::new(),
+            fillers: Fillers::default(),
             copying: VecDeque::with_capacity(capacity),
             fence_waiter: false,
             no_copy: NoCopyClock {

@@ -92,17 +92,23 @@ fn shutdown_releases_everyone() {
 
 /// Two fillers, two slots, copies completed by the copier after the next batch is issued, so
 /// that a slot can come free while its filler sleeps and is kept for it: every batch is
-/// delivered once, in order, and nobody hangs.
+/// delivered once, in order, a slot is never claimed while its copy is in flight, and nobody
+/// hangs.
 #[test]
 fn slots_kept_for_their_fillers() {
     loom::model(|| {
         let ring = Arc::new(Ring::<Flag>::new(2, 3));
+        let in_flight = Arc::new([AtomicBool::new(false), AtomicBool::new(false)]);
         let fillers: Vec<_> = (0..2)
             .map(|filler| {
-                let ring = ring.clone();
+                let (ring, in_flight) = (ring.clone(), in_flight.clone());
                 loom::thread::spawn(move || {
                     let mut claimed = 0;
                     while let Some(claim) = ring.acquire(filler).unwrap() {
+                        assert!(
+                            !in_flight[claim.slot()].load(Ordering::SeqCst),
+                            "slot claimed during its copy"
+                        );
                         ring.fill_done(claim);
                         claimed += 1;
                     }
@@ -110,16 +116,21 @@ fn slots_kept_for_their_fillers() {
                 })
             })
             .collect();
-        let mut previous: Option<Flag> = None;
+        let mut previous: Option<(usize, Flag)> = None;
+        let finish = |(slot, flag): (usize, Flag)| {
+            in_flight[slot].store(false, Ordering::SeqCst);
+            flag.complete();
+        };
         for seq in 0..3 {
             let slot = ring.next_filled(seq).unwrap();
             let flag = Flag::default();
+            in_flight[slot].store(true, Ordering::SeqCst);
             ring.copy_issued(slot, flag.clone());
-            if let Some(done) = previous.replace(flag) {
-                done.complete();
+            if let Some(done) = previous.replace((slot, flag)) {
+                finish(done);
             }
         }
-        previous.unwrap().complete();
+        finish(previous.unwrap());
         let claimed: usize = fillers.into_iter().map(|f| f.join().unwrap()).sum();
         assert_eq!(claimed, 3);
     });
