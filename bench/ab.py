@@ -15,6 +15,9 @@ state) over the same rows:
 - torch's pinned `copy_` of the same sizes (the bus), so each row is also a share of the bus.
 
 Every row checks what it delivered (column sums against numpy's) before it is timed.
+Each row records the host's CPU, the loader's rates and thread count, its slot claims, and the
+share of the machine's CPU time the hypervisor stole while it was timed (`steal_share`): a
+host busy with other guests shows there.
 
 `--device cpu --small` runs the same rows on the host backend at small sizes (a 16 MiB seed
 tensor and host array, a file of 20,000 records where `--npy` does not exist yet), with torch's
@@ -96,7 +99,7 @@ def share(part, whole):
 def worker(npy, label, device, small):
     import numpy as np
     import torch
-    from rates import host_cpu
+    from rates import cpu_times, host_cpu, steal_share
     from torch_baselines import bus_rate  # bench/ is the script's folder, on sys.path
     from torch_baselines import timed as best_of
 
@@ -106,7 +109,15 @@ def worker(npy, label, device, small):
     machine_cpu = host_cpu()
     size = sizes(small)
 
-    def row(name, nbytes, wall, cpu, bus, loader=None):
+    def timed(fn):
+        """Wall and CPU seconds of `fn` (the median of a few runs) and the share of the
+        machine's CPU time stolen by the hypervisor meanwhile."""
+        before = cpu_times()
+        wall, cpu = best_of(fn)
+        return wall, cpu, steal_share(before, cpu_times())
+
+    def row(name, nbytes, timing, bus, loader=None):
+        wall, cpu, steal = timing
         gbps = nbytes / wall / 1e9
         # A Loader's stats, or a stager's counters (to_device): threads and the machine's rates.
         if loader is None:
@@ -134,6 +145,7 @@ def worker(npy, label, device, small):
                 "bus_gbps": bus,
                 "share_of_bus": gbps / bus,
                 "host_cpu": machine_cpu,
+                "steal_share": steal,
             }
         )
 
@@ -143,10 +155,10 @@ def worker(npy, label, device, small):
     got = torch.as_tensor(pinfeed.to_device(a, device=device))  # numpy on the host backend
     assert torch.equal(got.sum(dim=0, dtype=torch.float64).cpu(), want), "to_device differs"
     del got
-    wall, cpu = best_of(lambda: pinfeed.to_device(a, device=device))
+    timing = timed(lambda: pinfeed.to_device(a, device=device))
     stager = pinfeed.staging._shared_stager(device, None)
     bus = bus_rate(*size["bus_seed"], device)
-    row("seed tensor: to_device(a)", a.numel() * 4, wall, cpu, bus, stager)
+    row("seed tensor: to_device(a)", a.numel() * 4, timing, bus, stager)
     del a
 
     # The 4 GiB file, in order and shuffled.
@@ -158,17 +170,17 @@ def worker(npy, label, device, small):
     for shuffle in ["none", "random"]:
         loader = pinfeed.Loader(npy, 1024, shuffle=shuffle, seed=1, **loader_kwargs(device))
         drain(loader, check)
-        wall, cpu = best_of(lambda loader=loader: drain(loader))
-        row(f"4 GiB .npy, shuffle={shuffle}", nbytes, wall, cpu, bus, loader)
+        timing = timed(lambda loader=loader: drain(loader))
+        row(f"4 GiB .npy, shuffle={shuffle}", nbytes, timing, bus, loader)
 
     # Batches of 1 MiB from a host array.
     shape = (size["host_rows"], 1024)
     host = np.random.default_rng(0).integers(0, 255, size=shape, dtype=np.uint8)
     loader = pinfeed.Loader(host, 1024, **loader_kwargs(device))
     drain(loader, sums_check(host, "the host array"))
-    wall, cpu = best_of(lambda: drain(loader))
+    timing = timed(lambda: drain(loader))
     bus = bus_rate(*size["bus_host"], device)
-    row("1 MiB batches from a host array", host.nbytes, wall, cpu, bus, loader)
+    row("1 MiB batches from a host array", host.nbytes, timing, bus, loader)
     print(json.dumps(rows))
 
 
@@ -245,6 +257,9 @@ def main():
             s = "/".join(f"{100 * x['share_of_bus']:.0f}" for x in rs)
             cells.append(f"{g} GB/s ({s}%)")
         print(f"{n:<36}" + "".join(f"{c:>26}" for c in cells))
+    steals = [x["steal_share"] for x in results if x.get("steal_share") is not None]
+    if steals:
+        print(f"CPU time stolen by the hypervisor in a timed row: at most {max(steals):.1%}")
 
 
 if __name__ == "__main__":

@@ -55,3 +55,26 @@ def host_cpu():
     except (OSError, ValueError, KeyError, IndexError):
         info["l3_mib"] = None
     return info
+
+
+def cpu_times():
+    """The machine's CPU time so far, summed over its CPUs, in clock ticks by kind (the first
+    line of /proc/stat: user, nice, system, idle, iowait, irq, softirq, steal), or None where
+    it cannot be read."""
+    from pathlib import Path
+
+    try:
+        fields = Path("/proc/stat").read_text().splitlines()[0].split()
+        return [int(x) for x in fields[1:9]]
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def steal_share(before, after):
+    """Of the CPU time between two ``cpu_times()``, the share the hypervisor ran other work on
+    this guest's CPUs (`steal`): a host busy with other guests shows here, where the guest's own
+    figures cannot tell it from a slow one. None where either reading is missing."""
+    if before is None or after is None or len(before) < 8 or len(after) < 8:
+        return None
+    total = sum(after) - sum(before)
+    return (after[7] - before[7]) / total if total > 0 else 0.0
