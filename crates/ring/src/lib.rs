@@ -11,9 +11,10 @@
 //!   reports completion, so a slot is never overwritten while a copy may still read it.
 //!
 //! Each slot goes `Free → Filling → Filled → Copying → Free`. Fillers block (without spinning)
-//! while every slot is busy or kept for another filler ([`Ring::acquire`]), and the copy engine blocks while the next batch is not yet filled:
-//! back-pressure both ways. [`Ring::shutdown`] wakes everyone, and [`Ring::drain`] waits for every
-//! outstanding fence so that the memory behind the slots can be freed.
+//! while every slot is busy or kept for another filler ([`Ring::acquire`]), and the copy engine
+//! blocks while the next batch is not yet filled: back-pressure both ways. [`Ring::shutdown`]
+//! wakes everyone, and [`Ring::drain`] waits for every outstanding fence so that the memory
+//! behind the slots can be freed.
 //!
 //! The ring is generic over the fence, so the same code runs with a CUDA event, with the host
 //! backend's completion flag, and under loom with a mock fence (`RUSTFLAGS="--cfg loom"`).

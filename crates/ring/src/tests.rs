@@ -209,6 +209,21 @@ fn pass(ring: &Ring<SharedFlag>, filler: usize, seq: u64, fence: &SharedFlag) ->
     slot
 }
 
+/// Claims a slot for `filler` on a thread of its own, blocking there as long as the ring makes
+/// it, and fills it. The thread returns the claim's slot and sequence number.
+fn claim_on_thread(
+    ring: &std::sync::Arc<Ring<SharedFlag>>,
+    filler: usize,
+) -> std::thread::JoinHandle<(usize, u64)> {
+    let ring = ring.clone();
+    std::thread::spawn(move || {
+        let claim = ring.acquire(filler).unwrap().unwrap();
+        let taken = (claim.slot(), claim.seq());
+        ring.fill_done(claim);
+        taken
+    })
+}
+
 #[test]
 fn a_pass_cycles_the_fewest_slots_the_slot_freed_last_first() {
     // Eight slots, one batch in flight at a time: every batch reuses the slot its predecessor
@@ -280,15 +295,6 @@ fn a_slot_freed_while_its_filler_sleeps_goes_back_to_it() {
     let ring = std::sync::Arc::new(Ring::<SharedFlag>::new(2, 4));
     let fences = [SharedFlag::default(), SharedFlag::default()];
     let slots = [pass(&ring, 0, 0, &fences[0]), pass(&ring, 1, 1, &fences[1])];
-    let claim_on_thread = |filler: usize| {
-        let ring = ring.clone();
-        std::thread::spawn(move || {
-            let claim = ring.acquire(filler).unwrap().unwrap();
-            let slot = claim.slot();
-            ring.fill_done(claim);
-            slot
-        })
-    };
     let until = |what: &str, done: &dyn Fn(&State<SharedFlag>) -> bool| {
         let started = Instant::now();
         while !done(&ring.lock()) {
@@ -296,9 +302,9 @@ fn a_slot_freed_while_its_filler_sleeps_goes_back_to_it() {
             std::thread::sleep(Duration::from_millis(1));
         }
     };
-    let second = claim_on_thread(1);
+    let second = claim_on_thread(&ring, 1);
     until("filler 1 waits on a fence", &|s| s.fence_waiter);
-    let first = claim_on_thread(0);
+    let first = claim_on_thread(&ring, 0);
     until("filler 0 sleeps", &|s| s.fillers.is_asleep(0));
 
     fences[0].0.complete();
@@ -314,8 +320,8 @@ fn a_slot_freed_while_its_filler_sleeps_goes_back_to_it() {
         "claimed by the wrong filler"
     );
     fences[1].0.complete();
-    assert_eq!(first.join().unwrap(), slots[0]);
-    assert_eq!(second.join().unwrap(), slots[1]);
+    assert_eq!(first.join().unwrap().0, slots[0]);
+    assert_eq!(second.join().unwrap().0, slots[1]);
     let stats = ring.stats();
     assert_eq!((stats.claims, stats.claims_own), (4, 2), "{stats:?}");
 }
@@ -451,15 +457,7 @@ fn a_filler_waiting_with_no_copy_in_flight_is_counted_apart() {
     // two wait, one on the copy's fence, the other beside it for the whole copy.
     let before = ring.stats();
     let waiters: Vec<_> = (2..4)
-        .map(|filler| {
-            let ring = ring.clone();
-            std::thread::spawn(move || {
-                let claim = ring.acquire(filler).unwrap().unwrap();
-                let seq = claim.seq();
-                ring.fill_done(claim);
-                seq
-            })
-        })
+        .map(|filler| claim_on_thread(&ring, filler))
         .collect();
     std::thread::sleep(DELAY / 4); // both asleep, with no copy in flight
     ring.fill_done(second);
@@ -472,7 +470,7 @@ fn a_filler_waiting_with_no_copy_in_flight_is_counted_apart() {
         assert_eq!(ring.next_filled(seq), Some(slot));
         ring.copy_issued(slot, finished());
     }
-    let mut seqs: Vec<u64> = waiters.into_iter().map(|w| w.join().unwrap()).collect();
+    let mut seqs: Vec<u64> = waiters.into_iter().map(|w| w.join().unwrap().1).collect();
     seqs.sort_unstable();
     assert_eq!(seqs, [2, 3]);
     let stats = ring.stats();
