@@ -15,9 +15,11 @@ state) over the same rows:
 - torch's pinned `copy_` of the same sizes (the bus), so each row is also a share of the bus.
 
 Every row checks what it delivered (column sums against numpy's) before it is timed.
-Each row records the host's CPU, the loader's rates and thread count, its slot claims, and the
-share of the machine's CPU time the hypervisor stole while it was timed (`steal_share`): a
-host busy with other guests shows there.
+Each row records the host's CPU, the loader's rates and thread count, its slot claims, the
+process's CPU seconds a GB delivered (`cpu_s_per_gb`), and the share of the machine's CPU time
+the hypervisor stole while it was timed (`steal_share`). A host busy with other guests shows in
+the last; a host whose cores or memory run slower, for the same code and bytes, in the one
+before.
 
 `--device cpu --small` runs the same rows on the host backend at small sizes (a 16 MiB seed
 tensor and host array, a file of 20,000 records where `--npy` does not exist yet), with torch's
@@ -142,6 +144,7 @@ def worker(npy, label, device, small):
                 "name": name,
                 "gbps": gbps,
                 "cpu_s": cpu,
+                "cpu_s_per_gb": cpu / (nbytes / 1e9),
                 "bus_gbps": bus,
                 "share_of_bus": gbps / bus,
                 "host_cpu": machine_cpu,
@@ -248,15 +251,24 @@ def main():
     ]
     results = in_turns(args.rounds, runs, args.out)
     names = list(dict.fromkeys(x["name"] for x in results))
-    print(f"{'row':<36}" + "".join(f"{b:>26}" for b in builds))
-    for n in names:
-        cells = []
-        for b in builds:
-            rs = [x for x in results if x["name"] == n and x["build"] == b]
-            g = "/".join(f"{x['gbps']:.1f}" for x in rs)
-            s = "/".join(f"{100 * x['share_of_bus']:.0f}" for x in rs)
-            cells.append(f"{g} GB/s ({s}%)")
-        print(f"{n:<36}" + "".join(f"{c:>26}" for c in cells))
+
+    def table(cell):
+        """A line a row, a column a build: `cell` of that build's rows of it, round by round."""
+        print(f"{'row':<36}" + "".join(f"{b:>26}" for b in builds))
+        for n in names:
+            cells = [
+                cell([x for x in results if x["name"] == n and x["build"] == b]) for b in builds
+            ]
+            print(f"{n:<36}" + "".join(f"{c:>26}" for c in cells))
+
+    def rates(rs):
+        g = "/".join(f"{x['gbps']:.1f}" for x in rs)
+        s = "/".join(f"{100 * x['share_of_bus']:.0f}" for x in rs)
+        return f"{g} GB/s ({s}%)"
+
+    table(rates)
+    print("CPU seconds a GB delivered (the process's, all threads):")
+    table(lambda rs: "/".join(f"{x['cpu_s_per_gb']:.3f}" for x in rs))
     steals = [x["steal_share"] for x in results if x.get("steal_share") is not None]
     if steals:
         print(f"CPU time stolen by the hypervisor in a timed row: at most {max(steals):.1%}")

@@ -79,6 +79,7 @@ def test_ab_runs_every_row_of_both_builds(npy, tmp_path):
         assert x["round"] == 1 and x["threads"] >= 1, x
         assert "l3_mib" in x["host_cpu"], x
         assert 0 <= x["steal_share"] <= 1, x  # /proc/stat is there on Linux
+        assert x["cpu_s_per_gb"] > 0, x
         # A Loader's rows count its slot claims; to_device's stager has none.
         loader_row = x["name"] != AB_ROWS[0]
         for key in ["own_slot_share", "slot_wait_share"]:
@@ -86,6 +87,7 @@ def test_ab_runs_every_row_of_both_builds(npy, tmp_path):
     for name in AB_ROWS:
         assert name in stdout
     assert "stolen by the hypervisor" in stdout
+    assert "CPU seconds a GB delivered" in stdout
 
 
 def test_threads_sweep_runs_each_count(npy, tmp_path):
