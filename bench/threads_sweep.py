@@ -7,7 +7,9 @@ bus) in the same process. What the adaptive defaults are chosen against.
         [--device cpu --small]
 
 Each row's bytes are checked once (column sums against numpy's or torch's) before it is timed;
-each figure is the median of three runs. `--device cpu --small` as in bench/ab.py: the host
+each figure is the median of three runs. Each row records the process's CPU seconds a GB
+delivered and the share of the machine's CPU time the hypervisor stole meanwhile, as
+bench/ab.py's do. `--device cpu --small` as in bench/ab.py: the host
 backend at small sizes, for the tests.
 """
 
@@ -18,6 +20,7 @@ import numpy as np
 import torch
 from ab import drain, loader_kwargs, sizes, sums_check  # bench/ is the script's folder, on sys.path
 from python_bench import upload_through
+from rates import cpu_times, steal_share
 from torch_baselines import bus_rate, timed
 
 import pinfeed
@@ -35,14 +38,23 @@ def main():
     counts = [int(t) for t in args.threads.split(",")]
     rows = []
 
-    def row(path, threads, nbytes, wall, cpu, bus, extra=None):
+    def measure(fn):
+        """Wall and CPU seconds of `fn` (the median of three runs), and the share of the
+        machine's CPU time stolen meanwhile."""
+        before = cpu_times()
+        wall, cpu = timed(fn)
+        return wall, cpu, steal_share(before, cpu_times())
+
+    def row(path, threads, nbytes, timing, bus, extra=None):
+        wall, cpu, steal = timing
         r = {"path": path, "threads": threads, "gbps": nbytes / wall / 1e9, "cpu_s": cpu}
+        r["cpu_s_per_gb"], r["steal_share"] = cpu / (nbytes / 1e9), steal
         r["bus_gbps"], r["share_of_bus"] = bus, r["gbps"] / bus
         r.update(extra or {})
         rows.append(r)
         print(
             f"{path:<24} threads {threads:2d} {r['gbps']:6.1f} GB/s ({100 * r['share_of_bus']:3.0f}% of "
-            f"{bus:.1f}) cpu {cpu:.2f}s {r.get('bottleneck') or ''}",
+            f"{bus:.1f}) cpu {cpu:.2f}s stolen {steal:.1%} {r.get('bottleneck') or ''}",
             flush=True,
         )
 
@@ -56,8 +68,8 @@ def main():
         got = torch.as_tensor(upload_through(st, a))  # numpy on the host backend
         assert torch.equal(got.sum(dim=0, dtype=torch.float64).cpu(), want), "to_device differs"
         del got
-        wall, cpu = timed(lambda st=st: upload_through(st, a))
-        row("to_device", n, a.numel() * 4, wall, cpu, bus)
+        timing = measure(lambda st=st: upload_through(st, a))
+        row("to_device", n, a.numel() * 4, timing, bus)
         del st
     del a
 
@@ -70,10 +82,10 @@ def main():
             kw = loader_kwargs(device)
             loader = pinfeed.Loader(args.npy, 1024, shuffle=shuffle, seed=1, num_threads=n, **kw)
             drain(loader, check)
-            wall, cpu = timed(lambda loader=loader: drain(loader))
+            timing = measure(lambda loader=loader: drain(loader))
             st = loader.stats()
             extra = {"slots": st.get("slots"), "bottleneck": st.get("bottleneck")}
-            row(f"Loader shuffle={shuffle}", n, data.nbytes, wall, cpu, bus, extra)
+            row(f"Loader shuffle={shuffle}", n, data.nbytes, timing, bus, extra)
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"default": default, "rows": rows}, f, indent=1)

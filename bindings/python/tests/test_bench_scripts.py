@@ -101,6 +101,7 @@ def test_threads_sweep_runs_each_count(npy, tmp_path):
         (p, n) for p in paths for n in [1, 2]
     )
     assert all(x["gbps"] > 0 and x["share_of_bus"] > 0 for x in result["rows"])
+    assert all(x["cpu_s_per_gb"] > 0 and 0 <= x["steal_share"] <= 1 for x in result["rows"])
 
 
 def test_footprint_probe_runs_each_config(npy, tmp_path):
