@@ -452,21 +452,24 @@ def overlap(npy, steps=300, batch=4096):
 
 
 def shuffled(npy, batch=1024):
-    """Shuffled records of a page-cached file: random mode and GPU-resident mode."""
+    """Shuffled records of a page-cached file: random mode (the loader's own thread count, what
+    a user gets without `num_threads`, then fixed counts) and GPU-resident mode."""
     mm = np.load(npy, mmap_mode="r")
     n = mm.size
     out = []
-    for reader, threads in [("pread", 16), ("auto", 8), ("auto", 16)]:
-        loader = pinfeed.Loader(
-            npy, batch, device="cuda", shuffle="random", num_threads=threads, reader=reader
-        )
+    for reader, threads in [("auto", None), ("pread", 16), ("auto", 8), ("auto", 16)]:
+        kw = {} if threads is None else {"num_threads": threads}
+        loader = pinfeed.Loader(npy, batch, device="cuda", shuffle="random", reader=reader, **kw)
         wall, cpu = timed(lambda: [x for x in loader], repeat=1)
+        st = loader.stats()
+        count = threads if threads is not None else f"None: {st['threads']}"
         out.append(
             row(
-                f"pinfeed.Loader(shuffle='random', num_threads={threads}, reader={reader!r}) [{loader.stats().get('reader_description', '')}]",
+                f"pinfeed.Loader(shuffle='random', num_threads={count}, reader={reader!r}) [{st.get('reader_description', '')}]",
                 n,
                 wall,
                 cpu,
+                stats=st,
             )
         )
     resident = pinfeed.Loader(npy, 65536, device="cuda", shuffle="gpu")
