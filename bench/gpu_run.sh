@@ -239,20 +239,10 @@ if want machine && ls $C/*.whl >/dev/null 2>&1; then
     echo "== This machine (CPU, memory, copy rates) and the issue-23 rows: to_device, Loader in order and shuffled, beside torch's pinned copy"
     bash bench/machine_probe.sh 2>&1 | tee "$OUT/machine_probe.txt"
     make_data
-    # What the readers of a shuffled Loader could gather alone, beside the sweep's Loader rows,
-    # and what an in-order Loader's readers could read alone (a `pread` a batch): with the copy
-    # engine reading a buffer of its own, then the slots the threads write, as in a loader
-    # (--dma-arena: the machine's own rate for the pipeline, where the CPU side is the limit).
-    if [ -x $C/copy_rates ]; then
-        for dma in "" --dma-arena; do
-            echo "-- copy_rates --gather ${dma:-(the copy engine reading a buffer of its own)}"
-            $C/copy_rates --gather "$DATA" $dma 4 8 12 16 2>&1
-        done | tee "$OUT/gather_rates.txt"
-        for dma in "" --dma-arena; do
-            echo "-- copy_rates --read ${dma:-(the copy engine reading a buffer of its own)}"
-            $C/copy_rates --read "$DATA" $dma 4 8 12 16 2>&1
-        done | tee "$OUT/read_rates.txt"
-    fi
+    # What the readers of a shuffled Loader could gather alone, beside the sweep's Loader rows.
+    [ -x $C/copy_rates ] && $C/copy_rates --gather "$DATA" 4 8 12 16 2>&1 | tee "$OUT/gather_rates.txt"
+    # And what an in-order Loader's readers could read alone (a `pread` a batch).
+    [ -x $C/copy_rates ] && $C/copy_rates --read "$DATA" 4 8 12 16 2>&1 | tee "$OUT/read_rates.txt"
     install_wheel /tmp/site $C/*.whl
     timeout 400 python3 bench/ab.py --build current=/tmp/site --rounds "${AB_ROUNDS:-3}" \
         --npy "$DATA" --out "$OUT/machine.json" 2>&1 | tail -13
