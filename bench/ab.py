@@ -98,25 +98,28 @@ def share(part, whole):
     return part / whole if part is not None and whole else None
 
 
+def measure(fn):
+    """Wall and CPU seconds of `fn` (the median of a few runs, the device synchronised) and the
+    share of the machine's CPU time stolen by the hypervisor meanwhile."""
+    from rates import cpu_times, steal_share
+    from torch_baselines import timed  # bench/ is the script's folder, on sys.path
+
+    before = cpu_times()
+    wall, cpu = timed(fn)
+    return wall, cpu, steal_share(before, cpu_times())
+
+
 def worker(npy, label, device, small):
     import numpy as np
     import torch
-    from rates import cpu_times, host_cpu, steal_share
-    from torch_baselines import bus_rate  # bench/ is the script's folder, on sys.path
-    from torch_baselines import timed as best_of
+    from rates import host_cpu
+    from torch_baselines import bus_rate
 
     import pinfeed
 
     rows = []
     machine_cpu = host_cpu()
     size = sizes(small)
-
-    def timed(fn):
-        """Wall and CPU seconds of `fn` (the median of a few runs) and the share of the
-        machine's CPU time stolen by the hypervisor meanwhile."""
-        before = cpu_times()
-        wall, cpu = best_of(fn)
-        return wall, cpu, steal_share(before, cpu_times())
 
     def row(name, nbytes, timing, bus, loader=None):
         wall, cpu, steal = timing
@@ -158,7 +161,7 @@ def worker(npy, label, device, small):
     got = torch.as_tensor(pinfeed.to_device(a, device=device))  # numpy on the host backend
     assert torch.equal(got.sum(dim=0, dtype=torch.float64).cpu(), want), "to_device differs"
     del got
-    timing = timed(lambda: pinfeed.to_device(a, device=device))
+    timing = measure(lambda: pinfeed.to_device(a, device=device))
     stager = pinfeed.staging._shared_stager(device, None)
     bus = bus_rate(*size["bus_seed"], device)
     row("seed tensor: to_device(a)", a.numel() * 4, timing, bus, stager)
@@ -173,7 +176,7 @@ def worker(npy, label, device, small):
     for shuffle in ["none", "random"]:
         loader = pinfeed.Loader(npy, 1024, shuffle=shuffle, seed=1, **loader_kwargs(device))
         drain(loader, check)
-        timing = timed(lambda loader=loader: drain(loader))
+        timing = measure(lambda loader=loader: drain(loader))
         row(f"4 GiB .npy, shuffle={shuffle}", nbytes, timing, bus, loader)
 
     # Batches of 1 MiB from a host array.
@@ -181,7 +184,7 @@ def worker(npy, label, device, small):
     host = np.random.default_rng(0).integers(0, 255, size=shape, dtype=np.uint8)
     loader = pinfeed.Loader(host, 1024, **loader_kwargs(device))
     drain(loader, sums_check(host, "the host array"))
-    timing = timed(lambda: drain(loader))
+    timing = measure(lambda: drain(loader))
     bus = bus_rate(*size["bus_host"], device)
     row("1 MiB batches from a host array", host.nbytes, timing, bus, loader)
     print(json.dumps(rows))

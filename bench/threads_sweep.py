@@ -18,10 +18,15 @@ import json
 
 import numpy as np
 import torch
-from ab import drain, loader_kwargs, sizes, sums_check  # bench/ is the script's folder, on sys.path
+from ab import (  # bench/ is the script's folder, on sys.path
+    drain,
+    loader_kwargs,
+    measure,
+    sizes,
+    sums_check,
+)
 from python_bench import upload_through
-from rates import cpu_times, steal_share
-from torch_baselines import bus_rate, timed
+from torch_baselines import bus_rate
 
 import pinfeed
 
@@ -37,13 +42,6 @@ def main():
     device, size = args.device, sizes(args.small)
     counts = [int(t) for t in args.threads.split(",")]
     rows = []
-
-    def measure(fn):
-        """Wall and CPU seconds of `fn` (the median of three runs), and the share of the
-        machine's CPU time stolen meanwhile."""
-        before = cpu_times()
-        wall, cpu = timed(fn)
-        return wall, cpu, steal_share(before, cpu_times())
 
     def row(path, threads, nbytes, timing, bus, extra=None):
         wall, cpu, steal = timing
