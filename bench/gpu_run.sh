@@ -17,7 +17,10 @@
 #        IMAGES_COUNT (JPEGs of the `images` section, default 20000), IMAGES_ARGS,
 #        PROBE_EPOCHS (timed epochs a row of `probe`, default 5), PROBE_THREADS (reader counts
 #        of `probe`, 0 for the loader's own; default 0), PROBE_ROUNDS (default 1),
-#        FOOTPRINT_ROUNDS (default 3), FOOTPRINT_ARGS (extra arguments of footprint_probe.py)
+#        FOOTPRINT_ROUNDS (default 3), FOOTPRINT_ARGS (extra arguments of footprint_probe.py),
+#        PACK=1 (at the end, everything under $OUT into the one file $OUT/results.tgz, for a
+#        transport that brings back few files, an earlier results.tgz inside it; `tar -xzf
+#        results.tgz -C DIR` before report.py)
 set -uo pipefail
 C=.device-carry
 OUT=${OUT:-/tmp/pinfeed-out}
@@ -466,5 +469,10 @@ fi
 if want soakwait; then
     while pgrep -f "soak --ignored" > /dev/null; do sleep 5; done
     cp /tmp/pinfeed-soak.log "$OUT/soak.log"; tail -20 /tmp/pinfeed-soak.log
+fi
+if [ -n "${PACK:-}" ]; then
+    tar -C "$OUT" -czf /tmp/pinfeed-results.tgz . \
+        && find "$OUT" -mindepth 1 -maxdepth 1 -exec rm -rf {} + \
+        && mv /tmp/pinfeed-results.tgz "$OUT/results.tgz" && echo "== packed into $OUT/results.tgz"
 fi
 echo "== done"
