@@ -18,13 +18,7 @@ import json
 
 import numpy as np
 import torch
-from ab import (  # bench/ is the script's folder, on sys.path
-    drain,
-    loader_kwargs,
-    measure,
-    sizes,
-    sums_check,
-)
+from ab import drain, loader_kwargs, measure, sizes, sums_check  # bench/ is on sys.path
 from python_bench import upload_through
 from torch_baselines import bus_rate
 
