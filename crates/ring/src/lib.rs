@@ -573,7 +573,8 @@ impl<F: Fence> Ring<F> {
     }
 
     /// Waits until no copy may still read any slot, so that the slots' memory can be freed.
-    /// Every fence is waited on even if one fails; the first error is returned.
+    /// Every fence is waited on even if one fails; the first error, of a wait or of taking the
+    /// slots back after them, is returned.
     pub fn drain(&self) -> Result<(), F::Error> {
         let fences: Vec<Arc<F>> = {
             let state = self.lock();
@@ -593,7 +594,9 @@ impl<F: Fence> Ring<F> {
             }
         }
         let mut state = self.lock();
-        let _ = Self::reclaim_completed(&mut state);
+        if let Err(e) = Self::reclaim_completed(&mut state) {
+            first_error.get_or_insert(e);
+        }
         state.wake_fillers();
         drop(state);
         first_error.map_or(Ok(()), Err)

@@ -183,6 +183,46 @@ fn drain_waits_for_every_fence() {
     assert_eq!(ring.slot_sequences(), vec![None, None]);
 }
 
+/// A fence whose wait returns but whose query fails, as a CUDA event can once its context has
+/// a sticky error.
+#[derive(Debug)]
+struct QueryFails;
+
+#[derive(Debug)]
+struct QueryError;
+
+impl std::fmt::Display for QueryError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("query failed")
+    }
+}
+
+impl std::error::Error for QueryError {}
+
+impl Fence for QueryFails {
+    type Error = QueryError;
+    fn is_complete(&self) -> Result<bool, Self::Error> {
+        Err(QueryError)
+    }
+    fn wait(&self) -> Result<(), Self::Error> {
+        Ok(())
+    }
+}
+
+#[test]
+fn drain_reports_a_failed_reclaim() {
+    let ring = Ring::<QueryFails>::new(1, 1);
+    let claim = ring.acquire(0).unwrap().unwrap();
+    let (slot, seq) = (claim.slot(), claim.seq());
+    ring.fill_done(claim);
+    assert_eq!(ring.next_filled(seq), Some(slot));
+    ring.copy_issued(slot, QueryFails);
+    assert!(
+        ring.drain().is_err(),
+        "drain said every copy was done though the ring could not take its slot back"
+    );
+}
+
 #[test]
 #[should_panic(expected = "not Filled")]
 fn issuing_a_copy_of_an_unfilled_slot_is_a_bug() {
