@@ -98,6 +98,15 @@ def share(part, whole):
     return part / whole if part is not None and whole else None
 
 
+def per_batch_us(stats):
+    """The copy thread's and the consumer's time a batch (µs) in a Loader's `stats()`, or None
+    for a stager's counters (to_device)."""
+    if not stats.get("batches"):
+        return None
+    keys = ["elapsed", "copy_issue_time", "wait_filled", "wait_consumer", "consumer_wait"]
+    return {k: stats[k] / stats["batches"] * 1e6 for k in keys}
+
+
 def measure(fn):
     """Wall and CPU seconds of `fn` (the median of a few runs, the device synchronised) and the
     share of the machine's CPU time stolen by the hypervisor meanwhile."""
@@ -143,6 +152,10 @@ def worker(npy, label, device, small):
                 # and the share that waited for one.
                 "own_slot_share": share(st.get("slot_claims_own"), st.get("slot_claims")),
                 "slot_wait_share": share(st.get("slot_waits"), st.get("slot_claims")),
+                # A Loader's pass, per batch: where its copy thread's time went (issuing copies,
+                # waiting for a filled piece, waiting for the consumer to take a batch) and the
+                # consumer's wait for a batch, in microseconds.
+                "per_batch_us": per_batch_us(st),
                 "build": label,
                 "name": name,
                 "gbps": gbps,

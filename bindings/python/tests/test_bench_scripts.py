@@ -84,6 +84,8 @@ def test_ab_runs_every_row_of_both_builds(npy, tmp_path):
         loader_row = x["name"] != AB_ROWS[0]
         for key in ["own_slot_share", "slot_wait_share"]:
             assert (0 <= x[key] <= 1) if loader_row else x[key] is None, (key, x)
+        per_batch = x["per_batch_us"]
+        assert (per_batch["elapsed"] > 0) if loader_row else per_batch is None, x
     for name in AB_ROWS:
         assert name in stdout
     assert "stolen by the hypervisor" in stdout
