@@ -96,7 +96,7 @@ for depth in dict.fromkeys([depths[0], depths[-1]]):
             else torch.cuda.stream(torch.cuda.current_stream())
         )
         with ctx:
-            st = loader._start((0, 0))
+            st = loader._start((0, 0, 0))
             it = iter(st)
             t_next = t_export = t_release = 0
             k = 0

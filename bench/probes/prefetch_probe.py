@@ -75,7 +75,7 @@ print(
 
 def per_batch(name, take):
     """One pass of the loader's own stream, each batch handed to `take`."""
-    st = loader._start((0, 0))
+    st = loader._start((0, 0, 0))
     torch.cuda.synchronize()
     t0 = time.perf_counter()
     k = 0
