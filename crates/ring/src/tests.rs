@@ -183,8 +183,7 @@ fn drain_waits_for_every_fence() {
     assert_eq!(ring.slot_sequences(), vec![None, None]);
 }
 
-/// A fence whose wait returns but whose query fails, as a CUDA event can once its context has
-/// a sticky error.
+/// A fence whose wait returns but whose query fails: a driver error between the two calls.
 #[derive(Debug)]
 struct QueryFails;
 
