@@ -11,9 +11,9 @@ import time
 
 import numpy as np
 import torch
+from handover_probe import handover  # bench/probes/ is the script's folder, on sys.path
 
 import pinfeed
-from pinfeed._arrays import materialize
 
 ap = argparse.ArgumentParser()
 ap.add_argument("label", nargs="?", default="pinfeed")
@@ -85,43 +85,19 @@ for round_ in range(args.rounds):
             del loader
         del pin, dst
 
-# Where a 1 MiB batch's time goes on the consumer's thread.
+# Where a 1 MiB batch's time goes on the consumer's thread, on torch's current stream and on a
+# side stream.
 for depth in dict.fromkeys([depths[0], depths[-1]]):
     loader = pinfeed.Loader(src, 256, device="cuda", **options(None, depth))
     drain(loader)
-    for stream in [None, torch.cuda.Stream()]:
-        ctx = (
-            torch.cuda.stream(stream)
-            if stream is not None
-            else torch.cuda.stream(torch.cuda.current_stream())
+    for where, stream in [
+        ("the current stream", torch.cuda.current_stream()),
+        ("a side stream", torch.cuda.Stream()),
+    ]:
+        with torch.cuda.stream(stream):
+            gbps, steps, explanation = handover(loader, total)
+        print(
+            f"{label}: prefetch {depth or 'default'}, 1 MiB on {where}: {gbps:6.2f} GB/s, "
+            + ", ".join(f"{n} {v:5.1f} us" for n, v in steps.items())
+            + f"; {explanation}"
         )
-        with ctx:
-            st = loader._start((0, 0, 0))
-            it = iter(st)
-            t_next = t_export = t_release = 0
-            k = 0
-            torch.cuda.synchronize()
-            t0 = time.perf_counter_ns()
-            while True:
-                a = time.perf_counter_ns()
-                buf = next(it, None)
-                b = time.perf_counter_ns()
-                if buf is None:
-                    break
-                x = materialize(buf, None, False)
-                c = time.perf_counter_ns()
-                del x, buf
-                d = time.perf_counter_ns()
-                t_next += b - a
-                t_export += c - b
-                t_release += d - c
-                k += 1
-            torch.cuda.synchronize()
-            dt = (time.perf_counter_ns() - t0) / 1e9
-            where = "the current stream" if stream is None else "a side stream"
-            print(
-                f"{label}: prefetch {depth or 'default'}, 1 MiB on {where}: {total / dt / 1e9:6.2f} GB/s, {dt / k * 1e6:5.1f} us a batch: "
-                f"next {t_next / k / 1e3:5.1f} us, to a tensor {t_export / k / 1e3:5.1f} us, "
-                f"release {t_release / k / 1e3:5.1f} us; {st.stats()['explanation']}"
-            )
-            st.close()

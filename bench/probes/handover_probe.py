@@ -1,6 +1,7 @@
 """Where the consumer's time goes in turning a 1 MiB batch into a torch tensor, step by step,
 beside torch's own DLPack round trip of a tensor of the same size: whether pinfeed's export or
-torch's import is the cost. A probe, not part of the tables.
+torch's import is the cost. A probe, not part of the tables; `batch_probe.py` times its
+consumer's thread with `handover` too.
 
 PYTHONPATH=SITE python3 bench/probes/handover_probe.py [--rounds 3]
 """
@@ -14,15 +15,10 @@ import torch
 import pinfeed
 from pinfeed._arrays import torch_stream
 
-ap = argparse.ArgumentParser()
-ap.add_argument("--rounds", type=int, default=3)
-args = ap.parse_args()
-total = 1 << 30
-src = np.random.default_rng(0).integers(0, 255, size=total, dtype=np.uint8).reshape(-1, 1024)
 
-
-def timed_pass(loader):
-    """One pass, each batch's hand-over timed step by step (ns summed)."""
+def handover(loader, nbytes):
+    """One pass of `loader` (`nbytes` in all) on torch's current stream, each batch's hand-over
+    timed step by step: GB/s, microseconds a batch of each step, and the loader's explanation."""
     st = loader._start((0, 0, 0))
     steps = dict(next=0, stream=0, export=0, import_=0, release=0)
     k = 0
@@ -35,7 +31,7 @@ def timed_pass(loader):
         b = time.perf_counter_ns()
         if buf is None:
             break
-        s = torch_stream(torch, 0)
+        s = torch_stream(torch, torch.cuda.current_device())
         c = time.perf_counter_ns()
         capsule = buf.__dlpack__(stream=s)
         d = time.perf_counter_ns()
@@ -50,7 +46,7 @@ def timed_pass(loader):
     wall = (time.perf_counter_ns() - t0) / 1e9
     explanation = st.stats()["explanation"]
     st.close()
-    return total / wall / 1e9, {n: v / k / 1e3 for n, v in steps.items()}, explanation
+    return nbytes / wall / 1e9, {n.rstrip("_"): v / k / 1e3 for n, v in steps.items()}, explanation
 
 
 def torch_round_trip(n=1024):
@@ -69,16 +65,27 @@ def torch_round_trip(n=1024):
     return exp / n / 1e3, imp / n / 1e3, rel / n / 1e3
 
 
-loader = pinfeed.Loader(src, 1024, device="cuda")
-for _x in loader:
-    pass
-for r in range(args.rounds):
-    gbps, steps, explanation = timed_pass(loader)
-    exp, imp, rel = torch_round_trip()
-    print(
-        f"round {r + 1}: {gbps:6.2f} GB/s; a batch (us): "
-        + ", ".join(f"{n.rstrip('_')} {v:5.1f}" for n, v in steps.items())
-        + f"; torch's own to_dlpack {exp:4.1f}, from_dlpack {imp:4.1f}, release {rel:4.1f}"
-        + f"; {explanation}",
-        flush=True,
-    )
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=3)
+    args = ap.parse_args()
+    total = 1 << 30
+    rng = np.random.default_rng(0)
+    src = rng.integers(0, 255, size=total, dtype=np.uint8).reshape(-1, 1024)
+    loader = pinfeed.Loader(src, 1024, device="cuda")
+    for _x in loader:
+        pass
+    for r in range(args.rounds):
+        gbps, steps, explanation = handover(loader, total)
+        exp, imp, rel = torch_round_trip()
+        print(
+            f"round {r + 1}: {gbps:6.2f} GB/s; a batch (us): "
+            + ", ".join(f"{n} {v:5.1f}" for n, v in steps.items())
+            + f"; torch's own to_dlpack {exp:4.1f}, from_dlpack {imp:4.1f}, release {rel:4.1f}"
+            + f"; {explanation}",
+            flush=True,
+        )
+
+
+if __name__ == "__main__":
+    main()
