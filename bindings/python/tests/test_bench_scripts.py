@@ -1,9 +1,9 @@
-"""The benchmark scripts the GPU machine runs for the loader's speed on each machine start
-(bench/ab.py, bench/threads_sweep.py, bench/probes/footprint_probe.py), run here on the host
-backend at small sizes (``--device cpu``): each gets through every row to its table and result
-file, the check each row makes before it is timed catches a changed byte, and the turns that
-``bench/ab.py`` runs builds in keep the rows of the runs that finished. The figures are
-the GPU machine's to take (docs/BENCHMARKS.md); these tests read none of them."""
+"""The benchmark modes the GPU machine runs for the loader's speed on each host
+(`bench/records.py ab` and `threads`), run here on the host backend at small sizes
+(``--device cpu``): each gets through every row to its table and result file, the check each row
+makes before it is timed catches a changed byte, and the turns that `ab` runs builds in keep the
+rows of the runs that finished. The workload scripts refuse a mode they do not have. The figures
+are the GPU machine's to take (docs/BENCHMARKS.md); these tests read none of them."""
 
 import importlib.util
 import json
@@ -34,10 +34,10 @@ def npy(tmp_path_factory):
     return path
 
 
-def script(name, *args, cwd):
-    """Runs the bench script `name` with this interpreter; the finished process."""
+def script(workload, mode, *args, cwd):
+    """Runs `bench/WORKLOAD.py MODE ARGS...` with this interpreter; the finished process."""
     return subprocess.run(
-        [sys.executable, str(BENCH / name), *args],
+        [sys.executable, str(BENCH / workload), mode, *args],
         capture_output=True,
         text=True,
         timeout=600,
@@ -46,16 +46,16 @@ def script(name, *args, cwd):
     )
 
 
-def run(name, *args, cwd):
-    """Runs a bench script; its stdout, or the test fails with its stderr."""
-    out = script(name, *args, cwd=cwd)
+def run(mode, *args, cwd):
+    """Runs a mode of bench/records.py; its stdout, or the test fails with its stderr."""
+    out = script("records.py", mode, *args, cwd=cwd)
     assert out.returncode == 0, out.stderr[-3000:]
     return out.stdout
 
 
 def load_ab():
-    """bench/ab.py as a module (it imports only the standard library at its top)."""
-    spec = importlib.util.spec_from_file_location("bench_ab", BENCH / "ab.py")
+    """bench/lib/ab.py as a module (it imports only the standard library at its top)."""
+    spec = importlib.util.spec_from_file_location("bench_ab", BENCH / "lib" / "ab.py")
     ab = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(ab)
     return ab
@@ -68,7 +68,7 @@ def test_ab_runs_every_row_of_both_builds(npy, tmp_path):
     out = tmp_path / "ab.json"
     args = ["--build", f"one={tmp_path / 'one'}", "--build", f"two={tmp_path / 'two'}"]
     args += ["--rounds", "1", "--npy", str(npy), "--device", "cpu", "--small", "--out", str(out)]
-    stdout = run("ab.py", *args, cwd=tmp_path)
+    stdout = run("ab", *args, cwd=tmp_path)
     assert "FAILED" not in stdout
     rows = json.loads(out.read_text())
     assert sorted((x["build"], x["name"]) for x in rows) == sorted(
@@ -95,7 +95,7 @@ def test_ab_runs_every_row_of_both_builds(npy, tmp_path):
 def test_threads_sweep_runs_each_count(npy, tmp_path):
     out = tmp_path / "threads.json"
     args = ["--npy", str(npy), "--device", "cpu", "--small", "--threads", "1,2", "--out", str(out)]
-    run("threads_sweep.py", *args, cwd=tmp_path)
+    run("threads", *args, cwd=tmp_path)
     result = json.loads(out.read_text())
     assert result["default"]["threads"] >= 1
     paths = ["to_device", "Loader shuffle=none", "Loader shuffle=random"]
@@ -104,30 +104,6 @@ def test_threads_sweep_runs_each_count(npy, tmp_path):
     )
     assert all(x["gbps"] > 0 and x["share_of_bus"] > 0 for x in result["rows"])
     assert all(x["cpu_s_per_gb"] > 0 and 0 <= x["steal_share"] <= 1 for x in result["rows"])
-
-
-def test_footprint_probe_runs_each_config(npy, tmp_path):
-    out = tmp_path / "footprint.json"
-    configs = ["--config", "default=default", "--config", "small=piece=1048576,slots=+2"]
-    args = ["--npy", str(npy), "--device", "cpu", "--rounds", "1", *configs, "--out", str(out)]
-    stdout = run("probes/footprint_probe.py", *args, cwd=tmp_path)
-    rows = json.loads(out.read_text())
-    assert sorted((x["config"], x["shuffle"]) for x in rows) == sorted(
-        (c, s) for c in ["default", "small"] for s in ["none", "random"]
-    )
-    mib = {x["config"]: x["footprint_mib"] for x in rows}
-    assert mib["small"] < mib["default"]
-    assert all(x["gbps"] > 0 for x in rows)
-    assert "small" in stdout
-
-
-def test_footprint_probe_refuses_a_bad_spec(npy, tmp_path):
-    args = ["--npy", str(npy), "--device", "cpu", "--config", "x=slots=4"]
-    out = script("probes/footprint_probe.py", *args, cwd=tmp_path)
-    assert out.returncode != 0
-    assert out.stderr.strip().splitlines()[-1] == (
-        "unknown part 'slots=4' of 'slots=4': slots=+K or piece=BYTES"
-    )
 
 
 def test_the_rows_check_catches_a_changed_byte(npy):
@@ -151,3 +127,11 @@ def test_in_turns_keeps_the_rows_of_the_runs_that_finished(tmp_path, capsys):
     assert json.loads(out.read_text()) == rows
     printed = capsys.readouterr().out
     assert "round 1 failed: FAILED" in printed and "worker broke" in printed
+
+
+@pytest.mark.parametrize("workload", ["records.py", "tokens.py", "images.py"])
+def test_a_workload_script_refuses_a_mode_it_has_not(workload, tmp_path):
+    out = script(workload, "no-such-mode", cwd=tmp_path)
+    assert out.returncode == 2
+    assert out.stderr.strip().splitlines()[-1] == "unknown mode 'no-such-mode'"
+    assert "modes:" in out.stderr

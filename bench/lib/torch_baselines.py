@@ -1,6 +1,6 @@
 """The torch baselines pinfeed is measured against, in the same run as pinfeed.
 
-python3 bench/torch_baselines.py --npy DATA.npy [--rows 1024 --cols 655360] --out results.json
+python3 bench/records.py torch --npy DATA.npy [--rows 1024 --cols 655360] --out results.json
 
 Prints a table and writes JSON: the seed experiment's four per-row variants and a hand-written
 torch ring, DataLoader variants over the .npy file as a memmap, and plain copy rates.

@@ -2,7 +2,7 @@
 as nvjpeg_bench: issue 19's baseline (b), on the same files and with the same crop rule (a centre
 square of the shorter side, resized to SIZE with antialias, every second image mirrored).
 
-    python3 bench/nvjpeg_torchvision.py DIR [--batch 256] [--size 224] [--rounds 3] [--out F.json]
+    python3 bench/images.py torchvision DIR [--batch 256] [--size 224] [--rounds 3] [--out F.json]
 
 The files are read into memory first (as nvjpeg_bench reads them into pinned memory); files the
 GPU decoder refuses (CMYK) are left out and counted. Prints images/s and the process's CPU

@@ -1,8 +1,8 @@
 """Turns the files one GPU run wrote under $OUT into the committed results and tables.
 
-python3 bench/report.py OUTDIR --date 2026-12-02 --tag h200
+python3 bench/records.py report OUTDIR --date 2026-12-02 --tag h200
 
-Writes bench/results/DATE-TAG.json (everything, raw) and bench/results/DATE-TAG.png (a plot),
+Writes bench/results/DATE-TAG/NAME.json (everything, raw) and NAME.png (a plot) beside it,
 and prints the Markdown tables that docs/BENCHMARKS.md carries.
 """
 
@@ -32,7 +32,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("outdir")
     ap.add_argument("--date", required=True)
-    ap.add_argument("--tag", default="h200")
+    ap.add_argument("--tag", default="h200", help="the GPU (h100, h200) or devbox")
+    ap.add_argument("--name", default="tables", help="the file's name in the run's folder")
     args = ap.parse_args()
     d = args.outdir
     raw = {
@@ -42,7 +43,7 @@ def main():
         "pinfeed_bench": load(f"{d}/pinfeed_bench.json"),
         "pinfeed_stream": load(f"{d}/pinfeed_stream.jsonl"),
         "torch": load(f"{d}/torch.json"),
-        # torch_baselines.py's printed table, kept when its JSON did not come back.
+        # `records.py torch`'s printed table, kept when its JSON did not come back.
         "torch_console": load(f"{d}/torch_console.txt"),
         "python_bench": load(f"{d}/python_bench.json"),
         "doctor": load(f"{d}/doctor.json"),
@@ -58,7 +59,9 @@ def main():
         "copy_rates": load(f"{d}/copy_rates.txt"),
         "big_loader": load(f"{d}/big_loader.json"),
     }
-    base = f"bench/results/{args.date}-{args.tag}"
+    folder = f"bench/results/{args.date}-{args.tag}"
+    os.makedirs(folder, exist_ok=True)
+    base = f"{folder}/{args.name}"
     with open(base + ".json", "w") as f:
         json.dump(raw, f, indent=1)
     md = []

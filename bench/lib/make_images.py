@@ -1,7 +1,7 @@
 """JPEG datasets from real photographs that packages ship, for pinfeed's image tests and benchmarks.
 
-    python3 bench/make_images.py OUT --count 20000 [--classes 100] [--seed 0] [--per-shard 1000]
-    python3 bench/make_images.py --fixtures crates/source/tests/fixtures/images
+    python3 bench/images.py make OUT --count 20000 [--classes 100] [--seed 0] [--per-shard 1000]
+    python3 bench/images.py make --fixtures crates/source/tests/fixtures/images
 
 The photographs are scikit-learn's `load_sample_images` (two JPEGs in its wheel) and, where
 scikit-image is installed, the colour photographs of `skimage.data`. Each output image is a random

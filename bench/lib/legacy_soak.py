@@ -8,7 +8,7 @@ holds the default stream back, so memory reused too early would show. Mismatches
 the GPU and read once per loader. Device memory in use and the process's resident memory are
 printed per minute and must not grow.
 
-PYTHONPATH=SITE python3 bench/legacy_soak.py [SECONDS]
+PYTHONPATH=SITE python3 bench/records.py soak [SECONDS]
 """
 
 import resource

@@ -1,9 +1,9 @@
 """JPEG training input on the GPU machine: torchvision's ways against pinfeed's (issue 19).
 
-    python3 bench/images_bench.py DATA/train [--batch-size 256] [--workers 16] [--train-steps 60]
-                                  [--out bench/results/$(date +%F)-h200-images.json]
+    python3 bench/images.py loaders DATA/train [--batch-size 256] [--workers 16] [--train-steps 60]
+                                  [--out bench/results/$(date +%F)-h200/images.json]
 
-DATA/train is an ImageFolder tree of JPEGs from bench/make_images.py (page-cached first). Each
+DATA/train is an ImageFolder tree of JPEGs from bench/images.py make (page-cached first). Each
 column streams one epoch of it to the GPU, shuffled, as RandomResizedCrop(224) + flip, uint8:
 
   (a) DataLoader(ImageFolder, RandomResizedCrop(224) + RandomHorizontalFlip + PILToTensor,

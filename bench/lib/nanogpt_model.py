@@ -1,7 +1,7 @@
 # ruff: noqa
 # fmt: off
 # nanoGPT's model, copied verbatim from karpathy/nanoGPT (model.py at commit
-# 3adf61e154c3fe3fca428ad6bc3818b27a3b8291) for bench/tokens_bench.py's training loop.
+# 3adf61e154c3fe3fca428ad6bc3818b27a3b8291) for bench/tokens.py nanogpt's training loop.
 # MIT License, Copyright (c) 2022 Andrej Karpathy. Only these header lines were added.
 """
 Full definition of a GPT Language Model, all of it in this single file.

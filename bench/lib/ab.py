@@ -1,7 +1,7 @@
 """Two builds of pinfeed side by side on the GPU machine, interleaved, with torch's copies as the
 bus's reference in the same run.
 
-    python3 bench/ab.py --build old=/tmp/site-old --build new=/tmp/site-new \
+    python3 bench/records.py ab --build old=/tmp/site-old --build new=/tmp/site-new \
         [--rounds 3] [--npy /tmp/pinfeed-4g.npy] [--out ab.json]
 
 Each build is a folder holding an installed `pinfeed` (`pip install --target DIR wheel`). Every
@@ -35,6 +35,8 @@ import sys
 
 RECORDS = 1489700  # 4 GiB of 3x31x31 uint8 records
 ROWS, COLS = 1024, 655360
+# Each build's worker runs through the workload script, which puts bench/ on sys.path.
+RECORDS_PY = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "records.py")
 
 
 def sizes(small):
@@ -110,8 +112,8 @@ def per_batch_us(stats):
 def measure(fn):
     """Wall and CPU seconds of `fn` (the median of a few runs, the device synchronised) and the
     share of the machine's CPU time stolen by the hypervisor meanwhile."""
-    from rates import cpu_times, steal_share
-    from torch_baselines import timed  # bench/ is the script's folder, on sys.path
+    from lib.rates import cpu_times, steal_share
+    from lib.torch_baselines import timed
 
     before = cpu_times()
     wall, cpu = timed(fn)
@@ -121,10 +123,10 @@ def measure(fn):
 def worker(npy, label, device, small):
     import numpy as np
     import torch
-    from rates import host_cpu
-    from torch_baselines import bus_rate
 
     import pinfeed
+    from lib.rates import host_cpu
+    from lib.torch_baselines import bus_rate
 
     rows = []
     machine_cpu = host_cpu()
@@ -260,7 +262,7 @@ def main():
     runs = [
         (
             label,
-            [__file__, "--worker", label, "--npy", args.npy, *flags],
+            [RECORDS_PY, "ab", "--worker", label, "--npy", args.npy, *flags],
             dict(os.environ, PYTHONPATH=site),
         )
         for label, site in builds.items()

@@ -3,7 +3,7 @@ passes over the file with one Loader (the first pass makes the pinned ring and t
 memory; later passes reuse them), each timed, beside the Loader's own account. Checks sampled
 batches against the file.
 
-PYTHONPATH=SITE python3 bench/big_loader.py BIG.npy OUT.json
+PYTHONPATH=SITE python3 bench/records.py big BIG.npy OUT.json
 """
 
 import json
@@ -12,9 +12,9 @@ import time
 
 import numpy as np
 import torch
-from rates import machine_rates  # bench/ is the script's folder, on sys.path
 
 import pinfeed
+from lib.rates import machine_rates
 
 path, out = sys.argv[1], sys.argv[2]
 mm = np.load(path, mmap_mode="r")

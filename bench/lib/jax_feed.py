@@ -1,6 +1,6 @@
 """JAX's own ways of feeding a jitted training step, beside pinfeed's framework="jax".
 
-    python3 bench/jax_bench.py --npy /tmp/pinfeed-4g.npy [--batch 4096] [--hidden 512,640,768,1024,2048]
+    python3 bench/records.py jax --npy /tmp/pinfeed-4g.npy [--batch 4096] [--hidden 512,640,768,1024,2048]
                                [--epochs 3] [--rounds 2] [--out results.json]
 
 Runs on a CUDA machine with jax (CUDA plugin) and the pinfeed wheel, over the seed-shaped file
@@ -34,9 +34,9 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # pinfeed alloc
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
-from rates import machine_rates  # noqa: E402
 
 import pinfeed  # noqa: E402
+from lib.rates import machine_rates  # noqa: E402
 
 
 def make_step(record_bytes, hidden):

@@ -5,7 +5,7 @@ and the time it waited for a free slot, beside the loader's delivered rate. Comp
 a shuffled loader below the bus is held by the gathers themselves (readers reading all the
 time, each as fast as alone) or by the pipeline around them.
 
-    python3 bench/probes/pipeline_probe.py [--npy /tmp/pinfeed-4g.npy] [--threads N] [--out F]
+    python3 bench/records.py pipeline [--npy /tmp/pinfeed-4g.npy] [--threads N] [--out F]
 
 A probe: prints a table, asserts nothing about speed. Each row is the median of `--epochs`
 epochs (by GB/s) after one untimed epoch, from the loader's own account of that epoch.
@@ -13,15 +13,12 @@ epochs (by GB/s) after one untimed epoch, from the loader's own account of that 
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from ab import drain  # noqa: E402  (bench/ holds the shared helpers)
-from rates import machine_rates  # noqa: E402
-
 import pinfeed  # noqa: E402
+from lib.ab import drain
+from lib.rates import machine_rates
 
 
 def shares(st):
@@ -95,7 +92,7 @@ def main():
     ap.add_argument(
         "--after-to-device",
         action="store_true",
-        help="first upload the seed tensor with to_device three times, as bench/ab.py does",
+        help="first upload the seed tensor with to_device three times, as bench/records.py ab does",
     )
     args = ap.parse_args()
     if args.after_to_device:

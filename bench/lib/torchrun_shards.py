@@ -1,4 +1,4 @@
-"""torchrun --nproc_per_node=2 bench/torchrun_shards.py OUTDIR
+"""torchrun --nproc_per_node=2 bench/records.py torchrun OUTDIR
 
 Two processes share one GPU; each streams its shard of a numbered dataset with
 pinfeed.Loader(shuffle=True) for two epochs. Rank 0 checks that, in each epoch, the shards are

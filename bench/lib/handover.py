@@ -1,9 +1,8 @@
 """Where the consumer's time goes in turning a 1 MiB batch into a torch tensor, step by step,
 beside torch's own DLPack round trip of a tensor of the same size: whether pinfeed's export or
-torch's import is the cost. A probe, not part of the tables; `batch_probe.py` times its
-consumer's thread with `handover` too.
+torch's import is the cost (docs/BENCHMARKS.md, "What limits each path").
 
-PYTHONPATH=SITE python3 bench/probes/handover_probe.py [--rounds 3]
+PYTHONPATH=SITE python3 bench/records.py handover [--rounds 3]
 """
 
 import argparse

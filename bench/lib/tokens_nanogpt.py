@@ -1,6 +1,6 @@
 """Token batches for language-model training: pinfeed's TokenLoader against nanoGPT's get_batch.
 
-    python3 bench/tokens_bench.py [--size-gb 2] [--train-steps 300] [--out results.json]
+    python3 bench/tokens.py nanogpt [--size-gb 2] [--train-steps 300] [--out results.json]
 
 Runs on a CUDA machine with torch and the pinfeed wheel. Two measurements:
 
@@ -9,7 +9,7 @@ Runs on a CUDA machine with torch and the pinfeed wheel. Two measurements:
     pinfeed.TokenLoader(..., device="cuda"), both yielding (x, y) int64 CUDA tensors, at
     nanoGPT's default shape 12 x 1024 and a large one, 64 x 4096, over a synthetic train.bin of
     random uint16 tokens (read once first, so both read from the page cache);
-(b) a training loop of nanoGPT's GPT (bench/nanogpt_model.py, a small configuration, bf16
+(b) a training loop of nanoGPT's GPT (bench/lib/nanogpt_model.py, a small configuration, bf16
     autocast) three ways: get_batch, pinfeed, and one batch already on the GPU (the bound).
 
 It prints a short table and writes everything as JSON to --out.
@@ -19,15 +19,13 @@ import argparse
 import json
 import os
 import resource
-import sys
 import time
 
 import numpy as np
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from nanogpt_model import GPT, GPTConfig  # noqa: E402
-from rates import machine_rates  # noqa: E402
+from lib.nanogpt_model import GPT, GPTConfig  # noqa: E402
+from lib.rates import machine_rates  # noqa: E402
 
 # Globals that nanoGPT's get_batch reads, as train.py defines them; set per run below.
 data_dir = ""
