@@ -513,7 +513,7 @@ if want nvjpeg; then
         echo "== torchvision decode_jpeg(device=cuda) + crop/resize 224 on the same files"
         python3 bench/images.py torchvision "$IMGDIR" --batch 256 --size 224 \
             --out "$OUT/$(date +%F)-$GPU-torchvision-decode.json" 2>&1 | tee "$OUT/nvjpeg_torchvision.txt" \
-            || echo "!! nvjpeg_torchvision.py failed"
+            || echo "!! images.py torchvision failed"
     fi
 fi
 

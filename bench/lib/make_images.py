@@ -63,7 +63,7 @@ def photographs():
         if a.ndim == 3 and a.shape[2] >= 3 and a.dtype == np.uint8:
             photos.append(Image.fromarray(np.ascontiguousarray(a[:, :, :3])))
     if not photos:
-        sys.exit("make_images.py needs scikit-learn or scikit-image for its photographs")
+        sys.exit("images.py make needs scikit-learn or scikit-image for its photographs")
     return photos
 
 

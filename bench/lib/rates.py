@@ -1,6 +1,6 @@
 """The machine's rates beside a benchmark's figures: hosts of one machine kind copy at different
-rates (docs/BENCHMARKS.md, "Machines of one kind"), so every result file records the rates its
-pinfeed loader measured at start-up (or read from the machine's cache) and the thread count
+rates (docs/BENCHMARKS.md, "Across hosts of one kind"), so every result file records the rates
+its pinfeed loader measured at start-up (or read from the machine's cache) and the thread count
 they gave."""
 
 KEYS = ("threads", "threads_reason", "copy_gbps", "bus_gbps")
@@ -33,8 +33,8 @@ def gpu_name():
 
 def host_cpu():
     """The CPU the guest is shown: model name, family/model/stepping and the last-level cache
-    (MiB). Hosts of one machine kind differ in it (docs/BENCHMARKS.md, "Machines of one kind"),
-    so result files record it beside the rates."""
+    (MiB). Hosts of one machine kind differ in it (docs/BENCHMARKS.md, "Across hosts of one
+    kind"), so result files record it beside the rates."""
     from pathlib import Path
 
     info = {}

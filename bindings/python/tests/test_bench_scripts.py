@@ -1,5 +1,5 @@
 """The benchmark modes the GPU machine runs for the loader's speed on each host
-(`bench/records.py ab` and `threads`), run here on the host backend at small sizes
+(`bench/records.py ab`, `threads` and `pipeline`), run here on the host backend at small sizes
 (``--device cpu``): each gets through every row to its table and result file, the check each row
 makes before it is timed catches a changed byte, and the turns that `ab` runs builds in keep the
 rows of the runs that finished. The workload scripts refuse a mode they do not have. The figures
@@ -104,6 +104,18 @@ def test_threads_sweep_runs_each_count(npy, tmp_path):
     )
     assert all(x["gbps"] > 0 and x["share_of_bus"] > 0 for x in result["rows"])
     assert all(x["cpu_s_per_gb"] > 0 and 0 <= x["steal_share"] <= 1 for x in result["rows"])
+
+
+def test_pipeline_accounts_for_both_passes(npy, tmp_path):
+    out = tmp_path / "pipeline.json"
+    args = ["--npy", str(npy), "--device", "cpu", "--epochs", "1", "--out", str(out)]
+    stdout = run("pipeline", *args, cwd=tmp_path)
+    rows = json.loads(out.read_text())
+    assert [x["shuffle"] for x in rows] == ["none", "random"]
+    for x in rows:
+        assert x["gbps"] > 0 and x["wall_gbps"] > 0 and x["threads"] >= 1, x
+        assert 0 <= x["reading_share"] <= 1 and len(x["epochs"]) == 1, x
+    assert "none: " in stdout and "random: " in stdout
 
 
 def test_the_rows_check_catches_a_changed_byte(npy):
