@@ -12,6 +12,8 @@ state) over the same rows:
 - a `Loader` pass over the page-cached 4 GiB `.npy` of 3x31x31 uint8 records, batches of 1024,
   in order and shuffled (`shuffle="random"`);
 - a `Loader` over a host array in batches of 1 MiB;
+- GPU-resident shuffling (`shuffle="gpu"`) of the same file, batches of 65,536, once uploaded;
+- `TokenLoader` random windows at nanoGPT's 12 x 1024 and 64 x 4096, in batches a second;
 - torch's pinned `copy_` of the same sizes (the bus), so each row is also a share of the bus.
 
 Every row checks what it delivered (column sums against numpy's) before it is timed.
@@ -51,6 +53,7 @@ def sizes(small):
             "bus_seed": (16 << 20, 3),
             "bus_file": (4 << 20, 16),
             "bus_host": (1 << 20, 16),
+            "token_bytes": 8 << 20,
         }
     return {
         "seed": (ROWS, COLS),
@@ -59,6 +62,7 @@ def sizes(small):
         "bus_seed": (1 << 30, 3),
         "bus_file": (4 << 20, 256),
         "bus_host": (1 << 20, 1024),
+        "token_bytes": 1 << 30,
     }
 
 
@@ -164,7 +168,7 @@ def worker(npy, label, device, small):
                 "cpu_s": cpu,
                 "cpu_s_per_gb": cpu / (nbytes / 1e9),
                 "bus_gbps": bus,
-                "share_of_bus": gbps / bus,
+                "share_of_bus": share(gbps, bus),
                 "host_cpu": machine_cpu,
                 "steal_share": steal,
             }
@@ -202,7 +206,43 @@ def worker(npy, label, device, small):
     timing = measure(lambda: drain(loader))
     bus = bus_rate(*size["bus_host"], device)
     row("1 MiB batches from a host array", host.nbytes, timing, bus, loader)
+    del host, loader
+
+    # GPU-resident shuffling: the file uploaded once, then epochs gathered on the device.
+    loader = pinfeed.Loader(npy, 65536, shuffle="gpu", seed=1, **loader_kwargs(device))
+    drain(loader, check)  # the upload and a first epoch, checked
+    timing = measure(lambda: drain(loader))
+    row("4 GiB .npy, shuffle=gpu (epochs)", nbytes, timing, bus, loader)
+    del loader
+
+    # Token windows, nanoGPT's shapes, random windows: batches a second.
+    tokens = token_file(npy, size["token_bytes"])
+    corpus = np.memmap(tokens, dtype=np.uint16, mode="r")
+    for b, t, steps in [(12, 1024, 20000), (64, 4096, 4000)]:
+        steps = steps if not small else 200
+        # Positional source and dtype: a spelling every build takes.
+        loader = pinfeed.TokenLoader(tokens, t, b, dtype="uint16", steps=steps, device=device)
+        x, _ = next(iter(loader))
+        start = int(loader.offsets(0, epoch=0)[0])
+        assert np.array_equal(np.asarray(torch.as_tensor(x)[0].cpu()), corpus[start : start + t])
+        timing = measure(lambda loader=loader: sum(1 for _ in loader))
+        row(f"tokens {b}x{t}, random windows", b * (t + 1) * 2 * steps, timing, None, loader)
+        rows[-1]["batches_per_s"] = steps / timing[0]
     print(json.dumps(rows))
+
+
+def token_file(npy, nbytes):
+    """A raw uint16 token file of random tokens beside `npy`, made once and page-cached."""
+    import numpy as np
+
+    path = npy + f".tokens-{nbytes}.bin"
+    if not os.path.exists(path):
+        rng = np.random.default_rng(2)
+        rng.integers(0, 50257, size=nbytes // 2, dtype=np.uint16).tofile(path)
+    with open(path, "rb") as f:
+        while f.read(64 << 20):
+            pass
+    return path
 
 
 def in_turns(rounds, runs, out=None):
@@ -281,6 +321,8 @@ def main():
 
     def rates(rs):
         g = "/".join(f"{x['gbps']:.1f}" for x in rs)
+        if rs and rs[0].get("batches_per_s") is not None:
+            return "/".join(f"{x['batches_per_s']:.0f}" for x in rs) + " batches/s"
         s = "/".join(f"{100 * x['share_of_bus']:.0f}" for x in rs)
         return f"{g} GB/s ({s}%)"
 

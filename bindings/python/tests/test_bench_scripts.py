@@ -22,7 +22,10 @@ AB_ROWS = [
     "4 GiB .npy, shuffle=none",
     "4 GiB .npy, shuffle=random",
     "1 MiB batches from a host array",
+    "4 GiB .npy, shuffle=gpu (epochs)",
 ]
+# Rows timed in batches a second, with no bus to be a share of.
+AB_TOKEN_ROWS = ["tokens 12x1024, random windows", "tokens 64x4096, random windows"]
 
 
 @pytest.fixture(scope="module")
@@ -72,9 +75,12 @@ def test_ab_runs_every_row_of_both_builds(npy, tmp_path):
     assert "FAILED" not in stdout
     rows = json.loads(out.read_text())
     assert sorted((x["build"], x["name"]) for x in rows) == sorted(
-        (b, n) for b in ["one", "two"] for n in AB_ROWS
+        (b, n) for b in ["one", "two"] for n in AB_ROWS + AB_TOKEN_ROWS
     )
     for x in rows:
+        if x["name"] in AB_TOKEN_ROWS:
+            assert x["batches_per_s"] > 0 and x["bus_gbps"] is None, x
+            continue
         assert x["gbps"] > 0 and x["bus_gbps"] > 0 and x["share_of_bus"] > 0, x
         assert x["round"] == 1 and x["threads"] >= 1, x
         assert "l3_mib" in x["host_cpu"], x
@@ -86,7 +92,7 @@ def test_ab_runs_every_row_of_both_builds(npy, tmp_path):
             assert (0 <= x[key] <= 1) if loader_row else x[key] is None, (key, x)
         per_batch = x["per_batch_us"]
         assert (per_batch["elapsed"] > 0) if loader_row else per_batch is None, x
-    for name in AB_ROWS:
+    for name in AB_ROWS + AB_TOKEN_ROWS:
         assert name in stdout
     assert "stolen by the hypervisor" in stdout
     assert "CPU seconds a GB delivered" in stdout
