@@ -317,7 +317,7 @@ if want ab && ls $C/*.whl >/dev/null 2>&1; then
         echo "== A/B: the wheels of prepare-ab's revisions against this one (new)"
         install_wheel /tmp/site $C/*.whl
         timeout 500 python3 bench/records.py ab "${builds[@]}" --build new=/tmp/site --rounds "${AB_ROUNDS:-3}" \
-            --npy "$DATA" --out "$OUT/ab.json" 2>&1 | tail -13
+            --npy "$DATA" --out "$OUT/ab.json" 2>&1 | tail -24
     fi
 fi
 
