@@ -10,8 +10,8 @@
 //!
 //! The register reader's windows are not slots: a batch may straddle two and a window serves
 //! several batches, so the copy thread takes them in a loop of its own (`copy::copy_windows`),
-//! chosen with the staging. What it issues is the plain copy to one device; `choose` is never
-//! asked for anything else with it (GPU decoding and replication refuse the register reader).
+//! chosen with the staging. What it issues is the plain copy to one device: GPU decoding and
+//! replication refuse the register reader.
 
 use std::ops::Range;
 use std::sync::Arc;

@@ -81,7 +81,8 @@ struct Shared {
     // Field order is drop order: the ring is drained in `Drop` before the staging memory goes.
     ring: Ring<CopyFence>,
     staging: Staging,
-    /// What each filled slot becomes on the devices, chosen when the loader starts.
+    /// What each filled slot becomes on the devices, chosen when the loader starts. (The
+    /// register reader's windows are not slots: their own loop copies them plainly.)
     delivery: Box<dyn Delivery>,
     /// The devices every batch is copied to, at least one; the first one's context made the
     /// pinned pool (page-locked for every context: `CU_MEMHOSTALLOC_PORTABLE`).
