@@ -15,10 +15,9 @@ use crate::stream::Stream;
 /// How page-locked host memory is obtained.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum PinMethod {
-    /// `cuMemHostAlloc` (portable, not write-combined, so the CPU reads it at full speed).
-    /// The driver allocates and pins in one call; slower than [`PinMethod::Register`] for large
-    /// sizes (411 ms against 26 ms for 1 GiB on the reference machine). Its NUMA node cannot be
-    /// chosen: the driver places the pages.
+    /// `cuMemHostAlloc` (portable, not write-combined, so the CPU reads it at full speed). The
+    /// driver allocates and pins in one call; many times slower than [`PinMethod::Register`] for
+    /// large sizes. Its NUMA node cannot be chosen: the driver places the pages.
     HostAlloc,
     /// An anonymous `mmap` with its pages touched up front, then `cuMemHostRegister`. On a host
     /// with several NUMA nodes the mapping is first bound (`mbind`, `MPOL_PREFERRED`) to the
@@ -176,7 +175,8 @@ impl Drop for PinnedMemory {
 /// Existing host memory registered (page-locked) in place: a user's array, or a read-only file
 /// mapping. Unregisters on drop.
 ///
-/// Registering costs about 26 ms per GiB of already-touched pages; the driver serialises it.
+/// Registering costs time in proportion to the pages (tens of milliseconds a GiB of pages
+/// already touched); the driver serialises it.
 #[derive(Debug)]
 pub struct Registration {
     ctx: Arc<Context>,

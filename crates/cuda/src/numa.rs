@@ -167,10 +167,9 @@ pub(crate) fn map_placed(
     // Huge pages where transparent huge pages are `madvise`, as on the GPU machine (an error,
     // as where they are off, leaves small pages). A shuffled batch's readers write thousands of
     // records into a slot of a few MiB, and the copy engine reads it: in 2 MiB pages a slot
-    // takes two or three TLB entries instead of hundreds. Shuffled passes of the 4 GiB file
-    // went from 72% to 80% and from 79% to 82% of the bus on two starts (medians of three
-    // rounds), the other rows unchanged (docs/BENCHMARKS.md, "Machines of one kind"). Every
-    // `PinMethod::Register` allocation is mapped here: the loader's pool and the `Stager`'s arena.
+    // takes two or three TLB entries instead of hundreds, which shuffled passes gain from most.
+    // Every `PinMethod::Register` allocation is mapped here: the loader's pool and the
+    // `Stager`'s arena.
     let _ = map.advise(memmap2::Advice::HugePage);
     let placement = match placement {
         NumaPlacement::GpuNode(node) => match mbind_preferred(map.as_mut_ptr(), bytes, node) {

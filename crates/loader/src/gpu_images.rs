@@ -1,6 +1,7 @@
 //! GPU decoding of image batches (`decode="gpu"`): the copy thread turns a slot of
 //! [`CompressedImageSource`] records into the batch's device memory with nvJPEG
-//! ([`JpegDecoder`]) on the copy stream, in place of the plain copy.
+//! ([`JpegDecoder`]) on the copy stream, in place of the plain copy (the loader's delivery for
+//! these batches, chosen when it starts).
 //!
 //! A delivered batch of `count` images is planar: image `i` (the CPU path's pixels, layout and
 //! form) at `i * pixel_bytes`, then the labels (int64) from

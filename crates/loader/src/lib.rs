@@ -132,10 +132,10 @@ pub const DEFAULT_PINNED_BUDGET: usize = 256 << 20;
 /// flight, more slots only lock more memory.
 pub const MAX_SLOTS: usize = 64;
 
-/// The default largest slot: batches above it are read and copied in pieces. On the H200
-/// machine 4 MiB batches reached 89% of the plain pinned copy rate, 16 MiB and larger ones
-/// 51 to 70% each filled whole by one reader, and 85 to 90% in 4 MiB pieces
-/// (docs/BENCHMARKS.md, batch-size table).
+/// The default largest slot: batches above it are read and copied in pieces. A large batch
+/// filled whole by one reader keeps the copy engine waiting for that reader; in pieces, several
+/// readers fill it at once and its first pieces are copied while the last are read
+/// (docs/BENCHMARKS.md, "Records").
 pub const DEFAULT_PIECE_BYTES: usize = 4 << 20;
 
 /// Preprocessing run by the reader threads between the read and the slot.
@@ -173,8 +173,8 @@ pub struct LoaderOptions {
     pub num_threads: Option<usize>,
     /// Where batches go.
     pub device: DeviceSpec,
-    /// How the pinned pool is page-locked on CUDA (registration measured faster: see
-    /// `docs/BENCHMARKS.md`).
+    /// How the pinned pool is page-locked on CUDA (registration is the default: it page-locks
+    /// large pools faster than `cuMemHostAlloc`, and on the GPU's NUMA node).
     pub pin_method: PinMethod,
     /// Batches copied ahead of the consumer.
     pub prefetch: usize,

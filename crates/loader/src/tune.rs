@@ -3,9 +3,9 @@
 //! Every byte a reader or a stager copy thread moves into a pinned slot passes through one CPU
 //! `memcpy` (or the kernel's copy of a `pread`), and the copy engine drains the slots at the
 //! bus's rate. Enough threads keep the bus busy; each thread more makes every thread's copy
-//! dearer. How many are enough differs between hosts of one kind (docs/BENCHMARKS.md,
-//! "Machines of one kind"): a fixed count of 8 reached the bus on some H200 hosts and not on
-//! others, where one thread copies more slowly.
+//! dearer. How many are enough differs even between hosts of one kind, where one thread copies
+//! more slowly on some than on others, so no fixed count suits them all (docs/BENCHMARKS.md,
+//! "What limits each path").
 //!
 //! So the count comes from two rates measured once per boot of the machine (a fresh start of a
 //! cloud machine may be another host): one thread's copy rate from pageable into pinned memory,
@@ -28,10 +28,9 @@ use crate::Result;
 pub use pinfeed_source::system::cores;
 
 /// How much faster than the bus the copy threads together must be. Pieces are filled while the
-/// copy engine drains others, and a thread the scheduler delays holds its piece up. On two
-/// starts of the H200 machine (55 GB/s bus; 8.4 and 7.6 GB/s a thread with four copying),
-/// 8 threads (1.2× and 1.1× the bus) moved the seed tensor at 81% and 85% of the bus, 12
-/// (1.8× and 1.7×) at 97% on both (`bench/threads_sweep.py`, docs/BENCHMARKS.md).
+/// copy engine drains others, and a thread the scheduler delays holds its piece up, so threads
+/// whose rates only add up to the bus's leave it idle part of the time; this margin is the one
+/// that kept it busy where thread counts were swept.
 pub const HEADROOM: f64 = 1.6;
 
 /// Threads used when the bus's rate is unknown (the host backend, or a measurement that
@@ -101,11 +100,7 @@ pub const fn slots_for_readers(threads: usize) -> usize {
 /// Readers per core of a source that reads over the network (object storage) when
 /// `num_threads` is not given, up to [`NETWORK_MAX_READERS`]: each reader spends most of its
 /// time waiting for a reply rather than copying, so the copy-rate rule's count leaves the
-/// server idle. `bench/store_bench.py` against loopback SeaweedFS (batches of 4 MiB): on the
-/// 16-core GPU machine 11 readers (the copy rates' count) read 3.26 GB/s, 16 read 5.38 and 24
-/// read 4.39; on the 2-core development machine 8 readers read 0.766 and 0.766 GB/s, 16 read
-/// 0.661 and 0.748 (docs/BENCHMARKS.md, object storage). Measured before lanes, when a shared
-/// runtime's threads read every reader's responses.
+/// server idle (docs/BENCHMARKS.md, "Object storage").
 pub const NETWORK_READERS_PER_CORE: usize = 4;
 
 /// The most readers [`for_network`] asks for.
@@ -270,9 +265,8 @@ const PROBE_SOURCE: usize = 512 << 20;
 /// The pinned destination, written round and round (the stager's arena is 64 MiB).
 const PROBE_PINNED: usize = 32 << 20;
 const PROBE_CHUNK: usize = 256 << 10;
-/// Threads the copy rate is measured with, each on its own quarter: one thread alone runs
-/// faster than one of many (on one H200 host a lone thread copied 9.3 GB/s where four copied
-/// 7.6 GB/s each), and the loader runs many.
+/// Threads the copy rate is measured with, each on its own quarter: one thread alone copies
+/// faster than each of several sharing the memory bus, and the loader runs several.
 const PROBE_THREADS: usize = 4;
 
 fn measure(ctx: &Arc<Context>) -> Result<MachineRates> {
@@ -361,7 +355,7 @@ mod tests {
 
     #[test]
     fn threads_cover_the_bus_with_headroom_within_the_cores() {
-        // 1.6 × 55 / 7.6 = 11.6: twelve threads, which reached 97% of the bus where 8 gave 85%.
+        // 1.6 × 55 / 7.6 = 11.6: twelve threads.
         assert_eq!(threads_for(rates(7.6, 55.0), 16).threads, 12);
         // A host where a thread copies half as fast wants 20: every core.
         let slow = threads_for(rates(4.4, 55.0), 16);

@@ -317,18 +317,14 @@ impl<F: Fence> Ring<F> {
     ///
     /// Of the free slots, a filler takes the one it filled last itself; when none of its own is
     /// free, one nobody has claimed yet, and only then the slot freed last that is not kept for
-    /// another filler (below). So a reader writes
-    /// round slots of its own whenever one is free: threads doing that copied 1.1 to 1.5 times
-    /// as fast as the same threads writing each slot in turn, the order a plain free list hands
-    /// slots out in (`copy_rates --ring` on four machine starts, docs/BENCHMARKS.md).
+    /// another filler (below). So a reader writes round slots of its own whenever one is free,
+    /// which copies faster than writing each slot in turn, the order a plain free list hands
+    /// slots out in (`examples/copy_rates.rs --ring` in the loader crate compares the two).
     ///
     /// A slot that comes free while the filler that filled it last is asleep here goes back to
     /// that filler: it is woken, and the slot is kept for it. Otherwise a filler waiting on the
-    /// oldest copy takes whatever slot that copy freed. On two H100 starts, a Loader of 1 MiB
-    /// batches from a host array, whose readers wait for a slot in about half their claims,
-    /// got a reader's own slot back in 54 to 62% of claims instead of 11 to 24% (each run's
-    /// median), and ran 3 to 6 points of the pinned copy faster (docs/BENCHMARKS.md, "Changes
-    /// tried").
+    /// oldest copy takes whatever slot that copy freed: without this, readers that often wait
+    /// for a slot (small batches from memory) would seldom get their own back.
     pub fn acquire(&self, filler: usize) -> Result<Option<Claim>, F::Error> {
         let mut state = self.lock();
         let mut waited_since: Option<Instant> = None;

@@ -2,11 +2,10 @@
 //! calling thread, and an HTTP client with a connection pool of its own) for one read, drives
 //! it until the read's requests are done, and gives it back. The connections' socket reads,
 //! the body's chunks and their copies into the slot all happen on the reading thread, which
-//! hands nothing to another thread and waits on nothing but its sockets. On the 2-core
-//! development machine this took 0.52-0.57 s of the client's CPU a GB against 0.59-0.84 with a
-//! shared multi-thread runtime, whose threads handed every chunk to the waiting reader (a
-//! third of the context switches), and read 0.90-1.18x as fast, 1.06x the median, in twelve
-//! interleaved rounds (`bench/probes/store_ab.py`; docs/BENCHMARKS.md, "Object storage").
+//! hands nothing to another thread and waits on nothing but its sockets. A shared
+//! multi-thread runtime would hand every chunk from its threads to the waiting reader, a
+//! context switch each, for more CPU time a GB and no faster reads (docs/BENCHMARKS.md,
+//! "Object storage").
 //!
 //! A connection belongs to the runtime that opened it and makes progress only while that
 //! runtime runs, so connections are never shared between lanes: `object_store` makes its HTTP

@@ -120,7 +120,7 @@ pub(super) fn check_delivered(
 }
 
 /// Starts CUDA on each CUDA device in `devices` before the clock, as torch's baselines do: a
-/// process pays it once, whatever it streams (about 0.2 s on the H200 machine). Returns the
+/// process pays it once, whatever it streams (a fraction of a second). Returns the
 /// contexts, to hold for the run, and the seconds it took.
 pub(super) fn start_cuda(devices: &[DeviceSpec]) -> Result<(Vec<Arc<pinfeed_cuda::Context>>, f64)> {
     let started = Instant::now();

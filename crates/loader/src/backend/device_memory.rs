@@ -182,13 +182,13 @@ impl HostBufferCache {
 /// every driver call of a batch is paid on its path (the driver serialises calls on a
 /// context), and a cross-stream wait in the copy stream puts a gap between copies.
 ///
-/// Memory let go on the legacy default stream (torch's current stream unless the user set
-/// another) gets no event of its own: an event recorded on that stream cost the consumer's
-/// thread 4-6 µs while other threads called the driver (1-2 µs on a stream of its own), which
-/// a 1 MiB batch, copied in 22 µs, cannot spare (`docs/BENCHMARKS.md`). The copy thread
-/// instead records one event on the legacy stream for up to [`SEAL_AFTER`] such buffers at a
-/// time (`seal`): any thread may queue work on the legacy stream, and an event recorded after
-/// a buffer was let go completes after every use the consumer queued before.
+/// Memory let go on the legacy default stream (torch's current stream unless the user set another)
+/// gets no event of its own: while other threads call the driver, an event recorded on that stream
+/// costs the consumer's thread several times what one on a stream of its own does, a large part of
+/// a small batch's copy time (`examples/copy_path.rs` times it). The copy thread instead records
+/// one event on the legacy stream for up to [`SEAL_AFTER`] such buffers at a time (`seal`): any
+/// thread may queue work on the legacy stream, and an event recorded after a buffer was let go
+/// completes after every use the consumer queued before.
 ///
 /// Holds at most [`DEVICE_CACHE_BYTES`] and [`DEVICE_CACHE_ENTRIES`]; what does not fit is
 /// freed in stream order on the copy stream after its last use (the behaviour without a cache).

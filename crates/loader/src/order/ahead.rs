@@ -1,11 +1,10 @@
-//! Permutations drawn ahead. A random shuffle's global order is one permutation of every
-//! record, drawn serially by Fisher–Yates (1.49 million records: 5-9 ms on the 2-core
-//! development machine), and a pass cannot read its first batch before it is made. So when a
-//! plan takes the order of an epoch, the permutation of the epoch after it is drawn on a thread
-//! of its own while this one runs, and kept here, where the next epoch of the same plan, the
-//! next pass (Python starts each iteration as a new loader), or another rank's order of the
-//! same dataset in this process (the permutation depends on the records, the seed and the
-//! epoch only) finds it made.
+//! Permutations drawn ahead. A random shuffle's global order is one permutation of every record,
+//! drawn serially by Fisher–Yates (milliseconds a million records), and a pass cannot read its
+//! first batch before it is made. So when a plan takes the order of an epoch, the permutation of
+//! the epoch after it is drawn on a thread of its own while this one runs, and kept here, where the
+//! next epoch of the same plan, the next pass (Python starts each iteration as a new loader), or
+//! another rank's order of the same dataset in this process (the permutation depends on the
+//! records, the seed and the epoch only) finds it made.
 //!
 //! Bounded: [`KEPT`] permutations a process, the least recently used let go first, and only
 //! tables of at most [`AHEAD_MAX_BYTES`] (larger ones are drawn when needed, by the plan that

@@ -1,6 +1,7 @@
 //! The copy thread: takes filled slots in the order they were filled (within a window of
-//! sequence numbers), issues their copies to every device and hands finished batches to the
-//! consumer in sequence order.
+//! sequence numbers), hands each to the loader's [`Delivery`](super::delivery::Delivery) and
+//! finished batches to the consumer in sequence order; or, with the register reader, copies
+//! each batch straight from the windows of the mapped file it lies in.
 
 use std::collections::btree_map::Entry;
 use std::collections::{BTreeMap, VecDeque};
@@ -8,6 +9,7 @@ use std::sync::mpsc::SyncSender;
 use std::sync::Arc;
 use std::time::Instant;
 
+use super::delivery::{FilledPiece, Issued, OnDevice};
 use super::plan::BatchSpec;
 use super::{Batch, Shared, SlotContents, Staging, Target};
 use crate::backend::{Backend, CopyFence, DeviceMemory, Landed};
@@ -63,16 +65,16 @@ fn deliver(
 }
 
 /// A batch being assembled by the copy thread: its place, on each device its memory and the
-/// fence of the last copy issued into it, and how many of its pieces are still to be issued.
+/// fence of the last work issued into it, and how many of its pieces are still to be issued.
 struct Assembling {
     spec: Arc<BatchSpec>,
-    on: Vec<(DeviceMemory, Option<CopyFence>)>,
+    on: Vec<OnDevice>,
     pieces_left: u64,
 }
 
-/// Copies filled slots in the order they were filled, within `Shared::copy_window` pieces of
-/// the first batch not yet delivered, and delivers batches in sequence order as their last
-/// piece's copy is issued. A slot is then free again as soon as its own copy has finished,
+/// Delivers filled slots in the order they were filled, within `Shared::copy_window` pieces of
+/// the first batch not yet delivered, and hands batches over in sequence order as their last
+/// piece's work is issued. A slot is then free again as soon as its own copy has finished,
 /// instead of after every batch before it was read.
 fn copy_slots(shared: &Arc<Shared>, pool: &PinnedPool, batches: &SyncSender<Result<Batch>>) {
     let pieces = shared.pieces;
@@ -128,60 +130,25 @@ fn copy_slots(shared: &Arc<Shared>, pool: &PinnedPool, batches: &SyncSender<Resu
             }
         };
         let batch = open.get_mut(&seq).expect("opened above");
-        let (fence, failed) = if records.is_empty() {
+        let issued = if records.is_empty() {
             // Nothing to copy: the slot is free as soon as the copies before it are done.
             match shared.backend().completed_fence() {
-                Ok(fence) => (Some(fence), None),
-                Err(e) => (None, Some(e)),
-            }
-        } else if let Some((decode, labels_at)) = &shared.gpu_images {
-            // SAFETY: as for the copy below: the slot is this thread's until `copy_issued` and
-            // then kept until the fence made after the decode; the batch's memory is read by
-            // nobody before it. With GPU decoding a batch is one piece (`records` is all of it).
-            let slot_bytes = unsafe { pool.slot_mut(slot, pool.slot_bytes()) };
-            // SAFETY: as above; `labels_at` (past the records) lies inside the slot.
-            let issued = unsafe {
-                decode_into(
-                    shared,
-                    decode,
-                    &mut slot_bytes[offset..],
-                    *labels_at - offset,
-                    &mut batch.on[0].0,
-                    records.len(),
-                )
-            };
-            match issued.and_then(|()| shared.backend().completed_fence()) {
-                Ok(fence) => {
-                    batch.on[0].1 = Some(fence.clone());
-                    (Some(fence), None)
-                }
-                // Work may be queued that reads the slot: it waits for the whole stream.
-                Err(e) => (shared.backend().completed_fence().ok(), Some(e)),
+                Ok(fence) => Issued::done(fence),
+                Err(e) => Issued::failed(None, e),
             }
         } else {
-            let src = pool.slot_ptr(slot).wrapping_add(offset);
-            // SAFETY: the slot stays `Filled` (untouched by readers) until `copy_issued`, after
-            // which the ring keeps it out of the free list until this fence, that of every copy
-            // issued out of it, completes; each destination lies inside the batch's memory on
-            // its device (records `lo .. hi` of its `count`), disjoint from every other piece's,
-            // and the batch is not read before its last fence there; the reader left the piece
-            // at `offset .. offset + len`, inside the slot.
-            unsafe {
-                copy_to_every_device(
-                    shared,
-                    src,
-                    &mut batch.on,
-                    records.start * shared.out_record_bytes,
-                    records.len() * shared.out_record_bytes,
-                )
-            }
+            // SAFETY: `next_filled_in` gave this thread the filled slot, which goes back to the
+            // ring below with the fence the delivery returns; the reader left the piece's
+            // records at `offset`, inside the slot.
+            let piece = unsafe { FilledPiece::new(pool, slot, offset, records) };
+            shared.delivery.issue(shared, piece, &mut batch.on)
         };
         // Copies already issued read the slot even when a later one failed: the ring must wait
         // for them before the pool can go.
-        if let Some(fence) = fence {
+        if let Some(fence) = issued.slot_free {
             shared.ring.copy_issued(slot, fence);
         }
-        if let Some(e) = failed {
+        if let Some(e) = issued.failed {
             shared.fail(e);
             return;
         }
@@ -197,8 +164,8 @@ impl Drop for Assembling {
     /// A batch dropped before delivery (a later piece's read or copy failed, or the consumer
     /// went away) may still be written by copies issued into it.
     fn drop(&mut self) {
-        for (_, last) in &self.on {
-            if let Some(fence) = last {
+        for on in &self.on {
+            if let Some(fence) = &on.last {
                 fence.wait_before_reuse();
             }
         }
@@ -212,7 +179,12 @@ impl Assembling {
         let on = shared
             .targets
             .iter()
-            .map(|t| Ok((t.backend.alloc(bytes, &t.budget)?, None)))
+            .map(|t| {
+                Ok(OnDevice {
+                    memory: t.backend.alloc(bytes, &t.budget)?,
+                    last: None,
+                })
+            })
             .collect::<Result<Vec<_>>>()?;
         Ok(Assembling {
             spec,
@@ -233,7 +205,7 @@ fn deliver_assembled(
     let len = batch.spec.count * shared.out_record_bytes;
     // Taken out one device at a time: what is left if one fails waits for its copies in drop.
     for target in 0..batch.on.len() {
-        let (memory, last) = batch.on.remove(0);
+        let OnDevice { memory, last } = batch.on.remove(0);
         // Copies to one device finish in the order they were issued (one stream; one host copy
         // thread), so the batch is complete there when the last copy issued into it is,
         // whichever of its pieces that was.
@@ -253,63 +225,6 @@ fn deliver_assembled(
         }
     }
     true
-}
-
-/// Decodes the `count` image records at the start of `slot` into `memory` on the one device's
-/// copy stream (see [`GpuImageDecode`](crate::GpuImageDecode)).
-///
-/// # Safety
-/// `slot` is page-locked and nothing else touches it until a fence recorded on the copy stream
-/// after this call completes; nothing reads `memory` before then.
-unsafe fn decode_into(
-    shared: &Shared,
-    decode: &crate::GpuImageDecode,
-    slot: &mut [u8],
-    labels_at: usize,
-    memory: &mut DeviceMemory,
-    count: usize,
-) -> Result<()> {
-    let (stream, pool, events) = shared
-        .backend()
-        .gpu_decode_parts()
-        .expect("Loader::start refuses GPU decoding without a CUDA device");
-    assert!(count * decode.output_record_bytes() <= memory.len());
-    let out = memory.write_address();
-    // SAFETY: forwarded from this function's contract; `out` holds the batch.
-    unsafe { decode.issue(stream, pool, events, slot, count, labels_at, out) }
-}
-
-/// Issues the copy of `len` bytes at `src` to `offset` of the batch's memory on every device,
-/// each on its own device's stream, and returns the fence of all the copies issued, and the
-/// error that stopped the rest if one did.
-///
-/// # Safety
-/// As for [`Backend::copy`], for every device: `src` stays unwritten until the fence returned
-/// completes, and no device's memory is read before its copy's fence.
-unsafe fn copy_to_every_device(
-    shared: &Shared,
-    src: *const u8,
-    on: &mut [(DeviceMemory, Option<CopyFence>)],
-    offset: usize,
-    len: usize,
-) -> (Option<CopyFence>, Option<LoaderError>) {
-    let mut fences = Vec::with_capacity(on.len());
-    for (target, (memory, last)) in shared.targets.iter().zip(on) {
-        // SAFETY: forwarded from this function's contract.
-        match unsafe { target.backend.copy(src, memory, offset, len) } {
-            Ok(fence) => {
-                *last = Some(fence.clone());
-                fences.push(fence);
-            }
-            Err(e) => {
-                return (
-                    (!fences.is_empty()).then(|| CopyFence::all(fences)),
-                    Some(e),
-                )
-            }
-        }
-    }
-    (Some(CopyFence::all(fences)), None)
 }
 
 /// Copies each batch straight from the windows of the mapped file it lies in, to the one device

@@ -8,9 +8,11 @@
 //!
 //! Readers own a slot from `acquire` to `fill_done`. The copy thread takes filled slots in the
 //! order they were filled, within a window of sequence numbers (`copy_window`), allocates each
-//! batch's device memory when its first piece comes, issues the copies and hands batches to
-//! the consumer in sequence order through a bounded channel (`prefetch` deep). The consumer owns each [`Batch`]
-//! and its device memory until it drops it.
+//! batch's device memory when its first piece comes, hands each piece to the loader's
+//! `Delivery` (a copy to one device or to several, or GPU decoding: chosen when the loader
+//! starts, in `delivery`) and hands batches to the consumer in sequence order through a
+//! bounded channel (`prefetch` deep). The consumer owns each [`Batch`] and its device memory
+//! until it drops it.
 //!
 //! A loader may copy to several devices (targets): each slot is then copied to every one, each
 //! copy on its own device's stream, and the slot's fence is [`CopyFence::All`] of those copies.
@@ -18,10 +20,12 @@
 
 mod batch;
 mod copy;
+mod delivery;
 mod plan;
 mod reader;
 
 pub use batch::Batch;
+use delivery::Delivery;
 use plan::{BatchSpec, Pieces, Plan, SlotLayout};
 
 use std::sync::atomic::AtomicU64;
@@ -77,13 +81,14 @@ struct Shared {
     // Field order is drop order: the ring is drained in `Drop` before the staging memory goes.
     ring: Ring<CopyFence>,
     staging: Staging,
+    /// What each filled slot becomes on the devices, chosen when the loader starts. (The
+    /// register reader's windows are not slots: their own loop copies them plainly.)
+    delivery: Box<dyn Delivery>,
     /// The devices every batch is copied to, at least one; the first one's context made the
     /// pinned pool (page-locked for every context: `CU_MEMHOSTALLOC_PORTABLE`).
     targets: Vec<Target>,
     source: Arc<dyn Source>,
     transform: Option<Arc<dyn Transform>>,
-    /// GPU image decoding on the copy thread, and where it gathers a slot's labels.
-    gpu_images: Option<(Arc<crate::GpuImageDecode>, usize)>,
     plan: Plan,
     out_record_bytes: usize,
     error: Mutex<Option<LoaderError>>,
@@ -147,11 +152,11 @@ impl Drop for Shared {
 /// claim in sequence order), so that one read finishing late holds back none of the others.
 /// Copied early, a batch holds its device memory until the batches before it are delivered; a
 /// window of the readers keeps those batches, with the prefetched ones, within the device's
-/// cache of idle buffers. With a device budget, or with GPU decoding (a batch decoded is
-/// larger than its slot), it is one batch: batches are copied in sequence order, each holding
-/// device memory only once its turn has come.
-fn copy_window(options: &LoaderOptions, readers: usize) -> u64 {
-    if options.device_budget.is_some() || options.gpu_images.is_some() {
+/// cache of idle buffers. With a device budget (it fails rather than waits), or a delivery that
+/// asks for it ([`Delivery::in_sequence_order`]), it is one batch: batches are copied in
+/// sequence order, each holding device memory only once its turn has come.
+fn copy_window(options: &LoaderOptions, delivery: &dyn Delivery, readers: usize) -> u64 {
+    if options.device_budget.is_some() || delivery.in_sequence_order() {
         1
     } else {
         readers as u64
@@ -242,16 +247,7 @@ impl Loader {
         if backends.is_empty() {
             return Err(LoaderError::Config("no device given".into()));
         }
-        if options.gpu_images.is_some()
-            && (backends.len() != 1 || backends[0].gpu_decode_parts().is_none())
-        {
-            return Err(LoaderError::Config(format!(
-                "{}: decode='gpu' needs one CUDA device (nvJPEG decodes there); the {} backend \
-                 has none: use decode='cpu'",
-                source.name(),
-                backends[0].device()
-            )));
-        }
+        let delivery = delivery::choose(source.name(), &options, &layout, &backends)?;
         let choice = match options.num_threads {
             Some(n) => crate::tune::ThreadChoice {
                 threads: n,
@@ -303,22 +299,23 @@ impl Loader {
             (layout.threads, choice)
         };
         let network_at_start = source.network();
+        let copy_window = copy_window(&options, delivery.as_ref(), threads.min(ring_slots));
         let shared = Arc::new(Shared {
             ring: Ring::new(ring_slots, ring_total),
             staging,
+            delivery,
             targets: backends
                 .into_iter()
                 .map(|backend| Target::new(backend, options.device_budget))
                 .collect(),
             source,
             transform: options.transform.clone(),
-            gpu_images: options.gpu_images.clone().zip(layout.labels_at),
             plan,
             out_record_bytes: layout.out_record_bytes,
             error: Mutex::new(None),
             counters: Counters::default(),
             slot_contents: (0..ring_slots).map(|_| Mutex::new(None)).collect(),
-            copy_window: copy_window(&options, threads.min(ring_slots)),
+            copy_window,
             pieces: layout.pieces,
             started: Instant::now(),
             startup: begun.elapsed(),

@@ -11,10 +11,11 @@
 //! place chunk by chunk (`cuMemHostRegister`), lets the copy engine read each chunk directly and
 //! unlocks it once that copy has finished: almost no CPU time, but bounded by the driver's
 //! registration rate. `Both` runs that lane from the back of the source while the arena lane
-//! works from the front, until they meet. On the H200 machine the arena alone was fastest
-//! (35.1 GB/s for the seed tensor against 14.6 for `Register` and 16.9 for `Both`: the driver
-//! serialises registration with the copies the other lane issues), so `Stage` is the default;
-//! `Register` is there for machines short of CPU time (192 ms of CPU against 902 for 2.7 GB).
+//! works from the front, until they meet. The arena alone is the default (`Stage`): the driver
+//! registers more slowly than CPU threads copy, and serialises registration with the copies
+//! the other lane issues, so a lane slows the arena down rather than adding to it
+//! (docs/BENCHMARKS.md, "Seed tensor (to_device)"). `Register` is there for machines short of
+//! CPU time: it spends a fraction of the arena's.
 //! With a lane, the budget is shared: half for the arena, half for the chunks registered at any
 //! moment. A source that is already page-locked (`pin_memory()`, `pinned()`) is copied straight
 //! from by every method, with no lane.
@@ -50,8 +51,8 @@ const PAGE: usize = 4096;
 /// per call is small, small enough that the lane starts soon and holds little of the budget.
 const MAX_REGISTER_CHUNK: usize = 32 << 20;
 
-/// The smallest chunk worth registering: below this a `memcpy` is cheaper than the driver calls
-/// (page-locking a few MiB costs most of a millisecond on the H200 machine; docs/BENCHMARKS.md).
+/// The smallest chunk worth registering: below this a `memcpy` is cheaper than the driver calls,
+/// whose cost per call does not shrink with the chunk.
 const MIN_REGISTER_CHUNK: usize = 4 << 20;
 
 /// Copies from an already page-locked source are issued in pieces of at most this size.
@@ -61,7 +62,7 @@ const DIRECT_PIECE: usize = 256 << 20;
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum UploadMethod {
     /// The arena alone: a multi-threaded `memcpy` into pinned memory, then the DMA. The
-    /// default: fastest on the H200 machine (docs/BENCHMARKS.md).
+    /// default: registration cannot keep up with CPU threads copying (see the module docs).
     #[default]
     Stage,
     /// Both lanes at once, from opposite ends of the source: CPU threads copy into the arena,
@@ -133,9 +134,8 @@ pub struct StagerOptions {
 
 /// The staging arena's size when the user sets no budget: 64 MiB. Smaller is faster up to a
 /// point: the arena is written by the CPU and read by the copy engine at once, and an arena
-/// that stays in the CPU's last-level cache spares memory bandwidth both need. On the H200
-/// machine (300 MiB L3) the seed tensor moved at 53 GB/s through 64 MiB, 50-53 through 128,
-/// 40-45 through 256 and 37-41 through 32 MiB (docs/BENCHMARKS.md, arena sweep).
+/// that stays in the CPU's last-level cache spares memory bandwidth both need. Much smaller
+/// arenas measured slower too (docs/BENCHMARKS.md, "Seed tensor (to_device)").
 pub const DEFAULT_STAGING_BUDGET: usize = 64 << 20;
 
 impl Default for StagerOptions {

@@ -7,13 +7,13 @@ use super::Reader;
 /// Page size of the `mincore` sample.
 const PAGE: usize = 4096;
 
-/// How [`Reader::Auto`] reads `path`, and why: through the page cache when the file is mostly
-/// in it or fits comfortably in memory (the next epoch then reads from memory), with `pread`
-/// for ranges and the mapped gather ([`Reader::Mmap`]) for shuffled batches, which moved
-/// records 2.5 times faster than a `pread` per record when cached and faster still when not
-/// (docs/BENCHMARKS.md); `O_DIRECT` when it is cold and larger than half the memory available,
-/// where the page cache would only churn and copy twice. Anything but one regular file
-/// (a directory of shards, a pattern, a FIFO) is read with `pread`.
+/// How [`Reader::Auto`] reads `path`, and why: through the page cache when the file is mostly in it
+/// or fits comfortably in memory (the next epoch then reads from memory), with `pread` for ranges
+/// and the mapped gather ([`Reader::Mmap`]) for shuffled batches, which spares a system call per
+/// record and so moves records faster than a `pread` each, cached or not; `O_DIRECT` when it is
+/// cold and larger than half the memory available, where the page cache would only churn and copy
+/// twice. Anything but one regular file (a directory of shards, a pattern, a FIFO) is read with
+/// `pread`.
 ///
 /// The path is checked with `stat` before it is opened: opening a FIFO for reading would block
 /// until a writer came.

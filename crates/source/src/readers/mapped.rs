@@ -108,11 +108,11 @@ impl MappedFile {
                 .map(file)
         }?;
         // No MADV_RANDOM: on a page-cached file advice changes nothing measurable, and on a cold
-        // one that fits in memory the kernel's read-around (which it stops by itself after
-        // many misses without hits) made faulting gathers 3 to 8 times faster than page-sized
-        // faults, and faster than `pread` (docs/BENCHMARKS.md). No MAP_POPULATE either: it
-        // would read a cold file whole at open, and faults (mapping 16 pages each) cost the
-        // first epoch of a cached one nothing measurable.
+        // one that fits in memory the kernel's read-around (which it stops by itself after many
+        // misses without hits) makes faulting gathers several times faster than page-sized faults,
+        // and faster than `pread`. No MAP_POPULATE either: it would read a cold file whole at open,
+        // and faults (mapping 16 pages each) cost the first epoch of a cached one nothing
+        // measurable.
         let guard = sigbus::guard(map.as_ptr(), map.len()).map_err(std::io::Error::other)?;
         Ok(MappedFile { guard, map, offset })
     }

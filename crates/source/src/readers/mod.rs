@@ -74,8 +74,8 @@ pub enum Reader {
     /// Picked per path by [`resolve_auto`]: the mapped gather for files mostly page-cached or
     /// that fit in memory, `O_DIRECT` for cold files larger than half the memory available,
     /// `pread` for anything that is not one regular file. The loader treats it as `Pread`:
-    /// on the H200 machine `pread` into slots streamed a page-cached file at about 43 GB/s
-    /// with 8 threads against about 16 GB/s for `Register` (docs/BENCHMARKS.md).
+    /// threads copying a page-cached file into slots outrun `Register`, which the driver's
+    /// registration rate bounds.
     #[default]
     Auto,
     /// `pread` through the page cache.
