@@ -1,6 +1,6 @@
 //! nvJPEG decoding and the crop/resize kernel against references: Pillow's decode of the image
 //! fixtures (`crates/source/tests/fixtures/images`, NAME.rgb beside NAME.jpg, made by
-//! bench/make_images.py) and `crop_resize_reference` run on the GPU's own decode.
+//! bench/lib/make_images.py) and `crop_resize_reference` run on the GPU's own decode.
 //!
 //! Each test prints what it checks (`--nocapture`), so a failure on the GPU machine says which
 //! image, backend and channel went wrong.

@@ -410,7 +410,7 @@ mod tests {
             .collect()
     }
 
-    /// Checks the datasets that megatron-core's own builder wrote (bench/tokens_fixtures.py)
+    /// Checks the datasets that megatron-core's own builder wrote (`bench/tokens.py fixtures`)
     /// against what its own reader and the script's numpy arrays say. The fixtures live in
     /// tests/fixtures/megatron, or where `PINFEED_MEGATRON_FIXTURES` points; the test says so
     /// and passes when neither holds them.
@@ -423,7 +423,7 @@ mod tests {
             });
         assert!(
             dir.join("uint16.idx").exists(),
-            "no megatron-core fixtures in {} (bench/tokens_fixtures.py writes them)",
+            "no megatron-core fixtures in {} (`python3 bench/tokens.py fixtures` writes them)",
             dir.display()
         );
         for (name, dtype) in [("uint16", TokenDType::U16), ("int32", TokenDType::I32)] {

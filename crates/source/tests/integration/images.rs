@@ -1,5 +1,5 @@
 //! Image datasets: decoded pixels against Pillow's (the fixtures' `.rgb` references, written by
-//! bench/make_images.py), ImageFolder and tar indexing, records, and every bad input.
+//! bench/lib/make_images.py), ImageFolder and tar indexing, records, and every bad input.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
