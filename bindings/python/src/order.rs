@@ -148,21 +148,26 @@ pub(crate) fn epoch_order<'py>(
         })?;
         return Ok((bytes.into_any(), num_batches));
     };
-    let slice = out_slice(py, &out, len, &order, rank, epoch)?;
+    let address = out_address(py, &out, len, &order, rank, epoch)? as *mut u8;
+    // SAFETY: `address .. address + len` is the data of `out` (numpy's array interface:
+    // C-contiguous, writable, `len` bytes, all checked by `out_address`), alive while `out` is,
+    // which this call holds. The caller (the loader's order workers, each with a buffer of its
+    // own) touches it only after this returns; nothing else reads or writes it meanwhile.
+    let slice = unsafe { std::slice::from_raw_parts_mut(address, len) };
     py.detach(|| write_order(&order, slice));
     Ok((out, num_batches))
 }
 
-/// The memory of `out`, checked to hold exactly `len` bytes of native int64 or uint64 records
-/// (the order of `rank` in `epoch`) and to be writable.
-fn out_slice<'a>(
+/// The address of the memory of `out`, checked to hold exactly `len` bytes of native int64 or
+/// uint64 records (the order of `rank` in `epoch`) and to be writable.
+fn out_address(
     py: Python<'_>,
-    out: &'a Bound<'_, PyAny>,
+    out: &Bound<'_, PyAny>,
     len: usize,
     order: &EpochOrder,
     rank: u64,
     epoch: u64,
-) -> PyResult<&'a mut [u8]> {
+) -> PyResult<usize> {
     let typestr: String = out
         .getattr("__array_interface__")?
         .get_item("typestr")?
@@ -198,13 +203,7 @@ fn out_slice<'a>(
             ),
         ));
     }
-    let address = address as *mut u8;
-    // SAFETY: `address .. address + len` is the data of `out` (numpy's array interface:
-    // C-contiguous, writable, `len` bytes, all checked above), alive while `out` is, which the
-    // caller holds for the slice's lifetime `'a`. The caller (the loader's order workers, each
-    // with a buffer of its own) touches it only after the order is written; nothing else reads
-    // or writes it meanwhile.
-    Ok(unsafe { std::slice::from_raw_parts_mut(address, len) })
+    Ok(address)
 }
 
 /// Writes the records of `order`, in batch order, into `out` (8 native-endian bytes each,

@@ -266,26 +266,26 @@ def test_bad_token_data_is_a_one_line_error_naming_the_url(server):
     raw = f"s3://{BUCKET}/tok/train.bin"
     assert "needs its token dtype" in refused(raw, raw, end, 64, 8, steps=2)
     tiny = f"s3://{BUCKET}/tok/tiny.bin"  # 40 tokens
-    msg = refused(tiny, tiny, end, 64, 8, dtype="uint16", steps=2)
+    msg = refused(tiny, tiny, end, 64, 8, token_dtype="uint16", steps=2)
     assert "longer than the 40 tokens" in msg, msg
-    msg = refused(tiny, tiny, end, 64, 8, dtype="uint16", sample="sequential")
+    msg = refused(tiny, tiny, end, 64, 8, token_dtype="uint16", sample="sequential")
     assert "longer than the 40 tokens" in msg, msg
     wide = f"s3://{BUCKET}/tok/wide.npy"
-    assert "uint32" in refused(wide, wide, end, 64, 8, dtype="uint16", steps=2)
+    assert "uint32" in refused(wide, wide, end, 64, 8, token_dtype="uint16", steps=2)
     absent = f"s3://{BUCKET}/tok/absent.bin"
-    refused(absent, absent, end, 64, 8, dtype="uint16", steps=2, cls=OSError)
+    refused(absent, absent, end, 64, 8, token_dtype="uint16", steps=2, cls=OSError)
 
 
 def test_megatron_bin_reads_as_raw_tokens_and_its_index_is_refused(server):
     end = server.endpoint
     tokens = np.load(MEGATRON / "uint16_tokens.npy")
     bin_url = f"s3://{BUCKET}/mega/uint16.bin"
-    seq = token_loader(bin_url, end, 8, 2, dtype="uint16", sample="sequential", drop_last=True)
+    seq = token_loader(bin_url, end, 8, 2, token_dtype="uint16", sample="sequential", drop_last=True)
     xs = np.concatenate([x for x, _ in seq])
     assert len(xs) == (len(tokens) - 1) // 8 // 2 * 2
     for w, row in enumerate(xs):
         np.testing.assert_array_equal(row, tokens[w * 8 : w * 8 + 8])
-    msg = refused(bin_url, bin_url, end, 8, 2, dtype="uint16", sample="documents")
+    msg = refused(bin_url, bin_url, end, 8, 2, token_dtype="uint16", sample="documents")
     assert "documents sampling needs a Megatron .bin/.idx pair on local disk" in msg, msg
     idx = f"s3://{BUCKET}/mega/uint16.idx"
     msg = refused(idx, idx, end, 8, 2, steps=2)

@@ -274,7 +274,7 @@ def test_bad_input_is_one_line_naming_the_file(tmp_path):
     cases = [
         (odd, dict(token_dtype="uint16"), "odd.bin", "multiple"),
         (odd, {}, "odd.bin", "dtype"),
-        (odd, dict(dtype="float32"), "odd.bin", "integers"),
+        (odd, dict(token_dtype="float32"), "odd.bin", "integers"),
     ]
     short = tmp_path / "short.bin"
     np.arange(10, dtype=np.uint16).tofile(short)

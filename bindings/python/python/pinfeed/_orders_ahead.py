@@ -12,8 +12,8 @@ import numpy as np
 from . import _pinfeed
 from ._arrays import torch_module
 
-# The order workers of GPU-resident loaders still open: joined at exit by the loader module's
-# hook, after the loaders' passes, not killed inside Rust.
+# The order workers of GPU-resident loaders still open: joined at exit by the hook of
+# pinfeed._passes, after the loaders' passes, not killed inside Rust.
 live_orders: "weakref.WeakSet[OrdersAhead]" = weakref.WeakSet()
 
 
@@ -56,8 +56,8 @@ class OrdersAhead:
     dropped. The workers are started at the first :meth:`want` (starting a thread takes
     milliseconds, waking one microseconds) and stopped and joined by :meth:`close`: the Loader
     calls it from close() and when it is garbage-collected (the workers hold this object, not
-    the Loader), and the loader module's exit hook for any left. They are daemons so that a forgotten Loader
-    never holds up exit. A forked child inherits no thread: there nothing is joined and no lock
+    the Loader), and the exit hook of :mod:`pinfeed._passes` for any left. They are daemons so
+    that a forgotten Loader never holds up exit. A forked child inherits no thread: there nothing is joined and no lock
     is taken (a parent thread may have held it at the fork).
     """
 

@@ -190,7 +190,7 @@ class Loader:
         piece_size: Any = "4MiB",
     ) -> None:
         self._pid = os.getpid()
-        store = store_args(storage_options, cache_dir, cache_limit, queue_depth, str(source))
+        store = store_args(storage_options, cache_dir, cache_limit, queue_depth, "Loader")
         self._source = open_source(source, dtype, shape, str(reader), tensor, store)
         #: ``"none"``, ``"random"``, ``"block"`` or ``"gpu"``.
         self.shuffle: str = shuffle_arg(shuffle, SHUFFLE_MODES, self._source.name)
