@@ -280,7 +280,9 @@ def test_megatron_bin_reads_as_raw_tokens_and_its_index_is_refused(server):
     end = server.endpoint
     tokens = np.load(MEGATRON / "uint16_tokens.npy")
     bin_url = f"s3://{BUCKET}/mega/uint16.bin"
-    seq = token_loader(bin_url, end, 8, 2, token_dtype="uint16", sample="sequential", drop_last=True)
+    seq = token_loader(
+        bin_url, end, 8, 2, token_dtype="uint16", sample="sequential", drop_last=True
+    )
     xs = np.concatenate([x for x, _ in seq])
     assert len(xs) == (len(tokens) - 1) // 8 // 2 * 2
     for w, row in enumerate(xs):
