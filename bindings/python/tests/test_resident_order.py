@@ -13,7 +13,7 @@ from test_fork import run_in_child
 import pinfeed
 import pinfeed._resident as resident_module
 from pinfeed import _pinfeed
-from pinfeed._orders_ahead import OrdersAhead
+from pinfeed._resident import OrdersAhead
 
 N = 211
 SMALL = dict(device="cpu", pinned_budget="256KiB", num_threads=2)

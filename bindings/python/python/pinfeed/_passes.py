@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from . import _pinfeed
 from ._frameworks import deliver
-from ._orders_ahead import live_orders
+from ._resident import live_orders
 from .errors import PinfeedError
 
 if TYPE_CHECKING:
