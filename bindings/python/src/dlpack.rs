@@ -21,11 +21,11 @@ use dlpark::DlpackFlags;
 use pinfeed::{DeviceData, DeviceSpec};
 use pinfeed_source::dtype::ScalarKind;
 use pinfeed_source::DType;
-use pyo3::exceptions::{PyBufferError, PyValueError};
+use pyo3::exceptions::PyBufferError;
 use pyo3::ffi;
 use pyo3::prelude::*;
 
-use crate::errors::{loader_error, ToPy};
+use crate::errors::{loader_error, value_error, ToPy};
 use crate::fork::{self, ForkSafe};
 use crate::{drop_detached, lock};
 
@@ -147,6 +147,32 @@ impl DeviceBuffer {
         *lock(&self.data) = Some(data);
     }
 
+    /// `(stream to wait on, stream to release after)` for the consumer's `stream` of
+    /// `__dlpack__`.
+    fn export_streams(&self, py: Python<'_>, stream: Option<i64>) -> PyResult<(Option<u64>, u64)> {
+        if !matches!(self.device, DeviceSpec::Cuda(_)) {
+            // The host backend has no streams: the copy is waited for and the memory freed
+            // whenever the consumer lets go.
+            return Ok((Some(0), 0));
+        }
+        match stream {
+            None => Ok((Some(LEGACY_DEFAULT_STREAM), LEGACY_DEFAULT_STREAM)),
+            Some(-1) => Ok((None, LEGACY_DEFAULT_STREAM)),
+            Some(0) => Err(value_error(
+                py,
+                "Config",
+                "stream=0 is ambiguous for CUDA in DLPack; pass 1 (legacy default), 2 \
+                 (per-thread default) or a stream handle",
+            )),
+            Some(s) if s > 0 => Ok((Some(s as u64), s as u64)),
+            Some(s) => Err(value_error(
+                py,
+                "Config",
+                format!("invalid CUDA stream {s} for DLPack"),
+            )),
+        }
+    }
+
     fn forked_error(&self, py: Python<'_>, owner: u32) -> PyErr {
         crate::errors::Raised::new(
             crate::errors::Kind::Base,
@@ -223,6 +249,57 @@ impl Export {
             shape: self.shape.as_mut_ptr(),
             strides: self.strides.as_mut_ptr(),
             byte_offset: 0,
+        }
+    }
+}
+
+/// The DLPack capsule of `export` (whose `tensor` was taken from it): versioned when the
+/// consumer's `max_version` is 1 or more, else the legacy one. On failure the export is freed.
+fn capsule<'py>(
+    py: Python<'py>,
+    export: Box<Export>,
+    tensor: DLTensor,
+    max_version: Option<(u32, u32)>,
+    copy: Option<bool>,
+) -> PyResult<Bound<'py, PyAny>> {
+    let ctx = Box::into_raw(export).cast::<c_void>();
+    let versioned = max_version.is_some_and(|(major, _)| major >= 1);
+    let (pointer, name, free): (*mut c_void, &CStr, Box<dyn Fn()>) = if versioned {
+        let mut flags = DlpackFlags::empty();
+        if copy == Some(true) {
+            // The buffer is exported once and nothing else refers to its memory: the
+            // consumer owns it alone, as a copy would be.
+            flags |= DlpackFlags::IS_COPIED;
+        }
+        let managed = Box::into_raw(Box::new(DLManagedTensorVersioned {
+            version: DLPackVersion { major: 1, minor: 0 },
+            manager_ctx: ctx,
+            deleter: Some(delete_versioned),
+            flags,
+            dl_tensor: tensor,
+        }));
+        // SAFETY: `managed` is live and ours until the capsule exists.
+        let free = Box::new(move || unsafe { delete_versioned(managed) });
+        (managed.cast(), VERSIONED, free)
+    } else {
+        let managed = Box::into_raw(Box::new(DLManagedTensor {
+            dl_tensor: tensor,
+            manager_ctx: ctx,
+            deleter: Some(delete_legacy),
+        }));
+        // SAFETY: as above.
+        let free = Box::new(move || unsafe { delete_legacy(managed) });
+        (managed.cast(), LEGACY, free)
+    };
+    // SAFETY: `pointer` is non-null and `name` a static C string; the destructor only frees
+    // `pointer` while the capsule still bears `name`.
+    let capsule = unsafe { ffi::PyCapsule_New(pointer, name.as_ptr(), Some(capsule_destructor)) };
+    // SAFETY: `PyCapsule_New` returns a new reference or null with an exception set.
+    match unsafe { Bound::from_owned_ptr_or_err(py, capsule) } {
+        Ok(capsule) => Ok(capsule),
+        Err(e) => {
+            free();
+            Err(e)
         }
     }
 }
@@ -314,30 +391,7 @@ impl DeviceBuffer {
                 )));
             }
         }
-        let cuda = matches!(self.device, DeviceSpec::Cuda(_));
-        // (stream to wait on, stream to release after)
-        let (wait_on, release_after) = if cuda {
-            match stream {
-                None => (Some(LEGACY_DEFAULT_STREAM), LEGACY_DEFAULT_STREAM),
-                Some(-1) => (None, LEGACY_DEFAULT_STREAM),
-                Some(0) => {
-                    return Err(PyValueError::new_err(
-                        "stream=0 is ambiguous for CUDA in DLPack; pass 1 (legacy default), 2 \
-                         (per-thread default) or a stream handle",
-                    ))
-                }
-                Some(s) if s > 0 => (Some(s as u64), s as u64),
-                Some(s) => {
-                    return Err(PyValueError::new_err(format!(
-                        "invalid CUDA stream {s} for DLPack"
-                    )))
-                }
-            }
-        } else {
-            // The host backend has no streams: the copy is waited for and the memory freed
-            // whenever the consumer lets go.
-            (Some(0), 0)
-        };
+        let (wait_on, release_after) = self.export_streams(py, stream)?;
         let Some(data) = self.take() else {
             return Err(PyBufferError::new_err(
                 "this pinfeed buffer was already exported (or released); a buffer can be \
@@ -367,47 +421,7 @@ impl DeviceBuffer {
         });
         count_export(release_after, true);
         let tensor = export.tensor(self.address, self.device, self.dtype);
-        let ctx = Box::into_raw(export).cast::<c_void>();
-        let versioned = max_version.is_some_and(|(major, _)| major >= 1);
-        let (pointer, name, free): (*mut c_void, &CStr, Box<dyn Fn()>) = if versioned {
-            let mut flags = DlpackFlags::empty();
-            if copy == Some(true) {
-                // The buffer is exported once and nothing else refers to its memory: the
-                // consumer owns it alone, as a copy would be.
-                flags |= DlpackFlags::IS_COPIED;
-            }
-            let managed = Box::into_raw(Box::new(DLManagedTensorVersioned {
-                version: DLPackVersion { major: 1, minor: 0 },
-                manager_ctx: ctx,
-                deleter: Some(delete_versioned),
-                flags,
-                dl_tensor: tensor,
-            }));
-            // SAFETY: `managed` is live and ours until the capsule exists.
-            let free = Box::new(move || unsafe { delete_versioned(managed) });
-            (managed.cast(), VERSIONED, free)
-        } else {
-            let managed = Box::into_raw(Box::new(DLManagedTensor {
-                dl_tensor: tensor,
-                manager_ctx: ctx,
-                deleter: Some(delete_legacy),
-            }));
-            // SAFETY: as above.
-            let free = Box::new(move || unsafe { delete_legacy(managed) });
-            (managed.cast(), LEGACY, free)
-        };
-        // SAFETY: `pointer` is non-null and `name` a static C string; the destructor only frees
-        // `pointer` while the capsule still bears `name`.
-        let capsule =
-            unsafe { ffi::PyCapsule_New(pointer, name.as_ptr(), Some(capsule_destructor)) };
-        // SAFETY: `PyCapsule_New` returns a new reference or null with an exception set.
-        match unsafe { Bound::from_owned_ptr_or_err(py, capsule) } {
-            Ok(capsule) => Ok(capsule),
-            Err(e) => {
-                free();
-                Err(e)
-            }
-        }
+        capsule(py, export, tensor, max_version, copy)
     }
 
     /// The shape the buffer exports as.

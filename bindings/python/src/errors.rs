@@ -7,6 +7,7 @@
 //! | Rust error                                            | Python class                  |
 //! |-------------------------------------------------------|-------------------------------|
 //! | bad options, dtype, header, layout (`Config`, ...)    | `PinfeedValueError`           |
+//! | an argument of the wrong type                         | `PinfeedTypeError`            |
 //! | open, read, truncated file, threads (`Open`, ...)     | `PinfeedOSError` (`OSError`)  |
 //! | budgets, host memory (`BudgetTooSmall`, ...)          | `PinfeedMemoryError`          |
 //! | the CUDA driver, or no driver or device               | `CudaError` (`RuntimeError`)  |
@@ -28,6 +29,8 @@ pub(crate) enum Kind {
     Base,
     /// `PinfeedValueError`: configuration, dtype, header, layout.
     Value,
+    /// `PinfeedTypeError`: an argument of the wrong type.
+    Type,
     /// `PinfeedOSError`: opening, reading, truncated files, threads.
     Os,
     /// `PinfeedMemoryError`: budgets and host memory.
@@ -41,6 +44,7 @@ impl Kind {
         match self {
             Kind::Base => "PinfeedError",
             Kind::Value => "PinfeedValueError",
+            Kind::Type => "PinfeedTypeError",
             Kind::Os => "PinfeedOSError",
             Kind::Memory => "PinfeedMemoryError",
             Kind::Cuda => "CudaError",
@@ -214,4 +218,9 @@ pub(crate) fn value_error(
     message: impl Into<String>,
 ) -> PyErr {
     Raised::new(Kind::Value, variant, message).into_pyerr(py)
+}
+
+/// A `PinfeedTypeError` with `message`.
+pub(crate) fn type_error(py: Python<'_>, message: impl Into<String>) -> PyErr {
+    Raised::new(Kind::Type, "Type", message).into_pyerr(py)
 }

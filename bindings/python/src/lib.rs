@@ -115,6 +115,8 @@ fn _pinfeed(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(order::reshard_position, m)?)?;
     m.add_function(wrap_pyfunction!(options::device_share, m)?)?;
     m.add_function(wrap_pyfunction!(options::byte_size, m)?)?;
+    m.add_function(wrap_pyfunction!(options::check_ints, m)?)?;
+    m.add_function(wrap_pyfunction!(store::is_url, m)?)?;
     m.add_function(wrap_pyfunction!(options::bottleneck, m)?)?;
     tokens::register(m)?;
     images::register(m)?;

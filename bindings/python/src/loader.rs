@@ -6,7 +6,6 @@ use std::sync::{Arc, Mutex};
 use dlpark::ffi::DLDataType;
 use pinfeed::{Loader, LoaderError, LoaderOptions, Position, Stats, Transform};
 use pinfeed_source::{dtype::parse_user_dtype, DType, HostBuffer, Layout};
-use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
@@ -78,25 +77,9 @@ impl Source {
             }
             raised
         };
-        let dtype = match (descr, user_dtype) {
-            (Some(d), _) => Some((
-                DType::from_descr_literal(d).map_err(named).py_err(py)?,
-                Vec::new(),
-            )),
-            (None, Some(u)) => Some(parse_user_dtype(u).map_err(named).py_err(py)?),
-            (None, None) => None,
-        };
-        // Whether a shape was given (or a sub-array dtype implies one): a `.npy` header's
-        // shape is then checked against it, as its dtype always is.
-        let shape_given = shape.is_some() || dtype.as_ref().is_some_and(|(_, s)| !s.is_empty());
-        let layout = match dtype {
-            Some((dtype, sub)) => {
-                let mut record_shape = shape.clone().unwrap_or_default();
-                record_shape.extend(sub);
-                Some(Layout::new(dtype, record_shape).map_err(named).py_err(py)?)
-            }
-            None => None,
-        };
+        let (layout, shape_given) = given_layout(descr, user_dtype, shape.as_ref())
+            .map_err(named)
+            .py_err(py)?;
         let reader: pinfeed_source::Reader = reader
             .parse()
             .map_err(|e: pinfeed_source::UnknownReader| value_error(py, "Config", e.to_string()))?;
@@ -120,33 +103,14 @@ impl Source {
             None => pinfeed_source::open_with(&path, layout.clone(), &read),
         });
         let inner: Box<dyn pinfeed_source::Source> = opened.map_err(named).py_err(py)?;
-        let found = inner.layout();
-        let contradicts = match &layout {
-            Some(given) => {
-                given.dtype != found.dtype || (shape_given && given.shape != found.shape)
-            }
-            None => shape.as_ref().is_some_and(|s| *s != found.shape),
-        };
-        if contradicts {
-            let given = match &layout {
-                Some(l) if shape_given => {
-                    format!("dtype {} and record shape {:?}", l.dtype, l.shape)
-                }
-                Some(l) => format!("dtype {}", l.dtype),
-                None => format!("record shape {:?}", shape.unwrap_or_default()),
-            };
-            return Err(value_error(
-                py,
-                "Layout",
-                format!(
-                    "{}: the header says records of dtype {} and shape {:?}, but it was \
-                     given {given}; leave dtype and shape out for a file whose header says them",
-                    path.display(),
-                    found.dtype,
-                    found.shape
-                ),
-            ));
-        }
+        check_header(
+            py,
+            &path,
+            inner.layout(),
+            layout.as_ref(),
+            shape_given,
+            shape,
+        )?;
         Ok(Source {
             inner: Arc::from(inner),
             gpu_images: None,
@@ -603,7 +567,7 @@ fn build_transform(
         let t = PyTransform::new(t.clone().unbind(), out);
         Ok((Some(Arc::clone(&t) as Arc<dyn Transform>), Some(t)))
     } else {
-        Err(PyTypeError::new_err("transform must be callable"))
+        Err(crate::errors::type_error(py, "transform must be callable"))
     }
 }
 
@@ -720,4 +684,63 @@ fn stats_dict<'py>(py: Python<'py>, s: &Stats, held: usize) -> PyResult<Bound<'p
         crate::store::network_dict(py, s.network.as_ref())?,
     )?;
     Ok(d)
+}
+
+/// The layout `Source.open` was given: a numpy `descr` or pinfeed's `user_dtype` syntax, with
+/// the record `shape` (a sub-array dtype adds its dimensions), and whether a shape was given
+/// (a `.npy` header's shape is then checked against it, as its dtype always is).
+fn given_layout(
+    descr: Option<&str>,
+    user_dtype: Option<&str>,
+    shape: Option<&Vec<u64>>,
+) -> Result<(Option<Layout>, bool), pinfeed_source::SourceError> {
+    let dtype = match (descr, user_dtype) {
+        (Some(d), _) => Some((DType::from_descr_literal(d)?, Vec::new())),
+        (None, Some(u)) => Some(parse_user_dtype(u)?),
+        (None, None) => None,
+    };
+    let shape_given = shape.is_some() || dtype.as_ref().is_some_and(|(_, s)| !s.is_empty());
+    let layout = match dtype {
+        Some((dtype, sub)) => {
+            let mut record_shape = shape.cloned().unwrap_or_default();
+            record_shape.extend(sub);
+            Some(Layout::new(dtype, record_shape)?)
+        }
+        None => None,
+    };
+    Ok((layout, shape_given))
+}
+
+/// Refuses a file whose header's layout (`found`) contradicts the one given.
+fn check_header(
+    py: Python<'_>,
+    path: &std::path::Path,
+    found: &Layout,
+    layout: Option<&Layout>,
+    shape_given: bool,
+    shape: Option<Vec<u64>>,
+) -> PyResult<()> {
+    let contradicts = match layout {
+        Some(given) => given.dtype != found.dtype || (shape_given && given.shape != found.shape),
+        None => shape.as_ref().is_some_and(|s| *s != found.shape),
+    };
+    if !contradicts {
+        return Ok(());
+    }
+    let given = match layout {
+        Some(l) if shape_given => format!("dtype {} and record shape {:?}", l.dtype, l.shape),
+        Some(l) => format!("dtype {}", l.dtype),
+        None => format!("record shape {:?}", shape.unwrap_or_default()),
+    };
+    Err(value_error(
+        py,
+        "Layout",
+        format!(
+            "{}: the header says records of dtype {} and shape {:?}, but it was given {given}; \
+             leave dtype and shape out for a file whose header says them",
+            path.display(),
+            found.dtype,
+            found.shape
+        ),
+    ))
 }

@@ -7,13 +7,50 @@ use std::sync::Arc;
 
 use dlpark::ffi::DLDataType;
 use pinfeed::{DeviceSpec, LoaderOptions, OrderSpec, Reader, Shuffle};
-use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyDict};
 
 use crate::dlpack::dl_dtype_from_tuple;
-use crate::errors::{value_error, ToPy};
+use crate::errors::{type_error, value_error, ToPy};
 use crate::loader::Source;
+
+/// The integer arguments of every entry point and their ranges: one rule a name, used by
+/// [`StreamOptions`] and by [`check_ints`] (`TokenLoader`, `ImageLoader`, states), so that
+/// `seq_len=1.5`, `batch_size=True` or `epoch=-1` get one message wherever they are given.
+const INT_RULES: &[(&str, u64, u64)] = &[
+    ("batch_size", 1, usize::MAX as u64),
+    ("seq_len", 1, u64::MAX - 1),
+    ("steps", 1, u64::MAX),
+    ("epochs", 1, u64::MAX),
+    ("epoch", 0, u64::MAX),
+    ("batches_done", 0, u64::MAX),
+    ("consumed", 0, u64::MAX),
+    ("seed", 0, u64::MAX),
+    ("rank", 0, u64::MAX),
+    ("world_size", 1, u64::MAX),
+    ("prefetch", 1, usize::MAX as u64),
+    ("num_threads", 1, usize::MAX as u64),
+    ("queue_depth", 1, u32::MAX as u64),
+    ("block_size", 1, u64::MAX),
+    ("block_window", 1, u64::MAX),
+    ("transform_out_bytes", 1, usize::MAX as u64),
+    ("shape", 0, u64::MAX),
+    ("num_samples", 0, u64::MAX),
+    ("max_pixels", 1, u64::MAX),
+    ("size", 1, u32::MAX as u64),
+    ("resize", 1, u32::MAX as u64),
+];
+
+/// The range of the integer argument `name` (its last word after a space or dot, without an
+/// index: `"state epoch"` is `epoch`'s, `"shape[1]"` is `shape`'s).
+fn int_rule(name: &str) -> (u64, u64) {
+    let word = name.rsplit([' ', '.']).next().unwrap_or(name);
+    let key = word.split('[').next().unwrap_or(word);
+    INT_RULES
+        .iter()
+        .find(|(n, ..)| *n == key)
+        .map_or((0, u64::MAX), |&(_, min, max)| (min, max))
+}
 
 /// The keywords of one constructor, taken one by one; any left over is an error.
 struct Keywords<'py> {
@@ -37,21 +74,16 @@ impl<'py> Keywords<'py> {
         format!("{}: {name}", self.source)
     }
 
-    fn int(&self, name: &str, min: u64, max: u64, default: u64) -> PyResult<u64> {
-        match self.take(name)? {
-            Some(v) => int_arg(&v, &self.label(name), min, max),
-            None => Ok(default),
-        }
+    /// `name` in its [`INT_RULES`] range, `default` when absent.
+    fn int(&self, name: &str, default: u64) -> PyResult<u64> {
+        Ok(self.opt_int(name)?.unwrap_or(default))
     }
 
-    fn opt_int(&self, name: &str, min: u64, max: u64) -> PyResult<Option<u64>> {
+    fn opt_int(&self, name: &str) -> PyResult<Option<u64>> {
+        let (min, max) = int_rule(name);
         self.take(name)?
             .map(|v| int_arg(&v, &self.label(name), min, max))
             .transpose()
-    }
-
-    fn usize(&self, name: &str, min: usize, default: usize) -> PyResult<usize> {
-        Ok(self.int(name, min as u64, usize::MAX as u64, default as u64)? as usize)
     }
 
     fn flag(&self, name: &str) -> PyResult<bool> {
@@ -59,23 +91,44 @@ impl<'py> Keywords<'py> {
     }
 
     fn text(&self, name: &str, default: &str) -> PyResult<String> {
-        self.take(name)?
-            .map_or(Ok(default.to_owned()), |v| v.extract::<String>())
+        match self.take(name)? {
+            None => Ok(default.to_owned()),
+            Some(v) => v.extract::<String>().map_err(|_| {
+                type_error(
+                    v.py(),
+                    format!(
+                        "{} must be a string, not {}",
+                        self.label(name),
+                        type_name(&v)
+                    ),
+                )
+            }),
+        }
     }
 
     /// Fails on a keyword nobody took.
     fn finish(self, what: &str) -> PyResult<()> {
         match self.dict.keys().iter().next() {
-            Some(key) => Err(PyTypeError::new_err(format!(
-                "{what} got an unexpected keyword argument {key}"
-            ))),
+            Some(key) => Err(type_error(
+                self.dict.py(),
+                format!("{what} got an unexpected keyword argument {key}"),
+            )),
             None => Ok(()),
         }
     }
 }
 
-/// An int in `min ..= max`, from anything with `__index__` but a bool: a `TypeError` for
-/// another type, a `PinfeedValueError` naming `name` and the range for one out of it.
+/// The name of `value`'s type, for messages.
+fn type_name(value: &Bound<'_, PyAny>) -> String {
+    value
+        .get_type()
+        .name()
+        .map_or_else(|_| "?".to_owned(), |n| n.to_string())
+}
+
+/// An int in `min ..= max`, from anything with `__index__` but a bool: a `PinfeedTypeError`
+/// for another type (a float, a string, `None`), a `PinfeedValueError` naming `name` and the
+/// range for one out of it.
 pub(crate) fn int_arg(value: &Bound<'_, PyAny>, name: &str, min: u64, max: u64) -> PyResult<u64> {
     let py = value.py();
     let index = if value.is_instance_of::<PyBool>() {
@@ -84,10 +137,10 @@ pub(crate) fn int_arg(value: &Bound<'_, PyAny>, name: &str, min: u64, max: u64) 
         py.import("operator")?.call_method1("index", (value,)).ok()
     };
     let Some(index) = index else {
-        return Err(PyTypeError::new_err(format!(
-            "{name} must be an int, not {}",
-            value.get_type().name()?
-        )));
+        return Err(type_error(
+            py,
+            format!("{name} must be an int, not {}", type_name(value)),
+        ));
     };
     match index.extract::<i128>() {
         Ok(n) if n >= min as i128 && n <= max as i128 => Ok(n as u64),
@@ -97,6 +150,31 @@ pub(crate) fn int_arg(value: &Bound<'_, PyAny>, name: &str, min: u64, max: u64) 
             format!("{name} must be an int in {min} ..= {max}, got {index}"),
         )),
     }
+}
+
+/// The integer arguments ``values`` (``{name: value}``) checked by the rules every entry point
+/// shares (``batch_size`` at least 1, ``epoch`` in ``0 ..= 2**64 - 1``, no bools, floats or
+/// strings), in the same order; messages start with ``what`` (the source's name). A name
+/// may carry a qualifier before its last word (``"state epoch"``).
+#[pyfunction]
+#[pyo3(signature = (what, **values))]
+pub(crate) fn check_ints(what: &str, values: Option<Bound<'_, PyDict>>) -> PyResult<Vec<u64>> {
+    let Some(values) = values else {
+        return Ok(Vec::new());
+    };
+    values
+        .iter()
+        .map(|(name, value)| {
+            let name = name.to_string();
+            let (min, max) = int_rule(&name);
+            let label = if what.is_empty() {
+                name.clone()
+            } else {
+                format!("{what}: {name}")
+            };
+            int_arg(&value, &label, min, max)
+        })
+        .collect()
 }
 
 /// A size given as an int of bytes or a string such as "256MiB".
@@ -111,9 +189,13 @@ pub(crate) fn size_arg(value: Option<&Bound<'_, PyAny>>, what: &str) -> PyResult
             .map(Some);
     }
     if value.is_instance_of::<PyBool>() || value.call_method0("__index__").is_err() {
-        return Err(PyTypeError::new_err(format!(
-            "{what} must be an int (bytes) or a string such as \"256MiB\""
-        )));
+        return Err(type_error(
+            value.py(),
+            format!(
+                "{what} must be an int (bytes) or a string such as \"256MiB\", not {}",
+                type_name(value)
+            ),
+        ));
     }
     int_arg(value, what, 0, usize::MAX as u64).map(|n| Some(n as usize))
 }
@@ -193,54 +275,15 @@ impl StreamOptions {
             dict: options.map_or_else(|| PyDict::new(py), |d| d.copy().unwrap_or(d)),
             source: source.inner.name().to_owned(),
         };
-        let batch_size = int_arg(batch_size, &kw.label("batch_size"), 1, usize::MAX as u64)?;
-        let batch_size = batch_size as usize;
-        let drop_last = kw.flag("drop_last")?;
-        let epochs = kw.int("epochs", 1, u64::MAX, 1)?;
-        let pinned_budget = size_arg(
-            kw.take("pinned_budget")?.as_ref(),
-            &kw.label("pinned_budget"),
-        )?
-        .unwrap_or(pinfeed::DEFAULT_PINNED_BUDGET);
-        let device_budget = size_arg(
-            kw.take("device_budget")?.as_ref(),
-            &kw.label("device_budget"),
-        )?;
-        let num_threads = kw
-            .opt_int("num_threads", 1, usize::MAX as u64)?
-            .map(|n| n as usize);
-        let device = device_arg(py, &kw.text("device", "auto")?)?;
-        let prefetch = kw.usize("prefetch", 1, 4)?;
-        let piece_bytes = match kw.take("piece_size")? {
-            None => None,
-            Some(size) => match size_arg(Some(&size), &kw.label("piece_size"))? {
-                Some(0) | None => {
-                    return Err(value_error(
-                        py,
-                        "Config",
-                        format!(
-                            "{}: piece_size must be at least 1 byte (or None), got {size}",
-                            kw.source
-                        ),
-                    ))
-                }
-                some => some,
-            },
+        let (min, max) = int_rule("batch_size");
+        let batch_size = int_arg(batch_size, &kw.label("batch_size"), min, max)? as usize;
+        let loader = LoaderOptions {
+            batch_size,
+            gpu_images: source.gpu_images.clone(),
+            ..loader_options(py, &kw)?
         };
         let transform = kw.take("transform")?.map(Bound::unbind);
-        let transform_out_bytes = kw
-            .opt_int("transform_out_bytes", 1, usize::MAX as u64)?
-            .map(|n| n as usize);
-        let reader = kw
-            .text("reader", "auto")?
-            .parse::<Reader>()
-            .map_err(|e| value_error(py, "Config", e.to_string()))?;
-        let block_size = kw.opt_int("block_size", 1, u64::MAX)?;
-        let block_window = kw.opt_int("block_window", 1, u64::MAX)?;
-        let shuffle = shuffle_arg(py, &kw.text("shuffle", "none")?, block_size, block_window)?;
-        let seed = kw.int("seed", 0, u64::MAX, 0)?;
-        let rank = kw.int("rank", 0, u64::MAX, 0)?;
-        let world_size = kw.int("world_size", 1, u64::MAX, 1)?;
+        let transform_out_bytes = kw.opt_int("transform_out_bytes")?.map(|n| n as usize);
         let replicas = kw
             .take("devices")?
             .map(|names| {
@@ -254,24 +297,7 @@ impl StreamOptions {
         kw.finish("StreamOptions")?;
         Ok(StreamOptions {
             source: Arc::clone(&source.inner),
-            loader: LoaderOptions {
-                batch_size,
-                drop_last,
-                epochs,
-                pinned_budget,
-                device_budget,
-                num_threads,
-                device,
-                prefetch,
-                piece_bytes,
-                reader,
-                shuffle,
-                seed,
-                rank,
-                world_size,
-                gpu_images: source.gpu_images.clone(),
-                ..LoaderOptions::default()
-            },
+            loader,
             transform,
             transform_out_bytes,
             export_dtype: dl_dtype_from_tuple(export_dtype),
@@ -284,7 +310,8 @@ impl StreamOptions {
     /// rank, in batches of ``batch_size``, with no device budget (the resident copy is bounded
     /// apart).
     fn upload(&self, py: Python<'_>, batch_size: &Bound<'_, PyAny>) -> PyResult<StreamOptions> {
-        let batch_size = int_arg(batch_size, "batch_size", 1, usize::MAX as u64)? as usize;
+        let (min, max) = int_rule("batch_size");
+        let batch_size = int_arg(batch_size, "batch_size", min, max)? as usize;
         Ok(StreamOptions {
             source: Arc::clone(&self.source),
             loader: LoaderOptions {
@@ -376,6 +403,62 @@ impl StreamOptions {
 
     fn __repr__(&self) -> String {
         format!("StreamOptions({:?})", self.loader)
+    }
+}
+
+/// The shared options of a pass, checked by their [`INT_RULES`] (the batch size and the
+/// source's parts are the caller's).
+fn loader_options(py: Python<'_>, kw: &Keywords<'_>) -> PyResult<LoaderOptions> {
+    let pinned_budget = size_arg(
+        kw.take("pinned_budget")?.as_ref(),
+        &kw.label("pinned_budget"),
+    )?
+    .unwrap_or(pinfeed::DEFAULT_PINNED_BUDGET);
+    let device_budget = size_arg(
+        kw.take("device_budget")?.as_ref(),
+        &kw.label("device_budget"),
+    )?;
+    let reader = kw
+        .text("reader", "auto")?
+        .parse::<Reader>()
+        .map_err(|e| value_error(py, "Config", e.to_string()))?;
+    let block_size = kw.opt_int("block_size")?;
+    let block_window = kw.opt_int("block_window")?;
+    Ok(LoaderOptions {
+        drop_last: kw.flag("drop_last")?,
+        epochs: kw.int("epochs", 1)?,
+        pinned_budget,
+        device_budget,
+        num_threads: kw.opt_int("num_threads")?.map(|n| n as usize),
+        device: device_arg(py, &kw.text("device", "auto")?)?,
+        prefetch: kw.int("prefetch", 4)? as usize,
+        piece_bytes: piece_size(py, kw)?,
+        // Parsed once, here: only register changes how batches reach the device; the others
+        // are ways of reading into the pinned slots, chosen when the source opened.
+        reader,
+        shuffle: shuffle_arg(py, &kw.text("shuffle", "none")?, block_size, block_window)?,
+        seed: kw.int("seed", 0)?,
+        rank: kw.int("rank", 0)?,
+        world_size: kw.int("world_size", 1)?,
+        ..LoaderOptions::default()
+    })
+}
+
+/// `piece_size`: bytes of a piece of a batch, `None` for whole batches.
+fn piece_size(py: Python<'_>, kw: &Keywords<'_>) -> PyResult<Option<usize>> {
+    let Some(size) = kw.take("piece_size")? else {
+        return Ok(None);
+    };
+    match size_arg(Some(&size), &kw.label("piece_size"))? {
+        Some(0) | None => Err(value_error(
+            py,
+            "Config",
+            format!(
+                "{}: piece_size must be at least 1 byte (or None), got {size}",
+                kw.source
+            ),
+        )),
+        some => Ok(some),
     }
 }
 

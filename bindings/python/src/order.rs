@@ -148,6 +148,26 @@ pub(crate) fn epoch_order<'py>(
         })?;
         return Ok((bytes.into_any(), num_batches));
     };
+    let address = out_address(py, &out, len, &order, rank, epoch)? as *mut u8;
+    // SAFETY: `address .. address + len` is the data of `out` (numpy's array interface:
+    // C-contiguous, writable, `len` bytes, all checked by `out_address`), alive while `out` is,
+    // which this call holds. The caller (the loader's order workers, each with a buffer of its
+    // own) touches it only after this returns; nothing else reads or writes it meanwhile.
+    let slice = unsafe { std::slice::from_raw_parts_mut(address, len) };
+    py.detach(|| write_order(&order, slice));
+    Ok((out, num_batches))
+}
+
+/// The address of the memory of `out`, checked to hold exactly `len` bytes of native int64 or
+/// uint64 records (the order of `rank` in `epoch`) and to be writable.
+fn out_address(
+    py: Python<'_>,
+    out: &Bound<'_, PyAny>,
+    len: usize,
+    order: &EpochOrder,
+    rank: u64,
+    epoch: u64,
+) -> PyResult<usize> {
     let typestr: String = out
         .getattr("__array_interface__")?
         .get_item("typestr")?
@@ -171,7 +191,7 @@ pub(crate) fn epoch_order<'py>(
     {
         return Err(value_error(py, "Config", "epoch_order: out is read-only"));
     }
-    let (address, nbytes, _shape) = array_memory(py, &out)?;
+    let (address, nbytes, _shape) = array_memory(py, out)?;
     if nbytes != len {
         return Err(value_error(
             py,
@@ -183,14 +203,7 @@ pub(crate) fn epoch_order<'py>(
             ),
         ));
     }
-    let address = address as *mut u8;
-    // SAFETY: `address .. address + len` is the data of `out` (numpy's array interface:
-    // C-contiguous, writable, `len` bytes, all checked above), alive while `out` is, which this
-    // call holds. The caller (the loader's order workers, each with a buffer of its own) touches
-    // it only after this returns; nothing else reads or writes it meanwhile.
-    let slice = unsafe { std::slice::from_raw_parts_mut(address, len) };
-    py.detach(|| write_order(&order, slice));
-    Ok((out, num_batches))
+    Ok(address)
 }
 
 /// Writes the records of `order`, in batch order, into `out` (8 native-endian bytes each,

@@ -64,3 +64,10 @@ pub(crate) fn network_dict<'py>(
     d.set_item("wait", n.wait.as_secs_f64())?;
     Ok(Some(d))
 }
+
+/// Whether ``path`` names objects in object storage (``s3://``, ``gs://``, ``az://``,
+/// ``https://``, ...) rather than a local file: the rule every source opener uses.
+#[pyfunction]
+pub(crate) fn is_url(path: &str) -> bool {
+    pinfeed_store::is_url(path)
+}

@@ -235,3 +235,37 @@ def test_other_orders_are_still_refused():
     old_style = {k: v for k, v in states[0].items() if k != "consumed"}
     target.load_state_dict(old_style)
     assert target.state_dict()["consumed"] == 1 * 2 * BATCH
+
+
+def test_issue51_merge_states_misuse_says_what_is_wrong(tmp_path):
+    # Issue 51 item 16: no raw TypeError or KeyError while the error is being built.
+    states = [ld.state_dict() for ld in loaders(2, True, False)]
+    no_fingerprint = {k: v for k, v in states[1].items() if k != "fingerprint"}
+    no_epoch = {k: v for k, v in states[1].items() if k != "epoch"}
+    for bad, says in [
+        (5, "expected a list of Loader.state_dict"),
+        ("states", "expected a list"),
+        (states[0], "expected a list"),
+        ([None], "state 0 is a NoneType"),
+        (["abc"], "state 0 is a str"),
+        ([states[0], no_epoch], "state 1: the state has no 'epoch'"),
+        ([states[0], {**states[1], "epoch": float("nan")}], "state epoch must be an int"),
+        ([states[0], no_fingerprint], "state 1 has no 'fingerprint'"),
+    ]:
+        with pytest.raises(pinfeed.PinfeedValueError, match=says):
+            pinfeed.merge_states(bad)
+    assert pinfeed.merge_states(iter(states)) == states[0]
+    # The same for an ImageLoader state whose `images` entry is malformed.
+    image = __import__("pathlib").Path(__file__).resolve().parents[3]
+    image = image / "crates/source/tests/fixtures/images/baseline.jpg"
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "x.jpg").write_bytes(image.read_bytes())
+    loader = pinfeed.ImageLoader(tmp_path, 1, size=8, device="cpu")
+    state = loader.state_dict()
+    for bad, says in [
+        (None, "'images' entry must be a dict of height, width, num_samples, not NoneType"),
+        ([1, 2], "'images' entry must be a dict"),
+        ({"height": "8"}, "saved with height '8'"),
+    ]:
+        with pytest.raises(pinfeed.PinfeedValueError, match=says):
+            loader.load_state_dict({**state, "images": bad})

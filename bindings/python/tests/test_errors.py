@@ -148,9 +148,9 @@ def test_cuda_without_driver(tmp_path):
     assert "\n" not in msg and msg.count("libcuda") == 1, msg
     assert e.value.tried and len(set(e.value.tried)) == len(e.value.tried), e.value.tried
     with pytest.raises(CudaError, match='device="cpu"'):
-        pinfeed.to_device(np.zeros(4), "cuda")
+        pinfeed.to_device(np.zeros(4), device="cuda")
     with pytest.raises(CudaError):
-        pinfeed.prefetch([np.zeros(4)], "cuda")
+        pinfeed.prefetch([np.zeros(4)], device="cuda")
 
 
 def test_empty_array():

@@ -95,7 +95,7 @@ def test_child_can_make_its_own_loader():
 
 def test_prefetch_iterator_in_child_raises():
     items = [np.full(1000, i, dtype=np.int32) for i in range(50)]
-    it = pinfeed.prefetch(iter(items), device="cpu", depth=2, pinned_budget="1MiB")
+    it = pinfeed.prefetch(iter(items), device="cpu", prefetch=2, pinned_budget="1MiB")
     first = next(it)
     assert run_in_child(expect_fork_error(lambda: next(it))) == 0
     # The parent's iterator carries on where it was.

@@ -196,9 +196,9 @@ def test_token_loader_jax_matches_numpy(jax):
         for sample in ("sequential", "documents", "random"):
             kw = dict(steps=3) if sample == "random" else dict(drop_last=True)
             path = MEGATRON / f"{name}.bin"
-            ref = pinfeed.TokenLoader(path, 8, 2, sample=sample, int_dtype="int32", **kw, **common)
+            ref = pinfeed.TokenLoader(path, 8, 2, sample=sample, dtype="int32", **kw, **common)
             got = pinfeed.TokenLoader(path, 8, 2, sample=sample, framework="jax", **kw, **common)
-            assert got.int_dtype == "int32"  # jax_enable_x64 is off
+            assert got.dtype == "int32"  # jax_enable_x64 is off
             pairs = list(zip(ref, got))
             assert pairs and len(tokens)
             for want, have in pairs:
@@ -313,7 +313,7 @@ class Counter:
 
 def test_prefetch_state_counts_only_received_items():
     counter = Counter(40)
-    p = pinfeed.prefetch(counter, device="cpu", depth=4)
+    p = pinfeed.prefetch(counter, device="cpu", prefetch=4)
     assert p.state_dict() == {"produced": 0}
     seen = [int(next(p)[0]) for _ in range(5)]
     # The iterable ran ahead (depth 4 and the queues), the state did not.
@@ -333,7 +333,7 @@ def test_prefetch_state_counts_only_received_items():
 def test_prefetch_of_a_loader_resumes_exactly(records):
     path, x = records
     loader = pinfeed.Loader(path, 50, device="cpu", shuffle=True, seed=9)
-    p = pinfeed.prefetch(loader, device="cpu", depth=3)
+    p = pinfeed.prefetch(loader, device="cpu", prefetch=3)
     first = [next(p) for _ in range(7)]
     state = p.state_dict()
     assert state["batches_done"] == 7 and state["epoch"] == 0

@@ -110,7 +110,7 @@ def test_to_device_and_prefetch_equal_the_source(torch):
     assert torch.equal(t.cpu(), torch.from_numpy(x).to(torch.bfloat16))
 
     items = [{"x": x[: i * 10 + 1], "y": (torch.arange(i), "tag")} for i in range(20)]
-    got = list(pinfeed.prefetch(iter(items), depth=3, pinned_budget="256KiB"))
+    got = list(pinfeed.prefetch(iter(items), prefetch=3, pinned_budget="256KiB"))
     for g, w in zip(got, items):
         assert g["x"].is_cuda and g["y"][0].is_cuda and g["y"][1] == "tag"
         np.testing.assert_array_equal(g["x"].cpu().numpy(), w["x"])

@@ -101,8 +101,8 @@ def test_jax_prefetch_to_device_and_tokens(jax, tmp_path):
     np.testing.assert_array_equal(np.asarray(y), np.arange(12345, dtype=np.int32))
     tokens = np.random.default_rng(2).integers(0, 1 << 16, 50_000, dtype=np.uint16)
     tokens.tofile(tmp_path / "train.bin")
-    kw = dict(seq_len=64, batch_size=8, dtype="uint16", steps=20, rank=0, world_size=1)
-    ref = pinfeed.TokenLoader(tmp_path / "train.bin", device="cpu", int_dtype="int32", **kw)
+    kw = dict(seq_len=64, batch_size=8, token_dtype="uint16", steps=20, rank=0, world_size=1)
+    ref = pinfeed.TokenLoader(tmp_path / "train.bin", device="cpu", dtype="int32", **kw)
     got = pinfeed.TokenLoader(tmp_path / "train.bin", device="cuda", framework="jax", **kw)
     for (rx, ry), (gx, gy) in zip(ref, got):
         np.testing.assert_array_equal(np.asarray(gx), rx)

@@ -170,7 +170,7 @@ def test_resident_orders_ahead_on_cuda_across_jumps_and_streams(torch):
         side.synchronize()
         idx = pinfeed.epoch_order(2000, 128, seed=4, epoch=epoch).astype(np.int64)
         np.testing.assert_array_equal(torch.cat(got).cpu().numpy(), data[idx])
-    orders = loader._orders
+    orders = loader._resident._orders
     with orders._cond:
         while orders._running:
             orders._cond.wait()

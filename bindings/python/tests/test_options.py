@@ -11,7 +11,7 @@ import pytest
 
 import pinfeed
 from pinfeed import PinfeedError, PinfeedValueError, PinfeedWarning, _pinfeed
-from pinfeed import loader as loader_module
+from pinfeed import _options as options_module
 
 NO_GPU = pytest.mark.skipif(pinfeed.cuda_device_count() > 0, reason="a CUDA device is present")
 
@@ -22,7 +22,7 @@ def data(n=40, width=4):
 
 @NO_GPU
 def test_auto_is_the_default_and_warns_once_when_it_falls_back_to_the_host(monkeypatch):
-    monkeypatch.setattr(loader_module, "_warned_host_fallback", False)
+    monkeypatch.setattr(options_module, "_warned_host_fallback", False)
     with pytest.warns(PinfeedWarning, match='device="auto"') as caught:
         loader = pinfeed.Loader(data(), 10)
     assert loader.device == "cpu"
@@ -39,18 +39,18 @@ def test_auto_is_the_default_and_warns_once_when_it_falls_back_to_the_host(monke
 
 @NO_GPU
 def test_an_explicit_cpu_device_does_not_warn(monkeypatch):
-    monkeypatch.setattr(loader_module, "_warned_host_fallback", False)
+    monkeypatch.setattr(options_module, "_warned_host_fallback", False)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         pinfeed.Loader(data(), 10, device="cpu")
 
 
-def test_as_torch_without_torch_says_what_was_asked_and_why(monkeypatch):
+def test_framework_torch_without_torch_says_what_was_asked_and_why(monkeypatch):
     monkeypatch.setitem(sys.modules, "torch", None)  # `import torch` raises ImportError
     with pytest.raises(PinfeedError) as e:
-        pinfeed.Loader(data(), 10, device="cpu", as_torch=True)
+        pinfeed.Loader(data(), 10, device="cpu", framework="torch")
     msg = str(e.value)
-    assert "torch tensors (as_torch=True)" in msg and "torch is not installed" in msg
+    assert "torch tensors (framework='torch')" in msg and "torch is not installed" in msg
     assert "CUDA" not in msg
 
 
@@ -222,3 +222,79 @@ def test_byte_sizes_are_read_by_rust():
         _pinfeed.byte_size("3 parsecs", "pinned_budget")
     with pytest.raises(PinfeedValueError, match="pinned_budget"):
         _pinfeed.byte_size(-1, "pinned_budget")
+
+
+def _tokens(tmp_path):
+    path = tmp_path / "train.bin"
+    np.arange(400, dtype=np.uint16).tofile(path)
+    return path
+
+
+def _images(tmp_path):
+    fixtures = __import__("pathlib").Path(__file__).resolve().parents[3]
+    root = tmp_path / "images"
+    for k, name in enumerate(("baseline.jpg", "rgb.png")):
+        (root / f"c{k}").mkdir(parents=True)
+        image = fixtures / "crates/source/tests/fixtures/images" / name
+        (root / f"c{k}" / name).write_bytes(image.read_bytes())
+    return root
+
+
+def test_issue51_no_silent_coercion_of_numbers(tmp_path):
+    # Issue 51 item 10: what the Loader refuses, every entry point refuses, by one rule.
+    tokens = _tokens(tmp_path)
+    kw = dict(token_dtype="uint16", device="cpu")
+    for args, extra, name in [
+        ((1.5, 2), {}, "seq_len"),
+        (("8", 2), {}, "seq_len"),
+        ((8, 1.0), {}, "batch_size"),
+        ((8, True), {}, "batch_size"),
+        ((8, 2), {"steps": 1.5}, "steps"),
+        ((8, 2), {"steps": "3"}, "steps"),
+    ]:
+        with pytest.raises(pinfeed.PinfeedTypeError, match=f"{name} must be an int, not"):
+            pinfeed.TokenLoader(tokens, *args, **kw, **extra)
+    with pytest.raises(pinfeed.PinfeedTypeError, match="batch_size must be an int, not float"):
+        pinfeed.ImageLoader(_images(tmp_path), 2.5, size=8, device="cpu")
+    loader = pinfeed.TokenLoader(tokens, 8, 2, steps=3, **kw)
+    state = loader.state_dict()
+    for key, bad in [("epoch", "0"), ("batches_done", 3.7), ("batches_done", True)]:
+        with pytest.raises(PinfeedValueError, match=f"state {key} must be an int"):
+            loader.load_state_dict({**state, key: bad})
+
+
+def test_issue51_out_of_range_numbers_name_the_argument_and_the_limit(tmp_path):
+    # Issue 51 item 15: negative, 2**64 and more, None: one line naming what and the range.
+    tokens = _tokens(tmp_path)
+    kw = dict(token_dtype="uint16", device="cpu")
+    for args, extra, name in [
+        ((-1, 2), {}, "seq_len"),
+        ((2**64, 2), {}, "seq_len"),
+        ((8, -2), {}, "batch_size"),
+        ((8, 2**64), {}, "batch_size"),
+        ((8, 2), {"steps": -3}, "steps"),
+        ((8, 2), {"steps": 2**64}, "steps"),
+    ]:
+        with pytest.raises(PinfeedValueError, match=rf"{name} must be an int in \d+ \.\.= \d+"):
+            pinfeed.TokenLoader(tokens, *args, **kw, **extra)
+    for args in [(None, 2), (8, None)]:
+        with pytest.raises(pinfeed.PinfeedTypeError, match="must be an int, not NoneType"):
+            pinfeed.TokenLoader(tokens, *args, **kw)
+    loaders = [
+        pinfeed.TokenLoader(tokens, 8, 2, steps=3, **kw),
+        pinfeed.ImageLoader(_images(tmp_path), 2, size=8, device="cpu"),
+        pinfeed.Loader(data(), 4, device="cpu"),
+    ]
+    for loader in loaders:
+        for bad in (-1, 2**64):
+            with pytest.raises(PinfeedValueError, match=r"epoch must be an int in 0 \.\.= 1844"):
+                loader.set_epoch(bad)
+        with pytest.raises(pinfeed.PinfeedTypeError, match="epoch must be an int, not NoneType"):
+            loader.set_epoch(None)
+        for bad in (-1, 2**64, None):
+            with pytest.raises(PinfeedValueError, match="state epoch must be an int"):
+                loader.load_state_dict({**loader.state_dict(), "epoch": bad})
+    with pytest.raises(PinfeedValueError, match=r"shape\[0\] must be an int in 0 \.\.= "):
+        path = tmp_path / "raw.bin"
+        data().tofile(path)
+        pinfeed.Loader(path, 4, dtype="u1", shape=(-2, -3), device="cpu")

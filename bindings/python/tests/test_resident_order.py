@@ -11,9 +11,9 @@ import pytest
 from test_fork import run_in_child
 
 import pinfeed
-import pinfeed.loader as loader_module
+import pinfeed._resident as resident_module
 from pinfeed import _pinfeed
-from pinfeed._orders_ahead import OrdersAhead
+from pinfeed._resident import OrdersAhead
 
 N = 211
 SMALL = dict(device="cpu", pinned_budget="256KiB", num_threads=2)
@@ -114,7 +114,7 @@ def test_orders_computed_ahead_give_the_same_results(monkeypatch):
     make = lambda: pinfeed.Loader(ids(), 8, shuffle="gpu", **kw)  # noqa: E731
     ahead, ahead_states = run(make, SCRIPT)
     before = order_threads()
-    monkeypatch.setattr(loader_module, "_ORDERS_AHEAD", 0)
+    monkeypatch.setattr(resident_module, "ORDERS_AHEAD", 0)
     loader = make()
     list(loader)
     list(loader)
@@ -131,7 +131,7 @@ def test_orders_computed_ahead_give_the_same_results(monkeypatch):
 def test_the_next_epochs_are_ready_before_they_start():
     loader = pinfeed.Loader(ids(), 8, shuffle="gpu", seed=1, **SMALL)
     list(loader)  # epoch 0
-    orders = loader._orders
+    orders = loader._resident._orders
     with orders._cond:  # the workers compute epochs 1 and 2
         assert orders._cond.wait_for(lambda: len(orders._ready) == 2, timeout=30)
         assert sorted(k[3] for k in orders._ready) == [1, 2]

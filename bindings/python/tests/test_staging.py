@@ -55,7 +55,7 @@ def assert_same_tree(got, want):
 
 def test_prefetch_nested_structures():
     want = list(batches(12))
-    got = list(pinfeed.prefetch(batches(12), device="cpu", depth=3, pinned_budget="64KiB"))
+    got = list(pinfeed.prefetch(batches(12), device="cpu", prefetch=3, pinned_budget="64KiB"))
     assert len(got) == 12
     for g, w in zip(got, want):
         assert_same_tree(g, w)
@@ -105,7 +105,7 @@ def test_prefetch_early_break_stops_the_thread():
             i += 1
 
     before = set(threading.enumerate())
-    p = pinfeed.prefetch(endless(), device="cpu", depth=2)
+    p = pinfeed.prefetch(endless(), device="cpu", prefetch=2)
     for i, x in enumerate(p):
         assert x[0] == i
         if i == 5:
@@ -164,7 +164,7 @@ def varied_items(n, seed):
 def test_prefetch_keeps_order_over_many_varied_items(depth):
     got = list(
         pinfeed.prefetch(
-            varied_items(300, seed=depth), device="cpu", depth=depth, pinned_budget="64KiB"
+            varied_items(300, seed=depth), device="cpu", prefetch=depth, pinned_budget="64KiB"
         )
     )
     want = list(varied_items(300, seed=depth))
@@ -190,7 +190,7 @@ def test_prefetch_error_mid_stream_comes_after_exactly_the_items_before_it(where
     before = set(threading.enumerate())
     got = []
     expected = ZeroDivisionError if where == "iterable" else pinfeed.PinfeedValueError
-    p = pinfeed.prefetch(items(), device="cpu", depth=3)
+    p = pinfeed.prefetch(items(), device="cpu", prefetch=3)
     with pytest.raises(expected):
         for x in p:
             got.append(x)
@@ -210,7 +210,7 @@ def test_prefetch_close_mid_stream_joins_both_threads():
             i += 1
 
     before = set(threading.enumerate())
-    p = pinfeed.prefetch(endless(), device="cpu", depth=3)
+    p = pinfeed.prefetch(endless(), device="cpu", prefetch=3)
     for i in range(4):
         x, meta = next(p)
         assert x[0] == i and meta == {"i": i}
@@ -275,7 +275,7 @@ def test_prefetch_fetches_the_next_item_while_uploading_this_one(monkeypatch):
         return real_upload_leaf(x, upload)
 
     monkeypatch.setattr(staging, "_upload_leaf", upload_leaf)
-    got = list(pinfeed.prefetch(items(), device="cpu", depth=1))
+    got = list(pinfeed.prefetch(items(), device="cpu", prefetch=1))
     assert [int(x[0]) for x in got] == list(range(n))
     assert overlapped == [True] * n
     assert fetched_on == {"pinfeed-prefetch-fetch"} and uploaded_on == {"pinfeed-prefetch-upload"}
@@ -470,7 +470,7 @@ def test_prefetch_stats_count_what_was_uploaded_and_name_a_slow_iterable():
             time.sleep(0.01)
             yield {"x": x, "label": "text"}
 
-    p = pinfeed.prefetch(slow(), device="cpu", depth=2)
+    p = pinfeed.prefetch(slow(), device="cpu", prefetch=2)
     got = list(p)
     s = p.stats()
     assert len(got) == s["items"] == 20
@@ -482,7 +482,7 @@ def test_prefetch_stats_count_what_was_uploaded_and_name_a_slow_iterable():
 
 
 def test_prefetch_stats_name_a_slow_consumer():
-    p = pinfeed.prefetch((np.zeros(256, np.uint8) for _ in range(20)), device="cpu", depth=2)
+    p = pinfeed.prefetch((np.zeros(256, np.uint8) for _ in range(20)), device="cpu", prefetch=2)
     for _ in p:
         time.sleep(0.01)
     s = p.stats()

@@ -88,7 +88,7 @@ def local_loader(path, seq_len, batch_size, **kw):
     kw.setdefault("device", "cpu")
     kw.setdefault("rank", 0)
     kw.setdefault("world_size", 1)
-    kw.setdefault("dtype", "uint16")
+    kw.setdefault("token_dtype", "uint16")
     return pinfeed.TokenLoader(path, seq_len, batch_size, **kw)
 
 
@@ -108,7 +108,7 @@ def check_random_steps(loader, tokens, seq_len, epoch=0):
 @pytest.mark.parametrize("kind", list(SOURCES))
 def test_random_windows_match_numpy_slicing_at_their_offsets(server, kind):
     url, dtype, tokens = SOURCES[kind]
-    loader = token_loader(url, server.endpoint, 64, 8, dtype=dtype, seed=3, steps=12)
+    loader = token_loader(url, server.endpoint, 64, 8, token_dtype=dtype, seed=3, steps=12)
     assert loader.num_tokens == len(tokens) and loader.token_dtype == tokens.dtype
     assert check_random_steps(loader, tokens, 64) == 12
     net = loader.stats()["network"]
@@ -128,7 +128,7 @@ def test_sequential_windows_in_order_equal_the_local_copy(server, local, kind):
     url, dtype, _ = SOURCES[kind]
     seq_len, b = 100, 7
     n = (len(DATA) - 1) // seq_len  # every window, each one token into the next
-    loader = token_loader(url, server.endpoint, seq_len, b, dtype=dtype, sample="sequential")
+    loader = token_loader(url, server.endpoint, seq_len, b, token_dtype=dtype, sample="sequential")
     assert len(loader) == -(-n // b)
     got = [(x.copy(), y.copy()) for x, y in loader]
     x = np.concatenate([g[0] for g in got])
@@ -146,7 +146,7 @@ def test_sequential_windows_in_order_equal_the_local_copy(server, local, kind):
 def test_shuffled_sequential_epochs_equal_the_local_copy(server, local):
     url, dtype, _ = SOURCES["glob of raw objects"]
     kw = dict(sample="sequential", shuffle=True, seed=11)
-    remote = token_loader(url, server.endpoint, 50, 16, dtype=dtype, queue_depth=4, **kw)
+    remote = token_loader(url, server.endpoint, 50, 16, token_dtype=dtype, queue_depth=4, **kw)
     here = local_loader(local, 50, 16, **kw)
     for epoch in range(2):
         remote.set_epoch(epoch)
@@ -161,7 +161,7 @@ def test_two_ranks_read_their_own_windows(server, local):
     seen = {}
     starts = []
     for rank in range(2):
-        kw = dict(dtype=dtype, rank=rank, world_size=2)
+        kw = dict(token_dtype=dtype, rank=rank, world_size=2)
         rnd = token_loader(url, server.endpoint, 32, 4, seed=7, steps=10, **kw)
         assert check_random_steps(rnd, DATA, 32) == 10
         for step in range(10):
@@ -184,7 +184,7 @@ def test_two_ranks_read_their_own_windows(server, local):
 @pytest.mark.parametrize("sample", ["random", "sequential"])
 def test_resume_from_state_dict_equals_the_uninterrupted_run(server, sample):
     url, dtype, _ = SOURCES["raw object"]
-    kw = dict(dtype=dtype, sample=sample, seed=4, queue_depth=2)
+    kw = dict(token_dtype=dtype, sample=sample, seed=4, queue_depth=2)
     if sample == "random":
         kw["steps"] = 12
     else:
@@ -228,7 +228,7 @@ def test_the_listing_is_read_once_per_loader(server):
 def test_the_cache_serves_later_epochs(server, tmp_path):
     url, dtype, tokens = SOURCES["raw object"]
     cache = tmp_path / "cache"
-    kw = dict(dtype=dtype, steps=6, cache_dir=cache, cache_limit="1MiB")
+    kw = dict(token_dtype=dtype, steps=6, cache_dir=cache, cache_limit="1MiB")
     loader = token_loader(url, server.endpoint, 64, 8, **kw)
     assert check_random_steps(loader, tokens, 64) == 6
     # The object is one 8 MiB block or less: fetched once, then every window is a hit.
@@ -243,7 +243,7 @@ def test_503_slowdown_and_cut_bodies_are_retried_and_windows_delivered_once(serv
     proxy = FaultProxy(server.port)
     try:
         url, dtype, tokens = SOURCES["glob of raw objects"]
-        loader = token_loader(url, proxy.endpoint, 64, 8, dtype=dtype, steps=4, seed=2)
+        loader = token_loader(url, proxy.endpoint, 64, 8, token_dtype=dtype, steps=4, seed=2)
         proxy.inject("503", "cut", "503", "cut")
         assert check_random_steps(loader, tokens, 64) == 4
         assert proxy.injected == 4
@@ -266,26 +266,28 @@ def test_bad_token_data_is_a_one_line_error_naming_the_url(server):
     raw = f"s3://{BUCKET}/tok/train.bin"
     assert "needs its token dtype" in refused(raw, raw, end, 64, 8, steps=2)
     tiny = f"s3://{BUCKET}/tok/tiny.bin"  # 40 tokens
-    msg = refused(tiny, tiny, end, 64, 8, dtype="uint16", steps=2)
+    msg = refused(tiny, tiny, end, 64, 8, token_dtype="uint16", steps=2)
     assert "longer than the 40 tokens" in msg, msg
-    msg = refused(tiny, tiny, end, 64, 8, dtype="uint16", sample="sequential")
+    msg = refused(tiny, tiny, end, 64, 8, token_dtype="uint16", sample="sequential")
     assert "longer than the 40 tokens" in msg, msg
     wide = f"s3://{BUCKET}/tok/wide.npy"
-    assert "uint32" in refused(wide, wide, end, 64, 8, dtype="uint16", steps=2)
+    assert "uint32" in refused(wide, wide, end, 64, 8, token_dtype="uint16", steps=2)
     absent = f"s3://{BUCKET}/tok/absent.bin"
-    refused(absent, absent, end, 64, 8, dtype="uint16", steps=2, cls=OSError)
+    refused(absent, absent, end, 64, 8, token_dtype="uint16", steps=2, cls=OSError)
 
 
 def test_megatron_bin_reads_as_raw_tokens_and_its_index_is_refused(server):
     end = server.endpoint
     tokens = np.load(MEGATRON / "uint16_tokens.npy")
     bin_url = f"s3://{BUCKET}/mega/uint16.bin"
-    seq = token_loader(bin_url, end, 8, 2, dtype="uint16", sample="sequential", drop_last=True)
+    seq = token_loader(
+        bin_url, end, 8, 2, token_dtype="uint16", sample="sequential", drop_last=True
+    )
     xs = np.concatenate([x for x, _ in seq])
     assert len(xs) == (len(tokens) - 1) // 8 // 2 * 2
     for w, row in enumerate(xs):
         np.testing.assert_array_equal(row, tokens[w * 8 : w * 8 + 8])
-    msg = refused(bin_url, bin_url, end, 8, 2, dtype="uint16", sample="documents")
+    msg = refused(bin_url, bin_url, end, 8, 2, token_dtype="uint16", sample="documents")
     assert "documents sampling needs a Megatron .bin/.idx pair on local disk" in msg, msg
     idx = f"s3://{BUCKET}/mega/uint16.idx"
     msg = refused(idx, idx, end, 8, 2, steps=2)

@@ -29,7 +29,7 @@ def train_bin(tmp_path):
 
 def test_random_windows_match_numpy_slicing_at_their_offsets(train_bin):
     path, data = train_bin
-    loader = cpu_loader(path, 64, 8, dtype="uint16", seed=3, steps=40)
+    loader = cpu_loader(path, 64, 8, token_dtype="uint16", seed=3, steps=40)
     assert len(loader) == 40 and loader.num_tokens == 5000
     offsets = []
     for step, (x, y) in enumerate(loader):
@@ -57,7 +57,7 @@ def test_random_steps_on_every_rank_read_their_own_windows(train_bin, world):
     seen = {}
     for rank in range(world):
         loader = cpu_loader(
-            path, 32, 4, dtype="uint16", seed=7, steps=10, rank=rank, world_size=world
+            path, 32, 4, token_dtype="uint16", seed=7, steps=10, rank=rank, world_size=world
         )
         assert loader._group > 1 and 10 % loader._group != 0
         steps = list(loader)
@@ -74,11 +74,13 @@ def test_random_steps_on_every_rank_read_their_own_windows(train_bin, world):
 
 def test_random_offsets_follow_the_documented_rule(train_bin):
     path, _ = train_bin
-    loader = cpu_loader(path, 16, 4, dtype="uint16", seed=9, steps=3)
+    loader = cpu_loader(path, 16, 4, token_dtype="uint16", seed=9, steps=3)
     # Step i on rank r of world w reads windows (i*w + r)*B .. of token_offsets.
     got = _pinfeed.token_offsets(9, 0, 5000 - 16, 8, 4)
     np.testing.assert_array_equal(loader.offsets(2), got)
-    two = [cpu_loader(path, 16, 2, dtype="uint16", seed=9, rank=r, world_size=2) for r in (0, 1)]
+    two = [
+        cpu_loader(path, 16, 2, token_dtype="uint16", seed=9, rank=r, world_size=2) for r in (0, 1)
+    ]
     np.testing.assert_array_equal(np.concatenate([t.offsets(2) for t in two]), got)
 
 
@@ -86,12 +88,12 @@ def test_random_is_deterministic_in_seed_and_endless_without_steps(train_bin):
     path, _ = train_bin
 
     def first(seed, n=5, **kw):
-        it = iter(cpu_loader(path, 32, 4, dtype="uint16", seed=seed, **kw))
+        it = iter(cpu_loader(path, 32, 4, token_dtype="uint16", seed=seed, **kw))
         return np.stack([next(it)[0] for _ in range(n)])
 
     np.testing.assert_array_equal(first(1), first(1))
     assert not np.array_equal(first(1), first(2))
-    endless = cpu_loader(path, 32, 4, dtype="uint16")
+    endless = cpu_loader(path, 32, 4, token_dtype="uint16")
     with pytest.raises(TypeError, match="endless"):
         len(endless)
     # The stream with steps is the endless one cut short.
@@ -100,7 +102,7 @@ def test_random_is_deterministic_in_seed_and_endless_without_steps(train_bin):
 
 def test_random_epochs_differ_and_set_epoch_repeats_one(train_bin):
     path, _ = train_bin
-    loader = cpu_loader(path, 16, 4, dtype="uint16", steps=3)
+    loader = cpu_loader(path, 16, 4, token_dtype="uint16", steps=3)
     e0 = [x for x, _ in loader]
     e1 = [x for x, _ in loader]
     assert not np.array_equal(np.stack(e0), np.stack(e1))
@@ -112,12 +114,12 @@ def test_windows_cross_file_boundaries_in_a_directory(tmp_path):
     data = np.arange(300, dtype=np.uint32) * 70001  # values above 2^16
     for i, (a, b) in enumerate([(0, 37), (37, 38), (38, 200), (200, 300)]):
         data[a:b].tofile(tmp_path / f"shard_{i}.bin")
-    loader = cpu_loader(tmp_path, 20, 16, dtype="uint32", steps=20, seed=5)
+    loader = cpu_loader(tmp_path, 20, 16, token_dtype="uint32", steps=20, seed=5)
     for step, (x, y) in enumerate(loader):
         for k, o in enumerate(loader.offsets(step)):
             np.testing.assert_array_equal(x[k], data[o : o + 20])
             np.testing.assert_array_equal(y[k], data[o + 1 : o + 21])
-    seq = cpu_loader(tmp_path, 20, 5, dtype="uint32", sample="sequential", drop_last=True)
+    seq = cpu_loader(tmp_path, 20, 5, token_dtype="uint32", sample="sequential", drop_last=True)
     xs = np.concatenate([x for x, _ in seq])
     want = np.stack([data[w * 20 : w * 20 + 20] for w in range(len(xs))])
     np.testing.assert_array_equal(xs, want)
@@ -125,7 +127,7 @@ def test_windows_cross_file_boundaries_in_a_directory(tmp_path):
 
 def test_sequential_windows_and_int32(train_bin):
     path, data = train_bin
-    loader = cpu_loader(path, 100, 7, dtype="uint16", sample="sequential", int_dtype="int32")
+    loader = cpu_loader(path, 100, 7, token_dtype="uint16", sample="sequential", dtype="int32")
     n = (5000 - 101) // 100 + 1
     assert len(loader) == -(-n // 7)
     rows = [(x, y) for x, y in loader]
@@ -150,7 +152,7 @@ def test_sequential_shards_cover_every_window_once(train_bin, world):
                 path,
                 32,
                 4,
-                dtype="uint16",
+                token_dtype="uint16",
                 sample="sequential",
                 shuffle=shuffle,
                 rank=r,
@@ -173,7 +175,7 @@ def take(it, n):
 @pytest.mark.parametrize("sample", ["random", "sequential"])
 def test_resume_equals_the_uninterrupted_run(train_bin, sample):
     path, _ = train_bin
-    kw = dict(dtype="uint16", sample=sample, seed=4)
+    kw = dict(token_dtype="uint16", sample=sample, seed=4)
     if sample == "random":
         kw["steps"] = 12
     whole = cpu_loader(path, 40, 3, **kw)
@@ -270,14 +272,14 @@ def test_bad_input_is_one_line_naming_the_file(tmp_path):
     odd = tmp_path / "odd.bin"
     odd.write_bytes(b"\0" * 7)
     cases = [
-        (odd, dict(dtype="uint16"), "odd.bin", "multiple"),
+        (odd, dict(token_dtype="uint16"), "odd.bin", "multiple"),
         (odd, {}, "odd.bin", "dtype"),
-        (odd, dict(dtype="float32"), "odd.bin", "integers"),
+        (odd, dict(token_dtype="float32"), "odd.bin", "integers"),
     ]
     short = tmp_path / "short.bin"
     np.arange(10, dtype=np.uint16).tofile(short)
-    cases.append((short, dict(dtype="uint16"), "short.bin", "longer than the 10 tokens"))
-    cases.append((short, dict(dtype="uint16", sample="documents"), "short.bin", "Megatron"))
+    cases.append((short, dict(token_dtype="uint16"), "short.bin", "longer than the 10 tokens"))
+    cases.append((short, dict(token_dtype="uint16", sample="documents"), "short.bin", "Megatron"))
     idx = (MEGATRON / "uint16.idx").read_bytes()
     bin_ = (MEGATRON / "uint16.bin").read_bytes()
     for label, data, b, what in [
@@ -310,13 +312,13 @@ def test_bad_input_is_one_line_naming_the_file(tmp_path):
     with pytest.raises(pinfeed.PinfeedValueError, match="long.idx.*at most 65535"):
         cpu_loader(long, 65_535, 1, sample="documents")
     with pytest.raises(pinfeed.PinfeedValueError, match="unknown sample"):
-        cpu_loader(short, 4, 1, dtype="uint16", sample="shuffled")
+        cpu_loader(short, 4, 1, token_dtype="uint16", sample="shuffled")
 
 
 @pytest.mark.gpu
 def test_cuda_x_y_are_int64_and_match_numpy_on_any_stream(torch, train_bin):
     path, data = train_bin
-    loader = TokenLoader(path, 128, 6, dtype="uint16", steps=4, device="cuda")
+    loader = TokenLoader(path, 128, 6, token_dtype="uint16", steps=4, device="cuda")
     side = torch.cuda.Stream()
     for step, (x, y) in enumerate(loader):
         assert x.is_cuda and x.dtype == torch.int64 and x.shape == (6, 128) and x.is_contiguous()
@@ -333,9 +335,7 @@ def test_cuda_x_y_are_int64_and_match_numpy_on_any_stream(torch, train_bin):
             np.testing.assert_array_equal(x.cpu().numpy(), want[:, :-1])
             np.testing.assert_array_equal(y.cpu().numpy(), want[:, 1:])
     for name in ("uint16", "int32"):
-        docs = TokenLoader(
-            MEGATRON / name, 5, 2, sample="documents", device="cuda", int_dtype="int32"
-        )
+        docs = TokenLoader(MEGATRON / name, 5, 2, sample="documents", device="cuda", dtype="int32")
         host = TokenLoader(MEGATRON / name, 5, 2, sample="documents", device="cpu")
         for (x, y, s), (hx, hy, hs) in zip(docs, host):
             assert x.dtype == torch.int32 and s.dtype == torch.int32
@@ -346,9 +346,9 @@ def test_cuda_x_y_are_int64_and_match_numpy_on_any_stream(torch, train_bin):
 
 @pytest.mark.skipif(pinfeed.cuda_device_count() > 0, reason="a CUDA device is present")
 def test_the_host_fallback_warning_names_the_callers_line(train_bin, monkeypatch):
-    from pinfeed import loader as loader_module
+    from pinfeed import _options as options_module
 
-    monkeypatch.setattr(loader_module, "_warned_host_fallback", False)
+    monkeypatch.setattr(options_module, "_warned_host_fallback", False)
     with pytest.warns(pinfeed.PinfeedWarning, match='device="auto"') as caught:
-        TokenLoader(train_bin[0], 16, 2, dtype="uint16", steps=2)
+        TokenLoader(train_bin[0], 16, 2, token_dtype="uint16", steps=2)
     assert [w.filename for w in caught] == [__file__]

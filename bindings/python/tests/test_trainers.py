@@ -139,7 +139,7 @@ def test_prefetch_passes_a_stateful_dataloaders_state_through(device, workers):
     whole = [
         b[:, 0].long().tolist() for b in pinfeed.prefetch(make(), device=device, framework="torch")
     ]
-    p = pinfeed.prefetch(make(), device=device, depth=3, framework="torch")
+    p = pinfeed.prefetch(make(), device=device, prefetch=3, framework="torch")
     assert isinstance(p, stateful.Stateful)
     first = [next(p)[:, 0].long().tolist() for _ in range(6)]
     state = p.state_dict()

@@ -10,6 +10,7 @@ ring of pinned memory.
   sharded across ranks and resumable (``state_dict``).
 - :class:`MultiLoader`: one process feeding several devices: a ring per device, each on its
   shard, or (``replicate=True``) the same batches to every device, read once.
+- :class:`TokenLoader`: token windows for language models, as ``(x, y)`` batches.
 - :class:`ImageLoader`: JPEG/PNG datasets (ImageFolder or WebDataset tars) decoded and
   cropped on the reader threads, as ``(images, labels)`` batches.
 - :func:`epoch_order`: the records each batch of a shuffled, sharded epoch holds.
@@ -19,7 +20,7 @@ ring of pinned memory.
 - :mod:`pinfeed.transforms`: preprocessing on the reader threads.
 - :mod:`pinfeed.errors`: :class:`PinfeedError` and its subclasses.
 
-torch is imported only when a CUDA batch (or ``as_torch=True``) needs it. ``framework="jax"``,
+torch is imported only when a CUDA batch (or ``framework="torch"``) needs it. ``framework="jax"``,
 ``"cupy"`` or ``"numpy"`` on every entry point delivers those arrays instead, without torch.
 """
 
@@ -27,9 +28,11 @@ from . import transforms
 from ._pinfeed import DEFAULT_PINNED_BUDGET, DeviceBuffer, __version__, cuda_device_count
 from .errors import (
     CudaError,
+    PinfeedDeprecationWarning,
     PinfeedError,
     PinfeedMemoryError,
     PinfeedOSError,
+    PinfeedTypeError,
     PinfeedValueError,
     PinfeedWarning,
 )
@@ -41,28 +44,31 @@ from .staging import Prefetcher, free_staging_memory, pinned, prefetch, to_devic
 from .tokens import TokenLoader
 from .transforms import Transform
 
+# Sorted (uppercase first, as sorted() orders them); a test checks it against the names above.
 __all__ = [
-    "MultiLoader",
-    "free_staging_memory",
-    "Loader",
-    "TokenLoader",
-    "ImageLoader",
-    "epoch_order",
-    "merge_states",
-    "prefetch",
-    "Prefetcher",
-    "to_device",
-    "pinned",
-    "transforms",
-    "Transform",
-    "DeviceBuffer",
-    "PinfeedError",
-    "PinfeedValueError",
-    "PinfeedOSError",
-    "PinfeedMemoryError",
     "CudaError",
-    "PinfeedWarning",
-    "cuda_device_count",
     "DEFAULT_PINNED_BUDGET",
+    "DeviceBuffer",
+    "ImageLoader",
+    "Loader",
+    "MultiLoader",
+    "PinfeedDeprecationWarning",
+    "PinfeedError",
+    "PinfeedMemoryError",
+    "PinfeedOSError",
+    "PinfeedTypeError",
+    "PinfeedValueError",
+    "PinfeedWarning",
+    "Prefetcher",
+    "TokenLoader",
+    "Transform",
     "__version__",
+    "cuda_device_count",
+    "epoch_order",
+    "free_staging_memory",
+    "merge_states",
+    "pinned",
+    "prefetch",
+    "to_device",
+    "transforms",
 ]

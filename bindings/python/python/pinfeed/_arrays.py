@@ -22,7 +22,7 @@ def torch_module(wanted: str = "CUDA batches as torch tensors") -> Any:
         if wanted == "CUDA batches as torch tensors":
             advice = "install torch, or use device='cpu' for numpy arrays"
         else:
-            advice = "install torch, or leave as_torch=False for numpy arrays"
+            advice = "install torch, or pick another framework"
         raise PinfeedError(f"{wanted} were asked for, but torch is not installed; {advice}") from e
     return torch
 
@@ -97,7 +97,8 @@ def cuda_tensor(buf: "_pinfeed.DeviceBuffer") -> Any:
 
 
 def materialize(buf: "_pinfeed.DeviceBuffer", view, as_torch: bool) -> Any:
-    """A DeviceBuffer as a torch tensor (CUDA, or ``as_torch``) or a numpy array."""
+    """A DeviceBuffer as a torch tensor (CUDA, or ``as_torch``: ``framework="torch"``) or a
+    numpy array."""
     cuda = buf.device.startswith("cuda")
     if cuda or as_torch:
         if view is not None:
@@ -107,7 +108,7 @@ def materialize(buf: "_pinfeed.DeviceBuffer", view, as_torch: bool) -> Any:
             )
         if cuda:
             return cuda_tensor(buf)
-        return torch_module("torch tensors (as_torch=True)").from_dlpack(buf)
+        return torch_module("torch tensors (framework='torch')").from_dlpack(buf)
     if buf.dtype == BFLOAT16:
         # numpy has no bfloat16: hand back torch's.
         return torch_module(

@@ -35,22 +35,17 @@ __all__ = ["FRAMEWORKS", "framework_arg", "check_device", "check_dtype", "delive
 FRAMEWORKS = ("torch", "jax", "cupy", "numpy")
 
 
-def framework_arg(framework: Optional[str], as_torch: bool = False) -> Optional[str]:
+def framework_arg(framework: Optional[str]) -> Optional[str]:
     """``framework`` checked: one of :data:`FRAMEWORKS`, or None for the default (torch tensors
-    on CUDA, numpy arrays on the host backend; ``as_torch=True`` is ``"torch"``)."""
+    on CUDA, numpy arrays on the host backend)."""
     if framework is None:
-        return "torch" if as_torch else None
+        return None
     if not isinstance(framework, str) or framework.lower() not in FRAMEWORKS:
         raise PinfeedValueError(
             f"framework must be one of {', '.join(repr(f) for f in FRAMEWORKS)} (or None for "
             f"torch on CUDA and numpy on the host), not {framework!r}"
         )
     framework = framework.lower()
-    if as_torch and framework != "torch":
-        raise PinfeedValueError(
-            f"as_torch=True asks for torch tensors, framework={framework!r} for another kind; "
-            "give one of them"
-        )
     module(framework)  # a missing package is reported now, not at the first batch
     return framework
 

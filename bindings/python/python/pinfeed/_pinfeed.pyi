@@ -24,6 +24,7 @@ __all__ = [
     "__version__",
     "bottleneck",
     "byte_size",
+    "check_ints",
     "crop_params",
     "cli_main",
     "combined_stats",
@@ -33,6 +34,7 @@ __all__ = [
     "epoch_order",
     "epoch_size",
     "image_decoder",
+    "is_url",
     "open_tokens",
     "parse_dtype",
     "pinned_allocations",
@@ -250,6 +252,8 @@ def device_share(
     rank: int, world_size: int, devices: int, index: int, pinned_budget: _Size = None
 ) -> tuple[int, int, int]: ...
 def byte_size(value: _Size, what: str = "size") -> int | None: ...
+def check_ints(what: str, **values: object) -> list[int]: ...
+def is_url(path: str) -> bool: ...
 def bottleneck(
     *,
     elapsed: float,

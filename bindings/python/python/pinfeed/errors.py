@@ -11,10 +11,12 @@ from typing import Optional
 __all__ = [
     "PinfeedError",
     "PinfeedValueError",
+    "PinfeedTypeError",
     "PinfeedOSError",
     "PinfeedMemoryError",
     "CudaError",
     "PinfeedWarning",
+    "PinfeedDeprecationWarning",
 ]
 
 
@@ -26,6 +28,11 @@ class PinfeedError(Exception):
 
 class PinfeedValueError(PinfeedError, ValueError):
     """A bad option, dtype, shape, layout or file header."""
+
+
+class PinfeedTypeError(PinfeedError, TypeError):
+    """An argument of the wrong type: a float or a string where an int is expected, a
+    non-list where a list of states is."""
 
 
 class PinfeedOSError(PinfeedError, OSError):
@@ -43,3 +50,8 @@ class CudaError(PinfeedError, RuntimeError):
 class PinfeedWarning(UserWarning):
     """Something pinfeed chose for you that you may want to know: ``device="auto"`` falling
     back to the host backend."""
+
+
+class PinfeedDeprecationWarning(PinfeedWarning, DeprecationWarning):
+    """An old spelling of an argument or attribute, still accepted for now: the message names
+    the new one. Each old spelling warns once a process."""

@@ -14,10 +14,14 @@ from typing import Any, Optional, Union
 import numpy as np
 
 from . import _pinfeed
-from ._arrays import torch_module
+from ._deprecation import accepts_old_spellings
+from ._epochs import EpochLoader
+from ._frameworks import framework_arg
+from ._image_batches import ImageBatches
+from ._options import device_name, int_arg, ints, shuffle_arg
+from ._sources import local_only, source_path, store_args
 from .errors import PinfeedValueError
 from .loader import Loader
-from .order import distributed_defaults
 
 __all__ = ["ImageLoader", "DECODERS"]
 
@@ -35,7 +39,9 @@ def _check_decoder(decode: str, name: str) -> None:
 
 def _size_pair(size: Union[int, Sequence[int]], name: str) -> tuple[int, int]:
     pair = (size, size) if isinstance(size, (int, np.integer)) else tuple(size)
-    if len(pair) != 2 or not all(isinstance(s, (int, np.integer)) and s > 0 for s in pair):
+    if len(pair) != 2 or not all(
+        isinstance(s, (int, np.integer)) and not isinstance(s, bool) and s > 0 for s in pair
+    ):
         raise PinfeedValueError(f"{name}: size must be an int or (height, width), not {size!r}")
     return int(pair[0]), int(pair[1])
 
@@ -52,10 +58,10 @@ def _channel_triple(values: Any, what: str, name: str) -> tuple[float, float, fl
     return triple  # type: ignore[return-value]
 
 
-class ImageLoader:
+class ImageLoader(EpochLoader):
     """Batches of decoded, cropped images and their labels, streamed through pinfeed's ring.
 
-    ``path`` is an ImageFolder tree (``path/<class>/.../<image>``; labels are the indices of
+    ``source`` is a local ImageFolder tree (``source/<class>/.../<image>``; labels are the indices of
     the sorted class names, and the images those torchvision's ``ImageFolder`` finds), or
     WebDataset shards: a ``.tar`` file, a glob of them or a directory of them, each sample an
     image member (``KEY.jpg``, ``.jpeg`` or ``.png``) beside its label (``KEY.cls``: a decimal
@@ -79,7 +85,14 @@ class ImageLoader:
     ``ToTensor``), ``dtype`` (float32, float16 or bfloat16) ``(x / 255 - mean) / std``,
     computed on the GPU on torch's current stream. CUDA tensors, or numpy arrays on the host
     backend (``device="cpu"``, or ``"auto"`` without a GPU; bfloat16 is float32 there, numpy
-    having no bfloat16).
+    having no bfloat16). ``framework`` (``"torch"``, ``"jax"``, ``"cupy"`` or ``"numpy"``, as
+    for :class:`pinfeed.Loader`) picks the kind of array instead: JAX splits and normalizes
+    in one jitted function (labels int32 without ``jax_enable_x64``), CuPy on its current
+    stream (no bfloat16).
+
+    Images are read from local files: a URL is refused, and so are ``storage_options``,
+    ``cache_dir``, ``cache_limit`` and ``queue_depth`` (object storage), as for a local path
+    elsewhere.
 
     ``on_error="raise"`` stops at a sample that cannot be decoded (truncated, not an image, over
     ``max_pixels``, default Pillow's 89,478,485, refused from its header; a file over 256 MiB)
@@ -101,15 +114,32 @@ class ImageLoader:
 
     Shuffling, sharding (``rank``, ``world_size``), ``set_epoch``, ``state_dict`` and
     ``load_state_dict`` are :class:`pinfeed.Loader`'s, with the same exact resume.
-    ``pinned_budget``, ``prefetch``, ``drop_last`` and ``device`` are the Loader's too.
+    ``pinned_budget``, ``prefetch``, ``drop_last``, ``num_threads`` and ``device`` are the
+    Loader's too. ``shuffle`` is ``False``/``"none"`` or ``True``/``"random"``.
     """
 
+    @accepts_old_spellings("ImageLoader")
     def __init__(
         self,
-        path: Union[str, "os.PathLike[str]"],
+        source: Union[str, "os.PathLike[str]"],
         batch_size: int,
         size: Union[int, Sequence[int]] = 224,
         *,
+        device: Any = "auto",
+        framework: Optional[str] = None,
+        shuffle: Union[bool, str] = False,
+        seed: int = 0,
+        rank: Optional[int] = None,
+        world_size: Optional[int] = None,
+        drop_last: bool = False,
+        pinned_budget: Any = None,
+        num_threads: Optional[int] = None,
+        prefetch: int = 4,
+        storage_options: Optional[dict[str, Any]] = None,
+        cache_dir: Any = None,
+        cache_limit: Any = None,
+        queue_depth: Optional[int] = None,
+        dtype: str = "float32",
         decode: str = "cpu",
         crop: str = "random",
         scale: Sequence[float] = (0.08, 1.0),
@@ -119,42 +149,109 @@ class ImageLoader:
         layout: str = "NCHW",
         mean: Optional[Sequence[float]] = None,
         std: Optional[Sequence[float]] = None,
-        dtype: str = "float32",
-        shuffle: bool = False,
-        seed: int = 0,
         on_error: str = "raise",
         max_pixels: Optional[int] = None,
-        device: Any = "auto",
-        pinned_budget: Any = None,
-        rank: Optional[int] = None,
-        world_size: Optional[int] = None,
-        drop_last: bool = False,
-        num_threads: Optional[int] = None,
-        prefetch: int = 4,
     ) -> None:
-        self.path = os.fsdecode(os.fspath(path))
-        _check_decoder(decode, self.path)
-        self.height, self.width = _size_pair(size, self.path)
+        self.source = source_path(source, "ImageLoader")
+        store = store_args(storage_options, cache_dir, cache_limit, queue_depth, self.source)
+        local_only(self.source, store, "ImageLoader")
+        framework = framework_arg(framework)
+        self._check_options(decode, size, layout, mean, std, dtype, framework)
+        self.batch_size, self.seed = ints(self.source, batch_size=batch_size, seed=seed)
+        #: ``"none"`` or ``"random"``.
+        self.shuffle: str = shuffle_arg(shuffle, ("none", "random"), "ImageLoader")
+        self._dataset = self._open_dataset(crop, scale, ratio, resize, flip, on_error, max_pixels)
+        if num_threads is None:
+            num_threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+        else:
+            num_threads = int_arg(self.source, "num_threads", num_threads)
+        #: The decoder in use, ``"cpu"`` or ``"gpu"``, and why (``decode="auto"`` times both).
+        self.decode, self.decode_reason = _pinfeed.image_decoder(
+            decode, device_name(device), self._dataset, self.batch_size, num_threads, pinned_budget
+        )
+        self._images = ImageBatches(
+            self.height,
+            self.width,
+            self.layout,
+            self.normalize,
+            self.dtype,
+            self._dataset.record_parts(),
+            planar=self.decode == "gpu",
+        )
+        self._shared(
+            rank,
+            world_size,
+            device=device,
+            framework=framework,
+            drop_last=drop_last,
+            shuffle=self.shuffle,
+            seed=self.seed,
+            pinned_budget=pinned_budget,
+            num_threads=num_threads,
+            prefetch=prefetch,
+            raw=True,
+        )
+        # The crops depend on the epoch, so each epoch has its own source (and Loader).
+        self._first_loader()
+        #: What images and labels are: ``"torch"``, ``"jax"``, ``"cupy"`` or ``"numpy"``.
+        self.framework: str = framework or ("torch" if self.device.startswith("cuda") else "numpy")
+
+    def _check_options(
+        self,
+        decode: str,
+        size: Any,
+        layout: str,
+        mean: Any,
+        std: Any,
+        dtype: str,
+        framework: Optional[str],
+    ) -> None:
+        _check_decoder(decode, self.source)
+        self.height, self.width = _size_pair(size, self.source)
         if layout not in ("NCHW", "NHWC"):
-            raise PinfeedValueError(f"{self.path}: layout must be 'NCHW' or 'NHWC', not {layout!r}")
+            raise PinfeedValueError(
+                f"{self.source}: layout must be 'NCHW' or 'NHWC', not {layout!r}"
+            )
         if (mean is None) != (std is None):
-            raise PinfeedValueError(f"{self.path}: give mean and std together, or neither")
+            raise PinfeedValueError(f"{self.source}: give mean and std together, or neither")
         if dtype not in _DTYPES:
             raise PinfeedValueError(
-                f"{self.path}: dtype must be one of {', '.join(_DTYPES)}, not {dtype!r}"
+                f"{self.source}: dtype must be one of {', '.join(_DTYPES)}, not {dtype!r}"
+            )
+        if framework == "cupy" and dtype == "bfloat16" and mean is not None:
+            raise PinfeedValueError(
+                f"{self.source}: CuPy has no bfloat16; use dtype='float16' or 'float32', or "
+                "framework='torch' or 'jax'"
             )
         self.layout = layout
+        #: ``(mean, std)`` of normalizing, or None (uint8 images).
         self.normalize: Optional[tuple[tuple[float, ...], tuple[float, ...]]] = (
             None
             if mean is None
-            else (_channel_triple(mean, "mean", self.path), _channel_triple(std, "std", self.path))
+            else (
+                _channel_triple(mean, "mean", self.source),
+                _channel_triple(std, "std", self.source),
+            )
         )
+        #: What normalized images are: ``"float32"``, ``"float16"`` or ``"bfloat16"``.
         self.dtype = dtype
-        self.batch_size = int(batch_size)
-        self.seed = int(seed)
-        self.shuffle = bool(shuffle)
-        self._dataset = _pinfeed.ImageDataset(
-            self.path,
+
+    def _open_dataset(
+        self,
+        crop: str,
+        scale: Sequence[float],
+        ratio: Sequence[float],
+        resize: Any,
+        flip: Any,
+        on_error: str,
+        max_pixels: Any,
+    ) -> "_pinfeed.ImageDataset":
+        if resize is not None:
+            resize = int_arg(self.source, "resize", resize)
+        if max_pixels is not None:
+            max_pixels = int_arg(self.source, "max_pixels", max_pixels)
+        return _pinfeed.ImageDataset(
+            self.source,
             height=self.height,
             width=self.width,
             crop=crop,
@@ -162,52 +259,26 @@ class ImageLoader:
             ratio=tuple(float(r) for r in ratio),
             resize=resize,
             flip=(crop == "random") if flip is None else bool(flip),
-            layout=layout,
+            layout=self.layout,
             on_error=on_error,
             max_pixels=max_pixels,
             seed=self.seed,
         )
-        self._pixel_bytes, self._label_at = self._dataset.record_parts()
-        self.rank, self.world_size = distributed_defaults(rank, world_size)
-        if num_threads is None:
-            num_threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
-        #: The decoder in use, ``"cpu"`` or ``"gpu"``, and why (``decode="auto"`` times both).
-        self.decode, self.decode_reason = _pinfeed.image_decoder(
-            decode, str(device), self._dataset, self.batch_size, num_threads, pinned_budget
-        )
-        self._loader_args = dict(
-            device=device,
-            drop_last=drop_last,
-            shuffle=self.shuffle,
-            seed=self.seed,
-            rank=self.rank,
-            world_size=self.world_size,
-            pinned_budget=pinned_budget,
-            num_threads=num_threads,
-            prefetch=prefetch,
-            raw=True,
-        )
-        # The crops depend on the epoch, so each epoch has its own source (and Loader).
-        self._loader, self._loader_epoch = self._make_loader(0), 0
-        self.device: str = self._loader.device
-        # The Loader state the next iteration starts at, when set_epoch or load_state_dict
-        # chose it; otherwise the epoch after the last pass's.
-        self._next: Optional[dict[str, Any]] = None
-        self._pass_epoch: Optional[int] = None
-        self._scale_shift: Any = None
 
     def _make_loader(self, epoch: int) -> Loader:
         source = self._dataset.source(epoch, gpu=self.decode == "gpu")
         return Loader(source, self.batch_size, **self._loader_args)
 
-    def _loader_for(self, epoch: int) -> Loader:
-        if epoch != self._loader_epoch:
-            self._loader.close()
-            self._loader, self._loader_epoch = self._make_loader(epoch), epoch
-        return self._loader
-
     def _start_of(self, epoch: int) -> dict[str, Any]:
         return {**self._loader.state_dict(), "epoch": epoch, "batches_done": 0, "consumed": 0}
+
+    def _epoch_of(self, start: Any) -> int:
+        return int(start["epoch"])
+
+    def _begin(self, loader: Loader, start: Any) -> Iterator[tuple[Any, Any]]:
+        # The Loader of this epoch's crops, positioned (its order follows the epoch too).
+        loader.load_state_dict(start)
+        return self._batches(iter(loader))
 
     @property
     def classes(self) -> list[str]:
@@ -224,96 +295,9 @@ class ImageLoader:
         """Every sample's label in dataset order, int64."""
         return np.asarray(self._dataset.labels(), dtype=np.int64)
 
-    def __len__(self) -> int:
-        return len(self._loader)
-
-    def __iter__(self) -> Iterator[tuple[Any, Any]]:
-        if self._next is not None:
-            start = self._next
-        else:
-            start = self._start_of(0 if self._pass_epoch is None else self._pass_epoch + 1)
-        self._next = None
-        self._pass_epoch = int(start["epoch"])
-        # The Loader of this epoch's crops, positioned (its order follows the epoch too).
-        loader = self._loader_for(self._pass_epoch)
-        loader.load_state_dict(start)
-        return self._batches(iter(loader))
-
     def _batches(self, batches: Iterator[Any]) -> Iterator[tuple[Any, Any]]:
         for raw in batches:
-            yield self._split(raw)
-
-    def _split(self, raw: Any) -> tuple[Any, Any]:
-        """``(images, labels)`` of a ``(B, record_bytes)`` uint8 batch."""
-        b = int(raw.shape[0])
-        shape = (
-            (b, 3, self.height, self.width)
-            if self.layout == "NCHW"
-            else (b, self.height, self.width, 3)
-        )
-        if self.decode == "gpu":
-            return self._split_planar(raw, shape)
-        label_bytes = raw[:, self._label_at : self._label_at + 8]
-        if not self.device.startswith("cuda"):
-            labels = np.ascontiguousarray(label_bytes).view("<i8").reshape(b)
-            pixels = raw[:, : self._pixel_bytes].reshape(shape)
-            if self.normalize is None:
-                return np.ascontiguousarray(pixels), labels
-            scale, shift = self._host_scale_shift()
-            out = pixels.astype(np.float32) * scale - shift
-            return out.astype(np.float32 if self.dtype == "bfloat16" else self.dtype), labels
-        torch = torch_module()
-        labels = label_bytes.contiguous().view(torch.int64).reshape(b)
-        # A strided view of the pixels: rows are records, with the label after each.
-        pixels = raw.as_strided(shape, _strides(shape, raw.stride(0)), raw.storage_offset())
-        if self.normalize is None:
-            return pixels.contiguous(), labels
-        scale, shift = self._cuda_scale_shift(raw.device)
-        out = torch.empty(shape, dtype=getattr(torch, self.dtype), device=raw.device)
-        # One pass: out = x * (1 / (255 std)) - mean / std, in float32, stored as dtype.
-        torch.sub(pixels.to(torch.float32).mul_(scale), shift, out=out)
-        return out, labels
-
-    def _split_planar(self, raw: Any, shape: tuple[int, ...]) -> tuple[Any, Any]:
-        """``(images, labels)`` of a GPU-decoded batch: the images back to back, then the
-        labels from ``batch * label offset`` (``GpuImageDecode``'s layout)."""
-        torch = torch_module()
-        b = int(raw.shape[0])
-        flat = raw.reshape(-1)
-        at = b * self._label_at
-        labels = flat[at : at + 8 * b].view(torch.int64)
-        pixels = flat[: b * self._pixel_bytes].view(shape)
-        if self.normalize is None:
-            return pixels, labels
-        scale, shift = self._cuda_scale_shift(raw.device)
-        out = torch.empty(shape, dtype=getattr(torch, self.dtype), device=raw.device)
-        torch.sub(pixels.to(torch.float32).mul_(scale), shift, out=out)
-        return out, labels
-
-    def _channel_shape(self) -> tuple[int, ...]:
-        return (1, 3, 1, 1) if self.layout == "NCHW" else (1, 1, 1, 3)
-
-    def _host_scale_shift(self) -> tuple[np.ndarray, np.ndarray]:
-        mean, std = (np.asarray(v, dtype=np.float64) for v in self.normalize)  # type: ignore[union-attr]
-        shape = self._channel_shape()
-        scale = (1.0 / (255.0 * std)).astype(np.float32).reshape(shape)
-        return scale, (mean / std).astype(np.float32).reshape(shape)
-
-    def _cuda_scale_shift(self, device: Any) -> tuple[Any, Any]:
-        if self._scale_shift is None or self._scale_shift[0].device != device:
-            torch = torch_module()
-            scale, shift = self._host_scale_shift()
-            self._scale_shift = (
-                torch.from_numpy(scale).to(device),
-                torch.from_numpy(shift).to(device),
-            )
-        return self._scale_shift
-
-    def set_epoch(self, epoch: int) -> None:
-        """Makes the next iteration run ``epoch`` from its start."""
-        if int(epoch) < 0:
-            raise PinfeedValueError(f"{self.path}: epoch must be at least 0, not {epoch}")
-        self._next = self._start_of(int(epoch))
+            yield self._images.split(raw, self.framework)
 
     def _image_params(self) -> dict[str, Any]:
         return {"height": self.height, "width": self.width, "num_samples": self.num_samples}
@@ -330,24 +314,10 @@ class ImageLoader:
         """Makes the next iteration resume at ``state`` (from :meth:`state_dict`): exactly
         the batches the interrupted run had not received. Raises
         :class:`pinfeed.PinfeedValueError` for a state of another dataset, image size or
-        Loader setting."""
-        if not isinstance(state, Mapping) or "images" not in state:
-            raise PinfeedValueError(
-                f"{self.path}: not an ImageLoader state (expected the dict of "
-                "ImageLoader.state_dict(), with 'images')"
-            )
-        mine, theirs = self._image_params(), state["images"]
-        differs = [
-            f"{k} {theirs.get(k)!r} (this loader: {v!r})"
-            for k, v in mine.items()
-            if not isinstance(theirs, Mapping) or theirs.get(k) != v
-        ]
-        if differs:
-            raise PinfeedValueError(
-                f"{self.path}: cannot resume from this state: it was saved with "
-                + ", ".join(differs)
-            )
-        rest = {k: v for k, v in state.items() if k != "images"}
+        Loader setting, or one that is not an ImageLoader state."""
+        rest, _epoch, _done = self._checked_state(
+            state, "ImageLoader", "images", self._image_params()
+        )
         # The Loader checks the order's parameters and the position.
         self._loader.load_state_dict(rest)
         self._next = self._loader.state_dict()
@@ -363,22 +333,10 @@ class ImageLoader:
             "decode_reason": self.decode_reason,
         }
 
-    def close(self) -> None:
-        """Stops the current pass and frees its pinned memory."""
-        self._loader.close()
-
     def __repr__(self) -> str:
         return (
-            f"ImageLoader({self.path!r}, batch_size={self.batch_size}, "
+            f"ImageLoader({self.source!r}, batch_size={self.batch_size}, "
             f"size=({self.height}, {self.width}), samples={self.num_samples}, "
             f"layout={self.layout!r}, decode={self.decode!r}, device={self.device!r}, "
             f"rank={self.rank}, world_size={self.world_size})"
         )
-
-
-def _strides(shape: tuple[int, ...], row: int) -> tuple[int, ...]:
-    """Strides of a batch of images ``shape`` whose records are ``row`` bytes apart."""
-    strides = [row] + [1] * (len(shape) - 1)
-    for i in range(len(shape) - 2, 0, -1):
-        strides[i] = strides[i + 1] * shape[i + 1]
-    return tuple(strides)

@@ -1,198 +1,34 @@
-"""``pinfeed.Loader``: batches of a dataset on the GPU (or the host backend)."""
+"""``pinfeed.Loader``: batches of a dataset on the GPU (or the host backend).
 
-import atexit
+The Loader joins the parts that live beside it: the source (:mod:`pinfeed._sources`), the
+options (:mod:`pinfeed._options`, checked in Rust), its passes (:mod:`pinfeed._passes`), the
+GPU-resident mode (:mod:`pinfeed._resident`) and resume states (:mod:`pinfeed._states`).
+"""
+
 import os
-import sys
-import warnings
-import weakref
-from collections.abc import Iterator, Mapping, Sequence
-from typing import (
-    Any,
-    Optional,
-    Union,
-)
+from collections.abc import Mapping, Sequence
+from typing import Any, Optional, Union
 
 import numpy as np
 
 from . import _pinfeed
-from ._arrays import (
-    Export,
-    descr_of,
-    dtype_of,
-    export_for,
-    host_array,
-    is_torch_tensor,
-    split_dtype,
-    torch_module,
-)
-from ._frameworks import check_device, check_dtype, deliver, framework_arg
-from ._orders_ahead import OrdersAhead, live_orders, order_filler
-from ._resident import check_budget, gather, index_on_device, upload, upload_batch
-from .errors import PinfeedError, PinfeedValueError, PinfeedWarning
-from .order import block_args, distributed_defaults, order_kind, shuffle_mode, u64_arg
-from .transforms import Normalize, ToFloat, make_caller
+from ._arrays import Export, dtype_of, export_for, torch_module
+from ._deprecation import accepts_old_spellings, as_torch, warn_once
+from ._frameworks import check_device, check_dtype, framework_arg
+from ._options import SHUFFLE_MODES, device_name, ints, shuffle_arg, warn_if_host_fallback
+from ._passes import _Pass, _stream_batches, track
+from ._resident import ResidentShuffle, check_budget, upload_batch
+from ._sources import open_source, store_args
+from ._states import check_saved_with, merge_states, require_state, state_ints
+from .errors import PinfeedError, PinfeedValueError
+from .order import block_args, distributed_defaults, order_kind
+from .transforms import transform_layout
 
-__all__ = ["Loader"]
+__all__ = ["Loader", "merge_states"]
 
-# Epochs whose GPU-resident order is computed ahead while the current epoch is gathered, and
-# worker threads computing them: two, so that a shuffle up to twice as slow as an epoch's
-# gathers still keeps up, and the orders held (8 bytes a record each) stay few. 0: none.
-_ORDERS_AHEAD = 2
-_U64_MAX = (1 << 64) - 1
 # A loader position: (epoch, batches done, records consumed before their split); see the Rust
 # `Position`.
 _Position = tuple[int, int, int]
-
-
-def merge_states(states: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """One state for an elastic (or any) resume from the :meth:`Loader.state_dict` of several
-    ranks of one job: the one that got least far, by ``epoch``, then records of the epoch's
-    global order consumed (``consumed + batches_done × world_size × batch_size``). Resuming
-    from it repeats the records faster ranks read past it, and loses none. When every rank
-    saved at the same step, any one state is the same position. Raises
-    :class:`pinfeed.PinfeedValueError` for no state, or states of different jobs (another
-    ``fingerprint`` or ``world_size``)."""
-    states = list(states)
-    if not states:
-        raise PinfeedValueError("merge_states: no state given")
-    for key in ("fingerprint", "world_size", "batch_size"):
-        seen = {s.get(key) for s in states}
-        if len(seen) > 1:
-            raise PinfeedValueError(
-                f"merge_states: the states come from different jobs: {key} differs ({sorted(seen)})"
-            )
-
-    def position(state: Mapping[str, Any]) -> tuple[int, int]:
-        step = int(state["world_size"]) * int(state["batch_size"])
-        return int(state["epoch"]), int(state.get("consumed", 0)) + int(
-            state["batches_done"]
-        ) * step
-
-    return dict(min(states, key=position))
-
-
-# What as_torch=True asks for, in the error when torch is missing.
-_AS_TORCH = "torch tensors (as_torch=True)"
-
-# Passes still running, closed at exit so that no reader thread is left inside the interpreter
-# while it shuts down; then the order workers of GPU-resident loaders (`live_orders`), joined.
-_live_streams: "weakref.WeakSet[_pinfeed.Stream]" = weakref.WeakSet()
-
-
-@atexit.register
-def _close_live_streams() -> None:
-    for closable in [*_live_streams, *live_orders]:
-        try:
-            closable.close()
-        except Exception:  # pragma: no cover - best effort at exit
-            pass
-
-
-def device_name(device: Any) -> str:
-    """``"cpu"``, ``"cuda"``, ``"cuda:N"`` or ``"auto"`` from a string or a ``torch.device``."""
-    if isinstance(device, int) and not isinstance(device, bool):
-        return f"cuda:{device}"
-    return str(device)
-
-
-_warned_host_fallback = False
-
-
-def warn_if_host_fallback(asked: str, got: str) -> None:
-    """Warns, once a process, that ``device="auto"`` found no usable GPU and runs on the host
-    backend (``device="cuda"`` raises instead)."""
-    global _warned_host_fallback
-    if asked.strip().lower() == "auto" and got == "cpu" and not _warned_host_fallback:
-        _warned_host_fallback = True
-        warnings.warn(
-            'device="auto" found no usable CUDA driver and device: running on the host backend '
-            '(batches in host memory); pass device="cpu" to ask for it, or device="cuda" to '
-            "require a GPU",
-            PinfeedWarning,
-            stacklevel=_caller_outside_pinfeed(),
-        )
-
-
-def _caller_outside_pinfeed() -> int:
-    """``warnings.warn``'s ``stacklevel`` for the first frame outside this package, so that a
-    warning names the user's line whichever of pinfeed's classes was called."""
-    package = os.path.dirname(os.path.abspath(__file__))
-    frame, level = sys._getframe(1), 1  # the function that calls warnings.warn
-    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(package):
-        frame, level = frame.f_back, level + 1
-    return level
-
-
-def _store_args(
-    storage_options: Optional[dict[str, Any]],
-    cache_dir: Any,
-    cache_limit: Any,
-    queue_depth: Optional[int],
-) -> dict[str, Any]:
-    """The object-storage arguments of ``Source.open`` that were given (values as strings,
-    as ``--storage-option key=value`` gives them: ``True`` becomes ``"true"``)."""
-    store: dict[str, Any] = {}
-    if storage_options:
-        store["storage_options"] = {
-            str(k): (str(v).lower() if isinstance(v, bool) else str(v))
-            for k, v in storage_options.items()
-        }
-    if cache_dir is not None:
-        store["cache_dir"] = os.fspath(cache_dir)
-    if cache_limit is not None:
-        store["cache_limit"] = cache_limit
-    if queue_depth is not None:
-        store["queue_depth"] = int(queue_depth)
-    return store
-
-
-def _open_source(
-    source: Any,
-    dtype: Any,
-    shape: Optional[Sequence[int]],
-    reader: str = "auto",
-    tensor: Optional[str] = None,
-    store: Optional[dict[str, Any]] = None,
-) -> "_pinfeed.Source":
-    if isinstance(source, _pinfeed.Source):  # opened already, e.g. by pinfeed.TokenLoader
-        return source
-    if isinstance(source, (str, os.PathLike)):
-        path = os.fspath(source)
-        if isinstance(path, bytes):
-            path = os.fsdecode(path)
-        record_shape = None if shape is None else [int(d) for d in np.atleast_1d(shape)]
-        how: dict[str, Any] = dict(reader=reader, tensor=tensor, **(store or {}))
-        if dtype is None:
-            return _pinfeed.Source.open(path, shape=record_shape, **how)
-        if isinstance(dtype, str):
-            # pinfeed's dtype syntax, as on the command line: "3,31,31B", "f32", "<u8".
-            return _pinfeed.Source.open(path, user_dtype=dtype, shape=record_shape, **how)
-        base, sub = split_dtype(dtype)
-        # No shape when none was given: a .npy header's is then not checked against it.
-        full = None if record_shape is None and not sub else list(record_shape or ()) + list(sub)
-        return _pinfeed.Source.open(path, descr=descr_of(base), shape=full, **how)
-    if is_torch_tensor(source):
-        if source.dtype == __import__("torch").bfloat16:
-            raise PinfeedValueError(
-                "bfloat16 tensors cannot be streamed by the Loader yet (numpy has no bfloat16); "
-                "pass source.view(torch.int16) and view the batches back as bfloat16"
-            )
-        source, _ = host_array(source)
-    if isinstance(source, np.ndarray):
-        if not source.flags.c_contiguous:
-            raise PinfeedValueError(
-                "host buffer: the array is not C-contiguous; pass numpy.ascontiguousarray(x) "
-                "(a copy), or a file"
-            )
-        if source.ndim == 0:
-            raise PinfeedValueError(
-                "host buffer: a 0-d array holds no records; the first dimension is the record index"
-            )
-        return _pinfeed.Source.from_array(source, descr_of(source.dtype))
-    raise TypeError(
-        "source must be a path to a .npy or raw record file, a numpy array (or memmap) or a "
-        f"torch CPU tensor, not {type(source).__name__}"
-    )
 
 
 class Loader:
@@ -207,7 +43,7 @@ class Loader:
     Iterating yields one batch at a time, of the source's dtype and shape
     ``(records, *record_shape)``: torch tensors on CUDA (through DLPack, ordered on torch's current
     stream, no host synchronisation), numpy arrays with ``device="cpu"`` (torch CPU tensors with
-    ``as_torch=True``). ``raw=True`` gives the records' bytes as uint8 ``(records, record_bytes)``,
+    ``framework="torch"``). ``raw=True`` gives the records' bytes as uint8 ``(records, record_bytes)``,
     the only way to stream structured dtypes to CUDA.
 
     ``framework`` picks the kind of array instead: ``"torch"`` (tensors, on the host backend
@@ -316,96 +152,102 @@ class Loader:
     in the child.
     """
 
+    # Devices every batch is copied to, for a replicated MultiLoader; None for the one device.
+    _replicas: Optional[list[str]] = None
+
+    @accepts_old_spellings("Loader", as_torch)
     def __init__(
         self,
         source: Any,
         batch_size: int,
         *,
         device: Any = "auto",
-        drop_last: bool = False,
+        framework: Optional[str] = None,
         shuffle: Union[bool, str] = False,
         seed: int = 0,
-        block_size: Optional[int] = None,
-        block_window: Optional[int] = None,
         rank: Optional[int] = None,
         world_size: Optional[int] = None,
+        drop_last: bool = False,
         pinned_budget: Any = None,
         num_threads: Optional[int] = None,
-        transform: Any = None,
-        transform_dtype: Any = None,
-        transform_shape: Optional[Sequence[int]] = None,
-        dtype: Any = None,
-        shape: Optional[Sequence[int]] = None,
-        epochs: int = 1,
-        raw: bool = False,
-        as_torch: bool = False,
         prefetch: int = 4,
-        device_budget: Any = None,
-        reader: str = "auto",
-        tensor: Optional[str] = None,
-        piece_size: Any = "4MiB",
-        framework: Optional[str] = None,
         storage_options: Optional[dict[str, Any]] = None,
         cache_dir: Any = None,
         cache_limit: Any = None,
         queue_depth: Optional[int] = None,
+        epochs: int = 1,
+        dtype: Any = None,
+        shape: Optional[Sequence[int]] = None,
+        transform: Any = None,
+        transform_dtype: Any = None,
+        transform_shape: Optional[Sequence[int]] = None,
+        raw: bool = False,
+        block_size: Optional[int] = None,
+        block_window: Optional[int] = None,
+        device_budget: Any = None,
+        reader: str = "auto",
+        tensor: Optional[str] = None,
+        piece_size: Any = "4MiB",
     ) -> None:
         self._pid = os.getpid()
-        store = _store_args(storage_options, cache_dir, cache_limit, queue_depth)
-        self._source = _open_source(source, dtype, shape, str(reader), tensor, store)
-        name = self._source.name
+        store = store_args(storage_options, cache_dir, cache_limit, queue_depth, "Loader")
+        self._source = open_source(source, dtype, shape, str(reader), tensor, store)
         #: ``"none"``, ``"random"``, ``"block"`` or ``"gpu"``.
-        self.shuffle: str = shuffle_mode(shuffle)
+        self.shuffle: str = shuffle_arg(shuffle, SHUFFLE_MODES, self._source.name)
         self.block_size, self.block_window = block_args(
             self.shuffle, int(self._source.record_bytes), block_size, block_window
         )
-        rank, world_size = distributed_defaults(rank, world_size)
         self.raw = bool(raw)
-        self.as_torch = bool(as_torch)
-        if self.as_torch and framework is None:
-            torch_module(_AS_TORCH)  # refused now rather than at the first batch
         #: What batches are delivered as: ``"torch"``, ``"jax"``, ``"cupy"``, ``"numpy"``, or
         #: None for the default (torch on CUDA, numpy on the host backend).
-        self.framework: Optional[str] = framework_arg(framework, self.as_torch)
+        self.framework: Optional[str] = framework_arg(framework)
         self.resident: bool = self.shuffle == "gpu"
+        out_bytes = self._set_layout(transform, transform_dtype, transform_shape)
+        rank, world_size = distributed_defaults(rank, world_size)
+        # Every number, size and name is read and checked in Rust, once.
+        order = dict(seed=seed, rank=rank, world_size=world_size, drop_last=drop_last)
+        sizes = dict(pinned_budget=pinned_budget, device_budget=device_budget, epochs=epochs)
+        reading = dict(num_threads=num_threads, prefetch=prefetch, piece_size=piece_size)
+        self._configure(
+            batch_size, {**order, **sizes, **reading}, device_name(device), str(reader), out_bytes
+        )
+        self._start_first_pass(device_budget, out_bytes)
 
+    def _set_layout(self, transform: Any, transform_dtype: Any, transform_shape: Any) -> Any:
+        """Sets the transform, the dtype and record shape of the batches and how they are
+        exported; returns the transform's output bytes a record (None: no Python transform)."""
         src_dtype = dtype_of(self._source.descr)
         src_shape = tuple(int(d) for d in self._source.record_shape)
-        self._transform, transform_out_bytes, out_dtype, out_shape = self._make_transform(
-            transform, transform_dtype, transform_shape, src_dtype, src_shape
+        self._transform, out_bytes, out_dtype, out_shape = transform_layout(
+            self.source_name, transform, transform_dtype, transform_shape, src_dtype, src_shape
         )
         #: numpy dtype and per-record shape of the batches (before ``raw``).
         self.dtype: np.dtype = out_dtype
         self.record_shape: tuple[int, ...] = out_shape
         self._export: Export = export_for(out_dtype, out_shape, self.raw)
-        # Every number, size and name is read and checked in Rust, once.
-        self._options = _pinfeed.StreamOptions(
+        return out_bytes
+
+    def _configure(
+        self, batch_size: Any, numbers: dict[str, Any], device: str, reader: str, out_bytes: Any
+    ) -> None:
+        """Reads the options once, in Rust, and keeps what the passes and states need."""
+        self._options = opts = _pinfeed.StreamOptions(
             self._source,
             batch_size,
             export_dtype=self._export.dl_dtype,
             record_shape=list(self._export.shape),
-            drop_last=drop_last,
-            epochs=epochs,
-            pinned_budget=pinned_budget,
-            device_budget=device_budget,
-            num_threads=num_threads,
-            device=device_name(device),
-            prefetch=prefetch,
-            piece_size=piece_size,
+            device=device,
             transform=self._transform,
-            transform_out_bytes=transform_out_bytes,
-            # Parsed once, in Rust: only register changes how batches reach the device; the
-            # others are ways of reading into the pinned slots, chosen when the source opened.
-            reader=str(reader),
+            transform_out_bytes=out_bytes,
+            # Only register changes how batches reach the device; the others are ways of
+            # reading into the pinned slots, chosen when the source opened.
+            reader=reader,
             shuffle=order_kind(self.shuffle),
             block_size=self.block_size,
             block_window=self.block_window,
-            seed=seed,
-            rank=rank,
-            world_size=world_size,
+            **numbers,
             **({} if self._replicas is None else {"devices": self._replicas}),
         )
-        opts = self._options
         self.batch_size: int = opts.batch_size
         self.drop_last: bool = opts.drop_last
         self.epochs: int = opts.epochs
@@ -420,19 +262,17 @@ class Loader:
             seed=self.seed,
             world_size=self.world_size,
         )
-        # What each pass runs with: the loader's options, but the upload's in GPU-resident mode.
+        # What each pass runs with: the loader's options, but the upload's in GPU-resident mode
+        # (every record once, in file order, on one "rank", in batches of a few MiB; what
+        # bounds the resident copy is checked apart, not the batches held during the upload).
         self._stream_options = opts
         if self.resident:
-            # The upload: every record once, in file order, on one "rank", in batches of a few
-            # MiB; what bounds the resident copy is checked below, not the batches held during
-            # the upload.
-            widest = max(
-                int(self._source.record_bytes),
-                transform_out_bytes or 0,
-                self._export_record_bytes(),
-            )
+            widest = max(int(self._source.record_bytes), out_bytes or 0, self._record_bytes())
             self._stream_options = opts.upload(upload_batch(widest, opts.pinned_budget))
         self._fingerprint: int = opts.fingerprint
+        self._reset_positions()
+
+    def _reset_positions(self) -> None:
         # Positions are (epoch, batches of it done, records of its global order consumed before
         # the split those batches count in: 0 but after an elastic resume, see the Rust
         # `Position`). `_received`: what the consumer has been given; `_next_start`: where
@@ -446,119 +286,69 @@ class Loader:
         # Set by close(): the pass then running was ended by it (see _Pass).
         self._closed_pass: Optional[int] = None
         self._stream: Optional[_pinfeed.Stream] = None
-        self._resident_data: Any = None
-        # (order key, the epoch's index on the resident copy's device, the stream it was
-        # copied on (CUDA) or None).
-        self._resident_order: Optional[tuple[Any, Any, Any]] = None
-        self._orders: Optional[OrdersAhead] = None
-        # The first pass (in GPU-resident mode, the upload) starts now: configuration errors
-        # surface here, and reading overlaps whatever the caller does before iterating.
+        self._resident: Optional[ResidentShuffle] = None
+
+    def _start_first_pass(self, device_budget: Any, out_bytes: Any) -> None:
+        """Starts the first pass (in GPU-resident mode, the upload) now: configuration errors
+        surface here, and reading overlaps whatever the caller does before iterating."""
         self._pending: Optional[_pinfeed.Stream] = self._start((0, 0, 0))
         self._pending_start: _Position = (0, 0, 0)
         self.device: str = self._pending.device
-        warn_if_host_fallback(opts.device, self.device)
-        if self._export.view is not None and (
-            self.device.startswith("cuda") or self.framework in ("jax", "cupy")
-        ):
-            self._pending.close()
-            kind = self.framework or "torch"
-            raise PinfeedValueError(
-                f"{name}: dtype {out_dtype} has no {kind} equivalent ({kind} has no structured, "
-                "string or date dtypes); pass raw=True for the records' bytes as uint8 "
-                f"(records, {self._source.record_bytes if transform is None else transform_out_bytes}), "
-                "or device='cpu' for numpy arrays"
-            )
+        warn_if_host_fallback(self._options.device, self.device)
         try:
-            check_device(self.framework, self.device, name)
-            check_dtype(self.framework, np.uint8 if self.raw else out_dtype, name)
-            if self.resident and self.framework in ("jax", "cupy"):
-                raise PinfeedValueError(
-                    f'{name}: shuffle="gpu" gathers its batches with torch (numpy on the host); '
-                    f"framework={self.framework!r} streams them instead: use shuffle=True or "
-                    '"block"'
+            self._check_delivery(out_bytes)
+            if self.resident:
+                record_bytes = int(self._pending.record_bytes)
+                asked, budget = device_budget, self._options.device_budget
+                check_budget(
+                    self.source_name, self.device, self.num_samples, record_bytes, asked, budget
                 )
+                self._resident = ResidentShuffle(
+                    self.source_name,
+                    self.device,
+                    self.num_samples,
+                    self.batch_size,
+                    self._order,
+                    self.rank,
+                    self._options.pinned_budget,
+                )
+                self._batches_per_epoch = self._resident.batches_per_epoch
+            else:
+                self._batches_per_epoch = int(self._pending.batches_per_epoch)
         except BaseException:
             self._pending.close()
             raise
-        if self.resident:
-            try:
-                check_budget(
-                    name,
-                    self.device,
-                    self.num_records,
-                    int(self._pending.record_bytes),
-                    device_budget,
-                    opts.device_budget,
-                )
-                # Checks the rank and drop_last against the dataset now, as a stream would,
-                # without drawing an order: epoch 0's is drawn when its pass starts.
-                # `_order_len`: records of this rank in each epoch, what an order buffer holds.
-                self._order_len, self._batches_per_epoch = _pinfeed.epoch_size(
-                    self.num_records,
-                    self.batch_size,
-                    drop_last=self.drop_last,
-                    rank=self.rank,
-                    world_size=self.world_size,
-                )
-            except BaseException:
-                self._pending.close()
-                raise
-            # Index buffers are page-locked (copied on asynchronously) only when the ones held
-            # at once fit the pinned budget; they are computed after the upload, whose ring has
-            # the budget until then. Otherwise they stay pageable.
-            pin = (_ORDERS_AHEAD + 1) * 8 * self._order_len <= opts.pinned_budget
-            self._orders = OrdersAhead(order_filler(self.device, pin), _ORDERS_AHEAD)
-        else:
-            self._batches_per_epoch = int(self._pending.batches_per_epoch)
         self._len = self._batches_per_epoch * self.epochs
 
-    def _make_transform(self, transform, transform_dtype, transform_shape, src_dtype, src_shape):
-        if transform is None:
-            if transform_dtype is not None or transform_shape is not None:
-                raise PinfeedValueError(
-                    f"{self._source.name}: transform_dtype/transform_shape given without a transform"
-                )
-            return None, None, src_dtype, src_shape
-        if isinstance(transform, (ToFloat, Normalize)):
-            return transform, None, np.dtype(np.float32), src_shape
-        if not callable(transform):
-            raise TypeError(f"transform must be callable, not {type(transform).__name__}")
-        out_dtype = (
-            transform_dtype
-            if transform_dtype is not None
-            else getattr(transform, "out_dtype", None)
-        )
-        out_shape = (
-            transform_shape
-            if transform_shape is not None
-            else getattr(transform, "out_shape", None)
-        )
-        if out_dtype is None:
-            base, sub = src_dtype, ()
-        else:
-            base, sub = split_dtype(out_dtype)
-        shape = src_shape if out_shape is None else tuple(int(d) for d in np.atleast_1d(out_shape))
-        shape = tuple(shape) + tuple(sub)
-        out_bytes = base.itemsize * int(np.prod(shape, dtype=np.int64))
-        if out_bytes <= 0:
+    def _check_delivery(self, out_bytes: Any) -> None:
+        """Refuses batches the framework cannot hold on the device the pass runs on."""
+        name = self.source_name
+        if self._export.view is not None and (
+            self.device.startswith("cuda") or self.framework in ("jax", "cupy")
+        ):
+            kind = self.framework or "torch"
+            record = self._source.record_bytes if self._transform is None else out_bytes
             raise PinfeedValueError(
-                f"{self._source.name}: the transform's output records (dtype {base}, shape {shape}) "
-                "are empty"
+                f"{name}: dtype {self.dtype} has no {kind} equivalent ({kind} has no structured, "
+                f"string or date dtypes); pass raw=True for the records' bytes as uint8 "
+                f"(records, {record}), or device='cpu' for numpy arrays"
             )
-        caller = make_caller(transform, src_dtype, src_shape, base, shape)
-        return caller, out_bytes, base, shape
-
-    # Devices every batch is copied to, for a replicated MultiLoader; None for the one device.
-    _replicas: Optional[list[str]] = None
+        check_device(self.framework, self.device, name)
+        check_dtype(self.framework, np.uint8 if self.raw else self.dtype, name)
+        if self.resident and self.framework in ("jax", "cupy"):
+            raise PinfeedValueError(
+                f'{name}: shuffle="gpu" gathers its batches with torch (numpy on the host); '
+                f"framework={self.framework!r} streams them instead: use shuffle=True or "
+                '"block"'
+            )
 
     def _start(self, at: "_Position") -> "_pinfeed.Stream":
         stream = _pinfeed.Stream(
             self._stream_options, start_epoch=at[0], start_batches_done=at[1], start_consumed=at[2]
         )
-        _live_streams.add(stream)
-        return stream
+        return track(stream)
 
-    def _export_record_bytes(self) -> int:
+    def _record_bytes(self) -> int:
         return int(np.dtype(self.dtype).itemsize * int(np.prod(self.record_shape, dtype=np.int64)))
 
     def _check_fork(self) -> None:
@@ -576,7 +366,7 @@ class Loader:
         """``(records, batches)`` of this rank in an epoch split after ``consumed`` records of
         its global order (the whole epoch for 0)."""
         return _pinfeed.epoch_size(
-            self.num_records,
+            self.num_samples,
             self.batch_size,
             drop_last=self.drop_last,
             rank=self.rank,
@@ -607,11 +397,7 @@ class Loader:
         self._received = start
         self._len = self._pass_len(start)
         self._pass_id += 1
-        if self.resident:
-            self._ensure_resident()
-            # Once the upload's ring has given its pinned memory back (see _order_filler).
-            if _ORDERS_AHEAD:
-                self._orders_wanted(start[0], start[0] + 1 + _ORDERS_AHEAD, start[2])
+        if self._resident is not None:
             return _Pass(self, self._pass_id, self._resident_batches(start), None)
         stream, self._pending = self._pending, None
         if stream is not None and self._pending_start != start:
@@ -629,7 +415,7 @@ class Loader:
         """Makes the next iteration run epoch ``epoch`` from its start (its order is a pure
         function of the seed and the epoch). Without it, each iteration runs the epoch after the
         previous pass's."""
-        self._next_start = (u64_arg("epoch", epoch), 0, 0)
+        self._next_start = (ints(self.source_name, epoch=epoch)[0], 0, 0)
 
     def state_dict(self) -> dict[str, Any]:
         """How far the consumer got, as a plain dict for a checkpoint: ``epoch`` and
@@ -652,7 +438,7 @@ class Loader:
             "block_window": self.block_window,
             "world_size": self.world_size,
             "rank": self.rank,
-            "num_records": self.num_records,
+            "num_records": self.num_samples,
             "batch_size": self.batch_size,
             "drop_last": self.drop_last,
             "fingerprint": self._fingerprint,
@@ -686,55 +472,27 @@ class Loader:
         load :func:`pinfeed.merge_states` of all of them (the one that got least far): the
         records the faster ranks read past it come again, none is lost. A single rank's state is
         correct when all ranks saved at the same step, as after a synchronised checkpoint."""
-        name = self._source.name
-        if not isinstance(state, Mapping) or not ("fingerprint" in state or "num_records" in state):
-            raise PinfeedValueError(
-                f"{name}: not a pinfeed Loader state (expected the dict of Loader.state_dict(), "
-                f"with 'epoch', 'batches_done' and 'fingerprint'); got {type(state).__name__}"
-            )
-        for key in ("epoch", "batches_done"):
-            if key not in state:
-                raise PinfeedValueError(f"{name}: the loader state has no {key!r}")
-        mine = self.state_dict()
-        saved_world = u64_arg("world_size", state.get("world_size", self.world_size))
-        if saved_world < 1:
-            raise PinfeedValueError(f"{name}: the loader state has world_size {saved_world}")
-        differs = []
-        for key in ("num_records", "batch_size", "drop_last", "seed"):
-            if key in state and state[key] != mine[key]:
-                differs.append(f"{key} {state[key]!r} (this loader: {mine[key]!r})")
-        if "shuffle" in state:
-            try:
-                theirs = order_kind(shuffle_mode(state["shuffle"]))
-            except PinfeedValueError:
-                theirs = repr(state["shuffle"])
-            if theirs != order_kind(self.shuffle):
-                differs.append(f"shuffle {state['shuffle']!r} (this loader: {self.shuffle!r})")
-            elif theirs == "block":
-                for key in ("block_size", "block_window"):
-                    if key in state and state[key] != mine[key]:
-                        differs.append(f"{key} {state[key]!r} (this loader: {mine[key]!r})")
-        expected = self._options.fingerprint_at(saved_world)
-        if not differs and "fingerprint" in state and state["fingerprint"] != expected:
-            differs.append(
-                f"order fingerprint {state['fingerprint']!r} (this loader at world size "
-                f"{saved_world}: {expected!r})"
-            )
-        if differs:
-            raise PinfeedValueError(
-                f"{name}: cannot resume from this state: it was saved with "
-                + ", ".join(differs)
-                + "; a position means nothing under another dataset, batch size, drop_last, "
-                "seed or shuffle"
-            )
-        epoch = u64_arg("epoch", state["epoch"])
-        done = u64_arg("batches_done", state["batches_done"])
-        consumed = u64_arg("consumed", state.get("consumed", 0))
+        name = self.source_name
+        if not isinstance(state, Mapping) or "num_records" in state:
+            state = require_state(name, state, "Loader", "num_records")
+        else:
+            state = require_state(name, state, "Loader", "fingerprint")
+        epoch, done, consumed, saved_world = state_ints(
+            name,
+            state,
+            epoch=...,
+            batches_done=...,
+            consumed=0,
+            world_size=state.get("world_size", self.world_size),
+        )
+        check_saved_with(
+            self.source_name, state, self.state_dict(), self._options.fingerprint_at(saved_world)
+        )
         try:
             # The Rust rules check the position against its split and carry it to this
             # world size (unchanged when it is the same).
             epoch, done, consumed = _pinfeed.reshard_position(
-                self.num_records,
+                self.num_samples,
                 self.batch_size,
                 drop_last=self.drop_last,
                 epoch=epoch,
@@ -760,73 +518,23 @@ class Loader:
         else:
             self._received = (epoch, done, consumed)
 
-    # GPU-resident shuffling.
-
-    def _order_key(self, epoch: int, consumed: int = 0) -> tuple[Any, ...]:
-        """Everything the order of ``epoch`` (split after ``consumed`` records of its global
-        order) on this rank depends on, and its length: a precomputed order is used only for
-        the same key, never after set_epoch, load_state_dict or a change of any of these made
-        it stale."""
-        length = self._order_len if consumed == 0 else self._split_size(consumed)[0]
-        return (
-            self.num_records,
-            self.batch_size,
-            self.rank,
-            epoch,
-            consumed,
-            length,
-            tuple(sorted(self._order.items())),
-        )
-
-    def _orders_wanted(self, first: int, end: int, consumed: int = 0) -> None:
-        """Has the orders of epochs ``first .. end`` (the first split after ``consumed``
-        records) computed in the background (but the one already on the device)."""
-        if self._orders is not None:
-            have = None if self._resident_order is None else self._resident_order[0]
-            keys = [
-                self._order_key(e, consumed if e == first else 0)
-                for e in range(first, min(end, _U64_MAX + 1))
-            ]
-            self._orders.want([k for k in keys if k != have])
-
-    def _ensure_resident(self) -> None:
-        """Uploads the dataset once: the pending upload stream, in file order, into one array."""
-        if self._resident_data is not None:
-            return
-        stream, self._pending = self._pending, None
-        if stream is None:
-            stream = self._start((0, 0, 0))
-        self._stream = stream
-        name, view = self._source.name, self._export.view
-        self._resident_data = upload(stream, name, self.device, self.num_records, view)
-
-    def _resident_index(self, epoch: int, consumed: int) -> tuple[Any, Any]:
-        """The int64 index of ``epoch`` on the resident copy's device, and (CUDA) the stream
-        its copy was issued on. Usually computed ahead (see :class:`pinfeed._orders_ahead.OrdersAhead`); the orders
-        of the next epochs are started here, to be ready when those epochs begin."""
-        key = self._order_key(epoch, consumed)
-        if self._resident_order is None or self._resident_order[0] != key:
-            assert self._orders is not None
-            host = self._orders.get(key)
-            if self.device.startswith("cuda"):
-                index, stream = index_on_device(self._resident_data, host)
-                self._resident_order = (key, index, stream)
-            else:
-                self._resident_order = (key, host, None)
-            self._orders_wanted(epoch + 1, epoch + 1 + _ORDERS_AHEAD)
-        return self._resident_order[1], self._resident_order[2]
-
-    def _resident_batches(self, start: "_Position") -> Iterator[tuple[int, int, Any]]:
+    def _resident_batches(self, start: "_Position") -> Any:
+        """The batches of a GPU-resident pass from ``start``: the dataset uploaded first (by the
+        pending upload pass, or a new one after close())."""
+        resident = self._resident
+        assert resident is not None
+        if not resident.uploaded:
+            stream, self._pending = self._pending, None
+            self._stream = stream if stream is not None else self._start((0, 0, 0))
+            resident.upload(self._stream, self._export.view)
+        # Once the upload's ring has given its pinned memory back.
+        resident.want_ahead(start)
         cuda = self.device.startswith("cuda")
-        as_torch = self.framework == "torch"
-        torch = torch_module() if cuda else torch_module(_AS_TORCH) if as_torch else None
-        data = self._resident_data
-        for epoch in range(start[0], start[0] + self.epochs):
-            consumed = start[2] if epoch == start[0] else 0
-            index, copied_on = self._resident_index(epoch, consumed)
-            batches = range(start[1] if epoch == start[0] else 0, self._split_batches(consumed))
-            for i, batch in gather(data, index, copied_on, batches, self.batch_size, torch):
-                yield epoch, i, batch
+        wanted = "torch tensors (framework='torch')"
+        torch = (
+            torch_module() if cuda else torch_module(wanted) if self.framework == "torch" else None
+        )
+        return resident.batches(start, self.epochs, torch)
 
     def close(self) -> None:
         """Stops the current pass and frees its pinned memory (batches already out stay valid);
@@ -837,12 +545,10 @@ class Loader:
             for stream in (self._pending, self._stream):
                 if stream is not None:
                     stream.close()
-        if self._orders is not None:
-            self._orders.close()
+        if self._resident is not None:
+            self._resident.close()
         self._pending = None
         self._closed_pass = self._pass_id
-        self._resident_data = None
-        self._resident_order = None
 
     def stats(self) -> dict[str, Any]:
         """Counters of the current (or last) pass: the Rust ``Stats`` fields (times in seconds,
@@ -861,9 +567,15 @@ class Loader:
         return self._source.name
 
     @property
-    def num_records(self) -> int:
-        """Records in the dataset."""
+    def num_samples(self) -> int:
+        """Records in the dataset (all ranks, one epoch)."""
         return int(self._source.num_records)
+
+    @property
+    def num_records(self) -> int:
+        """Deprecated: :attr:`num_samples`."""
+        warn_once("Loader", "num_records", "use num_samples instead")
+        return self.num_samples
 
     def __repr__(self) -> str:
         return (
@@ -878,63 +590,3 @@ class Loader:
                 self.close()
         except Exception:
             pass
-
-
-def _stream_batches(loader: Loader, stream: "_pinfeed.Stream") -> Iterator[tuple[int, int, Any]]:
-    view, framework = loader._export.view, loader.framework
-    for buf in stream:
-        epoch, index = buf.epoch, buf.index
-        yield epoch, index, deliver(buf, view, framework)
-
-
-class _Pass(Iterator[Any]):
-    """One pass of a Loader: yields its batches and tells the loader which it has handed out."""
-
-    def __init__(
-        self,
-        loader: Loader,
-        pass_id: int,
-        batches: Iterator[tuple[int, int, Any]],
-        stream: Optional["_pinfeed.Stream"],
-    ) -> None:
-        self._loader = loader
-        self._id = pass_id
-        self._batches = batches
-        self._stream = stream
-        self._finished = False
-
-    def __iter__(self) -> "_Pass":
-        return self
-
-    def __next__(self) -> Any:
-        loader = self._loader
-        loader._check_fork()
-        if self._finished:
-            raise StopIteration
-        if self._id != loader._pass_id:
-            raise PinfeedError(
-                f"{loader.source_name}: this pass was ended by a newer iteration of the same "
-                "Loader (iter() again, in this thread or another); a Loader runs one pass at a "
-                "time: finish or close() a pass before starting the next"
-            )
-        if self._id == loader._closed_pass:
-            raise PinfeedError(f"{loader.source_name}: this pass was ended by Loader.close()")
-        try:
-            epoch, index, batch = next(self._batches)
-        except StopIteration:
-            self._finished = True
-            if self._id == loader._pass_id:
-                # The next pass is a whole one (or where set_epoch/load_state_dict put it).
-                loader._len = loader._pass_len(loader._next_start or (0, 0, 0))
-            raise
-        loader._received_batch(self._id, epoch, index)
-        return batch
-
-    def __len__(self) -> int:
-        return self._loader._len
-
-    def close(self) -> None:
-        """Stops the pass now."""
-        if self._stream is not None:
-            self._stream.close()
-        self._batches = iter(())

@@ -7,9 +7,10 @@ from typing import Any, Optional, Union
 
 from . import _pinfeed
 from ._frameworks import module
-from .errors import PinfeedValueError
-from .loader import Loader, device_name
-from .order import distributed_defaults, shuffle_mode
+from ._options import SHUFFLE_MODES, device_name, shuffle_arg
+from .errors import PinfeedTypeError, PinfeedValueError
+from .loader import Loader
+from .order import distributed_defaults
 
 
 class MultiLoader:
@@ -59,19 +60,40 @@ class MultiLoader:
         devices: Union[str, Sequence[Any], None] = None,
         replicate: bool = False,
         sharding: Any = None,
+        framework: Optional[str] = None,
+        shuffle: Union[bool, str] = False,
+        seed: int = 0,
         rank: Optional[int] = None,
         world_size: Optional[int] = None,
+        drop_last: bool = False,
         pinned_budget: Any = None,
+        num_threads: Optional[int] = None,
+        prefetch: int = 4,
+        storage_options: Optional[dict[str, Any]] = None,
+        cache_dir: Any = None,
+        cache_limit: Any = None,
+        queue_depth: Optional[int] = None,
+        epochs: int = 1,
         **options: Any,
     ) -> None:
+        if "device" in options:
+            raise PinfeedTypeError("MultiLoader takes devices=[...], not device=")
+        shared = dict(shuffle=shuffle, seed=seed, drop_last=drop_last, num_threads=num_threads)
+        store = dict(storage_options=storage_options, cache_dir=cache_dir, cache_limit=cache_limit)
+        more = dict(prefetch=prefetch, queue_depth=queue_depth, epochs=epochs)
+        options = {**shared, **store, **more, **options, "framework": framework}
         #: The ``jax.sharding.Sharding`` each step's global array has, or None (a tuple a step).
         self.sharding = sharding
         #: Whether every device gets the same batches.
         self.replicate = bool(replicate)
         if sharding is not None:
             if devices is not None:
-                raise ValueError("MultiLoader: give devices or sharding (whose devices it uses)")
-            if options.setdefault("framework", "jax") != "jax":
+                raise PinfeedValueError(
+                    "MultiLoader: give devices or sharding (whose devices it uses)"
+                )
+            if options["framework"] is None:
+                options["framework"] = "jax"
+            if options["framework"] != "jax":
                 raise PinfeedValueError(
                     f"MultiLoader(sharding=...) assembles jax.Arrays; framework="
                     f"{options['framework']!r} cannot be sharded by JAX"
@@ -82,53 +104,55 @@ class MultiLoader:
             self._jax_devices = _mesh_devices(sharding, self.replicate, rank, world_size)
             devices = [_pinfeed_device(d) for d in self._jax_devices]
         elif devices is None:
-            raise ValueError("MultiLoader needs devices=[...] (or a JAX sharding=)")
+            raise PinfeedValueError("MultiLoader needs devices=[...] (or a JAX sharding=)")
         # One name is one device, not a sequence of one-letter names.
         devices = [devices] if isinstance(devices, str) else list(devices)
         if not devices:
-            raise ValueError("MultiLoader needs at least one device")
+            raise PinfeedValueError("MultiLoader needs at least one device")
         rank, world_size = distributed_defaults(rank, world_size)
-        n = len(devices)
         self.devices = devices
-        self._shards = world_size * n
-        if self.replicate:
-            if shuffle_mode(options.get("shuffle", False)) == "gpu":
-                raise PinfeedValueError(
-                    "MultiLoader(replicate=True) streams every batch through one pinned ring; "
-                    'shuffle="gpu" keeps a resident copy per device instead: use '
-                    'shuffle=True (or "block"), or a Loader(shuffle="gpu") per device'
-                )
-            #: The loaders: one per device, or the one that feeds every device when replicating.
-            self.loaders: list[Loader] = [
-                _ReplicatedLoader(
-                    source,
-                    batch_size,
-                    devices=devices,
-                    rank=rank,
-                    world_size=world_size,
-                    pinned_budget=pinned_budget,
-                    **options,
-                )
-            ]
-            return
-        # Each device's shard and part of the budget: pinfeed::DeviceShare's rule.
-        self.loaders = []
-        for i, device in enumerate(devices):
-            r, w, budget = _pinfeed.device_share(rank, world_size, n, i, pinned_budget)
-            self.loaders.append(
-                Loader(
-                    source,
-                    batch_size,
-                    device=device,
-                    rank=r,
-                    world_size=w,
-                    pinned_budget=budget,
-                    **options,
-                )
+        self._shards = world_size * len(devices)
+        if self.replicate and shuffle_arg(shuffle, SHUFFLE_MODES, "MultiLoader") == "gpu":
+            raise PinfeedValueError(
+                "MultiLoader(replicate=True) streams every batch through one pinned ring; "
+                'shuffle="gpu" keeps a resident copy per device instead: use '
+                'shuffle=True (or "block"), or a Loader(shuffle="gpu") per device'
             )
+        #: The loaders: one per device, or the one that feeds every device when replicating.
+        self.loaders: list[Loader] = self._make_loaders(
+            source, batch_size, rank, world_size, pinned_budget, options
+        )
+
+    def _make_loaders(
+        self,
+        source: Any,
+        batch_size: int,
+        rank: int,
+        world_size: int,
+        pinned_budget: Any,
+        options: dict[str, Any],
+    ) -> list[Loader]:
+        if self.replicate:
+            shared = dict(rank=rank, world_size=world_size, pinned_budget=pinned_budget)
+            return [
+                _ReplicatedLoader(source, batch_size, devices=self.devices, **shared, **options)
+            ]
+        # Each device's shard and part of the budget: pinfeed::DeviceShare's rule.
+        loaders = []
+        n = len(self.devices)
+        for i, device in enumerate(self.devices):
+            r, w, budget = _pinfeed.device_share(rank, world_size, n, i, pinned_budget)
+            share = dict(device=device, rank=r, world_size=w, pinned_budget=budget)
+            loaders.append(Loader(source, batch_size, **share, **options))
+        return loaders
 
     def __len__(self) -> int:
         return len(self.loaders[0])
+
+    @property
+    def num_samples(self) -> int:
+        """Records in the dataset (all ranks and devices, one epoch)."""
+        return self.loaders[0].num_samples
 
     def __iter__(self) -> Iterator[Any]:
         if self.replicate:
@@ -171,7 +195,7 @@ class MultiLoader:
         """Restores what :meth:`state_dict` returned."""
         if len(states) != len(self.loaders):
             what = "replicated loader" if self.replicate else f"{len(self.loaders)} devices"
-            raise ValueError(f"{len(states)} states for {what}")
+            raise PinfeedValueError(f"MultiLoader: {len(states)} states for {what}")
         for loader, state in zip(self.loaders, states):
             loader.load_state_dict(state)
 
@@ -209,8 +233,6 @@ class _ReplicatedLoader(Loader):
     def __init__(
         self, source: Any, batch_size: int, *, devices: Sequence[Any], **options: Any
     ) -> None:
-        if "device" in options:
-            raise TypeError("MultiLoader takes devices=[...], not device=")
         self._replicas = [device_name(d) for d in devices]
         super().__init__(source, batch_size, device=self._replicas[0], **options)
 

@@ -12,45 +12,20 @@ from typing import Any, Optional
 import numpy as np
 
 from . import _pinfeed
+from ._options import SHUFFLE_MODES, ints, shuffle_arg
 from .errors import PinfeedValueError
 
 __all__ = ["epoch_order"]
-
-#: Names ``Loader(shuffle=...)`` takes (besides ``True``/``False``).
-SHUFFLE_MODES = ("none", "random", "block", "gpu")
 
 #: Records in a block of ``shuffle="block"`` by default: those of about 1 MiB.
 DEFAULT_BLOCK_BYTES = 1 << 20
 #: Blocks whose records are shuffled together by default.
 DEFAULT_BLOCK_WINDOW = 16
 
-_U64 = (1 << 64) - 1
-
-
-def shuffle_mode(shuffle: Any) -> str:
-    """``"none"``, ``"random"``, ``"block"`` or ``"gpu"`` from ``Loader``'s ``shuffle``."""
-    if shuffle is None or isinstance(shuffle, (bool, np.bool_)):
-        return "random" if shuffle else "none"
-    if isinstance(shuffle, str) and shuffle.strip().lower() in SHUFFLE_MODES:
-        return shuffle.strip().lower()
-    raise PinfeedValueError(
-        f'shuffle must be False, True, "random", "block" or "gpu", not {shuffle!r}'
-    )
-
 
 def order_kind(mode: str) -> str:
     """The Rust ``Shuffle`` behind a mode: GPU-resident shuffling draws ``Shuffle::Random``'s order."""
     return "random" if mode == "gpu" else mode
-
-
-def u64_arg(name: str, value: Any) -> int:
-    """An int in ``0 .. 2**64``: seeds, ranks, sizes."""
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name} must be an int, not {type(value).__name__}")
-    value = int(value)
-    if not 0 <= value <= _U64:
-        raise PinfeedValueError(f"{name} must be an int in 0 ..= {_U64}, got {value}")
-    return value
 
 
 def block_args(
@@ -67,9 +42,11 @@ def block_args(
     block = (
         max(1, DEFAULT_BLOCK_BYTES // max(1, record_bytes))
         if block_size is None
-        else u64_arg("block_size", block_size)
+        else ints("", block_size=block_size)[0]
     )
-    window = DEFAULT_BLOCK_WINDOW if block_window is None else u64_arg("block_window", block_window)
+    window = (
+        DEFAULT_BLOCK_WINDOW if block_window is None else ints("", block_window=block_window)[0]
+    )
     if block < 1 or window < 1:
         raise PinfeedValueError(
             f"block shuffle needs block_size >= 1 and block_window >= 1, got {block} and {window}"
@@ -141,18 +118,28 @@ def epoch_order(
     ``"random"``'s). ``record_bytes`` only sets the default ``block_size`` of
     ``shuffle="block"`` (the records in about 1 MiB).
     """
-    mode = order_kind(shuffle_mode(shuffle))
+    mode = order_kind(shuffle_arg(shuffle, SHUFFLE_MODES, "epoch_order"))
     block, window = block_args(mode, record_bytes, block_size, block_window)
+    # num_samples: num_records's rule (any count of records, 0 included).
+    n, batch, seed, rank, world, epoch = ints(
+        "epoch_order",
+        num_samples=num_records,
+        batch_size=batch_size,
+        seed=seed,
+        rank=rank,
+        world_size=world_size,
+        epoch=epoch,
+    )
     data, _ = _pinfeed.epoch_order(
-        u64_arg("num_records", num_records),
-        u64_arg("batch_size", batch_size),
+        n,
+        batch,
         drop_last=bool(drop_last),
         shuffle=mode,
         block_size=block,
         block_window=window,
-        seed=u64_arg("seed", seed),
-        rank=u64_arg("rank", rank),
-        world_size=u64_arg("world_size", world_size),
-        epoch=u64_arg("epoch", epoch),
+        seed=seed,
+        rank=rank,
+        world_size=world,
+        epoch=epoch,
     )
     return np.frombuffer(data, dtype=np.uint64)

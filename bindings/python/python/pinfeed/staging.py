@@ -15,9 +15,10 @@ import numpy as np
 
 from . import _pinfeed
 from ._arrays import BFLOAT16, export_for, host_array, is_torch_tensor
+from ._deprecation import accepts_old_spellings, positional_to_keywords
 from ._frameworks import check_device, check_dtype, deliver, framework_arg
-from .errors import PinfeedError
-from .loader import device_name, warn_if_host_fallback
+from ._options import device_name, int_arg, warn_if_host_fallback
+from .errors import PinfeedError, PinfeedTypeError, PinfeedValueError
 
 __all__ = ["prefetch", "to_device", "pinned", "Prefetcher", "free_staging_memory"]
 
@@ -272,17 +273,27 @@ class Prefetcher(Iterator[Any]):
     items read ahead are not counted), and :meth:`load_state_dict` restarts the pipeline from
     a saved state."""
 
+    @accepts_old_spellings(
+        "Prefetcher",
+        positional_to_keywords(
+            "Prefetcher",
+            ("device", "depth", "pinned_budget", "num_threads", "framework"),
+            2,
+            ("device", "prefetch", "pinned_budget", "num_threads", "framework"),
+        ),
+    )
     def __init__(
         self,
-        iterable: Iterable[Any],
+        source: Iterable[Any],
+        *,
         device: Any = "auto",
-        depth: int = 2,
+        framework: Optional[str] = None,
         pinned_budget: Any = None,
         num_threads: Optional[int] = None,
-        framework: Optional[str] = None,
+        prefetch: int = 2,
     ) -> None:
-        if depth < 1:
-            raise ValueError(f"depth must be at least 1, got {depth}")
+        depth = int_arg("prefetch", "prefetch", prefetch)
+        iterable = source
         framework = framework_arg(framework)
         self._stager = _pinfeed.Stager(device_name(device), pinned_budget, num_threads)
         self.device: str = self._stager.device
@@ -353,7 +364,8 @@ class Prefetcher(Iterator[Any]):
     def state_dict(self) -> Any:
         """The iterable's ``state_dict()`` as of the last item this iterator returned (before
         the first, as of when the pipeline started): resuming the iterable from it delivers
-        exactly the items the consumer has not received. Raises ``TypeError`` when the
+        exactly the items the consumer has not received. Raises
+        :class:`pinfeed.PinfeedTypeError` when the
         iterable has no ``state_dict``/``load_state_dict``."""
         self._require_stateful("state_dict")
         return copy.deepcopy(self._received_state)
@@ -370,7 +382,7 @@ class Prefetcher(Iterator[Any]):
     def _require_stateful(self, what: str) -> Any:
         stateful = _stateful(self._iterable)
         if stateful is None:
-            raise TypeError(
+            raise PinfeedTypeError(
                 f"Prefetcher.{what}: the iterable ({type(self._iterable).__name__}) has no "
                 "state_dict/load_state_dict (a torchdata StatefulDataLoader or a pinfeed Loader "
                 "has)"
@@ -417,16 +429,23 @@ class Prefetcher(Iterator[Any]):
             pass
 
 
+@accepts_old_spellings(
+    "prefetch",
+    positional_to_keywords(
+        "prefetch", ("device", "depth", "pinned_budget"), 1, ("device", "prefetch", "pinned_budget")
+    ),
+)
 def prefetch(
-    iterable: Iterable[Any],
-    device: Any = "auto",
-    depth: int = 2,
-    pinned_budget: Any = None,
+    source: Iterable[Any],
     *,
-    num_threads: Optional[int] = None,
+    device: Any = "auto",
     framework: Optional[str] = None,
+    pinned_budget: Any = None,
+    num_threads: Optional[int] = None,
+    prefetch: int = 2,
 ) -> Prefetcher:
-    """Moves the batches of any iterable to ``device``, ``depth`` batches ahead.
+    """Moves the batches of any iterable (``source``) to ``device``, ``prefetch`` batches
+    ahead.
 
     Each item may be a numpy array, a torch CPU tensor, or a (nested) tuple, list or dict of
     them, of any sizes; other leaves pass through unchanged. They come out as torch tensors on
@@ -441,29 +460,43 @@ def prefetch(
     - The upload thread (``pinfeed-prefetch-upload``) copies the item's array leaves through one
       shared pinned arena of ``pinned_budget`` bytes (default 64 MiB; no page-locked allocation per batch; the
       copy uses ``num_threads`` threads and releases the GIL), starts their transfer to
-      ``device``, and queues the result: ``depth`` items at most, and one more waiting for room.
+      ``device``, and queues the result: ``prefetch`` items at most, and one more waiting for
+      room.
     - ``next()``, in the caller's thread, takes the next uploaded item and wraps its buffers.
 
     So on the host at most three raw items are held (one being fetched, one queued, one being
-    uploaded) and the iterable runs at most ``depth + 3`` items ahead of the consumer.
+    uploaded) and the iterable runs at most ``prefetch + 3`` items ahead of the consumer.
 
     An exception raised by the iterable, or while uploading, is raised by ``next()`` after the
     items before it, and then ``StopIteration``. Breaking out of the loop, ``close()`` or
     dropping the iterator stops both threads and frees what they uploaded; a fetch thread
     blocked inside the iterable is left behind and ends when the iterable returns.
     """
-    return Prefetcher(iterable, device, depth, pinned_budget, num_threads, framework)
+    return Prefetcher(
+        source,
+        device=device,
+        framework=framework,
+        pinned_budget=pinned_budget,
+        num_threads=num_threads,
+        prefetch=prefetch,
+    )
 
 
+@accepts_old_spellings(
+    "to_device",
+    positional_to_keywords(
+        "to_device", ("device", "pinned_budget"), 1, ("device", "pinned_budget")
+    ),
+)
 def to_device(
-    x: Any,
-    device: Any = "auto",
-    pinned_budget: Any = None,
+    source: Any,
     *,
-    method: str = "stage",
+    device: Any = "auto",
     framework: Optional[str] = None,
+    pinned_budget: Any = None,
+    method: str = "stage",
 ) -> Any:
-    """Copies one array (numpy, torch CPU tensor, or anything ``numpy.asarray`` takes) to
+    """Copies one array (``source``: numpy, torch CPU tensor, or anything ``numpy.asarray`` takes) to
     ``device`` without pinning the array for good, with at most ``pinned_budget`` bytes
     page-locked at once (default 64 MiB: an arena that stays in the CPU's cache is faster than a
     larger one, see docs/BENCHMARKS.md); returns a torch tensor on CUDA (a numpy array with ``device="cpu"``) of
@@ -482,7 +515,7 @@ def to_device(
     stager = _shared_stager(device, pinned_budget, method)
     check_device(framework, stager.device, "to_device")
     upload = _checked_upload(stager.upload, framework, "to_device")
-    return _materialize_staged(_upload_leaf(x, upload), framework)
+    return _materialize_staged(_upload_leaf(source, upload), framework)
 
 
 # One staging arena per (device, budget, method), made on first use and kept: page-locking an
@@ -525,9 +558,9 @@ def pinned(x: Any, device: Any = "cuda") -> Iterator[Any]:
     ends."""
     arr, _ = host_array(x)
     if is_torch_tensor(x) and not x.is_contiguous():
-        raise ValueError("pinned() needs a contiguous tensor: it locks the memory in place")
+        raise PinfeedValueError("pinned() needs a contiguous tensor: it locks the memory in place")
     if isinstance(x, np.ndarray) and arr is not x and not np.shares_memory(arr, x):
-        raise ValueError("pinned() needs a C-contiguous array: it locks the memory in place")
+        raise PinfeedValueError("pinned() needs a C-contiguous array: it locks the memory in place")
     region = _pinfeed.PinnedRegion(arr, device_name(device))
     try:
         yield x

@@ -2,7 +2,7 @@
 
 nanoGPT's ``get_batch`` in two lines::
 
-    loader = pinfeed.TokenLoader("train.bin", seq_len=1024, batch_size=12, dtype="uint16")
+    loader = pinfeed.TokenLoader("train.bin", seq_len=1024, batch_size=12, token_dtype="uint16")
     for x, y in loader:  # int64 CUDA tensors (12, 1024), y shifted by one
         ...
 """
@@ -16,10 +16,13 @@ import numpy as np
 
 from . import _pinfeed
 from ._arrays import torch_module
+from ._deprecation import accepts_old_spellings, warn_once
+from ._epochs import EpochLoader
 from ._frameworks import check_dtype, framework_arg, module
-from .errors import PinfeedValueError
-from .loader import Loader, _store_args
-from .order import distributed_defaults
+from ._options import int_arg, ints, shuffle_arg
+from ._sources import source_path, store_args
+from .errors import PinfeedTypeError, PinfeedValueError
+from .loader import Loader
 
 __all__ = ["TokenLoader"]
 
@@ -30,17 +33,55 @@ _MAX_GROUP = 16
 _INT_DTYPES = ("int64", "int32")
 
 
-class TokenLoader:
+def _is_int_dtype(dtype: Any) -> bool:
+    """Whether numpy reads ``dtype`` as an integer type."""
+    try:
+        return np.dtype(dtype).kind in "iu"
+    except TypeError:
+        return False
+
+
+def _typestr(dtype: Any) -> str:
+    """A token dtype as the Rust side parses it: a name or typestring as given, else numpy's
+    typestring."""
+    return dtype if isinstance(dtype, str) else np.dtype(dtype).str
+
+
+def _old_dtypes(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
+    """The old meaning of ``dtype`` (a stored width such as ``"uint16"``, now ``token_dtype``)
+    and ``int_dtype`` (now ``dtype``), each warning once."""
+    dtype = kwargs.get("dtype")
+    if dtype is not None and _is_int_dtype(dtype) and np.dtype(dtype).name not in _INT_DTYPES:
+        if kwargs.get("token_dtype") is not None:
+            raise PinfeedTypeError(
+                f"TokenLoader: dtype={dtype!r} is a stored token width (the old meaning of "
+                "dtype) and token_dtype is given too; give token_dtype only"
+            )
+        warn_once(
+            "TokenLoader",
+            f"dtype={dtype!r} (a stored token width)",
+            f"use token_dtype={dtype!r}; dtype is now what x and y are (int64 or int32)",
+        )
+        kwargs["token_dtype"] = kwargs.pop("dtype")
+    if "int_dtype" in kwargs:
+        if kwargs.get("dtype") is not None:
+            raise PinfeedTypeError("TokenLoader: give dtype= only (int_dtype= is its old name)")
+        warn_once("TokenLoader", "int_dtype=", "use dtype= instead")
+        kwargs["dtype"] = kwargs.pop("int_dtype")
+    return args
+
+
+class TokenLoader(EpochLoader):
     """Batches of token windows from a token file, streamed through pinfeed's pinned ring.
 
-    ``path`` is a raw token file (nanoGPT's ``train.bin``: give ``dtype``, ``"uint16"`` or
-    ``"uint32"``), a 1-D integer ``.npy`` (its dtype from the header), a directory or glob of
+    ``source`` is a raw token file (nanoGPT's ``train.bin``: give ``token_dtype``, ``"uint16"``
+    or ``"uint32"``), a 1-D integer ``.npy`` (its dtype from the header), a directory or glob of
     such files read as one stream in sorted name order, or a Megatron indexed dataset (a
     ``.bin`` beside its ``.idx``, or their common prefix; its dtype from the ``.idx``).
 
     Each step reads one ``(batch_size, seq_len + 1)`` array of tokens at their stored width
     (2 bytes a token for uint16) into a pinned slot and copies it to the device; there the
-    inputs ``x = b[:, :-1]`` and targets ``y = b[:, 1:]`` are widened to ``int_dtype``
+    inputs ``x = b[:, :-1]`` and targets ``y = b[:, 1:]`` are widened to ``dtype``
     (``"int64"``, or ``"int32"``) on torch's current stream. Iterating yields ``(x, y)``:
     contiguous CUDA tensors of shape ``(batch_size, seq_len)``, or numpy arrays on the host
     backend (``device="cpu"``, or ``"auto"`` without a GPU). Random steps travel up to 16 to a
@@ -51,7 +92,7 @@ class TokenLoader:
 
     ``framework`` (``"torch"``, ``"jax"``, ``"cupy"`` or ``"numpy"``, as for
     :class:`pinfeed.Loader`) picks what ``x``, ``y`` (and ``segment_ids``) are; JAX widens
-    them in one jitted function, CuPy on its current stream. ``int_dtype`` defaults to
+    them in one jitted function, CuPy on its current stream. ``dtype`` defaults to
     ``"int64"``, but ``"int32"`` for JAX without ``jax_enable_x64``.
 
     ``sample`` picks the windows:
@@ -78,7 +119,7 @@ class TokenLoader:
     iteration delivers exactly the batches the interrupted run had not received. Each iteration
     runs the next epoch; :meth:`set_epoch` picks one.
 
-    ``path`` may be a URL in object storage, as for :class:`pinfeed.Loader`: one object
+    ``source`` may be a URL in object storage, as for :class:`pinfeed.Loader`: one object
     (``s3://bucket/train.bin``), a prefix's ``.npy`` objects (``s3://bucket/tokens/``) or a
     glob of objects (``s3://bucket/tokens/shard_*.bin``) read as one stream in byte order of
     their keys; ``gs://``, ``az://`` and ``https://`` too. Windows are fetched by ranged GETs
@@ -95,79 +136,56 @@ class TokenLoader:
     :class:`pinfeed.Loader`'s.
     """
 
+    @accepts_old_spellings("TokenLoader", _old_dtypes)
     def __init__(
         self,
-        path: Union[str, "os.PathLike[str]"],
+        source: Union[str, "os.PathLike[str]"],
         seq_len: int,
         batch_size: int,
         *,
-        dtype: Optional[str] = None,
-        sample: str = "random",
-        seed: int = 0,
-        steps: Optional[int] = None,
-        shuffle: bool = False,
         device: Any = "auto",
-        int_dtype: Optional[str] = None,
-        pinned_budget: Any = None,
+        framework: Optional[str] = None,
+        shuffle: Union[bool, str] = False,
+        seed: int = 0,
         rank: Optional[int] = None,
         world_size: Optional[int] = None,
         drop_last: bool = False,
+        pinned_budget: Any = None,
         num_threads: Optional[int] = None,
         prefetch: int = 4,
-        framework: Optional[str] = None,
         storage_options: Optional[dict[str, Any]] = None,
         cache_dir: Any = None,
         cache_limit: Any = None,
         queue_depth: Optional[int] = None,
+        dtype: Optional[str] = None,
+        token_dtype: Any = None,
+        sample: str = "random",
+        steps: Optional[int] = None,
     ) -> None:
-        self.path = os.fsdecode(os.fspath(path))
-        self._store = _store_args(storage_options, cache_dir, cache_limit, queue_depth)
+        self.source = source_path(source, "TokenLoader")
+        self._store = store_args(storage_options, cache_dir, cache_limit, queue_depth, self.source)
         # Token data in object storage as first opened (listing and headers): later epochs'
         # windows are cut from it. None for local files, which are opened again each time.
         self._opened: Optional[_pinfeed.TokenStream] = None
         framework = framework_arg(framework)
-        if int_dtype is None:
-            # JAX without jax_enable_x64 has no int64 arrays.
-            x64 = framework != "jax" or module("jax").config.jax_enable_x64
-            int_dtype = "int64" if x64 else "int32"
-        if sample not in _SAMPLES:
-            raise PinfeedValueError(
-                f"{self.path}: unknown sample {sample!r}: expected one of {', '.join(_SAMPLES)}"
-            )
-        if int_dtype not in _INT_DTYPES:
-            raise PinfeedValueError(
-                f"{self.path}: int_dtype must be 'int64' or 'int32', not {int_dtype!r}"
-            )
-        if sample == "random" and shuffle:
-            raise PinfeedValueError(
-                f"{self.path}: shuffle applies to sample='sequential' or 'documents'; random "
-                "windows are drawn at random already"
-            )
-        if steps is not None and sample != "random":
-            raise PinfeedValueError(
-                f"{self.path}: steps applies to sample='random'; sequential and document "
-                "windows have a length (batches per epoch)"
-            )
-        self.sample = sample
-        self.seq_len = int(seq_len)
-        self.batch_size = int(batch_size)
-        self.seed = int(seed)
-        self.steps = None if steps is None else int(steps)
-        self.shuffle = bool(shuffle)
-        self.int_dtype = int_dtype
-        check_dtype(framework, np.dtype(int_dtype), self.path)
-        # "uint16", "<u2", numpy.uint16: the Rust side parses names and typestrings.
-        self._dtype = (
-            None if dtype is None else (dtype if isinstance(dtype, str) else np.dtype(dtype).str)
+        #: ``"none"`` or ``"random"`` (sequential and document windows, permuted each epoch).
+        self.shuffle: str = shuffle_arg(shuffle, ("none", "random"), "TokenLoader")
+        self.sample = self._sample_arg(sample, self.shuffle, steps)
+        self.seq_len, self.batch_size, self.seed = ints(
+            self.source, seq_len=seq_len, batch_size=batch_size, seed=seed
         )
-        self.rank, self.world_size = distributed_defaults(rank, world_size)
-        self._loader_args = dict(
+        self.steps = None if steps is None else int_arg(self.source, "steps", steps)
+        #: The integer type ``x`` and ``y`` are delivered as: ``"int64"`` or ``"int32"``.
+        self.dtype: str = self._dtype_arg(dtype, framework)
+        # "uint16", "<u2", numpy.uint16: the Rust side parses names and typestrings.
+        self._token_dtype = None if token_dtype is None else _typestr(token_dtype)
+        self._shared(
+            rank,
+            world_size,
             device=device,
             drop_last=drop_last,
             shuffle=self.shuffle,
             seed=self.seed,
-            rank=self.rank,
-            world_size=self.world_size,
             pinned_budget=pinned_budget,
             num_threads=num_threads,
             prefetch=prefetch,
@@ -180,30 +198,56 @@ class TokenLoader:
         # (the source numbers them so); other modes take one step a batch.
         tokens_per_step = self.batch_size * (self.seq_len + 1)
         self._group = (
-            max(1, min(_MAX_GROUP, -(-_GROUP_TOKENS // max(1, tokens_per_step))))
-            if sample == "random"
+            max(1, min(_MAX_GROUP, -(-_GROUP_TOKENS // tokens_per_step)))
+            if self.sample == "random"
             else 1
         )
         # Random and document windows are drawn anew each epoch, by a new source; sequential
         # windows are one source whose epochs the Loader runs.
-        self._per_epoch = sample != "sequential"
-        self._loader, self._loader_epoch = self._make_loader(0), 0
-        self.device: str = self._loader.device
+        self._per_epoch = self.sample != "sequential"
+        self._first_loader()
         #: What ``x`` and ``y`` are: ``"torch"``, ``"jax"``, ``"cupy"`` or ``"numpy"``.
         self.framework: str = framework or ("torch" if self.device.startswith("cuda") else "numpy")
-        # (epoch, steps done) the next iteration starts at, when set_epoch or
-        # load_state_dict chose it; otherwise the epoch after the last pass's.
-        self._next: Optional[tuple[int, int]] = None
-        self._pass_epoch: Optional[int] = None
         # Steps the consumer took in the current pass's epoch (its position, in steps).
         self._steps_done = 0
 
+    def _sample_arg(self, sample: Any, shuffle: Any, steps: Any) -> str:
+        if sample not in _SAMPLES:
+            raise PinfeedValueError(
+                f"{self.source}: unknown sample {sample!r}: expected one of {', '.join(_SAMPLES)}"
+            )
+        if sample == "random" and shuffle != "none":
+            raise PinfeedValueError(
+                f"{self.source}: shuffle applies to sample='sequential' or 'documents'; random "
+                "windows are drawn at random already"
+            )
+        if steps is not None and sample != "random":
+            raise PinfeedValueError(
+                f"{self.source}: steps applies to sample='random'; sequential and document "
+                "windows have a length (batches per epoch)"
+            )
+        return sample
+
+    def _dtype_arg(self, dtype: Any, framework: Optional[str]) -> str:
+        if dtype is None:
+            # JAX without jax_enable_x64 has no int64 arrays.
+            x64 = framework != "jax" or module("jax").config.jax_enable_x64
+            dtype = "int64" if x64 else "int32"
+        name = np.dtype(dtype).name if _is_int_dtype(dtype) else dtype
+        if name not in _INT_DTYPES:
+            raise PinfeedValueError(
+                f"{self.source}: dtype (what x and y are) must be 'int64' or 'int32', not "
+                f"{dtype!r}; the stored token width is token_dtype"
+            )
+        check_dtype(framework, np.dtype(name), self.source)
+        return name
+
     def _make_loader(self, epoch: int) -> Loader:
         source, typestr, num_tokens, self._opened = _pinfeed.open_tokens(
-            self.path,
+            self.source,
             seq_len=self.seq_len,
             batch_size=self.batch_size,
-            dtype=self._dtype,
+            dtype=self._token_dtype,
             sample=self.sample,
             seed=self.seed,
             steps=self.steps,
@@ -219,15 +263,9 @@ class TokenLoader:
         self.num_tokens: int = int(num_tokens)
         return Loader(source, self.batch_size * self._group, **self._loader_args)
 
-    def _loader_for(self, epoch: int) -> Loader:
-        if self._per_epoch and epoch != self._loader_epoch:
-            self._loader.close()
-            self._loader, self._loader_epoch = self._make_loader(epoch), epoch
-        return self._loader
-
     def __len__(self) -> int:
         if self.sample == "random" and self.steps is None:
-            raise TypeError(
+            raise PinfeedTypeError(
                 "TokenLoader(sample='random') without steps is endless and has no len(); "
                 "pass steps= for a run of a set length"
             )
@@ -235,15 +273,10 @@ class TokenLoader:
             return self.steps
         return len(self._loader)
 
-    def __iter__(self) -> Iterator[tuple[Any, ...]]:
-        if self._next is not None:
-            start = self._next
-        elif self._pass_epoch is None:
-            start = (0, 0)
-        else:
-            start = (self._pass_epoch + 1, 0)
-        self._next, self._pass_epoch = None, start[0]
-        loader = self._loader_for(start[0])
+    def _start_of(self, epoch: int) -> tuple[int, int]:
+        return (epoch, 0)
+
+    def _begin(self, loader: Loader, start: tuple[int, int]) -> Iterator[tuple[Any, ...]]:
         # Positions the Loader at the batch holding the first step to deliver (a pass it
         # started already at this position is kept), then skips the steps before it.
         state = loader.state_dict()
@@ -280,16 +313,16 @@ class TokenLoader:
         b, t = int(raw.shape[0]), self.seq_len
         if kind == "numpy":
             tok = np.ascontiguousarray(raw).view(self.token_dtype)
-            return tok[:, :-1].astype(self.int_dtype), tok[:, 1:].astype(self.int_dtype)
+            return tok[:, :-1].astype(self.dtype), tok[:, 1:].astype(self.dtype)
         if kind == "jax":
-            return _jax_widen(self.token_dtype.str, self.int_dtype, t)(raw)
+            return _jax_widen(self.token_dtype.str, self.dtype, t)(raw)
         if kind == "cupy":
             # Ordered on CuPy's current stream, as the batch was handed over.
             tok = module("cupy").ascontiguousarray(raw).view(self.token_dtype.newbyteorder("="))
-            return tok[:, :-1].astype(self.int_dtype), tok[:, 1:].astype(self.int_dtype)
+            return tok[:, :-1].astype(self.dtype), tok[:, 1:].astype(self.dtype)
         torch = torch_module()
         dt = self.token_dtype
-        out = getattr(torch, self.int_dtype)
+        out = getattr(torch, self.dtype)
         if not raw.is_contiguous():
             raw = raw.contiguous()
         native = {1: "uint8", 2: "uint16", 4: "uint32", 8: "uint64"} if dt.kind == "u" else {}
@@ -337,18 +370,27 @@ class TokenLoader:
         """The token offsets of this rank's windows at ``step`` of ``epoch`` (random sampling
         only): batch row ``k`` holds tokens ``offsets[k] .. offsets[k] + seq_len + 1``."""
         if self.sample != "random":
-            raise PinfeedValueError(f"{self.path}: offsets are those of sample='random'")
-        first = (int(step) * self.world_size + self.rank) * self.batch_size
+            raise PinfeedValueError(f"{self.source}: offsets are those of sample='random'")
+        step, epoch = ints(self.source, step=step, epoch=epoch)
+        first = (step * self.world_size + self.rank) * self.batch_size
         found = _pinfeed.token_offsets(
-            self.seed, int(epoch), self.num_tokens - self.seq_len, first, self.batch_size
+            self.seed, epoch, self.num_tokens - self.seq_len, first, self.batch_size
         )
         return np.asarray(found, dtype=np.int64)
 
-    def set_epoch(self, epoch: int) -> None:
-        """Makes the next iteration run ``epoch`` from its start."""
-        if int(epoch) < 0:
-            raise PinfeedValueError(f"{self.path}: epoch must be at least 0, not {epoch}")
-        self._next = (int(epoch), 0)
+    @property
+    def num_samples(self) -> int:
+        """Windows in one epoch, all ranks: ``steps × batch_size × world_size`` random windows
+        (2^40 without ``steps``), or the sequential or document windows of the data."""
+        if self.sample == "random" and self.steps is not None:
+            return self.steps * self.batch_size * self.world_size
+        return self._loader.num_samples
+
+    @property
+    def int_dtype(self) -> str:
+        """Deprecated: :attr:`dtype`."""
+        warn_once("TokenLoader", "int_dtype", "use dtype instead")
+        return self.dtype
 
     def _token_params(self) -> dict[str, Any]:
         return {
@@ -378,45 +420,22 @@ class TokenLoader:
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Makes the next iteration resume at ``state`` (from :meth:`state_dict`). Raises
         :class:`pinfeed.PinfeedValueError` when it was saved with other token parameters
-        (sample, seq_len, data size, dtype, steps) or another Loader setting."""
-        if not isinstance(state, Mapping) or "tokens" not in state:
-            raise PinfeedValueError(
-                f"{self.path}: not a TokenLoader state (expected the dict of "
-                "TokenLoader.state_dict(), with 'tokens')"
-            )
-        mine = self._token_params()
-        theirs = state["tokens"]
-        differs = [
-            f"{k} {theirs.get(k)!r} (this loader: {v!r})"
-            for k, v in mine.items()
-            if not isinstance(theirs, Mapping) or theirs.get(k) != v
-        ]
-        if differs:
-            raise PinfeedValueError(
-                f"{self.path}: cannot resume from this state: it was saved with "
-                + ", ".join(differs)
-            )
-        rest = {k: v for k, v in state.items() if k != "tokens"}
+        (sample, seq_len, data size, dtype, steps) or another Loader setting, or is not a
+        TokenLoader state."""
+        rest, epoch, steps_done = self._checked_state(
+            state, "TokenLoader", "tokens", self._token_params()
+        )
         # The Loader checks the order's parameters and the position against its epoch.
-        steps_done = int(rest["batches_done"])
         self._loader.load_state_dict(
             {**rest, "epoch": self._loader_epoch, "batches_done": steps_done // self._group}
         )
-        self._next = (int(rest["epoch"]), steps_done)
-
-    def stats(self) -> dict[str, Any]:
-        """The counters of the current (or last) pass: :meth:`pinfeed.Loader.stats`."""
-        return self._loader.stats()
-
-    def close(self) -> None:
-        """Stops the current pass and frees its pinned memory."""
-        self._loader.close()
+        self._next = (epoch, steps_done)
 
     def __repr__(self) -> str:
         return (
-            f"TokenLoader({self.path!r}, seq_len={self.seq_len}, batch_size={self.batch_size}, "
-            f"sample={self.sample!r}, dtype={self.token_dtype}, device={self.device!r}, "
-            f"rank={self.rank}, world_size={self.world_size})"
+            f"TokenLoader({self.source!r}, seq_len={self.seq_len}, batch_size={self.batch_size}, "
+            f"sample={self.sample!r}, token_dtype={self.token_dtype}, dtype={self.dtype}, "
+            f"device={self.device!r}, rank={self.rank}, world_size={self.world_size})"
         )
 
 

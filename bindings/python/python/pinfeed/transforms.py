@@ -20,6 +20,8 @@ from typing import Any, Callable, Optional
 import numpy as np
 
 from . import _pinfeed
+from ._arrays import split_dtype
+from .errors import PinfeedTypeError, PinfeedValueError
 
 __all__ = ["ToFloat", "Normalize", "Transform"]
 
@@ -78,7 +80,7 @@ def make_caller(
             returned = func(raw, out)
             del raw, out
             if returned is not None:
-                raise TypeError(
+                raise PinfeedTypeError(
                     f"the transform returned a {type(returned).__name__} instead of None: it "
                     "must write the batch into its `out` argument (out[...] = ...); what it "
                     "returns is not used"
@@ -95,3 +97,45 @@ def make_caller(
             out_view.release()
 
     return call
+
+
+def transform_layout(
+    name: str,
+    transform: Any,
+    transform_dtype: Any,
+    transform_shape: Any,
+    src_dtype: np.dtype,
+    src_shape: tuple[int, ...],
+) -> tuple[Any, Optional[int], np.dtype, tuple[int, ...]]:
+    """What a Loader's ``transform`` runs as (a built-in spec, or the caller of a Python
+    callable), its output bytes a record (None but for a Python callable), and the dtype and
+    per-record shape of its output (the source's without a transform)."""
+    if transform is None:
+        if transform_dtype is not None or transform_shape is not None:
+            raise PinfeedValueError(
+                f"{name}: transform_dtype/transform_shape given without a transform"
+            )
+        return None, None, src_dtype, src_shape
+    if isinstance(transform, (ToFloat, Normalize)):
+        return transform, None, np.dtype(np.float32), src_shape
+    if not callable(transform):
+        raise PinfeedTypeError(f"transform must be callable, not {type(transform).__name__}")
+    out_dtype = (
+        transform_dtype if transform_dtype is not None else getattr(transform, "out_dtype", None)
+    )
+    out_shape = (
+        transform_shape if transform_shape is not None else getattr(transform, "out_shape", None)
+    )
+    if out_dtype is None:
+        base, sub = src_dtype, ()
+    else:
+        base, sub = split_dtype(out_dtype)
+    shape = src_shape if out_shape is None else tuple(int(d) for d in np.atleast_1d(out_shape))
+    shape = tuple(shape) + tuple(sub)
+    out_bytes = base.itemsize * int(np.prod(shape, dtype=np.int64))
+    if out_bytes <= 0:
+        raise PinfeedValueError(
+            f"{name}: the transform's output records (dtype {base}, shape {shape}) are empty"
+        )
+    caller = make_caller(transform, src_dtype, src_shape, base, shape)
+    return caller, out_bytes, base, shape
