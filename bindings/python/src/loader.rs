@@ -14,7 +14,7 @@ use crate::dlpack::{dl_dtype, element_bytes, BatchInfo, DeviceBuffer};
 use crate::errors::{loader_error, source_error, value_error, Kind, Raised, ToPy};
 use crate::fork::{self, ForkSafe};
 use crate::options::{int_arg, order_spec, size_arg, StreamOptions};
-use crate::transform::{Normalize, PyTransform, ToFloat};
+use crate::transform::{refuse_inside, Normalize, PassCall, PyTransform, ToFloat};
 use crate::{array_memory, drop_detached, lock};
 
 /// A dataset of fixed-size records: a `.npy` or raw record file, or a numpy array.
@@ -364,6 +364,7 @@ impl Stream {
         };
         let src = Arc::clone(&options.source);
         let source_name = src.name().to_owned();
+        refuse_inside(py, &source_name, options.transform.as_ref(), PassCall::Iter)?;
         let named = |message: String| {
             if message.contains(&source_name) {
                 message
@@ -447,6 +448,8 @@ impl Stream {
             )
             .into_pyerr(py));
         }
+        let transform = self.transform.as_ref().map(|t| t.caller());
+        refuse_inside(py, &self.source_name, transform, PassCall::Next)?;
         // Wait in short slices with the GIL released, checking for Ctrl-C between them, so that
         // KeyboardInterrupt interrupts a wait for a slow source. The end or an error finishes
         // the pass under the same lock, so a batch costs one release of the GIL, not two.
@@ -492,19 +495,8 @@ impl Stream {
         if fork::pid() != self.pid {
             return Ok(());
         }
-        if crate::transform::in_transform() {
-            // Stopping joins the reader threads, this one among them: it would wait for itself.
-            return Err(Raised::new(
-                Kind::Base,
-                "CloseInTransform",
-                format!(
-                    "{}: close() was called from inside a transform, on a reader thread that \
-                     closing must stop; close the Loader from the thread that iterates it",
-                    self.source_name
-                ),
-            )
-            .into_pyerr(py));
-        }
+        let transform = self.transform.as_ref().map(|t| t.caller());
+        refuse_inside(py, &self.source_name, transform, PassCall::Close)?;
         py.detach(|| {
             let mut guard = lock(&self.loader);
             self.finish(&mut guard);
