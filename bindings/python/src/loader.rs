@@ -1,6 +1,7 @@
 //! Sources and loader passes.
 
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use dlpark::ffi::DLDataType;
@@ -332,6 +333,9 @@ pub struct Stream {
     /// Counters at the end of the pass, with the device bytes then held.
     final_stats: Mutex<Option<(Stats, usize)>>,
     transform: Option<Arc<PyTransform>>,
+    /// Set when `close()` stopped the pass before its end: asking it for a batch then raises,
+    /// also in a `next()` that was already waiting (on another thread) when it was closed.
+    cut: AtomicBool,
 }
 
 #[pymethods]
@@ -424,6 +428,7 @@ impl Stream {
             fingerprint,
             final_stats: Mutex::new(None),
             transform: py_transform,
+            cut: AtomicBool::new(false),
             loader: Mutex::new(Some(ForkSafe::new(loader))),
         })
     }
@@ -484,6 +489,19 @@ impl Stream {
                     .map(Some)
                     .map_err(|m| value_error(py, "Layout", m))
             }
+            // Closed before its end, maybe while this call waited: a cut pass raises, so that
+            // its consumer does not take it for a finished one.
+            Ok(None) if self.cut.load(Ordering::Acquire) => Err(Raised::new(
+                Kind::Base,
+                "Closed",
+                format!(
+                    "{}: this pass was closed before its end (close(), or a new iteration of \
+                     its Loader, on another thread while this one waited for a batch); iterate \
+                     the Loader again for a new pass",
+                    self.source_name
+                ),
+            )
+            .into_pyerr(py)),
             Ok(None) => Ok(None),
             Err(e) => Err(self.raise(py, e)),
         }
@@ -499,6 +517,9 @@ impl Stream {
         refuse_inside(py, &self.source_name, transform, PassCall::Close)?;
         py.detach(|| {
             let mut guard = lock(&self.loader);
+            if guard.is_some() {
+                self.cut.store(true, Ordering::Release);
+            }
             self.finish(&mut guard);
         });
         Ok(())

@@ -5,10 +5,14 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import numpy as np
 import pytest
+
+import pinfeed
+from pinfeed import PinfeedError
 
 
 def data(n=40, width=4):
@@ -109,3 +113,73 @@ def test_ctrl_c_while_a_transform_never_returns_exits_at_once():
         pytest.fail("the process did not exit within 20 s of Ctrl-C")
     assert "KeyboardInterrupt" in err, err
     assert time.monotonic() - sent < 15
+
+
+def blocked_loader(release):
+    """A Loader whose one reader blocks in its transform until ``release`` is set."""
+
+    def slow(raw, out):
+        out[...] = raw
+        release.wait(30)
+
+    return pinfeed.Loader(
+        data(), 10, device="cpu", num_threads=1, transform=slow, transform_dtype=np.uint8
+    )
+
+
+@pytest.mark.parametrize("how", ["close", "iter"])
+def test_a_pass_cut_on_another_thread_raises_in_the_waiting_next(how):
+    release = threading.Event()
+    loader = blocked_loader(release)
+    it = iter(loader)
+    outcome = {}
+
+    def consume():
+        try:
+            next(it)
+            outcome["got"] = "a batch"
+        except StopIteration:
+            outcome["got"] = "the end"
+        except PinfeedError as e:
+            outcome["got"] = e
+
+    consumer = threading.Thread(target=consume)
+    consumer.start()
+    try:
+        time.sleep(0.5)  # the consumer waits inside next()
+        if how == "close":
+            loader.close()
+        else:
+            iter(loader)
+        consumer.join(10)
+        assert not consumer.is_alive(), "next() still waits after the pass was cut"
+        assert isinstance(outcome["got"], PinfeedError), outcome
+        assert "closed before its end" in str(outcome["got"])
+        with pytest.raises(PinfeedError):
+            next(it)  # and it stays cut
+    finally:
+        release.set()
+        loader.close()
+
+
+@pytest.fixture
+def token_file(tmp_path):
+    path = tmp_path / "train.bin"
+    np.arange(100_000, dtype=np.uint16).tofile(path)
+    return path
+
+
+@pytest.mark.parametrize("how", ["close", "iter"])
+def test_random_token_steps_stop_at_once_when_the_pass_is_cut(token_file, how):
+    # Up to 16 random steps travel in one loader batch: the cut must not wait for the next.
+    tokens = pinfeed.TokenLoader(
+        token_file, seq_len=8, batch_size=2, dtype="uint16", device="cpu", steps=100
+    )
+    it = iter(tokens)
+    next(it)
+    if how == "close":
+        tokens.close()
+    else:
+        iter(tokens)
+    with pytest.raises(PinfeedError, match="ended by"):
+        next(it)

@@ -271,6 +271,7 @@ class TokenLoader:
             for k in range(skip, int(raw.shape[0]) // b):
                 if self.steps is not None and self._steps_done >= self.steps:
                     return  # the last batch's steps past `steps` are not this run's
+                batches.check_not_cut()  # close() or a new iter() cuts the pass at once
                 self._steps_done += 1
                 yield x[k * b : (k + 1) * b], y[k * b : (k + 1) * b]
             skip = 0
