@@ -338,6 +338,7 @@ def open_tokens(
     cache_limit: int | str | None = None,
     queue_depth: int | None = None,
     opened: TokenStream | None = None,
+    output: str | None = None,
 ) -> tuple[Source, str, int, TokenStream | None]: ...
 def token_offsets(seed: int, epoch: int, num_offsets: int, first: int, count: int) -> list[int]: ...
 

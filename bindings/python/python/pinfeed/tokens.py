@@ -211,6 +211,8 @@ class TokenLoader:
             epoch=epoch,
             steps_per_batch=self._group,
             opened=self._opened,
+            # Tokens the output type cannot hold fail on the reader threads (Rust).
+            output=self.int_dtype,
             **self._store,
         )
         #: numpy dtype of the tokens as stored.
