@@ -42,8 +42,10 @@ impl TokenStream {
 
 /// Opens a token dataset as a loader source whose records are windows of ``seq_len + 1``
 /// tokens at their stored width, and returns it with the token dtype (a numpy typestring), the
-/// number of tokens and, for token data in object storage, the :class:`TokenStream` it was cut
-/// from (``None`` for local files).
+/// number of tokens, for token data in object storage the :class:`TokenStream` it was cut from
+/// (``None`` for local files), and the data's fingerprint (a hash of its dtype, size and
+/// tokens sampled across it, the same for a copy anywhere: what a saved position is checked
+/// against).
 ///
 /// ``output`` (``"int64"``, ``"int32"``) is the integer type the tokens are converted to after
 /// the copy: where the stored dtype holds values it cannot (uint32 as int32, uint64 as int64),
@@ -96,7 +98,7 @@ pub(crate) fn open_tokens(
     queue_depth: Option<u32>,
     opened: Option<Bound<'_, TokenStream>>,
     output: Option<&str>,
-) -> PyResult<(Source, String, u64, Option<TokenStream>)> {
+) -> PyResult<(Source, String, u64, Option<TokenStream>, u64)> {
     let name = path.display().to_string();
     let named = |e: SourceError| with_name(&name, e);
     let dtype = dtype
@@ -135,10 +137,14 @@ pub(crate) fn open_tokens(
         .transpose()
         .map_err(&named)
         .py_err(py)?;
-    let windows = py
-        .detach(|| match &remote {
-            Some(stream) => pinfeed_store::token_windows(Arc::clone(stream), &options),
-            None => tokens::open(&path, &options),
+    let (windows, fingerprint) = py
+        .detach(|| -> Result<_, SourceError> {
+            let windows = match &remote {
+                Some(stream) => pinfeed_store::token_windows(Arc::clone(stream), &options),
+                None => tokens::open(&path, &options),
+            }?;
+            let fingerprint = windows.stream().fingerprint()?;
+            Ok((windows, fingerprint))
         })
         .map_err(&named)
         .py_err(py)?;
@@ -155,6 +161,7 @@ pub(crate) fn open_tokens(
         info.0,
         info.1,
         remote.map(|inner| TokenStream { inner }),
+        fingerprint,
     ))
 }
 

@@ -354,6 +354,30 @@ def test_the_host_fallback_warning_names_the_callers_line(train_bin, monkeypatch
     assert [w.filename for w in caught] == [__file__]
 
 
+@pytest.mark.parametrize("sample", ["random", "sequential"])
+def test_a_state_of_other_tokens_of_the_same_size_is_refused(tmp_path, sample):
+    kw = dict(dtype="uint16", sample=sample, **({"steps": 6} if sample == "random" else {}))
+    tokens = np.random.default_rng(5).integers(0, 1 << 16, 5000, dtype=np.uint16)
+    (tmp_path / "a").mkdir()
+    tokens.tofile(tmp_path / "a" / "train.bin")
+    (tokens[::-1]).tofile(tmp_path / "b.bin")  # the same size, other tokens
+    tokens[:1234].tofile(tmp_path / "a" / "part-0.bin")  # the same tokens in two files
+    tokens[1234:].tofile(tmp_path / "a" / "part-1.bin")
+    saved = cpu_loader(tmp_path / "a" / "train.bin", 16, 2, **kw)
+    it = iter(saved)
+    take(it, 3)
+    state = saved.state_dict()
+    other = cpu_loader(tmp_path / "b.bin", 16, 2, **kw)
+    with pytest.raises(pinfeed.PinfeedValueError, match="source_fingerprint"):
+        other.load_state_dict(state)
+    # The same tokens under another name, or cut into other files, are the same data.
+    following = next(it)[0]
+    for same in (str(tmp_path / "a" / "part-*.bin"), tmp_path / "a" / "train.bin"):
+        again = cpu_loader(same, 16, 2, **kw)
+        again.load_state_dict(state)
+        np.testing.assert_array_equal(next(iter(again))[0], following)
+
+
 @pytest.mark.parametrize(
     "stored, big, out",
     [("uint32", 2**31, "int32"), ("uint32", 2**32 - 1, "int32"), ("uint64", 2**63, "int64")],

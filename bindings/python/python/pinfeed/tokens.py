@@ -199,7 +199,7 @@ class TokenLoader:
         self._steps_done = 0
 
     def _make_loader(self, epoch: int) -> Loader:
-        source, typestr, num_tokens, self._opened = _pinfeed.open_tokens(
+        source, typestr, num_tokens, self._opened, fingerprint = _pinfeed.open_tokens(
             self.path,
             seq_len=self.seq_len,
             batch_size=self.batch_size,
@@ -215,6 +215,8 @@ class TokenLoader:
             output=self.int_dtype,
             **self._store,
         )
+        # The data's own hash (Rust): a state is not resumed on other tokens of the same size.
+        self._source_fingerprint: int = fingerprint
         #: numpy dtype of the tokens as stored.
         self.token_dtype: np.dtype = np.dtype(typestr)
         #: Tokens in the data.
@@ -360,6 +362,7 @@ class TokenLoader:
             "num_tokens": self.num_tokens,
             "token_dtype": self.token_dtype.str,
             "steps": self.steps,
+            "source_fingerprint": self._source_fingerprint,
         }
 
     def state_dict(self) -> dict[str, Any]:

@@ -5,6 +5,7 @@ use std::fs::File;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::OnceLock;
 
 use super::{invalid, TokenDType};
 use crate::read::{open_regular, read_exact_at};
@@ -46,6 +47,8 @@ pub struct TokenStream {
     /// The [`TokenDType::code`] of the integer type the consumer converts tokens to, when some
     /// stored values would not fit it (0: nothing to check); see [`TokenStream::set_output`].
     output: AtomicU8,
+    /// [`TokenStream::fingerprint`], once computed.
+    fingerprint: OnceLock<u64>,
 }
 
 impl TokenStream {
@@ -103,6 +106,7 @@ impl TokenStream {
             pieces,
             num_tokens,
             output: AtomicU8::new(0),
+            fingerprint: OnceLock::new(),
         })
     }
 
@@ -147,6 +151,7 @@ impl TokenStream {
             }],
             num_tokens: tokens,
             output: AtomicU8::new(0),
+            fingerprint: OnceLock::new(),
         })
     }
 
@@ -224,6 +229,39 @@ impl TokenStream {
                 first + i as u64
             ),
         ))
+    }
+
+    /// A hash of the stream's dtype, its number of tokens and up to [`FINGERPRINT_WINDOWS`]
+    /// windows of [`FINGERPRINT_TOKENS`] tokens spread evenly over it (all of it when it is no
+    /// longer): the same for a copy of the data anywhere, under any name or split into other
+    /// files, and different for other data of the same size, so that a saved position is not
+    /// resumed on other tokens. Computed once a stream (one read of every window together).
+    pub fn fingerprint(&self) -> Result<u64> {
+        if let Some(&f) = self.fingerprint.get() {
+            return Ok(f);
+        }
+        let width = self.dtype.width();
+        let per = FINGERPRINT_TOKENS.min(self.num_tokens);
+        let count = self.num_tokens.div_ceil(per).min(FINGERPRINT_WINDOWS);
+        let span = self.num_tokens - per;
+        let starts: Vec<u64> = (0..count)
+            .map(|k| match count {
+                1 => 0,
+                _ => (u128::from(span) * u128::from(k) / u128::from(count - 1)) as u64,
+            })
+            .collect();
+        let mut tokens = vec![0u8; starts.len() * per as usize * width];
+        self.read_windows_checked(&starts, &mut tokens, false)?;
+        let head = [self.dtype.code().into(), self.num_tokens];
+        let f = head
+            .into_iter()
+            .chain(tokens.chunks(8).map(|c| {
+                let mut word = [0u8; 8];
+                word[..c.len()].copy_from_slice(c);
+                u64::from_le_bytes(word)
+            }))
+            .fold(0x746f_6b65_6e73_6670, crate::rng::hash2);
+        Ok(*self.fingerprint.get_or_init(|| f))
     }
 
     /// Reads `dst.len() / width` tokens from token `first` into `dst`: one positioned read per
@@ -338,6 +376,10 @@ impl TokenStream {
         Ok(())
     }
 }
+
+/// Windows [`TokenStream::fingerprint`] reads at most, and tokens in each.
+const FINGERPRINT_WINDOWS: u64 = 16;
+const FINGERPRINT_TOKENS: u64 = 256;
 
 /// Tokens one gather of [`TokenStream::read_windows`] names at most.
 const GATHER_TOKENS: usize = 64 << 10;
@@ -566,6 +608,27 @@ mod tests {
     }
 
     #[test]
+    fn the_fingerprint_is_the_tokens_not_the_files() {
+        let (dir, three) = crate::tokens::testing::three_files();
+        let one = dir.path().join("one.raw");
+        std::fs::write(&one, u16_bytes(0..40)).unwrap();
+        let one = TokenStream::open(&one, Some(TokenDType::U16)).unwrap();
+        assert_eq!(three.fingerprint().unwrap(), one.fingerprint().unwrap());
+        let mut other = u16_bytes(0..40);
+        other[79] ^= 1; // the last token, of the same size
+        let path = dir.path().join("other.raw");
+        std::fs::write(&path, other).unwrap();
+        let other = TokenStream::open(&path, Some(TokenDType::U16)).unwrap();
+        assert_ne!(one.fingerprint().unwrap(), other.fingerprint().unwrap());
+        // Larger data is sampled: 16 windows, over object storage as over files.
+        let (remote, _) = gathered_stream(100_000);
+        let path = dir.path().join("big.raw");
+        std::fs::write(&path, u16_bytes(0..100_000)).unwrap();
+        let local = TokenStream::open(&path, Some(TokenDType::U16)).unwrap();
+        assert_eq!(remote.fingerprint().unwrap(), local.fingerprint().unwrap());
+    }
+
+    #[test]
     fn reads_check_their_tokens_against_the_output_type() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("wide.bin");
@@ -591,5 +654,8 @@ mod tests {
         assert!(e.to_string().contains("token 61"), "{e}");
         s.set_output(TokenDType::I64);
         s.read_tokens(55, &mut dst).unwrap();
+        // The fingerprint reads the data as it is.
+        s.set_output(TokenDType::I32);
+        s.fingerprint().unwrap();
     }
 }
