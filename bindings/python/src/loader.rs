@@ -1,6 +1,7 @@
 //! Sources and loader passes.
 
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use dlpark::ffi::DLDataType;
@@ -13,7 +14,7 @@ use crate::dlpack::{dl_dtype, element_bytes, BatchInfo, DeviceBuffer};
 use crate::errors::{loader_error, source_error, value_error, Kind, Raised, ToPy};
 use crate::fork::{self, ForkSafe};
 use crate::options::{int_arg, order_spec, size_arg, StreamOptions};
-use crate::transform::{Normalize, PyTransform, ToFloat};
+use crate::transform::{refuse_inside, Normalize, PassCall, PyTransform, ToFloat};
 use crate::{array_memory, drop_detached, lock};
 
 /// A dataset of fixed-size records: a `.npy` or raw record file, or a numpy array.
@@ -296,6 +297,9 @@ pub struct Stream {
     /// Counters at the end of the pass, with the device bytes then held.
     final_stats: Mutex<Option<(Stats, usize)>>,
     transform: Option<Arc<PyTransform>>,
+    /// Set when `close()` stopped the pass before its end: asking it for a batch then raises,
+    /// also in a `next()` that was already waiting (on another thread) when it was closed.
+    cut: AtomicBool,
 }
 
 #[pymethods]
@@ -328,6 +332,7 @@ impl Stream {
         };
         let src = Arc::clone(&options.source);
         let source_name = src.name().to_owned();
+        refuse_inside(py, &source_name, options.transform.as_ref(), PassCall::Iter)?;
         let named = |message: String| {
             if message.contains(&source_name) {
                 message
@@ -387,6 +392,7 @@ impl Stream {
             fingerprint,
             final_stats: Mutex::new(None),
             transform: py_transform,
+            cut: AtomicBool::new(false),
             loader: Mutex::new(Some(ForkSafe::new(loader))),
         })
     }
@@ -411,6 +417,8 @@ impl Stream {
             )
             .into_pyerr(py));
         }
+        let transform = self.transform.as_ref().map(|t| t.caller());
+        refuse_inside(py, &self.source_name, transform, PassCall::Next)?;
         // Wait in short slices with the GIL released, checking for Ctrl-C between them, so that
         // KeyboardInterrupt interrupts a wait for a slow source. The end or an error finishes
         // the pass under the same lock, so a batch costs one release of the GIL, not two.
@@ -445,6 +453,19 @@ impl Stream {
                     .map(Some)
                     .map_err(|m| value_error(py, "Layout", m))
             }
+            // Closed before its end, maybe while this call waited: a cut pass raises, so that
+            // its consumer does not take it for a finished one.
+            Ok(None) if self.cut.load(Ordering::Acquire) => Err(Raised::new(
+                Kind::Base,
+                "Closed",
+                format!(
+                    "{}: this pass was closed before its end (close(), or a new iteration of \
+                     its Loader, on another thread while this one waited for a batch); iterate \
+                     the Loader again for a new pass",
+                    self.source_name
+                ),
+            )
+            .into_pyerr(py)),
             Ok(None) => Ok(None),
             Err(e) => Err(self.raise(py, e)),
         }
@@ -456,21 +477,13 @@ impl Stream {
         if fork::pid() != self.pid {
             return Ok(());
         }
-        if crate::transform::in_transform() {
-            // Stopping joins the reader threads, this one among them: it would wait for itself.
-            return Err(Raised::new(
-                Kind::Base,
-                "CloseInTransform",
-                format!(
-                    "{}: close() was called from inside a transform, on a reader thread that \
-                     closing must stop; close the Loader from the thread that iterates it",
-                    self.source_name
-                ),
-            )
-            .into_pyerr(py));
-        }
+        let transform = self.transform.as_ref().map(|t| t.caller());
+        refuse_inside(py, &self.source_name, transform, PassCall::Close)?;
         py.detach(|| {
             let mut guard = lock(&self.loader);
+            if guard.is_some() {
+                self.cut.store(true, Ordering::Release);
+            }
             self.finish(&mut guard);
         });
         Ok(())

@@ -401,6 +401,18 @@ impl StreamOptions {
         spec.fingerprint()
     }
 
+    /// Raises :class:`pinfeed.PinfeedError` when called on a reader thread inside these
+    /// options' own transform: a new iteration there would stop the pass that thread serves.
+    /// For ``Loader.__iter__``, before it changes anything.
+    fn check_iter(&self, py: Python<'_>) -> PyResult<()> {
+        crate::transform::refuse_inside(
+            py,
+            self.source.name(),
+            self.transform.as_ref(),
+            crate::transform::PassCall::Iter,
+        )
+    }
+
     fn __repr__(&self) -> String {
         format!("StreamOptions({:?})", self.loader)
     }

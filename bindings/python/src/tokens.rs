@@ -42,8 +42,15 @@ impl TokenStream {
 
 /// Opens a token dataset as a loader source whose records are windows of ``seq_len + 1``
 /// tokens at their stored width, and returns it with the token dtype (a numpy typestring), the
-/// number of tokens and, for token data in object storage, the :class:`TokenStream` it was cut
-/// from (``None`` for local files).
+/// number of tokens, for token data in object storage the :class:`TokenStream` it was cut from
+/// (``None`` for local files), and the data's fingerprint (a hash of its dtype, size and
+/// tokens sampled across it, the same for a copy anywhere: what a saved position is checked
+/// against).
+///
+/// ``output`` (``"int64"``, ``"int32"``) is the integer type the tokens are converted to after
+/// the copy: where the stored dtype holds values it cannot (uint32 as int32, uint64 as int64),
+/// the reader threads check every token they read, and a batch holding one that does not fit
+/// fails, naming the file, the token's offset and value.
 ///
 /// ``path`` is a raw token file (nanoGPT's ``train.bin``; ``dtype`` required), a 1-D integer
 /// ``.npy``, a directory or glob of them read as one stream, or a Megatron ``.bin``/``.idx``
@@ -70,7 +77,7 @@ impl TokenStream {
 #[pyo3(signature = (
     path, *, seq_len, batch_size, dtype=None, sample="random", seed=0, steps=None,
     world_size=1, epoch=0, steps_per_batch=1, storage_options=None, cache_dir=None,
-    cache_limit=None, queue_depth=None, opened=None
+    cache_limit=None, queue_depth=None, opened=None, output=None
 ))]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn open_tokens(
@@ -90,7 +97,8 @@ pub(crate) fn open_tokens(
     cache_limit: Option<Bound<'_, PyAny>>,
     queue_depth: Option<u32>,
     opened: Option<Bound<'_, TokenStream>>,
-) -> PyResult<(Source, String, u64, Option<TokenStream>)> {
+    output: Option<&str>,
+) -> PyResult<(Source, String, u64, Option<TokenStream>, u64)> {
     let name = path.display().to_string();
     let named = |e: SourceError| with_name(&name, e);
     let dtype = dtype
@@ -124,14 +132,26 @@ pub(crate) fn open_tokens(
         (Some(opened), _) => Some(Arc::clone(&opened.get().inner)),
         (None, url) => remote_stream(py, url, &name, dtype, &store, queue_depth)?,
     };
-    let windows = py
-        .detach(|| match &remote {
-            Some(stream) => pinfeed_store::token_windows(Arc::clone(stream), &options),
-            None => tokens::open(&path, &options),
+    let output = output
+        .map(TokenDType::parse)
+        .transpose()
+        .map_err(&named)
+        .py_err(py)?;
+    let (windows, fingerprint) = py
+        .detach(|| -> Result<_, SourceError> {
+            let windows = match &remote {
+                Some(stream) => pinfeed_store::token_windows(Arc::clone(stream), &options),
+                None => tokens::open(&path, &options),
+            }?;
+            let fingerprint = windows.stream().fingerprint()?;
+            Ok((windows, fingerprint))
         })
         .map_err(&named)
         .py_err(py)?;
     let stream = windows.stream();
+    if let Some(out) = output {
+        stream.set_output(out);
+    }
     let info = (stream.dtype().typestr().to_owned(), stream.num_tokens());
     Ok((
         Source {
@@ -141,6 +161,7 @@ pub(crate) fn open_tokens(
         info.0,
         info.1,
         remote.map(|inner| TokenStream { inner }),
+        fingerprint,
     ))
 }
 

@@ -10,6 +10,8 @@ use pinfeed_source::Layout;
 use pyo3::ffi;
 use pyo3::prelude::*;
 
+use crate::errors::{Kind, Raised};
+
 /// Element types the built-in transforms read.
 #[derive(Clone, Copy, Debug)]
 enum Input {
@@ -210,29 +212,87 @@ fn memoryview<'py>(
 }
 
 thread_local! {
-    /// Whether this thread is inside a Python transform: a reader thread, which the loader
-    /// joins when it stops, so the transform must not stop it.
-    static IN_TRANSFORM: Cell<bool> = const { Cell::new(false) };
+    /// The Python transform the calling thread is running (its caller object's address), 0
+    /// outside one: a reader thread of the loader whose transform it is, which starting,
+    /// stepping or stopping that loader's passes would wait on.
+    static RUNNING: Cell<usize> = const { Cell::new(0) };
 }
 
-/// Whether the calling thread is running a Python transform of some loader.
-pub(crate) fn in_transform() -> bool {
-    IN_TRANSFORM.with(Cell::get)
+/// Whether the calling thread is inside `transform` (the callable a Loader's passes run, the
+/// same object for all of them): one of that loader's reader threads.
+pub(crate) fn running(transform: &Py<PyAny>) -> bool {
+    RUNNING.with(Cell::get) == transform.as_ptr() as usize
 }
 
 /// Marks the thread as inside a transform until dropped.
-struct InTransform;
+struct InTransform {
+    /// What the thread was running before (nothing: a reader runs one transform at a time).
+    previous: usize,
+}
 
 impl InTransform {
-    fn enter() -> InTransform {
-        IN_TRANSFORM.with(|c| c.set(true));
-        InTransform
+    fn enter(caller: &Py<PyAny>) -> InTransform {
+        InTransform {
+            previous: RUNNING.with(|c| c.replace(caller.as_ptr() as usize)),
+        }
     }
 }
 
 impl Drop for InTransform {
     fn drop(&mut self) {
-        IN_TRANSFORM.with(|c| c.set(false));
+        RUNNING.with(|c| c.set(self.previous));
+    }
+}
+
+/// What a thread inside a Loader's transform may not do to that Loader's passes.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum PassCall {
+    /// Start a pass (`iter()`), which stops the one under way.
+    Iter,
+    /// Wait for a batch (`next()`).
+    Next,
+    /// Stop the pass (`close()`).
+    Close,
+}
+
+/// Refuses `call` on a pass of the source `name` whose transform is `transform`, when the
+/// calling thread is inside that transform: one of the pass's reader threads, which stopping
+/// the pass joins (it would wait for itself) and whose batch `next()` may be waiting for.
+pub(crate) fn refuse_inside(
+    py: Python<'_>,
+    name: &str,
+    transform: Option<&Py<PyAny>>,
+    call: PassCall,
+) -> PyResult<()> {
+    if !transform.is_some_and(running) {
+        return Ok(());
+    }
+    let (variant, message) = match call {
+        PassCall::Iter => (
+            "IterInTransform",
+            "iter() was called from inside the Loader's own transform, on a reader thread of \
+             the pass under way; a new pass stops that one, which waits for this thread: \
+             iterate the Loader from the thread that consumes it",
+        ),
+        PassCall::Next => (
+            "NextInTransform",
+            "next() was called from inside the Loader's own transform, on a reader thread of \
+             the pass; the batch it waits for may be the one this thread is making: take \
+             batches from the thread that consumes the Loader",
+        ),
+        PassCall::Close => (
+            "CloseInTransform",
+            "close() was called from inside a transform, on a reader thread that closing must \
+             stop; close the Loader from the thread that iterates it",
+        ),
+    };
+    Err(Raised::new(Kind::Base, variant, format!("{name}: {message}")).into_pyerr(py))
+}
+
+impl PyTransform {
+    /// The Python callable: the same object for every pass of one Loader.
+    pub(crate) fn caller(&self) -> &Py<PyAny> {
+        &self.caller
     }
 }
 
@@ -242,7 +302,7 @@ impl Transform for PyTransform {
     }
 
     fn apply(&self, input: &[u8], records: usize, output: &mut [u8]) -> Result<(), String> {
-        let _inside = InTransform::enter();
+        let _inside = InTransform::enter(&self.caller);
         let outcome = Python::try_attach(|py| {
             let mut call = || -> PyResult<()> {
                 let raw = memoryview(py, input.as_ptr(), input.len(), false)?;

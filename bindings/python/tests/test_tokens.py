@@ -352,3 +352,58 @@ def test_the_host_fallback_warning_names_the_callers_line(train_bin, monkeypatch
     with pytest.warns(pinfeed.PinfeedWarning, match='device="auto"') as caught:
         TokenLoader(train_bin[0], 16, 2, token_dtype="uint16", steps=2)
     assert [w.filename for w in caught] == [__file__]
+
+
+@pytest.mark.parametrize("sample", ["random", "sequential"])
+def test_a_state_of_other_tokens_of_the_same_size_is_refused(tmp_path, sample):
+    kw = dict(token_dtype="uint16", sample=sample, **({"steps": 6} if sample == "random" else {}))
+    tokens = np.random.default_rng(5).integers(0, 1 << 16, 5000, dtype=np.uint16)
+    (tmp_path / "a").mkdir()
+    tokens.tofile(tmp_path / "a" / "train.bin")
+    (tokens[::-1]).tofile(tmp_path / "b.bin")  # the same size, other tokens
+    tokens[:1234].tofile(tmp_path / "a" / "part-0.bin")  # the same tokens in two files
+    tokens[1234:].tofile(tmp_path / "a" / "part-1.bin")
+    saved = cpu_loader(tmp_path / "a" / "train.bin", 16, 2, **kw)
+    it = iter(saved)
+    take(it, 3)
+    state = saved.state_dict()
+    other = cpu_loader(tmp_path / "b.bin", 16, 2, **kw)
+    with pytest.raises(pinfeed.PinfeedValueError, match="source_fingerprint"):
+        other.load_state_dict(state)
+    # The same tokens under another name, or cut into other files, are the same data.
+    following = next(it)[0]
+    for same in (str(tmp_path / "a" / "part-*.bin"), tmp_path / "a" / "train.bin"):
+        again = cpu_loader(same, 16, 2, **kw)
+        again.load_state_dict(state)
+        np.testing.assert_array_equal(next(iter(again))[0], following)
+
+
+@pytest.mark.parametrize(
+    "stored, big, out",
+    [("uint32", 2**31, "int32"), ("uint32", 2**32 - 1, "int32"), ("uint64", 2**63, "int64")],
+)
+def test_tokens_the_output_type_cannot_hold_are_an_error_naming_them(tmp_path, stored, big, out):
+    data = np.arange(3000, dtype=stored)
+    data[1777] = big
+    path = tmp_path / "tokens.bin"
+    data.tofile(path)
+    for sample in ("sequential", "random"):
+        steps = {"steps": 200} if sample == "random" else {}
+        loader = cpu_loader(path, 16, 4, token_dtype=stored, dtype=out, sample=sample, **steps)
+        with pytest.raises(pinfeed.PinfeedValueError) as e:
+            for _ in loader:
+                pass
+        message = str(e.value)
+        assert str(path) in message and "token 1777" in message and str(big) in message, message
+        assert "\n" not in message
+        if out == "int32":
+            assert 'dtype="int64"' in message, message
+    # A type that holds them: the values come through.
+    if out == "int32":
+        x, _ = next(iter(cpu_loader(path, 2999, 1, token_dtype=stored, sample="sequential")))
+        assert x.dtype == np.int64 and x[0, 1777] == big
+    # Small tokens of a wide type stream as the narrow one, unchecked by any Python code.
+    small = np.arange(3000, dtype=stored)
+    small.tofile(path)
+    x, y = next(iter(cpu_loader(path, 16, 2, token_dtype=stored, dtype=out, sample="sequential")))
+    np.testing.assert_array_equal(x[0], np.arange(16))

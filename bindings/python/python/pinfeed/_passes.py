@@ -69,14 +69,7 @@ class _Pass(Iterator[Any]):
         loader._check_fork()
         if self._finished:
             raise StopIteration
-        if self._id != loader._pass_id:
-            raise PinfeedError(
-                f"{loader.source_name}: this pass was ended by a newer iteration of the same "
-                "Loader (iter() again, in this thread or another); a Loader runs one pass at a "
-                "time: finish or close() a pass before starting the next"
-            )
-        if self._id == loader._closed_pass:
-            raise PinfeedError(f"{loader.source_name}: this pass was ended by Loader.close()")
+        self.check_not_cut()
         try:
             epoch, index, batch = next(self._batches)
         except StopIteration:
@@ -90,6 +83,19 @@ class _Pass(Iterator[Any]):
 
     def __len__(self) -> int:
         return self._loader._len
+
+    def check_not_cut(self) -> None:
+        """Raises :class:`pinfeed.PinfeedError` when a newer iteration or ``close()`` ended
+        this pass (for consumers that hand out one batch in several steps)."""
+        loader = self._loader
+        if self._id != loader._pass_id:
+            raise PinfeedError(
+                f"{loader.source_name}: this pass was ended by a newer iteration of the same "
+                "Loader (iter() again, in this thread or another); a Loader runs one pass at a "
+                "time: finish or close() a pass before starting the next"
+            )
+        if self._id == loader._closed_pass:
+            raise PinfeedError(f"{loader.source_name}: this pass was ended by Loader.close()")
 
     def close(self) -> None:
         """Stops the pass now."""

@@ -386,6 +386,8 @@ class Loader:
 
     def __iter__(self) -> "_Pass":
         self._check_fork()
+        # From inside this Loader's own transform: refused (in Rust) before anything changes.
+        self._options.check_iter()
         if self._next_start is not None:
             start = self._next_start
         elif self._pass_epoch is None:

@@ -243,7 +243,7 @@ class TokenLoader(EpochLoader):
         return name
 
     def _make_loader(self, epoch: int) -> Loader:
-        source, typestr, num_tokens, self._opened = _pinfeed.open_tokens(
+        source, typestr, num_tokens, self._opened, fingerprint = _pinfeed.open_tokens(
             self.source,
             seq_len=self.seq_len,
             batch_size=self.batch_size,
@@ -255,8 +255,12 @@ class TokenLoader(EpochLoader):
             epoch=epoch,
             steps_per_batch=self._group,
             opened=self._opened,
+            # Tokens the output type cannot hold fail on the reader threads (Rust).
+            output=self.dtype,
             **self._store,
         )
+        # The data's own hash (Rust): a state is not resumed on other tokens of the same size.
+        self._source_fingerprint: int = fingerprint
         #: numpy dtype of the tokens as stored.
         self.token_dtype: np.dtype = np.dtype(typestr)
         #: Tokens in the data.
@@ -304,6 +308,7 @@ class TokenLoader(EpochLoader):
             for k in range(skip, int(raw.shape[0]) // b):
                 if self.steps is not None and self._steps_done >= self.steps:
                     return  # the last batch's steps past `steps` are not this run's
+                batches.check_not_cut()  # close() or a new iter() cuts the pass at once
                 self._steps_done += 1
                 yield x[k * b : (k + 1) * b], y[k * b : (k + 1) * b]
             skip = 0
@@ -399,6 +404,7 @@ class TokenLoader(EpochLoader):
             "num_tokens": self.num_tokens,
             "token_dtype": self.token_dtype.str,
             "steps": self.steps,
+            "source_fingerprint": self._source_fingerprint,
         }
 
     def state_dict(self) -> dict[str, Any]:

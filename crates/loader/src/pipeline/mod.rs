@@ -23,10 +23,12 @@ mod copy;
 mod delivery;
 mod plan;
 mod reader;
+mod workers;
 
 pub use batch::Batch;
 use delivery::Delivery;
 use plan::{BatchSpec, Pieces, Plan, SlotLayout};
+use workers::{Workers, USER_CODE_WAIT};
 
 use std::sync::atomic::AtomicU64;
 use std::sync::mpsc::{self, Receiver};
@@ -115,6 +117,8 @@ struct Shared {
     /// The source's network counters when the loader started: `Stats::network` counts from
     /// here, so a pass reports what it fetched.
     network_at_start: Option<pinfeed_source::NetworkStats>,
+    /// The state of each thread (readers `0 .. threads`, then the copy thread), for `stop`.
+    workers: Workers,
 }
 
 impl Shared {
@@ -323,6 +327,7 @@ impl Loader {
             thread_choice: choice,
             pinned_allocations_at_start: AtomicU64::new(pinned_allocations()),
             network_at_start,
+            workers: Workers::new(threads + 1),
         });
         Loader::spawn(shared, depth)
     }
@@ -341,9 +346,12 @@ impl Loader {
             let shared = Arc::clone(&shared);
             let handle = std::thread::Builder::new()
                 .name(format!("pinfeed-read-{i}"))
-                .spawn(move || match shared.staging {
-                    Staging::Slots(_) => reader::read_loop(&shared, i),
-                    Staging::Windows(_) => reader::register_loop(&shared, i),
+                .spawn(move || {
+                    let _returned = shared.workers.on_return(i);
+                    match shared.staging {
+                        Staging::Slots(_) => reader::read_loop(&shared, i),
+                        Staging::Windows(_) => reader::register_loop(&shared, i),
+                    }
                 })
                 .map_err(|source| LoaderError::Thread {
                     what: "reader",
@@ -356,7 +364,10 @@ impl Loader {
         }
         let copier = std::thread::Builder::new()
             .name("pinfeed-copy".into())
-            .spawn(move || copy::copy_loop(&shared, tx))
+            .spawn(move || {
+                let _returned = shared.workers.on_return(shared.threads);
+                copy::copy_loop(&shared, tx)
+            })
             .map_err(|source| LoaderError::Thread {
                 what: "copy",
                 source,
@@ -489,12 +500,30 @@ impl Loader {
     }
 
     /// Stops the threads and waits for them. Batches already delivered stay valid.
+    ///
+    /// Two threads are not waited for: the calling thread, when it is one of the loader's own
+    /// (a transform that drops the loader it runs in: joining itself would fail), and a thread
+    /// still inside a transform after [`USER_CODE_WAIT`] (user code, which may never return).
+    /// Both are left to return on their own; each holds `Arc<Shared>`, so the slot it writes
+    /// into and the rest of the pool stay allocated until it has.
     fn stop(&mut self) {
         self.shared.ring.shutdown();
         // Dropping the receiver unblocks a copy thread waiting to hand over a batch.
         drop(self.batches.take());
-        for handle in self.threads.drain(..) {
-            let _ = handle.join();
+        if self.threads.is_empty() {
+            return;
+        }
+        let me = std::thread::current().id();
+        let own = self.threads.iter().position(|h| h.thread().id() == me);
+        // Threads are pushed in the order of their indices (readers, then the copy thread), and
+        // the spawning stops at the first that fails.
+        let started = self.threads.len();
+        let returned = self.shared.workers.wait(started, own, USER_CODE_WAIT);
+        for (handle, returned) in self.threads.drain(..).zip(returned) {
+            if returned {
+                let _ = handle.join();
+            }
+            // Otherwise the handle is dropped: the thread runs on, detached (see above).
         }
     }
 }

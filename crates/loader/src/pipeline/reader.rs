@@ -27,7 +27,7 @@ pub(super) fn read_loop(shared: &Shared, index: usize) {
             Err(e) => return shared.fail(e.into()),
         };
         let outcome = catch_unwind(AssertUnwindSafe(|| {
-            fill(shared, &claim, &mut scratch, &mut last)
+            fill(shared, index, &claim, &mut scratch, &mut last)
         }));
         let failed = match outcome {
             Ok(Ok(contents)) => Ok(contents),
@@ -55,6 +55,7 @@ pub(super) fn read_loop(shared: &Shared, index: usize) {
 /// through the transform if there is one, and says what the slot now holds.
 fn fill(
     shared: &Shared,
+    index: usize,
     claim: &Claim,
     scratch: &mut Option<AlignedBuffer>,
     last: &mut Option<(u64, Arc<BatchSpec>)>,
@@ -88,12 +89,14 @@ fn fill(
             let read_done = Instant::now();
             add(&shared.counters.read_ns, read_done - started);
             let out_len = count * shared.out_record_bytes;
-            transform
-                .apply(&buf[at..at + raw_len], count, &mut slot[..out_len])
-                .map_err(|message| LoaderError::Transform {
-                    seq: batch,
-                    message,
-                })?;
+            // User code: stopping the loader waits for it only so long (see `Loader::stop`).
+            let user_code = shared.workers.user_code(index);
+            let applied = transform.apply(&buf[at..at + raw_len], count, &mut slot[..out_len]);
+            drop(user_code);
+            applied.map_err(|message| LoaderError::Transform {
+                seq: batch,
+                message,
+            })?;
             add(&shared.counters.transform_ns, read_done.elapsed());
             0
         }

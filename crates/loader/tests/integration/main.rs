@@ -6,6 +6,7 @@ mod faults;
 mod gpu;
 mod gpu_formula;
 mod gpu_images;
+mod lifecycle;
 mod limits;
 mod mapped;
 mod pieces;

@@ -121,6 +121,89 @@ impl TokenDType {
     }
 }
 
+impl TokenDType {
+    /// Every token dtype, in the order of [`TokenDType::code`].
+    const ALL: [TokenDType; 8] = [
+        TokenDType::U8,
+        TokenDType::I8,
+        TokenDType::U16,
+        TokenDType::I16,
+        TokenDType::U32,
+        TokenDType::I32,
+        TokenDType::U64,
+        TokenDType::I64,
+    ];
+
+    /// A number from 1 to 8 for the dtype (0 stays free for "none"), for an atomic.
+    pub(crate) fn code(self) -> u8 {
+        Self::ALL.iter().position(|&t| t == self).unwrap_or(0) as u8 + 1
+    }
+
+    /// The dtype of [`TokenDType::code`] `code`; `None` for 0 or a number past them.
+    pub(crate) fn from_code(code: u8) -> Option<TokenDType> {
+        Self::ALL.get(usize::from(code).checked_sub(1)?).copied()
+    }
+
+    /// The smallest and largest value of the dtype.
+    pub fn range(self) -> (i128, i128) {
+        let bits = 8 * self.width() as u32;
+        match self {
+            TokenDType::U8 | TokenDType::U16 | TokenDType::U32 | TokenDType::U64 => {
+                (0, (1i128 << bits) - 1)
+            }
+            _ => (-(1i128 << (bits - 1)), (1i128 << (bits - 1)) - 1),
+        }
+    }
+
+    /// Whether every value of this dtype is a value of `out`.
+    pub fn fits_in(self, out: TokenDType) -> bool {
+        let ((lo, hi), (out_lo, out_hi)) = (self.range(), out.range());
+        out_lo <= lo && hi <= out_hi
+    }
+
+    /// The index and value of the first of the little-endian tokens in `bytes` that `out`
+    /// cannot hold, if any. The scan is one pass with no branch per token (the smallest and
+    /// largest value), so it costs little beside the read it follows; only a batch holding such
+    /// a token is looked at again, token by token.
+    pub fn first_outside(self, bytes: &[u8], out: TokenDType) -> Option<(usize, i128)> {
+        if self.fits_in(out) {
+            return None;
+        }
+        let (out_lo, out_hi) = out.range();
+        let (lo, hi): (i128, i128) = match self {
+            TokenDType::U32 => {
+                let max = words::<4>(bytes).map(u32::from_le_bytes).fold(0, u32::max);
+                (0, max.into())
+            }
+            TokenDType::U64 => {
+                let max = words::<8>(bytes).map(u64::from_le_bytes).fold(0, u64::max);
+                (0, max.into())
+            }
+            TokenDType::I64 => {
+                let (lo, hi) = words::<8>(bytes)
+                    .map(i64::from_le_bytes)
+                    .fold((i64::MAX, i64::MIN), |(lo, hi), v| (lo.min(v), hi.max(v)));
+                (lo.into(), hi.into())
+            }
+            // Narrower dtypes only fail for outputs narrower than pinfeed widens to.
+            _ => (out_lo - 1, out_hi + 1),
+        };
+        if lo >= out_lo && hi <= out_hi {
+            return None;
+        }
+        (0..bytes.len() / self.width())
+            .map(|i| (i, self.get(bytes, i)))
+            .find(|&(_, v)| v < out_lo || v > out_hi)
+    }
+}
+
+/// The `N`-byte words of `bytes` (a partial last one is left out).
+fn words<const N: usize>(bytes: &[u8]) -> impl Iterator<Item = [u8; N]> + '_ {
+    bytes
+        .chunks_exact(N)
+        .map(|c| c.try_into().unwrap_or([0; N]))
+}
+
 impl fmt::Display for TokenDType {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
@@ -163,6 +246,34 @@ mod tests {
         );
         let f4 = DType::from_descr_literal("'<f4'").unwrap();
         assert!(TokenDType::from_dtype(&f4).unwrap_err().contains("float32"));
+    }
+
+    #[test]
+    fn tokens_an_output_cannot_hold_are_found() {
+        use TokenDType::*;
+        assert!(U32.fits_in(I64) && I32.fits_in(I32) && U16.fits_in(I32));
+        assert!(!U32.fits_in(I32) && !U64.fits_in(I64) && !I64.fits_in(I32));
+        let u32s = |v: &[u32]| v.iter().flat_map(|t| t.to_le_bytes()).collect::<Vec<u8>>();
+        assert_eq!(U32.first_outside(&u32s(&[1, (1 << 31) - 1]), I32), None);
+        let bytes = u32s(&[5, 1 << 31, 7, u32::MAX]);
+        assert_eq!(U32.first_outside(&bytes, I32), Some((1, 1 << 31)));
+        assert_eq!(U32.first_outside(&bytes, I64), None);
+        let u64s: Vec<u8> = [3u64, 1 << 63]
+            .iter()
+            .flat_map(|t| t.to_le_bytes())
+            .collect();
+        assert_eq!(U64.first_outside(&u64s, I64), Some((1, 1 << 63)));
+        assert_eq!(U64.first_outside(&u64s, I32), Some((1, 1 << 63)));
+        let i64s: Vec<u8> = [-1i64, -(1 << 31) - 1]
+            .iter()
+            .flat_map(|t| t.to_le_bytes())
+            .collect();
+        assert_eq!(I64.first_outside(&i64s, I32), Some((1, -(1 << 31) - 1)));
+        assert_eq!(I64.first_outside(&i64s, I64), None);
+        for t in TokenDType::ALL {
+            assert_eq!(TokenDType::from_code(t.code()), Some(t));
+        }
+        assert_eq!(TokenDType::from_code(0), None);
     }
 
     #[test]

@@ -4,6 +4,8 @@ use std::ffi::OsStr;
 use std::fs::File;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::OnceLock;
 
 use super::{invalid, TokenDType};
 use crate::read::{open_regular, read_exact_at};
@@ -42,6 +44,11 @@ pub struct TokenStream {
     /// In stream order; `pieces[k + 1].first == pieces[k].first + pieces[k].tokens`.
     pieces: Vec<Piece>,
     num_tokens: u64,
+    /// The [`TokenDType::code`] of the integer type the consumer converts tokens to, when some
+    /// stored values would not fit it (0: nothing to check); see [`TokenStream::set_output`].
+    output: AtomicU8,
+    /// [`TokenStream::fingerprint`], once computed.
+    fingerprint: OnceLock<u64>,
 }
 
 impl TokenStream {
@@ -98,6 +105,8 @@ impl TokenStream {
             dtype,
             pieces,
             num_tokens,
+            output: AtomicU8::new(0),
+            fingerprint: OnceLock::new(),
         })
     }
 
@@ -141,6 +150,8 @@ impl TokenStream {
                 tokens,
             }],
             num_tokens: tokens,
+            output: AtomicU8::new(0),
+            fingerprint: OnceLock::new(),
         })
     }
 
@@ -172,10 +183,97 @@ impl TokenStream {
         self.pieces.iter().map(|p| (p.path.as_path(), p.tokens))
     }
 
+    /// Makes every later read check that its tokens fit `out`, the integer type the consumer
+    /// converts them to (`TokenLoader`'s output dtype), where this stream's dtype holds values
+    /// `out` cannot (uint32 tokens as int32, uint64 as int64): a token of 2^31 would come out
+    /// as -2^31. A read holding one fails naming the file, the token's offset in it and its
+    /// value. Where every stored value fits, nothing is checked.
+    pub fn set_output(&self, out: TokenDType) {
+        let code = if self.dtype.fits_in(out) {
+            0
+        } else {
+            out.code()
+        };
+        self.output.store(code, Ordering::Relaxed);
+    }
+
+    /// The output type reads check their tokens against (see [`TokenStream::set_output`]).
+    fn output(&self) -> Option<TokenDType> {
+        TokenDType::from_code(self.output.load(Ordering::Relaxed))
+    }
+
+    /// Fails when a token of `bytes`, the tokens from token `first` of file `path`, does not fit
+    /// `out`.
+    fn check_output(&self, out: TokenDType, path: &Path, first: u64, bytes: &[u8]) -> Result<()> {
+        let Some((i, value)) = self.dtype.first_outside(bytes, out) else {
+            return Ok(());
+        };
+        let (lo, hi) = out.range();
+        let side = if value > hi { "more" } else { "less" };
+        let bits = 8 * out.width() as u32;
+        // Two's complement keeps the low bits: what the conversion on the device gives.
+        let wrapped = ((value - lo).rem_euclid(hi - lo + 1)) + lo;
+        let fix = if TokenDType::I64.range().0 <= value && value <= TokenDType::I64.range().1 {
+            "read them as int64 (TokenLoader(dtype=\"int64\"))".to_string()
+        } else {
+            format!(
+                "no output type holds it: {} tokens must lie in int64's range",
+                self.dtype
+            )
+        };
+        Err(invalid(
+            crate::escape_path(path),
+            format!(
+                "token {} is {value}, {side} than {out} holds (it would come out as {wrapped}, \
+                 {bits} bits); {fix}",
+                first + i as u64
+            ),
+        ))
+    }
+
+    /// A hash of the stream's dtype, its number of tokens and up to [`FINGERPRINT_WINDOWS`]
+    /// windows of [`FINGERPRINT_TOKENS`] tokens spread evenly over it (all of it when it is no
+    /// longer): the same for a copy of the data anywhere, under any name or split into other
+    /// files, and different for other data of the same size, so that a saved position is not
+    /// resumed on other tokens. Computed once a stream (one read of every window together).
+    pub fn fingerprint(&self) -> Result<u64> {
+        if let Some(&f) = self.fingerprint.get() {
+            return Ok(f);
+        }
+        let width = self.dtype.width();
+        let per = FINGERPRINT_TOKENS.min(self.num_tokens);
+        let count = self.num_tokens.div_ceil(per).min(FINGERPRINT_WINDOWS);
+        let span = self.num_tokens - per;
+        let starts: Vec<u64> = (0..count)
+            .map(|k| match count {
+                1 => 0,
+                _ => (u128::from(span) * u128::from(k) / u128::from(count - 1)) as u64,
+            })
+            .collect();
+        let mut tokens = vec![0u8; starts.len() * per as usize * width];
+        self.read_windows_checked(&starts, &mut tokens, false)?;
+        let head = [self.dtype.code().into(), self.num_tokens];
+        let f = head
+            .into_iter()
+            .chain(tokens.chunks(8).map(|c| {
+                let mut word = [0u8; 8];
+                word[..c.len()].copy_from_slice(c);
+                u64::from_le_bytes(word)
+            }))
+            .fold(0x746f_6b65_6e73_6670, crate::rng::hash2);
+        Ok(*self.fingerprint.get_or_init(|| f))
+    }
+
     /// Reads `dst.len() / width` tokens from token `first` into `dst`: one positioned read per
     /// file the range touches.
     pub fn read_tokens(&self, first: u64, dst: &mut [u8]) -> Result<()> {
+        self.read_tokens_checked(first, dst, true)
+    }
+
+    /// [`TokenStream::read_tokens`], checking the tokens against the output type or not.
+    fn read_tokens_checked(&self, first: u64, dst: &mut [u8], check: bool) -> Result<()> {
         self.check_range(first, dst.len())?;
+        let out = self.output().filter(|_| check);
         let width = self.dtype.width();
         // The last piece starting at or before `first`.
         let mut k = self.pieces.partition_point(|p| p.first <= first) - 1;
@@ -190,6 +288,9 @@ impl TokenStream {
                     read_exact_at(file, &p.path, data_offset + within * width as u64, part)?
                 }
                 Backing::Records(source) => source.read_records(within, part)?,
+            }
+            if let Some(out) = out {
+                self.check_output(out, &p.path, within, part)?;
             }
             done += n * width;
             at += n as u64;
@@ -206,6 +307,11 @@ impl TokenStream {
     /// GETs are in flight together (up to the queue depth, neighbours coalesced) rather than
     /// one round trip after another.
     pub fn read_windows(&self, starts: &[u64], dst: &mut [u8]) -> Result<()> {
+        self.read_windows_checked(starts, dst, true)
+    }
+
+    /// [`TokenStream::read_windows`], checking the tokens against the output type or not.
+    fn read_windows_checked(&self, starts: &[u64], dst: &mut [u8], check: bool) -> Result<()> {
         let Some(window) = dst.len().checked_div(starts.len()) else {
             return Ok(()); // no windows
         };
@@ -222,10 +328,12 @@ impl TokenStream {
         }] = self.pieces.as_slice()
         else {
             for (&first, w) in starts.iter().zip(dst.chunks_exact_mut(window.max(1))) {
-                self.read_tokens(first, w)?;
+                self.read_tokens_checked(first, w, check)?;
             }
             return Ok(());
         };
+        let out = self.output().filter(|_| check);
+        let path = &self.pieces[0].path;
         for &first in starts {
             self.check_range(first, window)?;
         }
@@ -235,7 +343,7 @@ impl TokenStream {
         let per_gather = (GATHER_TOKENS / tokens).max(1);
         let mut records: Vec<(u64, usize)> =
             Vec::with_capacity(per_gather.min(starts.len()) * tokens);
-        for (group, out) in starts
+        for (group, gathered) in starts
             .chunks(per_gather)
             .zip(dst.chunks_mut(per_gather * window))
         {
@@ -243,7 +351,12 @@ impl TokenStream {
             for (k, &first) in group.iter().enumerate() {
                 records.extend((0..tokens).map(|t| (first + t as u64, k * tokens + t)));
             }
-            source.gather_at(&records, out)?;
+            source.gather_at(&records, gathered)?;
+            if let Some(out) = out {
+                for (&first, w) in group.iter().zip(gathered.chunks_exact(window.max(1))) {
+                    self.check_output(out, path, first, w)?;
+                }
+            }
         }
         Ok(())
     }
@@ -263,6 +376,10 @@ impl TokenStream {
         Ok(())
     }
 }
+
+/// Windows [`TokenStream::fingerprint`] reads at most, and tokens in each.
+const FINGERPRINT_WINDOWS: u64 = 16;
+const FINGERPRINT_TOKENS: u64 = 256;
 
 /// Tokens one gather of [`TokenStream::read_windows`] names at most.
 const GATHER_TOKENS: usize = 64 << 10;
@@ -488,5 +605,57 @@ mod tests {
         assert!(e.to_string().starts_with("s3://bucket/train.bin"), "{e}");
         let e = s.read_windows(&[0, 1], &mut dst[..259]).unwrap_err();
         assert!(matches!(e, SourceError::Destination { .. }), "{e}");
+    }
+
+    #[test]
+    fn the_fingerprint_is_the_tokens_not_the_files() {
+        let (dir, three) = crate::tokens::testing::three_files();
+        let one = dir.path().join("one.raw");
+        std::fs::write(&one, u16_bytes(0..40)).unwrap();
+        let one = TokenStream::open(&one, Some(TokenDType::U16)).unwrap();
+        assert_eq!(three.fingerprint().unwrap(), one.fingerprint().unwrap());
+        let mut other = u16_bytes(0..40);
+        other[79] ^= 1; // the last token, of the same size
+        let path = dir.path().join("other.raw");
+        std::fs::write(&path, other).unwrap();
+        let other = TokenStream::open(&path, Some(TokenDType::U16)).unwrap();
+        assert_ne!(one.fingerprint().unwrap(), other.fingerprint().unwrap());
+        // Larger data is sampled: 16 windows, over object storage as over files.
+        let (remote, _) = gathered_stream(100_000);
+        let path = dir.path().join("big.raw");
+        std::fs::write(&path, u16_bytes(0..100_000)).unwrap();
+        let local = TokenStream::open(&path, Some(TokenDType::U16)).unwrap();
+        assert_eq!(remote.fingerprint().unwrap(), local.fingerprint().unwrap());
+    }
+
+    #[test]
+    fn reads_check_their_tokens_against_the_output_type() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("wide.bin");
+        let mut tokens: Vec<u32> = (0..100).collect();
+        tokens[61] = 1 << 31;
+        std::fs::write(
+            &path,
+            tokens
+                .iter()
+                .flat_map(|t| t.to_le_bytes())
+                .collect::<Vec<u8>>(),
+        )
+        .unwrap();
+        let s = TokenStream::open(&path, Some(TokenDType::U32)).unwrap();
+        let mut dst = vec![0u8; 4 * 10];
+        s.set_output(TokenDType::I32);
+        s.read_tokens(50, &mut dst[..4 * 10]).unwrap(); // tokens 50 .. 60 fit
+        let e = s.read_tokens(55, &mut dst).unwrap_err().to_string();
+        assert!(e.starts_with(&path.display().to_string()), "{e}");
+        assert!(e.contains("token 61 is 2147483648"), "{e}");
+        assert!(e.contains("-2147483648") && e.contains("int64"), "{e}");
+        let e = s.read_windows(&[0, 58], &mut [0u8; 2 * 4 * 5]).unwrap_err();
+        assert!(e.to_string().contains("token 61"), "{e}");
+        s.set_output(TokenDType::I64);
+        s.read_tokens(55, &mut dst).unwrap();
+        // The fingerprint reads the data as it is.
+        s.set_output(TokenDType::I32);
+        s.fingerprint().unwrap();
     }
 }
