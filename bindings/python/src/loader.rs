@@ -302,6 +302,25 @@ pub struct Stream {
     cut: AtomicBool,
 }
 
+/// Refuses an export dtype and record shape whose size is not the records' bytes.
+fn check_export_layout(
+    export_dtype: DLDataType,
+    record_shape: &[i64],
+    record_bytes: usize,
+) -> Result<(), String> {
+    let elements = record_shape.iter().try_fold(1usize, |acc, &d| {
+        usize::try_from(d).ok().and_then(|d| acc.checked_mul(d))
+    });
+    if elements.and_then(|n| n.checked_mul(element_bytes(export_dtype))) == Some(record_bytes) {
+        return Ok(());
+    }
+    Err(format!(
+        "records of {record_bytes} bytes cannot be viewed as shape {record_shape:?} of {}-bit \
+         elements; check the dtype and shape (and the transform's output dtype and shape)",
+        export_dtype.bits as usize * export_dtype.lanes as usize
+    ))
+}
+
 #[pymethods]
 impl Stream {
     /// Starts a pass with ``options`` at epoch ``start_epoch``, after its first
@@ -347,22 +366,8 @@ impl Stream {
             (None, None) => src.layout().record_bytes(),
         };
         let (export_dtype, record_shape) = (options.export_dtype, options.record_shape.clone());
-        let elements = record_shape.iter().try_fold(1usize, |acc, &d| {
-            usize::try_from(d).ok().and_then(|d| acc.checked_mul(d))
-        });
-        if elements.and_then(|n| n.checked_mul(element_bytes(export_dtype)))
-            != Some(out_record_bytes)
-        {
-            return Err(value_error(
-                py,
-                "Layout",
-                named(format!(
-                    "records of {out_record_bytes} bytes cannot be viewed as shape {record_shape:?} of \
-                     {}-bit elements; check the dtype and shape (and the transform's output dtype and shape)",
-                    export_dtype.bits as usize * export_dtype.lanes as usize
-                )),
-            ));
-        }
+        check_export_layout(export_dtype, &record_shape, out_record_bytes)
+            .map_err(|message| value_error(py, "Layout", named(message)))?;
         let fingerprint = order_spec(src.num_records(), &options.loader).fingerprint();
         let loader_options = LoaderOptions {
             transform,

@@ -101,11 +101,7 @@ pub(crate) fn open_tokens(
 ) -> PyResult<(Source, String, u64, Option<TokenStream>, u64)> {
     let name = path.display().to_string();
     let named = |e: SourceError| with_name(&name, e);
-    let dtype = dtype
-        .map(TokenDType::parse)
-        .transpose()
-        .map_err(&named)
-        .py_err(py)?;
+    let dtype = token_dtype(py, &name, dtype)?;
     let sample = sample
         .parse::<Sample>()
         .map_err(|message| value_error(py, "Config", format!("{name}: {message}")))?;
@@ -132,11 +128,7 @@ pub(crate) fn open_tokens(
         (Some(opened), _) => Some(Arc::clone(&opened.get().inner)),
         (None, url) => remote_stream(py, url, &name, dtype, &store, queue_depth)?,
     };
-    let output = output
-        .map(TokenDType::parse)
-        .transpose()
-        .map_err(&named)
-        .py_err(py)?;
+    let output = token_dtype(py, &name, output)?;
     let (windows, fingerprint) = py
         .detach(|| -> Result<_, SourceError> {
             let windows = match &remote {
@@ -163,6 +155,15 @@ pub(crate) fn open_tokens(
         remote.map(|inner| TokenStream { inner }),
         fingerprint,
     ))
+}
+
+/// A token type named in Python (`"uint16"`, `"<u4"`), or a `ValueError` naming the source.
+fn token_dtype(py: Python<'_>, name: &str, dtype: Option<&str>) -> PyResult<Option<TokenDType>> {
+    dtype
+        .map(TokenDType::parse)
+        .transpose()
+        .map_err(|e| with_name(name, e))
+        .py_err(py)
 }
 
 /// The token data at `url` opened as one stream (the objects listed and their headers read), or
