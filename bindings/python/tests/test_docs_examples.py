@@ -198,6 +198,46 @@ def test_every_skip_says_why_and_gpu_examples_stay_few(path):
     )
 
 
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor of a heading: lower case, punctuation but ``-`` and ``_`` dropped,
+    spaces as ``-``."""
+    text = re.sub(r"[^\w\- ]", "", heading.strip().lower())
+    return text.replace(" ", "-")
+
+
+def anchors(path: Path) -> set:
+    text = re.sub(r"```.*?```", "", path.read_text(), flags=re.S)
+    return {slug(m[1]) for m in re.finditer(r"^#+\s+(.*)$", text, flags=re.M)}
+
+
+@pytest.mark.parametrize(
+    "path", [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))], ids=lambda p: p.name
+)
+def test_links_reach_files_and_headings(path):
+    text = re.sub(r"```.*?```", "", path.read_text(), flags=re.S)
+    broken = []
+    for target in LINK.findall(text):
+        if re.match(r"[a-z]+:", target):
+            continue  # a URL
+        file, _, anchor = target.partition("#")
+        dest = (path.parent / file).resolve() if file else path
+        if not dest.exists():
+            broken.append(target)
+        elif anchor and dest.suffix == ".md" and anchor not in anchors(dest):
+            broken.append(target)
+    assert not broken, f"{path.name}: links to nothing: {broken}"
+
+
+def test_slugs_are_githubs():
+    assert slug("Seed tensor (to_device)") == "seed-tensor-to_device"
+    assert slug("`MultiLoader`: several devices from one process") == (
+        "multiloader-several-devices-from-one-process"
+    )
+
+
 def test_the_block_parser_reads_fences_and_skips(tmp_path):
     md = tmp_path / "x.md"
     md.write_text(
