@@ -23,6 +23,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import time
 import traceback
 from pathlib import Path
 from typing import NamedTuple, Optional
@@ -97,6 +98,7 @@ def run_file(path: Path, workdir: Path, keep_going: bool = False, gpu: bool = Fa
         if b.skip is not None and not runs_here(b.skip, gpu):
             results.append(dict(where=where, lang=b.lang, status="skipped", reason=b.skip))
             continue
+        start = time.monotonic()
         try:
             if b.lang == "python":
                 exec(compile(b.code, where, "exec"), namespace)
@@ -114,7 +116,8 @@ def run_file(path: Path, workdir: Path, keep_going: bool = False, gpu: bool = Fa
                     raise RuntimeError(
                         f"exit status {run.returncode}\n{run.stdout[-3000:]}{run.stderr[-3000:]}"
                     )
-            results.append(dict(where=where, lang=b.lang, status="passed"))
+            seconds = round(time.monotonic() - start, 2)
+            results.append(dict(where=where, lang=b.lang, status="passed", seconds=seconds))
         except BaseException as e:  # noqa: B036 (SystemExit from an example is a failure too)
             tb = traceback.format_exc(limit=-6)
             results.append(dict(where=where, lang=b.lang, status="failed", error=tb))
@@ -140,6 +143,8 @@ def example_env(tmp: Path, gpu: bool) -> dict:
     env["PATH"] = os.pathsep.join(path)
     env["PINFEED_CACHE_DIR"] = str(tmp / "cache")
     env["MPLBACKEND"] = "Agg"
+    # The examples' arrays are small: one BLAS thread each spares a CI machine's few cores.
+    env.setdefault("OMP_NUM_THREADS", "1")
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
         env.pop(name, None)
     return env
@@ -309,7 +314,7 @@ def main(argv: list[str]) -> int:
             a.json.write_text(json.dumps(results))
             return 1 if any(r["status"] == "failed" for r in results) else 0
     for r in results:
-        print(f"{r['status']:8} {r['where']} {r.get('reason', '')}")
+        print(f"{r['status']:8} {r['where']:28} {r.get('seconds', '')} {r.get('reason', '')}")
     return 1 if any(r["status"] == "failed" for r in results) else 0
 
 
