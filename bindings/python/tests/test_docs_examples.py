@@ -25,6 +25,7 @@ import sys
 import tempfile
 import time
 import traceback
+import warnings
 from pathlib import Path
 from typing import NamedTuple, Optional
 
@@ -89,6 +90,12 @@ def run_file(path: Path, workdir: Path, keep_going: bool = False, gpu: bool = Fa
     """Runs the runnable blocks of ``path`` in ``workdir``; one result a block. Stops at the
     first failure unless ``keep_going``. ``gpu``: runs the blocks that need CUDA devices too."""
     os.chdir(workdir)
+    import pinfeed
+
+    # The docs speak the current vocabulary: an old spelling in an example is a failure.
+    old = getattr(pinfeed, "PinfeedDeprecationWarning", None)
+    if old is not None:
+        warnings.filterwarnings("error", category=old)
     namespace: dict = {"__name__": "__main__"}
     results = []
     for b in blocks(path):
@@ -268,6 +275,22 @@ def test_a_failing_example_fails_the_run_and_set_up_lines_are_left_out(tmp_path)
     )
     results, output = run_in_subprocess(md, tmp_path)
     assert [r["status"] for r in results] == ["passed", "passed", "passed", "failed"], output
+
+
+def test_an_old_spelling_in_an_example_fails(tmp_path):
+    import pinfeed
+
+    if not hasattr(pinfeed, "PinfeedDeprecationWarning"):
+        pytest.skip("this pinfeed has no deprecated spellings yet")
+    md = tmp_path / "x.md"
+    md.write_text(
+        "```python\nimport numpy as np\nimport pinfeed\n"
+        "loader = pinfeed.Loader(np.zeros((8, 2)), 4, device='cpu')\n```\n"
+        "```python\nloader.num_samples\n```\n```python\nloader.num_records\n```\n"
+    )
+    results, output = run_in_subprocess(md, tmp_path)
+    assert [r["status"] for r in results] == ["passed", "passed", "failed"], output
+    assert "PinfeedDeprecationWarning" in results[-1]["error"]
 
 
 def check_run(path: Path, tmp: Path, gpu: bool) -> None:
