@@ -352,23 +352,3 @@ def test_prefetch_of_a_plain_iterable_has_no_state():
     with pytest.raises(TypeError, match="has no state_dict/load_state_dict"):
         p.state_dict()
     p.close()
-
-
-README = Path(__file__).resolve().parents[3] / "README.md"
-
-
-def readme_examples(section):
-    """The Python code blocks of the README's section titled ``section``."""
-    text = README.read_text()
-    body = text.split(f"## {section}\n", 1)[1].split("\n## ", 1)[0]
-    return [block.split("```", 1)[0] for block in body.split("```python\n")[1:]]
-
-
-@pytest.mark.parametrize("index", [0, 1])
-def test_readme_framework_examples_run_as_written(tmp_path, index):
-    pytest.importorskip("jax" if index == 0 else "lightning")
-    code = readme_examples("JAX, CuPy, numpy; Lightning and torchdata")[index]
-    # In its own interpreter and folder: the example writes /tmp/readme-* and Lightning files.
-    subprocess.run(
-        [sys.executable, "-c", code], check=True, cwd=tmp_path, timeout=600, env=dict(os.environ)
-    )
