@@ -33,15 +33,15 @@ prepare() (
     set -euo pipefail
     rm -rf "$C" && mkdir -p "$C/tests"
     cargo build --release --locked -p pinfeed-cli
-    cp target/release/pinfeed "$C/"
+    cp "${CARGO_TARGET_DIR:-target}"/release/pinfeed "$C/"
     strip "$C/pinfeed"
     # The CPU's copy rate into pinned memory (the CPU-time floor of to_device).
     cargo build --release --locked -p pinfeed --example copy_rates
-    cp target/release/examples/copy_rates "$C/"
+    cp "${CARGO_TARGET_DIR:-target}"/release/examples/copy_rates "$C/"
     strip "$C/copy_rates"
     # Images per second of GPU JPEG decoding (nvJPEG backends), for the nvjpeg section.
     cargo build --release --locked -p pinfeed-cuda --example nvjpeg_bench
-    cp target/release/examples/nvjpeg_bench "$C/"
+    cp "${CARGO_TARGET_DIR:-target}"/release/examples/nvjpeg_bench "$C/"
     strip "$C/nvjpeg_bench"
     # Test binaries that hold GPU tests (marked #[ignore = "needs a CUDA device"]): the
     # integration tests of both crates, and the loader's unit tests (its device cache).
