@@ -160,6 +160,14 @@ impl Source {
     }
 
     /// Records in the dataset.
+    /// A hash of the dataset's layout, size and a few records spread across it
+    /// (``pinfeed_source::data_fingerprint``): a resume state names the data it was saved on.
+    fn data_fingerprint(&self, py: Python<'_>) -> PyResult<u64> {
+        let inner = Arc::clone(&self.inner);
+        py.detach(move || pinfeed_source::data_fingerprint(inner.as_ref()))
+            .map_err(|e| source_error(&e).into_pyerr(py))
+    }
+
     #[getter]
     fn num_records(&self) -> u64 {
         self.inner.num_records()

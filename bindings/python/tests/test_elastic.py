@@ -269,3 +269,25 @@ def test_issue51_merge_states_misuse_says_what_is_wrong(tmp_path):
     ]:
         with pytest.raises(pinfeed.PinfeedValueError, match=says):
             loader.load_state_dict({**state, "images": bad})
+
+
+def test_a_state_saved_on_other_data_of_the_same_size_is_refused(tmp_path):
+    # Two files of one size and layout give one order: only their bytes tell them apart.
+    rng = np.random.default_rng(5)
+    paths = []
+    for name in ("a.npy", "b.npy"):
+        np.save(tmp_path / name, rng.integers(0, 255, size=(64, 3), dtype=np.uint8))
+        paths.append(tmp_path / name)
+    a = pinfeed.Loader(paths[0], 8, device="cpu", shuffle=True)
+    it = iter(a)
+    next(it)
+    state = a.state_dict()
+    assert isinstance(state["data_fingerprint"], int)
+    # The same data under another name resumes.
+    (tmp_path / "copy.npy").write_bytes(paths[0].read_bytes())
+    pinfeed.Loader(tmp_path / "copy.npy", 8, device="cpu", shuffle=True).load_state_dict(state)
+    with pytest.raises(pinfeed.PinfeedValueError, match="other data"):
+        pinfeed.Loader(paths[1], 8, device="cpu", shuffle=True).load_state_dict(state)
+    other = pinfeed.Loader(paths[1], 8, device="cpu", shuffle=True).state_dict()
+    with pytest.raises(pinfeed.PinfeedValueError, match="data_fingerprint differs"):
+        pinfeed.merge_states([state, other])

@@ -53,6 +53,7 @@ use std::path::Path;
 
 pub mod dtype;
 mod error;
+mod fingerprint;
 pub mod formats;
 mod host;
 pub mod images;
@@ -69,6 +70,7 @@ pub mod tokens;
 
 pub use dtype::DType;
 pub use error::{escape_path, SourceError};
+pub use fingerprint::data_fingerprint;
 pub use formats::raw::RawFile;
 pub use formats::{npy, safetensors, Format, FormatOptions};
 pub use host::HostBuffer;

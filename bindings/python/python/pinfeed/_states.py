@@ -83,8 +83,8 @@ def merge_states(states: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
             what, state, epoch=..., batches_done=..., consumed=0, world_size=..., batch_size=...
         )
         positions.append((epoch, consumed + done * world * batch))
-    for key in ("fingerprint", "world_size", "batch_size"):
-        seen = {repr(s[key]) for s in states}
+    for key in ("fingerprint", "world_size", "batch_size", "data_fingerprint"):
+        seen = {repr(s.get(key)) for s in states}
         if len(seen) > 1:
             raise PinfeedValueError(
                 f"merge_states: the states come from different jobs: {key} differs "
@@ -115,6 +115,9 @@ def check_saved_with(
             for key in ("block_size", "block_window"):
                 if key in state and state[key] != mine[key]:
                     differs.append(f"{key} {state[key]!r} (this loader: {mine[key]!r})")
+    theirs, ours = state.get("data_fingerprint"), mine.get("data_fingerprint")
+    if theirs is not None and ours is not None and theirs != ours:
+        differs.append(f"other data (data fingerprint {theirs!r}, this loader's: {ours!r})")
     if not differs and "fingerprint" in state and state["fingerprint"] != fingerprint:
         differs.append(
             f"order fingerprint {state['fingerprint']!r} (this loader at world size "

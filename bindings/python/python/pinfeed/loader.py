@@ -1,9 +1,6 @@
-"""``pinfeed.Loader``: batches of a dataset on the GPU (or the host backend).
-
-The Loader joins the parts that live beside it: the source (:mod:`pinfeed._sources`), the
-options (:mod:`pinfeed._options`, checked in Rust), its passes (:mod:`pinfeed._passes`), the
-GPU-resident mode (:mod:`pinfeed._resident`) and resume states (:mod:`pinfeed._states`).
-"""
+"""``pinfeed.Loader``: batches of a dataset on the GPU (or the host backend). It joins the
+parts beside it: the source (``_sources``), the options (``_options``, checked in Rust), its
+passes (``_passes``), the GPU-resident mode (``_resident``) and resume states (``_states``)."""
 
 import os
 from collections.abc import Mapping, Sequence
@@ -26,8 +23,7 @@ from .transforms import transform_layout
 
 __all__ = ["Loader", "merge_states"]
 
-# A loader position: (epoch, batches done, records consumed before their split); see the Rust
-# `Position`.
+# A position: (epoch, batches done, records consumed before their split), the Rust `Position`.
 _Position = tuple[int, int, int]
 
 
@@ -192,6 +188,8 @@ class Loader:
         self._pid = os.getpid()
         store = store_args(storage_options, cache_dir, cache_limit, queue_depth, "Loader")
         self._source = open_source(source, dtype, shape, str(reader), tensor, store)
+        # Data the Loader opened itself is named in its states (TokenLoader's carry their own).
+        self._data_fingerprint = None if isinstance(source, _pinfeed.Source) else ...
         #: ``"none"``, ``"random"``, ``"block"`` or ``"gpu"``.
         self.shuffle: str = shuffle_arg(shuffle, SHUFFLE_MODES, self._source.name)
         self.block_size, self.block_window = block_args(
@@ -426,8 +424,9 @@ class Loader:
         resume: records of the epoch's global order consumed before the split ``batches_done``
         counts in), and what the position depends on: ``seed``, ``shuffle``, ``block_size``,
         ``block_window``, ``world_size``, ``rank``, ``num_records``, ``batch_size``,
-        ``drop_last`` and ``fingerprint`` (the Rust ``OrderSpec::fingerprint()``, a hash of all
-        of them but the rank). After :meth:`set_epoch` or :meth:`load_state_dict` it is the
+        ``drop_last``, ``fingerprint`` (the Rust ``OrderSpec::fingerprint()``, a hash of all
+        of them but the rank) and ``data_fingerprint`` (a hash of the data's layout, size and
+        a few of its records: a state is not resumed on other data of the same size). After :meth:`set_epoch` or :meth:`load_state_dict` it is the
         position the next iteration starts at."""
         epoch, done, consumed = self._next_start if self._next_start is not None else self._received
         return {
@@ -444,7 +443,13 @@ class Loader:
             "batch_size": self.batch_size,
             "drop_last": self.drop_last,
             "fingerprint": self._fingerprint,
+            **({} if self._data_fingerprint is None else {"data_fingerprint": self._data()}),
         }
+
+    def _data(self) -> int:
+        if self._data_fingerprint is ...:  # read once: it reads a few records
+            self._data_fingerprint = int(self._source.data_fingerprint())
+        return self._data_fingerprint
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Makes the next iteration resume at ``state`` (from :meth:`state_dict`): the rest of
