@@ -164,8 +164,8 @@ impl ImageIndex {
         match &self.samples[i as usize].location {
             Location::File(path) => {
                 use std::io::Read;
-                let file = File::open(path).map_err(|e| open_err(path, e))?;
-                let size = file.metadata().map_or(0, |m| m.len());
+                // By type first: a FIFO named like an image would block the read forever.
+                let (file, size) = crate::read::open_regular(path)?;
                 self.check_size(i, size)?;
                 buf.reserve(size as usize);
                 // At most one byte past the limit: a file that grows is refused, not read whole.
@@ -286,7 +286,7 @@ impl ImageIndex {
             });
         }
         for path in shards {
-            let file = File::open(&path).map_err(|e| open_err(&path, e))?;
+            let (file, _) = crate::read::open_regular(&path)?;
             let shard = self.shards.len();
             let members = tar_members(&path, &file)?;
             for group in group_by_key(&members) {

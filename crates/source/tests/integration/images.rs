@@ -401,3 +401,77 @@ fn a_tar_sample_without_its_label_is_refused_or_skipped() {
         .to_string();
     assert!(e.contains("bad.tar:c.jpg"), "{e}");
 }
+
+/// Runs `f` on another thread and fails the test if it has not returned in ten seconds: a FIFO
+/// opened for reading blocks until a writer comes, and that writer never comes.
+fn within_ten_seconds<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || tx.send(f()));
+    rx.recv_timeout(std::time::Duration::from_secs(10))
+        .expect("blocked on a FIFO instead of refusing it")
+}
+
+fn mkfifo(path: &Path) {
+    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: `c` is a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+}
+
+#[test]
+fn a_fifo_named_like_an_image_or_a_shard_is_refused_by_type() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = folder(dir.path(), &[]);
+    mkfifo(&root.join("a_cats/3.jpg"));
+    let index = Arc::new(ImageIndex::open(&root, false).unwrap());
+    let small = ImageOptions {
+        height: 16,
+        width: 16,
+        ..ImageOptions::default()
+    };
+    for on_error in [OnError::Raise, OnError::Skip] {
+        let source = ImageSource::new(
+            index.clone(),
+            ImageOptions {
+                on_error,
+                ..small.clone()
+            },
+        )
+        .unwrap();
+        let rb = source.layout().record_bytes();
+        let (result, skipped) = within_ten_seconds(move || {
+            let r = source
+                .read_records(2, &mut vec![0; rb])
+                .map_err(|e| e.to_string());
+            (r, source.skipped())
+        });
+        match on_error {
+            OnError::Raise => {
+                let e = result.unwrap_err();
+                assert!(
+                    e.contains("a_cats/3.jpg") && e.contains("not a regular file"),
+                    "{e}"
+                );
+                assert!(!e.contains('\n'), "{e}");
+            }
+            OnError::Skip => assert_eq!((result, skipped), (Ok(()), 1)),
+        }
+    }
+    // A tar shard in a list of shards.
+    let shards = dir.path().join("shards");
+    std::fs::create_dir(&shards).unwrap();
+    tar_with(
+        &shards.join("s-0.tar"),
+        &[
+            ("0001.cls", b"5\n".to_vec()),
+            ("0001.jpg", fixture("baseline.jpg")),
+        ],
+    );
+    mkfifo(&shards.join("s-1.tar"));
+    for path in [shards.clone(), shards.join("s-*.tar")] {
+        let e = within_ten_seconds(move || ImageIndex::open(&path, true).unwrap_err().to_string());
+        assert!(
+            e.contains("s-1.tar") && e.contains("not a regular file"),
+            "{e}"
+        );
+    }
+}
