@@ -475,3 +475,40 @@ fn a_fifo_named_like_an_image_or_a_shard_is_refused_by_type() {
         );
     }
 }
+
+/// A 1-row PNG of 16-bit samples, big-endian as PNG stores them.
+fn png16(color: png::ColorType, samples: &[u16]) -> Vec<u8> {
+    let channels = if color == png::ColorType::Rgb { 3 } else { 1 };
+    let mut out = Vec::new();
+    let mut encoder = png::Encoder::new(&mut out, (samples.len() / channels) as u32, 1);
+    encoder.set_color(color);
+    encoder.set_depth(png::BitDepth::Sixteen);
+    let mut writer = encoder.write_header().unwrap();
+    let data: Vec<u8> = samples.iter().flat_map(|v| v.to_be_bytes()).collect();
+    writer.write_image_data(&data).unwrap();
+    writer.finish().unwrap();
+    out
+}
+
+/// Pillow opens a 16-bit grayscale PNG as mode "I;16" and its convert("RGB") clips each value
+/// to 255; a 16-bit RGB PNG it reads by each sample's high byte. The expected rows are what
+/// Pillow 13.0 gives for these images (`np.asarray(Image.open(f).convert("RGB"))[..., 0]`).
+#[test]
+fn sixteen_bit_pngs_convert_as_pillow_converts_them() {
+    let values = [0u16, 1, 255, 256, 40000, 65535, 300, 128];
+    let mut out = Vec::new();
+    let gray = png16(png::ColorType::Grayscale, &values);
+    decode_rgb(&gray, DEFAULT_MAX_PIXELS, &mut out).unwrap();
+    let red: Vec<u8> = out.iter().step_by(3).copied().collect();
+    assert_eq!(red, [0, 1, 255, 255, 255, 255, 255, 128], "grayscale");
+    assert!(out.chunks(3).all(|p| p[0] == p[1] && p[1] == p[2]));
+    let rgb: Vec<u16> = values.iter().flat_map(|&v| [v, v, v]).collect();
+    decode_rgb(
+        &png16(png::ColorType::Rgb, &rgb),
+        DEFAULT_MAX_PIXELS,
+        &mut out,
+    )
+    .unwrap();
+    let red: Vec<u8> = out.iter().step_by(3).copied().collect();
+    assert_eq!(red, [0, 0, 0, 1, 156, 255, 1, 0], "rgb");
+}
