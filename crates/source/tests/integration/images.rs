@@ -512,3 +512,34 @@ fn sixteen_bit_pngs_convert_as_pillow_converts_them() {
     let red: Vec<u8> = out.iter().step_by(3).copied().collect();
     assert_eq!(red, [0, 0, 0, 1, 156, 255, 1, 0], "rgb");
 }
+
+/// Member names come from the archive: control characters in them are escaped in every
+/// error, as they are in file paths, so a name cannot drive the terminal or forge a line.
+#[test]
+fn control_characters_in_tar_member_names_are_escaped() {
+    let dir = tempfile::tempdir().unwrap();
+    let shard = dir.path().join("esc.tar");
+    tar_with(
+        &shard,
+        &[
+            ("a\x1b[31m\n.jpg", fixture("truncated.jpg")),
+            ("a\x1b[31m\n.cls", b"1".to_vec()),
+            ("b\x07.jpg", fixture("baseline.jpg")),
+        ],
+    );
+    let e = ImageIndex::open(&shard, false).unwrap_err().to_string();
+    assert!(e.contains("esc.tar:b\\u{7}") && !e.contains('\x07'), "{e}");
+    let index = Arc::new(ImageIndex::open(&shard, true).unwrap());
+    assert!(
+        index.skipped()[0].contains("b\\u{7}") && !index.skipped()[0].contains('\x07'),
+        "{:?}",
+        index.skipped()
+    );
+    let source = ImageSource::new(index, ImageOptions::default()).unwrap();
+    let e = source
+        .read_records(0, &mut vec![0; source.layout().record_bytes()])
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("esc.tar:a\\u{1b}[31m\\n.jpg"), "{e}");
+    assert!(!e.contains('\x1b') && !e.contains('\n'), "{e}");
+}
