@@ -205,3 +205,36 @@ fn stream_help_names_every_dataset_kind() {
         );
     }
 }
+
+/// Store settings do nothing for a local file; they are refused by the rule Python's
+/// `storage_options` follows (`pinfeed_store::refuse_on_local_path`), for records and tokens.
+#[test]
+fn store_settings_for_a_local_path_are_refused() {
+    let (dir, path) = small_npy();
+    let cache = shown(&dir.path().join("cache"));
+    for (extra, named) in [
+        (
+            vec!["--storage-option", "region=eu-west-1"],
+            "--storage-option",
+        ),
+        (vec!["--cache-dir", &cache], "--cache-dir"),
+        (
+            vec![
+                "--seq-len",
+                "2",
+                "--tokens",
+                "uint8",
+                "--sample",
+                "sequential",
+                "--cache-dir",
+                &cache,
+            ],
+            "--cache-dir",
+        ),
+    ] {
+        one_line_error(
+            &stream(&path, &extra),
+            &[&shown(&path), named, "local path", "object-storage URLs"],
+        );
+    }
+}
