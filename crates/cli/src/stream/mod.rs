@@ -53,7 +53,8 @@ pub struct StreamArgs {
     #[arg(long, default_value = "256MiB")]
     pinned_budget: String,
     /// Reader threads (default: one per core, at most 8).
-    #[arg(long, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    #[arg(long, value_parser = clap::builder::RangedU64ValueParser::<usize>::new()
+        .range(1..=pinfeed::tune::MAX_THREADS as u64))]
     threads: Option<usize>,
     /// Batches larger than this are read and copied in pieces of about this size, a slot
     /// each, e.g. 4MiB; `whole` keeps each batch in one slot.

@@ -242,6 +242,9 @@ impl Loader {
         if backends.is_empty() {
             return Err(LoaderError::Config("no device given".into()));
         }
+        for backend in &backends {
+            layout.check_fits(backend, source.name())?;
+        }
         if options.gpu_images.is_some()
             && (backends.len() != 1 || backends[0].gpu_decode_parts().is_none())
         {
