@@ -268,25 +268,40 @@ impl Client {
         Ok(())
     }
 
-    /// The objects directly under `prefix` (`""` for the whole store), as one listing.
+    /// The objects directly under `prefix` (`""` for the whole store), as one listing,
+    /// retried as a ranged GET is.
     pub(crate) fn list(&self, location: &Location, prefix: &str) -> Result<Vec<ObjectMeta>> {
         let url = location.url_of(prefix);
         let path = parse_path(prefix.trim_end_matches('/'), &url)?;
         let prefix = (!prefix.is_empty()).then_some(&path);
-        bump(&self.counters.requests, 1);
-        let listed = self.block_on(&url, self.store.list_with_delimiter(prefix))?;
-        listed
-            .map(|l| l.objects)
-            .map_err(|e| self.open_error(&url, Fault::of(&e)))
+        let listed = self.block_on(&url, async {
+            let mut retry = Retry::default();
+            loop {
+                bump(&self.counters.requests, 1);
+                match self.store.list_with_delimiter(prefix).await {
+                    Ok(listed) => return Ok(listed.objects),
+                    Err(e) => retry.after(self, Fault::of(&e)).await?,
+                }
+            }
+        })?;
+        listed.map_err(|(fault, retries)| self.open_error(&url, retries.explain(fault)))
     }
 
-    /// The object named `key`, looked up with one `HEAD`.
+    /// The object named `key`, looked up with one `HEAD`, retried as a ranged GET is.
     pub(crate) fn head(&self, location: &Location, key: &str) -> Result<ObjectMeta> {
         let url = location.url_of(key);
         let path = parse_path(key, &url)?;
-        bump(&self.counters.requests, 1);
-        self.block_on(&url, self.store.head(&path))?
-            .map_err(|e| self.open_error(&url, Fault::of(&e)))
+        let found = self.block_on(&url, async {
+            let mut retry = Retry::default();
+            loop {
+                bump(&self.counters.requests, 1);
+                match self.store.head(&path).await {
+                    Ok(meta) => return Ok(meta),
+                    Err(e) => retry.after(self, Fault::of(&e)).await?,
+                }
+            }
+        })?;
+        found.map_err(|(fault, retries)| self.open_error(&url, retries.explain(fault)))
     }
 
     /// Bytes `range` of `object` in a new buffer (headers).
@@ -323,33 +338,27 @@ impl Client {
     /// ETag pins the object's version), at most `retries` times with [`backoff`].
     async fn get(&self, object: &Object, request: &mut Request<'_>) -> Result<()> {
         let mut pos = request.start;
-        let mut attempt = 0u32;
+        let mut retry = Retry::default();
         loop {
             let fault = match self.get_once(object, request, &mut pos).await {
                 Ok(()) => return Ok(()),
                 Err(fault) => fault,
             };
-            if !fault.retry || attempt >= self.retries {
-                let retried = match attempt {
-                    0 => String::new(),
-                    n => format!(
-                        " (after {n} retries; storage option retries={})",
-                        self.retries
-                    ),
-                };
+            // Every byte of the range is in place: what failed after them (a connection cut
+            // once a body that promised more had sent them) loses nothing, and asking again
+            // would ask for an empty range.
+            if pos == request.end && fault.retry {
+                return Ok(());
+            }
+            if let Err((fault, retries)) = retry.after(self, fault).await {
+                let fault = retries.explain(fault);
                 return Err(SourceError::Read {
                     path: PathBuf::from(&object.url),
                     offset: request.start,
                     len: request.len() as usize,
-                    source: io::Error::new(
-                        fault.kind,
-                        format!("{}{retried}", self.scrub(&fault.message)),
-                    ),
+                    source: io::Error::new(fault.kind, self.scrub(&fault.message)),
                 });
             }
-            attempt += 1;
-            bump(&self.counters.retries, 1);
-            tokio::time::sleep(backoff(attempt)).await;
         }
     }
 
@@ -386,7 +395,12 @@ impl Client {
         }
         let mut body = got.into_stream();
         while let Some(chunk) = body.next().await {
-            let chunk = chunk.map_err(|e| Fault::of(&e))?;
+            let chunk = match chunk {
+                Ok(chunk) => chunk,
+                // The range is complete; the rest of a body that promised more is not needed.
+                Err(_) if *pos == request.end => break,
+                Err(e) => return Err(Fault::of(&e)),
+            };
             let n = chunk.len() as u64;
             if *pos + n > request.end {
                 return Err(Fault::overlong(request.end - begin));
@@ -398,6 +412,56 @@ impl Client {
         if *pos < request.end {
             return Err(Fault::truncated(*pos - begin, request.end - begin));
         }
+        Ok(())
+    }
+}
+
+/// The one retry policy of every request to a store (LIST, HEAD and ranged GETs): a
+/// retryable fault is retried after [`backoff`], at most [`StoreOptions::retries`] times.
+#[derive(Default)]
+struct Retry {
+    done: u32,
+}
+
+/// How many retries a request had when it failed for good, and the limit, for its message.
+#[derive(Clone, Copy)]
+struct Retries {
+    done: u32,
+    limit: u32,
+}
+
+impl Retries {
+    /// `fault` with the retries it took said in its message (nothing when there were none).
+    fn explain(self, mut fault: Fault) -> Fault {
+        if self.done > 0 {
+            fault.message = format!(
+                "{} (after {} retries; storage option retries={})",
+                fault.message, self.done, self.limit
+            );
+        }
+        fault
+    }
+}
+
+impl Retry {
+    /// Waits before the next attempt after `fault`, counting the retry; or gives the fault
+    /// back, with the retries so far, when it is not worth another request or the limit is
+    /// reached.
+    async fn after(
+        &mut self,
+        client: &Client,
+        fault: Fault,
+    ) -> std::result::Result<(), (Fault, Retries)> {
+        if !fault.retry || self.done >= client.retries {
+            let retries = Retries {
+                done: self.done,
+                limit: client.retries,
+            };
+            return Err((fault, retries));
+        }
+        self.done += 1;
+        bump(&client.counters.retries, 1);
+        tokio::time::sleep(backoff(self.done)).await;
         Ok(())
     }
 }
