@@ -530,3 +530,30 @@ def test_a_body_shorter_than_its_content_length_keeps_the_bytes_that_arrived(ser
     finally:
         proxy.close()
 
+
+def test_a_listing_that_repeats_its_continuation_token_is_an_error_naming_the_prefix(server):
+    if isinstance(server, Seaweed):
+        pytest.skip("SeaweedFS checks signatures: the proxy cannot drop its token from a request")
+    proxy = FaultProxy(server.port)
+    proxy.endless = True
+    outcome = []
+
+    def open_it():
+        try:
+            loader(f"s3://{BUCKET}/train/", proxy.endpoint)
+            outcome.append(None)
+        except pinfeed.PinfeedError as e:
+            outcome.append(e)
+
+    try:
+        opener = threading.Thread(target=open_it, daemon=True)
+        opener.start()
+        opener.join(60)
+        assert outcome, "the constructor did not return: the listing never ended"
+        e = outcome[0]
+        assert e is not None, "a listing that never ends was accepted"
+        msg = str(e)
+        assert f"s3://{BUCKET}/train/" in msg and "continuation token" in msg, msg
+        assert "\n" not in msg and SECRET not in msg, msg
+    finally:
+        proxy.close()

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt as _;
+use object_store::list::{PaginatedListOptions, PaginatedListStore};
 use object_store::path::Path as ObjectPath;
 use object_store::{
     Certificate, ClientOptions, GetOptions, GetRange, ObjectMeta, ObjectStore, ObjectStoreExt as _,
@@ -71,6 +72,8 @@ pub(crate) fn bump(counter: &AtomicU64, n: u64) {
 pub(crate) struct Client {
     // Field order is drop order: the store's connections go before the runtimes they run on.
     store: Arc<dyn ObjectStore>,
+    /// The same store's listing page by page, where its API pages (S3, GCS, Azure).
+    pages: Option<Pages>,
     /// Where requests run: each reading thread drives one while it reads.
     lanes: Lanes,
     /// Requests in flight over all reading threads: `queue_depth` permits.
@@ -84,6 +87,22 @@ pub(crate) struct Client {
     pub(crate) counters: Counters,
     cache: Option<Cache>,
 }
+
+/// A store, and its listing page by page where it has one.
+type Stores = (Arc<dyn ObjectStore>, Option<Pages>);
+
+/// A store's listing page by page (`PaginatedListStore` has no `Debug` of its own).
+struct Pages(Arc<dyn PaginatedListStore>);
+
+impl std::fmt::Debug for Pages {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("PaginatedListStore")
+    }
+}
+
+/// The most pages a listing may take (S3 gives up to 1000 objects a page): past it, a server
+/// whose listing does not end is an error rather than a constructor that never returns.
+const MAX_LIST_PAGES: usize = 100_000;
 
 /// Builds the store for `base` (`s3://bucket`, ...) from the environment's standard
 /// configuration and then `pairs`, with `object_store`'s own retries off (pinfeed retries
@@ -107,7 +126,7 @@ macro_rules! build_store {
             })?;
             builder = builder.with_config(parsed, value);
         }
-        Arc::new(builder.build().map_err($err)?) as Arc<dyn ObjectStore>
+        Arc::new(builder.build().map_err($err)?)
     }};
 }
 
@@ -136,39 +155,47 @@ impl Client {
                 ),
             });
         }
-        let store = match scheme {
-            "s3" | "s3a" => build_store!(
+        // The stores whose listings come in pages are kept as such too: `list` follows their
+        // pages itself, to stop a listing that never ends.
+        fn paged<S: ObjectStore + PaginatedListStore>(store: Arc<S>) -> Stores {
+            (store.clone(), Some(Pages(store)))
+        }
+        let (store, pages): Stores = match scheme {
+            "s3" | "s3a" => paged(build_store!(
                 aws::AmazonS3Builder::from_env(),
                 aws::AmazonS3ConfigKey,
                 base,
                 pairs,
                 "s3://",
                 build_err
-            ),
-            "gs" => build_store!(
+            )),
+            "gs" => paged(build_store!(
                 gcp::GoogleCloudStorageBuilder::from_env(),
                 gcp::GoogleConfigKey,
                 base,
                 pairs,
                 "gs://",
                 build_err
+            )),
+            "http" | "https" => (
+                build_store!(
+                    http::HttpBuilder::new().with_client_options(http_client_options(options)?),
+                    object_store::ClientConfigKey,
+                    base,
+                    pairs,
+                    "http(s)://",
+                    build_err
+                ),
+                None,
             ),
-            "http" | "https" => build_store!(
-                http::HttpBuilder::new().with_client_options(http_client_options(options)?),
-                object_store::ClientConfigKey,
-                base,
-                pairs,
-                "http(s)://",
-                build_err
-            ),
-            _ => build_store!(
+            _ => paged(build_store!(
                 azure::MicrosoftAzureBuilder::from_env(),
                 azure::AzureConfigKey,
                 base,
                 pairs,
                 "az://",
                 build_err
-            ),
+            )),
         };
         let cache = options
             .cache_dir
@@ -176,6 +203,7 @@ impl Client {
             .map(|dir| Cache::new(dir.clone(), options.cache_limit));
         Ok(Client {
             store,
+            pages,
             lanes: Lanes::default(),
             in_flight: Semaphore::new(queue_depth.max(1) as usize),
             queue_depth: queue_depth.max(1),
@@ -274,17 +302,75 @@ impl Client {
         let url = location.url_of(prefix);
         let path = parse_path(prefix.trim_end_matches('/'), &url)?;
         let prefix = (!prefix.is_empty()).then_some(&path);
-        let listed = self.block_on(&url, async {
+        let listed = match &self.pages {
+            Some(Pages(pages)) => self.block_on(&url, self.list_pages(pages.as_ref(), prefix))?,
+            None => self.block_on(&url, async {
+                let mut retry = Retry::default();
+                loop {
+                    bump(&self.counters.requests, 1);
+                    match self.store.list_with_delimiter(prefix).await {
+                        Ok(listed) => return Ok(listed.objects),
+                        Err(e) => retry.after(self, Fault::of(&e)).await?,
+                    }
+                }
+            })?,
+        };
+        listed.map_err(|(fault, retries)| self.open_error(&url, retries.explain(fault)))
+    }
+
+    /// The objects directly under `prefix`, page after page, each page retried as a ranged
+    /// GET is. A page token given twice (the listing would start over, forever) or a listing
+    /// of more than [`MAX_LIST_PAGES`] pages is an error.
+    async fn list_pages(
+        &self,
+        pages: &dyn PaginatedListStore,
+        prefix: Option<&ObjectPath>,
+    ) -> std::result::Result<Vec<ObjectMeta>, (Fault, Retries)> {
+        // `list_with_delimiter` adds the delimiter after the prefix; a paged listing does not.
+        let prefix = prefix.map(|p| format!("{p}/"));
+        let mut objects = Vec::new();
+        let mut seen = std::collections::HashSet::new();
+        let mut token = None;
+        let endless = |message: String| {
+            let fault = Fault {
+                kind: io::ErrorKind::InvalidData,
+                retry: false,
+                message,
+            };
+            let retries = Retries { done: 0, limit: 0 };
+            Err((fault, retries))
+        };
+        for _ in 0..MAX_LIST_PAGES {
             let mut retry = Retry::default();
-            loop {
+            let page = loop {
                 bump(&self.counters.requests, 1);
-                match self.store.list_with_delimiter(prefix).await {
-                    Ok(listed) => return Ok(listed.objects),
+                let options = PaginatedListOptions {
+                    delimiter: Some("/".into()),
+                    page_token: token.clone(),
+                    ..PaginatedListOptions::default()
+                };
+                match pages.list_paginated(prefix.as_deref(), options).await {
+                    Ok(page) => break page,
                     Err(e) => retry.after(self, Fault::of(&e)).await?,
                 }
+            };
+            objects.extend(page.result.objects);
+            match page.page_token {
+                None => return Ok(objects),
+                Some(next) if !seen.insert(next.clone()) => {
+                    return endless(format!(
+                        "the listing gave the continuation token {next:?} a second time, after \
+                         {} objects: it would never end",
+                        objects.len()
+                    ))
+                }
+                Some(next) => token = Some(next),
             }
-        })?;
-        listed.map_err(|(fault, retries)| self.open_error(&url, retries.explain(fault)))
+        }
+        endless(format!(
+            "the listing went on past {MAX_LIST_PAGES} pages ({} objects)",
+            objects.len()
+        ))
     }
 
     /// The object named `key`, looked up with one `HEAD`, retried as a ranged GET is.
