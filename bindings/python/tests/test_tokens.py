@@ -352,3 +352,12 @@ def test_the_host_fallback_warning_names_the_callers_line(train_bin, monkeypatch
     with pytest.warns(pinfeed.PinfeedWarning, match='device="auto"') as caught:
         TokenLoader(train_bin[0], 16, 2, dtype="uint16", steps=2)
     assert [w.filename for w in caught] == [__file__]
+
+
+def test_a_batch_larger_than_memory_is_refused_before_anything_is_allocated(tmp_path):
+    # Random windows are not bounded by the data: 10**13 of them aborted the process
+    # allocating 180 TB. The loader's rule refuses it, naming the bytes.
+    path = tmp_path / "tokens.npy"
+    np.save(path, np.arange(1000, dtype=np.uint16))
+    with pytest.raises(pinfeed.PinfeedMemoryError, match="180000000000000 bytes"):
+        next(iter(cpu_loader(path, 8, 10**13)))
