@@ -407,3 +407,18 @@ def test_center_crop_geometry_and_pixels_are_torchvisions(tmp_path):
             top : top + size, left : left + size
         ]
         assert_close(images[i], want, f"{name} (resize then crop)")
+
+
+def test_a_mean_or_std_that_is_not_finite_is_refused(tmp_path):
+    # A NaN std was accepted and made every batch NaN; the rule is Rust's
+    # (``_pinfeed.channel_triple``), as for every other option.
+    root = folder(tmp_path, ["baseline.jpg"])
+    for mean, std in [
+        ((0.5,), (math.nan,)),
+        ((math.nan,), (0.5,)),
+        ((0.5,), (math.inf, 1.0, 1.0)),
+        ((0.5,), (0.0,)),
+        ((0.5, 0.5), (0.5,)),
+    ]:
+        with pytest.raises(pinfeed.PinfeedValueError, match="finite"):
+            pinfeed.ImageLoader(root, batch_size=1, device="cpu", mean=mean, std=std)
