@@ -35,6 +35,8 @@ pub fn free_bytes(path: &std::path::Path) -> Option<u64> {
     }
     // SAFETY: `statvfs` returned 0, so it filled `st`.
     let st = unsafe { st.assume_init() };
+    // The fields' types differ between platforms (u32 on some 32-bit targets).
+    #[allow(clippy::unnecessary_cast)]
     (st.f_bavail as u64).checked_mul(st.f_frsize as u64)
 }
 
