@@ -543,3 +543,56 @@ fn control_characters_in_tar_member_names_are_escaped() {
     assert!(e.contains("esc.tar:a\\u{1b}[31m\\n.jpg"), "{e}");
     assert!(!e.contains('\x1b') && !e.contains('\n'), "{e}");
 }
+
+/// torchvision's `Resize(2)` then `CenterCrop(8)` pads the 2x2 resized image with zeros to
+/// 8x8, `(8 - 2) // 2 = 3` pixels before it each way (`CenterCrop`'s documented rule), where
+/// pinfeed stretched the image over the whole output. The 2x2 in the middle is exactly
+/// `Resize(2)` then `CenterCrop(2)`, in either layout.
+#[test]
+fn a_center_crop_larger_than_the_resized_image_is_padded_with_zeros() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = folder(dir.path(), &[]);
+    let index = Arc::new(ImageIndex::open(&root, false).unwrap());
+    // Sample 3: b_dogs/sub/a.png, 77x53.
+    let one = |size: u32, layout: PixelLayout| {
+        let source = ImageSource::new(
+            index.clone(),
+            ImageOptions {
+                height: size,
+                width: size,
+                crop: Crop::Center { resize: 2 },
+                layout,
+                ..ImageOptions::default()
+            },
+        )
+        .unwrap();
+        let mut record = vec![0u8; source.layout().record_bytes()];
+        source.read_records(3, &mut record).unwrap();
+        record.truncate((size * size * 3) as usize);
+        record
+    };
+    let small = one(2, PixelLayout::Nhwc);
+    assert!(small.iter().any(|&v| v != 0));
+    let padded = one(8, PixelLayout::Nhwc);
+    for y in 0..8 {
+        for x in 0..8 {
+            let px = &padded[(y * 8 + x) * 3..(y * 8 + x + 1) * 3];
+            if (3..5).contains(&y) && (3..5).contains(&x) {
+                let at = ((y - 3) * 2 + (x - 3)) * 3;
+                assert_eq!(px, &small[at..at + 3], "pixel ({y}, {x})");
+            } else {
+                assert_eq!(px, [0, 0, 0], "pixel ({y}, {x}) is padding");
+            }
+        }
+    }
+    let planes = one(8, PixelLayout::Nchw);
+    for c in 0..3 {
+        for i in 0..64 {
+            assert_eq!(
+                planes[c * 64 + i],
+                padded[i * 3 + c],
+                "channel {c}, pixel {i}"
+            );
+        }
+    }
+}
