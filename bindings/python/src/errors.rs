@@ -171,6 +171,7 @@ pub(crate) fn loader_error(e: &LoaderError) -> Raised {
         }
         LoaderError::DeviceBudget { .. } => (Kind::Memory, "DeviceBudget", None),
         LoaderError::PinTooLarge { .. } => (Kind::Memory, "PinTooLarge", None),
+        LoaderError::BatchTooLarge { .. } => (Kind::Memory, "BatchTooLarge", None),
         LoaderError::Worker { .. } => (Kind::Base, "Worker", None),
         LoaderError::Transform { .. } => (Kind::Base, "Transform", None),
         LoaderError::Thread { source, .. } => (Kind::Os, "Thread", source.raw_os_error()),

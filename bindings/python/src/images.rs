@@ -22,7 +22,37 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
         pinfeed_source::images::DEFAULT_MAX_PIXELS,
     )?;
     m.add_function(wrap_pyfunction!(crop_params, m)?)?;
+    m.add_function(wrap_pyfunction!(channel_triple, m)?)?;
     m.add_function(wrap_pyfunction!(image_decoder, m)?)
+}
+
+/// ``ImageLoader``'s ``mean`` or ``std`` (``what``) as one value per channel (R, G, B): one
+/// value stands for all three. Every value must be finite, and a ``std`` above 0: a NaN would
+/// make every batch NaN. ``name`` (the dataset) leads the error.
+#[pyfunction]
+pub(crate) fn channel_triple(
+    py: Python<'_>,
+    values: Vec<f64>,
+    what: &str,
+    name: &str,
+) -> PyResult<(f64, f64, f64)> {
+    let triple = match values[..] {
+        [v] => Some((v, v, v)),
+        [r, g, b] => Some((r, g, b)),
+        _ => None,
+    };
+    let good = |v: f64| v.is_finite() && (what != "std" || v > 0.0);
+    match triple {
+        Some((r, g, b)) if good(r) && good(g) && good(b) => Ok((r, g, b)),
+        _ => Err(value_error(
+            py,
+            "Config",
+            format!(
+                "{name}: {what} must be one value or three (R, G, B), each finite{}, not {values:?}",
+                if what == "std" { " and > 0" } else { "" }
+            ),
+        )),
+    }
 }
 
 /// ``(decoder, why)``: where ``decode`` (``"cpu"``, ``"gpu"`` or ``"auto"``) decodes

@@ -23,17 +23,19 @@ pub(crate) fn store_options(
     cache_dir: Option<PathBuf>,
     cache_limit: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<StoreOptions> {
-    let given = pairs.as_ref().is_some_and(|p| !p.is_empty())
-        || cache_dir.is_some()
-        || cache_limit.is_some_and(|l| !l.is_none());
-    if given && !is_url {
-        return Err(value_error(
-            py,
-            "Config",
-            "storage_options, cache_dir and cache_limit apply to object-storage URLs \
-             (s3://, gs://, az://, https://) only",
-        ));
-    }
+    let given: Vec<&str> = [
+        (
+            "storage_options",
+            pairs.as_ref().is_some_and(|p| !p.is_empty()),
+        ),
+        ("cache_dir", cache_dir.is_some()),
+        ("cache_limit", cache_limit.is_some_and(|l| !l.is_none())),
+    ]
+    .into_iter()
+    .filter_map(|(name, given)| given.then_some(name))
+    .collect();
+    pinfeed_store::refuse_on_local_path(is_url, &given)
+        .map_err(|message| value_error(py, "Config", message))?;
     let mut store = StoreOptions::new();
     for (key, value) in pairs.unwrap_or_default() {
         store

@@ -275,19 +275,53 @@ def _shut_down(conns):
             pass
 
 
+def request_kind(head):
+    """``"GET"`` for a ranged GET, ``"LIST"`` for a listing, ``"HEAD"``; else ``None``."""
+    line, _, rest = head.partition(b"\r\n")
+    if line.startswith(b"HEAD "):
+        return "HEAD"
+    if line.startswith(b"GET ") and b"\r\nrange:" in b"\r\n" + rest.lower():
+        return "GET"
+    if line.startswith(b"GET ") and (b"list-type=" in line or b"delimiter=" in line):
+        return "LIST"
+    return None
+
+
+def endless(body):
+    """A ListObjectsV2 reply rewritten to say it is truncated, with the same continuation
+    token every time: a listing that never ends."""
+    body = body.replace(b"<IsTruncated>false</IsTruncated>", b"<IsTruncated>true</IsTruncated>")
+    token = b"<NextContinuationToken>again</NextContinuationToken>"
+    return body.replace(b"</ListBucketResult>", token + b"</ListBucketResult>")
+
+
+def with_length(head, n):
+    """``head`` with its Content-Length set to ``n``."""
+    return b"".join(
+        b"Content-Length: %d\r\n" % n if line.lower().startswith(b"content-length:") else line
+        for line in head.splitlines(keepends=True)
+    )
+
+
 class FaultProxy:
     """Forwards HTTP/1.1 requests to ``upstream`` (one upstream connection per request, the
     client's kept open between requests) and, for the next ranged GETs, injects the faults
-    queued with :meth:`inject`: ``"503"`` (a SlowDown reply, nothing forwarded) or ``"cut"``
-    (the reply's head and half its body, then the connection closed). ``always`` makes every
-    ranged GET fail so; while ``down`` is set, a connection is closed as soon as a request
-    arrives on it, as by a server that is not there. :meth:`close_idle` closes the connections
-    waiting for their next request, as a server closes idle keep-alive connections."""
+    queued with :meth:`inject`: ``"503"`` (a SlowDown reply, nothing forwarded), ``"cut"``
+    (the reply's head and half its body, then the connection closed) or ``"overstate"`` (the
+    whole body under a Content-Length 100 bytes larger, then the connection closed). Faults
+    for listings and HEADs are queued with :meth:`inject_on`. ``always`` makes every ranged
+    GET fail so; ``endless`` makes every listing say it is truncated, with the same
+    continuation token each time; while ``down`` is set, a connection is closed as soon as a
+    request arrives on it, as by a server that is not there. :meth:`close_idle` closes the
+    connections waiting for their next request, as a server closes idle keep-alive
+    connections."""
 
     def __init__(self, upstream_port):
         self.upstream = (HOST, upstream_port)
         self.faults = []
+        self.faults_on = {"LIST": [], "HEAD": []}
         self.always = None
+        self.endless = False
         self.down = False
         self.idle_closed = 0
         self.waiting = set()  # connections between requests
@@ -307,11 +341,21 @@ class FaultProxy:
         with self.lock:
             self.faults.extend(faults)
 
-    def _next_fault(self, head):
-        if not head.startswith(b"GET ") or b"\r\nrange:" not in head.lower():
-            return None
+    def inject_on(self, kind, *faults):
+        """Queues ``faults`` (``"503"``) for the next requests of ``kind``: ``"LIST"`` or
+        ``"HEAD"``."""
         with self.lock:
-            fault = self.always or (self.faults.pop(0) if self.faults else None)
+            self.faults_on[kind].extend(faults)
+
+    def _next_fault(self, head):
+        kind = request_kind(head)
+        with self.lock:
+            if kind == "GET":
+                fault = self.always or (self.faults.pop(0) if self.faults else None)
+            elif kind in self.faults_on and self.faults_on[kind]:
+                fault = self.faults_on[kind].pop(0)
+            else:
+                fault = None
             if fault:
                 self.injected += 1
             return fault
@@ -354,6 +398,9 @@ class FaultProxy:
                         return
                     if self.down:
                         return
+                    if self.endless and request_kind(head) == "LIST":
+                        # The token is the proxy's own: upstream serves the first page again.
+                        head = head.replace(b"continuation-token=again&", b"")
                     with socket.create_connection(self.upstream) as up:
                         up.sendall(head + body)
                         rhead, rrest = read_head(up)
@@ -374,6 +421,13 @@ class FaultProxy:
                         conn.sendall(rhead + rbody[: len(rbody) // 2])
                         conn.shutdown(socket.SHUT_RDWR)
                         return
+                    if fault == "overstate":
+                        conn.sendall(with_length(rhead, len(rbody) + 100) + rbody)
+                        conn.shutdown(socket.SHUT_RDWR)
+                        return
+                    if self.endless and request_kind(head) == "LIST":
+                        rbody = endless(rbody)
+                        rhead = with_length(rhead, len(rbody))
                     conn.sendall(rhead + rbody)
         finally:
             with self.lock:

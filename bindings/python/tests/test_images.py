@@ -84,18 +84,38 @@ def folder(root: Path, names) -> Path:
     return root / "train"
 
 
-def pillow_reference(path, box, flip, size, crop):
+def center_placement(width, height, resize, size):
+    """Where torchvision's ``CenterCrop(size)`` puts a ``Resize(resize)`` of a ``width`` x
+    ``height`` image: (top, left, height, width) in output pixels, zeros around it where the
+    crop is larger than the image (it pads ``(crop - size) // 2`` before it)."""
+    rw, rh = (
+        (resize, int(resize * height / width))
+        if width <= height
+        else (
+            int(resize * width / height),
+            resize,
+        )
+    )
+    ih, iw = min(rh, size[0]), min(rw, size[1])
+    return (size[0] - ih) // 2, (size[1] - iw) // 2, ih, iw
+
+
+def pillow_reference(path, box, flip, size, crop, place=None):
     """What torchvision does on a PIL image, given the crop box, then the flip. RandomResizedCrop
     (``F.resized_crop``) crops, then resizes the crop bilinear, so only the box's pixels weigh in;
     Resize then CenterCrop resizes the whole image, which is Pillow's resize of the (fractional)
-    box in the whole image (``box=``), its neighbours outside the box weighing in."""
+    box in the whole image (``box=``), its neighbours outside the box weighing in, into
+    ``place`` (:func:`center_placement`) of a zero image."""
     top, left, h, w = box
     img = Image.open(path).convert("RGB")
     if crop == "random":
         img = img.crop((int(left), int(top), int(left + w), int(top + h)))
         out = img.resize((size[1], size[0]), Image.BILINEAR)
     else:
-        out = img.resize((size[1], size[0]), Image.BILINEAR, box=(left, top, left + w, top + h))
+        pt, pl, ph, pw = place or (0, 0, size[0], size[1])
+        part = img.resize((pw, ph), Image.BILINEAR, box=(left, top, left + w, top + h))
+        out = Image.new("RGB", (size[1], size[0]))
+        out.paste(part, (pl, pt))
     if flip:
         out = out.transpose(Image.FLIP_LEFT_RIGHT)
     return np.asarray(out)
@@ -128,7 +148,10 @@ def test_pixels_match_pillow(tmp_path, crop):
         w, h = Image.open(FIXTURES / name).size
         top, left, bh, bw, flip = loader._dataset.crop_of(i, 0, w, h)
         flips += flip
-        want = pillow_reference(FIXTURES / name, (top, left, bh, bw), flip, size, crop)
+        # The default resize is size / 0.875 of the shorter side: 45, narrower than 48 for the
+        # tall image, which CenterCrop pads.
+        place = center_placement(w, h, int(min(size) / 0.875), size)
+        want = pillow_reference(FIXTURES / name, (top, left, bh, bw), flip, size, crop, place)
         assert_close(images[i], want, f"{name} ({crop})")
     assert crop == "center" or 0 < flips < len(GOOD)
 
@@ -407,3 +430,44 @@ def test_center_crop_geometry_and_pixels_are_torchvisions(tmp_path):
             top : top + size, left : left + size
         ]
         assert_close(images[i], want, f"{name} (resize then crop)")
+
+
+def test_a_mean_or_std_that_is_not_finite_is_refused(tmp_path):
+    # A NaN std was accepted and made every batch NaN; the rule is Rust's
+    # (``_pinfeed.channel_triple``), as for every other option.
+    root = folder(tmp_path, ["baseline.jpg"])
+    for mean, std in [
+        ((0.5,), (math.nan,)),
+        ((math.nan,), (0.5,)),
+        ((0.5,), (math.inf, 1.0, 1.0)),
+        ((0.5,), (0.0,)),
+        ((0.5, 0.5), (0.5,)),
+    ]:
+        with pytest.raises(pinfeed.PinfeedValueError, match="finite"):
+            pinfeed.ImageLoader(root, batch_size=1, device="cpu", mean=mean, std=std)
+
+
+def test_a_center_crop_larger_than_the_resized_image_is_padded_with_zeros(tmp_path):
+    # torchvision's CenterCrop pads an image smaller than the crop with zeros, (crop - size)
+    # // 2 before it, then crops (its documented rule); Resize is Pillow's bilinear resize of
+    # the whole image. pinfeed stretched the image over the whole output instead.
+    names = ["baseline.jpg", "tall.jpg", "rgb.png"]
+    root = folder(tmp_path, names)
+    size, resize = 8, 2
+    loader = pinfeed.ImageLoader(
+        root, 3, size, device="cpu", crop="center", resize=resize, layout="NHWC"
+    )
+    images, _ = next(iter(loader))
+    for i, name in enumerate(names):
+        img = Image.open(FIXTURES / name).convert("RGB")
+        w, h = img.size
+        rw, rh = (resize, int(resize * h / w)) if w <= h else (int(resize * w / h), resize)
+        resized = np.asarray(img.resize((rw, rh), Image.BILINEAR))
+        # Pad (or crop) each direction to the output as CenterCrop does.
+        want = np.zeros((size, size, 3), np.uint8)
+        ch, cw = min(rh, size), min(rw, size)
+        top, left = max(size - rh, 0) // 2, max(size - rw, 0) // 2
+        st, sl = int(round((rh - ch) / 2.0)), int(round((rw - cw) / 2.0))
+        want[top : top + ch, left : left + cw] = resized[st : st + ch, sl : sl + cw]
+        assert_close(images[i], want, f"{name} (resize {resize}, then a crop of {size})")
+        assert not images[i][:top].any() and not images[i][:, :left].any()

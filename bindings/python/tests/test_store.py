@@ -495,3 +495,65 @@ def test_two_processes_share_one_cache(server, tmp_path):
         out, err = p.communicate(timeout=300)
         assert p.returncode == 0, err
         assert "verified against the source" in out, out
+
+
+def test_a_500_or_503_on_list_or_head_is_retried(server):
+    # The open lists a prefix and HEADs one object; a single fault on either used to fail the
+    # open. They follow the ranged GETs' retry policy.
+    proxy = FaultProxy(server.port)
+    try:
+        proxy.inject_on("LIST", "503")
+        ld = loader(f"s3://{BUCKET}/train/", proxy.endpoint)
+        assert proxy.injected == 1
+        assert np.array_equal(np.concatenate(batches(ld)), ALL)
+        proxy.inject_on("HEAD", "503")
+        one = loader(f"s3://{BUCKET}/train/part-001.npy", proxy.endpoint)
+        assert proxy.injected == 2
+        assert np.array_equal(np.concatenate(batches(one)), ALL[PER_SHARD : 2 * PER_SHARD])
+    finally:
+        proxy.close()
+
+
+def test_a_body_shorter_than_its_content_length_keeps_the_bytes_that_arrived(server):
+    # Each reply promises 100 bytes more than the range and the connection is cut after the
+    # range's last byte: every byte asked for arrived, so nothing is asked again (pinfeed used
+    # to retry an empty range until it gave up, 20 s later).
+    proxy = FaultProxy(server.port)
+    try:
+        ld = loader(f"s3://{BUCKET}/train/", proxy.endpoint, queue_depth=4)
+        proxy.inject(*["overstate"] * 6)
+        started = time.monotonic()
+        assert np.array_equal(np.concatenate(batches(ld)), ALL)
+        assert proxy.injected == 6
+        assert ld.stats()["network"]["retries"] == 0
+        assert time.monotonic() - started < 10
+    finally:
+        proxy.close()
+
+
+def test_a_listing_that_repeats_its_continuation_token_is_an_error_naming_the_prefix(server):
+    if isinstance(server, Seaweed):
+        pytest.skip("SeaweedFS checks signatures: the proxy cannot drop its token from a request")
+    proxy = FaultProxy(server.port)
+    proxy.endless = True
+    outcome = []
+
+    def open_it():
+        try:
+            loader(f"s3://{BUCKET}/train/", proxy.endpoint)
+            outcome.append(None)
+        except pinfeed.PinfeedError as e:
+            outcome.append(e)
+
+    try:
+        opener = threading.Thread(target=open_it, daemon=True)
+        opener.start()
+        opener.join(60)
+        assert outcome, "the constructor did not return: the listing never ended"
+        e = outcome[0]
+        assert e is not None, "a listing that never ends was accepted"
+        msg = str(e)
+        assert f"s3://{BUCKET}/train/" in msg and "continuation token" in msg, msg
+        assert "\n" not in msg and SECRET not in msg, msg
+    finally:
+        proxy.close()

@@ -407,3 +407,12 @@ def test_tokens_the_output_type_cannot_hold_are_an_error_naming_them(tmp_path, s
     small.tofile(path)
     x, y = next(iter(cpu_loader(path, 16, 2, token_dtype=stored, dtype=out, sample="sequential")))
     np.testing.assert_array_equal(x[0], np.arange(16))
+
+
+def test_a_batch_larger_than_memory_is_refused_before_anything_is_allocated(tmp_path):
+    # Random windows are not bounded by the data: 10**13 of them aborted the process
+    # allocating 180 TB. The loader's rule refuses it, naming the bytes.
+    path = tmp_path / "tokens.npy"
+    np.save(path, np.arange(1000, dtype=np.uint16))
+    with pytest.raises(pinfeed.PinfeedMemoryError, match="180000000000000 bytes"):
+        next(iter(cpu_loader(path, 8, 10**13)))

@@ -40,7 +40,8 @@ pub struct BenchArgs {
     pinned_budget: String,
     /// pinfeed's reader threads (default: one per core) and the staging arena's copy threads
     /// (default: one per core, at most 8).
-    #[arg(long, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    #[arg(long, value_parser = clap::builder::RangedU64ValueParser::<usize>::new()
+        .range(1..=pinfeed::tune::MAX_THREADS as u64))]
     threads: Option<usize>,
     /// Repeat each variant this many times and report the median.
     #[arg(long, default_value_t = 3, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
@@ -133,7 +134,7 @@ pub fn run(args: BenchArgs) -> Result<Outcome> {
         bail!("--rows and --cols must be at least 1");
     }
     let device: DeviceSpec = args.device.parse::<DeviceSpec>()?.resolve();
-    let rows = fit_rows(&args, device);
+    let rows = fit_rows(&args, device)?;
     let data = Arc::new(make_tensor(rows, args.cols));
     let t = Tensor {
         crc: crc32fast::hash(as_bytes(&data)),
@@ -192,12 +193,28 @@ pub fn run(args: BenchArgs) -> Result<Outcome> {
 
 /// `--rows`, halved until the tensor and a destination as large on the host backend fit in the
 /// memory available with room to spare.
-fn fit_rows(args: &BenchArgs, device: DeviceSpec) -> usize {
+fn fit_rows(args: &BenchArgs, device: DeviceSpec) -> Result<usize> {
     let mut rows = args.rows;
-    let row_bytes = args.cols * 4;
     let copies = if device == DeviceSpec::Cpu { 3 } else { 2 };
+    // In u64 and saturating: a row of `--cols` floats may overflow the address space.
+    let held = |rows: usize| {
+        (rows as u64)
+            .saturating_mul(args.cols as u64)
+            .saturating_mul(4 * copies)
+    };
+    // Rows are halved to fit, never below one: a row that does not fit, or that a `usize`
+    // cannot hold the bytes of, is refused before anything is allocated.
+    let fits = |bytes: u64| mem_available().is_none_or(|available| bytes <= available);
+    if !fits(held(1)) || args.cols.checked_mul(4 * copies as usize).is_none() {
+        bail!(
+            "--cols {}: one row is {} bytes, and the bench holds {copies} copies of it: more \
+             than this machine's available memory",
+            args.cols,
+            (args.cols as u128) * 4,
+        );
+    }
     if let Some(available) = mem_available() {
-        while rows > 1 && (rows * row_bytes * copies) as u64 > available {
+        while rows > 1 && held(rows) > available {
             rows /= 2;
         }
         if rows != args.rows {
@@ -208,7 +225,7 @@ fn fit_rows(args: &BenchArgs, device: DeviceSpec) -> usize {
             );
         }
     }
-    rows
+    Ok(rows)
 }
 
 /// Variants (a) and (b) of the seed: `(wall, cpu)` of each, what (b) spent page-locking, and

@@ -110,6 +110,26 @@ pub enum LoaderError {
         /// What the transform said.
         message: String,
     },
+    /// A batch larger than the memory of the device it is delivered to, refused before
+    /// anything is allocated (allocating it would abort the process).
+    #[error(
+        "{name}: a batch of {records} records of {record_bytes} bytes is {bytes} bytes, more than \
+         the {total} bytes of memory of device {device}; use a smaller batch size"
+    )]
+    BatchTooLarge {
+        /// The source.
+        name: String,
+        /// Records in the largest batch.
+        records: usize,
+        /// Bytes of one delivered record.
+        record_bytes: usize,
+        /// Bytes of the largest batch.
+        bytes: usize,
+        /// Memory of the device.
+        total: u64,
+        /// The device, as `cpu` or `cuda:N`.
+        device: String,
+    },
     /// A thread could not be started.
     #[error("could not start the {what} thread: {source}")]
     Thread {

@@ -273,8 +273,8 @@ impl LoaderOptions {
         if self.prefetch == 0 {
             return fail("prefetch must be at least 1".into());
         }
-        if self.num_threads == Some(0) {
-            return fail("reader threads must be at least 1 (or None for one per core)".into());
+        if let Some(threads) = self.num_threads {
+            crate::tune::check_threads(threads)?;
         }
         if self.piece_bytes == Some(0) {
             return fail(

@@ -225,6 +225,20 @@ impl MappedWindows {
         out
     }
 
+    /// Checks, before a batch is delivered, that the bytes `[.., end)` (offsets from record 0)
+    /// it was copied from were the file's. On the host backend the CPU copies from the mapping,
+    /// and a page past the end of a file that shrank reads as zeroes (the guard's page), so the
+    /// copy is waited for and then the file's size and the guard's faults are checked. On CUDA
+    /// the copy engine reads registered pages, which the driver holds and which never fault;
+    /// the size is checked without waiting.
+    pub(crate) fn check_copied(&self, fence: &crate::backend::CopyFence, end: u64) -> Result<()> {
+        if self.ctx.is_none() {
+            pinfeed_ring::Fence::wait(fence)?;
+        }
+        let end = usize::try_from(self.data_offset + end).unwrap_or(usize::MAX);
+        self.check_size(end)
+    }
+
     /// Checks that the file still holds the data up to byte `end` of the mapping and that no
     /// copy from the mapping has faulted: a file truncated while streaming is an error naming
     /// it, as with the other readers, and not a `SIGBUS` (locking or copying pages past the

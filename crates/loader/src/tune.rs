@@ -37,6 +37,22 @@ pub const HEADROOM: f64 = 1.6;
 /// failed): one per core, at most this many.
 pub const FALLBACK_MAX_THREADS: usize = 8;
 
+/// The most threads a loader or stager is asked to start: more than any machine has cores,
+/// and few enough that their stacks never exhaust the process's address space or the
+/// system's thread limit (100 000 of them would).
+pub const MAX_THREADS: usize = 1024;
+
+/// The one rule for an asked-for thread count, for every entry point: `1 ..= MAX_THREADS`.
+pub fn check_threads(threads: usize) -> crate::Result<()> {
+    if (1..=MAX_THREADS).contains(&threads) {
+        return Ok(());
+    }
+    Err(crate::LoaderError::Config(format!(
+        "threads must be between 1 and {MAX_THREADS} (or None for pinfeed's choice), not \
+         {threads}"
+    )))
+}
+
 /// A machine's rates, as measured at start-up.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct MachineRates {

@@ -8,9 +8,14 @@ use std::path::{Path, PathBuf};
 /// so that a file name cannot drive the terminal or forge a line of output. Every error of
 /// pinfeed that prints a path goes through here.
 pub fn escape_path(path: &Path) -> String {
-    let text = path.to_string_lossy();
+    escape_text(&path.to_string_lossy())
+}
+
+/// A name that is not a path (a tar member's, an object key) as errors print it, escaped as
+/// [`escape_path`] escapes paths.
+pub fn escape_text(text: &str) -> String {
     if !text.chars().any(char::is_control) {
-        return text.into_owned();
+        return text.to_owned();
     }
     text.chars()
         .map(|c| {

@@ -69,7 +69,7 @@ pub mod system;
 pub mod tokens;
 
 pub use dtype::DType;
-pub use error::{escape_path, SourceError};
+pub use error::{escape_path, escape_text, SourceError};
 pub use fingerprint::data_fingerprint;
 pub use formats::raw::RawFile;
 pub use formats::{npy, safetensors, Format, FormatOptions};

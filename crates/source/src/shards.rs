@@ -302,12 +302,17 @@ fn open_err(path: &Path, source: std::io::Error) -> SourceError {
     }
 }
 
-/// Files in `dir` whose names match `keep`, hidden ones skipped, sorted by name.
+/// Files in `dir` whose names match `keep`, sorted by name: the one rule for listing the files
+/// of a dataset, record shards and token files alike.
 ///
 /// A matching entry that is not a regular file (a broken symbolic link, a link loop, a FIFO, a
 /// socket; a directory too when `dirs_too` is false) is refused with its name rather than
 /// skipped: streaming the other shards alone would silently drop its records.
-fn list(dir: &Path, dirs_too: bool, keep: impl Fn(&[u8]) -> bool) -> Result<Vec<PathBuf>> {
+pub(crate) fn list(
+    dir: &Path,
+    dirs_too: bool,
+    keep: impl Fn(&[u8]) -> bool,
+) -> Result<Vec<PathBuf>> {
     let mut files = Vec::new();
     for entry in std::fs::read_dir(dir).map_err(|e| open_err(dir, e))? {
         let entry = entry.map_err(|e| open_err(dir, e))?;

@@ -1,5 +1,5 @@
-//! What the operating system says about this machine: its cores, and its memory (the one
-//! reader of `/proc/meminfo`).
+//! What the operating system says about this machine: its cores, its memory (the one reader
+//! of `/proc/meminfo`) and the free space of a file system.
 //!
 //! ```
 //! // `None` where /proc/meminfo is missing (not Linux) or lacks the field.
@@ -21,6 +21,23 @@ pub fn mem_total() -> Option<u64> {
 /// Bytes of memory available for new allocations without swapping (`MemAvailable`).
 pub fn mem_available() -> Option<u64> {
     meminfo("MemAvailable")
+}
+
+/// Bytes an unprivileged writer may still use on the file system holding `path` (`statvfs`'s
+/// `f_bavail` blocks of `f_frsize` bytes); `None` where the path cannot be asked about.
+pub fn free_bytes(path: &std::path::Path) -> Option<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).ok()?;
+    let mut st = std::mem::MaybeUninit::<libc::statvfs>::uninit();
+    // SAFETY: `c` is a NUL-terminated path and `st` is valid for one `statvfs` to be written.
+    if unsafe { libc::statvfs(c.as_ptr(), st.as_mut_ptr()) } != 0 {
+        return None;
+    }
+    // SAFETY: `statvfs` returned 0, so it filled `st`.
+    let st = unsafe { st.assume_init() };
+    // The fields' types differ between platforms (u32 on some 32-bit targets).
+    #[allow(clippy::unnecessary_cast)]
+    (st.f_bavail as u64).checked_mul(st.f_frsize as u64)
 }
 
 /// A field of `/proc/meminfo`, in bytes (`"MemTotal"`, `"MemAvailable"`, `"Cached"`).

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt as _;
+use object_store::list::{PaginatedListOptions, PaginatedListStore};
 use object_store::path::Path as ObjectPath;
 use object_store::{
     Certificate, ClientOptions, GetOptions, GetRange, ObjectMeta, ObjectStore, ObjectStoreExt as _,
@@ -71,6 +72,8 @@ pub(crate) fn bump(counter: &AtomicU64, n: u64) {
 pub(crate) struct Client {
     // Field order is drop order: the store's connections go before the runtimes they run on.
     store: Arc<dyn ObjectStore>,
+    /// The same store's listing page by page, where its API pages (S3, GCS, Azure).
+    pages: Option<Pages>,
     /// Where requests run: each reading thread drives one while it reads.
     lanes: Lanes,
     /// Requests in flight over all reading threads: `queue_depth` permits.
@@ -84,6 +87,22 @@ pub(crate) struct Client {
     pub(crate) counters: Counters,
     cache: Option<Cache>,
 }
+
+/// A store, and its listing page by page where it has one.
+type Stores = (Arc<dyn ObjectStore>, Option<Pages>);
+
+/// A store's listing page by page (`PaginatedListStore` has no `Debug` of its own).
+struct Pages(Arc<dyn PaginatedListStore>);
+
+impl std::fmt::Debug for Pages {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("PaginatedListStore")
+    }
+}
+
+/// The most pages a listing may take (S3 gives up to 1000 objects a page): past it, a server
+/// whose listing does not end is an error rather than a constructor that never returns.
+const MAX_LIST_PAGES: usize = 100_000;
 
 /// Builds the store for `base` (`s3://bucket`, ...) from the environment's standard
 /// configuration and then `pairs`, with `object_store`'s own retries off (pinfeed retries
@@ -107,7 +126,7 @@ macro_rules! build_store {
             })?;
             builder = builder.with_config(parsed, value);
         }
-        Arc::new(builder.build().map_err($err)?) as Arc<dyn ObjectStore>
+        Arc::new(builder.build().map_err($err)?)
     }};
 }
 
@@ -136,39 +155,47 @@ impl Client {
                 ),
             });
         }
-        let store = match scheme {
-            "s3" | "s3a" => build_store!(
+        // The stores whose listings come in pages are kept as such too: `list` follows their
+        // pages itself, to stop a listing that never ends.
+        fn paged<S: ObjectStore + PaginatedListStore>(store: Arc<S>) -> Stores {
+            (store.clone(), Some(Pages(store)))
+        }
+        let (store, pages): Stores = match scheme {
+            "s3" | "s3a" => paged(build_store!(
                 aws::AmazonS3Builder::from_env(),
                 aws::AmazonS3ConfigKey,
                 base,
                 pairs,
                 "s3://",
                 build_err
-            ),
-            "gs" => build_store!(
+            )),
+            "gs" => paged(build_store!(
                 gcp::GoogleCloudStorageBuilder::from_env(),
                 gcp::GoogleConfigKey,
                 base,
                 pairs,
                 "gs://",
                 build_err
+            )),
+            "http" | "https" => (
+                build_store!(
+                    http::HttpBuilder::new().with_client_options(http_client_options(options)?),
+                    object_store::ClientConfigKey,
+                    base,
+                    pairs,
+                    "http(s)://",
+                    build_err
+                ),
+                None,
             ),
-            "http" | "https" => build_store!(
-                http::HttpBuilder::new().with_client_options(http_client_options(options)?),
-                object_store::ClientConfigKey,
-                base,
-                pairs,
-                "http(s)://",
-                build_err
-            ),
-            _ => build_store!(
+            _ => paged(build_store!(
                 azure::MicrosoftAzureBuilder::from_env(),
                 azure::AzureConfigKey,
                 base,
                 pairs,
                 "az://",
                 build_err
-            ),
+            )),
         };
         let cache = options
             .cache_dir
@@ -176,6 +203,7 @@ impl Client {
             .map(|dir| Cache::new(dir.clone(), options.cache_limit));
         Ok(Client {
             store,
+            pages,
             lanes: Lanes::default(),
             in_flight: Semaphore::new(queue_depth.max(1) as usize),
             queue_depth: queue_depth.max(1),
@@ -268,25 +296,98 @@ impl Client {
         Ok(())
     }
 
-    /// The objects directly under `prefix` (`""` for the whole store), as one listing.
+    /// The objects directly under `prefix` (`""` for the whole store), as one listing,
+    /// retried as a ranged GET is.
     pub(crate) fn list(&self, location: &Location, prefix: &str) -> Result<Vec<ObjectMeta>> {
         let url = location.url_of(prefix);
         let path = parse_path(prefix.trim_end_matches('/'), &url)?;
         let prefix = (!prefix.is_empty()).then_some(&path);
-        bump(&self.counters.requests, 1);
-        let listed = self.block_on(&url, self.store.list_with_delimiter(prefix))?;
-        listed
-            .map(|l| l.objects)
-            .map_err(|e| self.open_error(&url, Fault::of(&e)))
+        let listed = match &self.pages {
+            Some(Pages(pages)) => self.block_on(&url, self.list_pages(pages.as_ref(), prefix))?,
+            None => self.block_on(&url, async {
+                let mut retry = Retry::default();
+                loop {
+                    bump(&self.counters.requests, 1);
+                    match self.store.list_with_delimiter(prefix).await {
+                        Ok(listed) => return Ok(listed.objects),
+                        Err(e) => retry.after(self, Fault::of(&e)).await?,
+                    }
+                }
+            })?,
+        };
+        listed.map_err(|(fault, retries)| self.open_error(&url, retries.explain(fault)))
     }
 
-    /// The object named `key`, looked up with one `HEAD`.
+    /// The objects directly under `prefix`, page after page, each page retried as a ranged
+    /// GET is. A page token given twice (the listing would start over, forever) or a listing
+    /// of more than [`MAX_LIST_PAGES`] pages is an error.
+    async fn list_pages(
+        &self,
+        pages: &dyn PaginatedListStore,
+        prefix: Option<&ObjectPath>,
+    ) -> std::result::Result<Vec<ObjectMeta>, (Fault, Retries)> {
+        // `list_with_delimiter` adds the delimiter after the prefix; a paged listing does not.
+        let prefix = prefix.map(|p| format!("{p}/"));
+        let mut objects = Vec::new();
+        let mut seen = std::collections::HashSet::new();
+        let mut token = None;
+        let endless = |message: String| {
+            let fault = Fault {
+                kind: io::ErrorKind::InvalidData,
+                retry: false,
+                message,
+            };
+            let retries = Retries { done: 0, limit: 0 };
+            Err((fault, retries))
+        };
+        for _ in 0..MAX_LIST_PAGES {
+            let mut retry = Retry::default();
+            let page = loop {
+                bump(&self.counters.requests, 1);
+                let options = PaginatedListOptions {
+                    delimiter: Some("/".into()),
+                    page_token: token.clone(),
+                    ..PaginatedListOptions::default()
+                };
+                match pages.list_paginated(prefix.as_deref(), options).await {
+                    Ok(page) => break page,
+                    Err(e) => retry.after(self, Fault::of(&e)).await?,
+                }
+            };
+            objects.extend(page.result.objects);
+            match page.page_token {
+                None => return Ok(objects),
+                Some(next) if !seen.insert(next.clone()) => {
+                    return endless(format!(
+                        "the listing gave the continuation token {next:?} a second time, after \
+                         {} objects: it would never end",
+                        objects.len()
+                    ))
+                }
+                Some(next) => token = Some(next),
+            }
+        }
+        endless(format!(
+            "the listing went on past {MAX_LIST_PAGES} pages ({} objects)",
+            objects.len()
+        ))
+    }
+
+    /// The object named `key`, looked up with one `HEAD`, retried as a ranged GET is.
     pub(crate) fn head(&self, location: &Location, key: &str) -> Result<ObjectMeta> {
         let url = location.url_of(key);
         let path = parse_path(key, &url)?;
-        bump(&self.counters.requests, 1);
-        self.block_on(&url, self.store.head(&path))?
-            .map_err(|e| self.open_error(&url, Fault::of(&e)))
+        let found = self.block_on(&url, async {
+            let mut retry = Retry::default();
+            loop {
+                bump(&self.counters.requests, 1);
+                match self.store.head(&path).await {
+                    Ok(meta) => return Ok(meta),
+                    Err(e) => retry.after(self, Fault::of(&e)).await?,
+                }
+            }
+        })?;
+        found.map_err(|(fault, retries)| self.open_error(&url, retries.explain(fault)))
     }
 
     /// Bytes `range` of `object` in a new buffer (headers).
@@ -323,33 +424,27 @@ impl Client {
     /// ETag pins the object's version), at most `retries` times with [`backoff`].
     async fn get(&self, object: &Object, request: &mut Request<'_>) -> Result<()> {
         let mut pos = request.start;
-        let mut attempt = 0u32;
+        let mut retry = Retry::default();
         loop {
             let fault = match self.get_once(object, request, &mut pos).await {
                 Ok(()) => return Ok(()),
                 Err(fault) => fault,
             };
-            if !fault.retry || attempt >= self.retries {
-                let retried = match attempt {
-                    0 => String::new(),
-                    n => format!(
-                        " (after {n} retries; storage option retries={})",
-                        self.retries
-                    ),
-                };
+            // Every byte of the range is in place: what failed after them (a connection cut
+            // once a body that promised more had sent them) loses nothing, and asking again
+            // would ask for an empty range.
+            if pos == request.end && fault.retry {
+                return Ok(());
+            }
+            if let Err((fault, retries)) = retry.after(self, fault).await {
+                let fault = retries.explain(fault);
                 return Err(SourceError::Read {
                     path: PathBuf::from(&object.url),
                     offset: request.start,
                     len: request.len() as usize,
-                    source: io::Error::new(
-                        fault.kind,
-                        format!("{}{retried}", self.scrub(&fault.message)),
-                    ),
+                    source: io::Error::new(fault.kind, self.scrub(&fault.message)),
                 });
             }
-            attempt += 1;
-            bump(&self.counters.retries, 1);
-            tokio::time::sleep(backoff(attempt)).await;
         }
     }
 
@@ -386,7 +481,12 @@ impl Client {
         }
         let mut body = got.into_stream();
         while let Some(chunk) = body.next().await {
-            let chunk = chunk.map_err(|e| Fault::of(&e))?;
+            let chunk = match chunk {
+                Ok(chunk) => chunk,
+                // The range is complete; the rest of a body that promised more is not needed.
+                Err(_) if *pos == request.end => break,
+                Err(e) => return Err(Fault::of(&e)),
+            };
             let n = chunk.len() as u64;
             if *pos + n > request.end {
                 return Err(Fault::overlong(request.end - begin));
@@ -398,6 +498,56 @@ impl Client {
         if *pos < request.end {
             return Err(Fault::truncated(*pos - begin, request.end - begin));
         }
+        Ok(())
+    }
+}
+
+/// The one retry policy of every request to a store (LIST, HEAD and ranged GETs): a
+/// retryable fault is retried after [`backoff`], at most [`StoreOptions::retries`] times.
+#[derive(Default)]
+struct Retry {
+    done: u32,
+}
+
+/// How many retries a request had when it failed for good, and the limit, for its message.
+#[derive(Clone, Copy)]
+struct Retries {
+    done: u32,
+    limit: u32,
+}
+
+impl Retries {
+    /// `fault` with the retries it took said in its message (nothing when there were none).
+    fn explain(self, mut fault: Fault) -> Fault {
+        if self.done > 0 {
+            fault.message = format!(
+                "{} (after {} retries; storage option retries={})",
+                fault.message, self.done, self.limit
+            );
+        }
+        fault
+    }
+}
+
+impl Retry {
+    /// Waits before the next attempt after `fault`, counting the retry; or gives the fault
+    /// back, with the retries so far, when it is not worth another request or the limit is
+    /// reached.
+    async fn after(
+        &mut self,
+        client: &Client,
+        fault: Fault,
+    ) -> std::result::Result<(), (Fault, Retries)> {
+        if !fault.retry || self.done >= client.retries {
+            let retries = Retries {
+                done: self.done,
+                limit: client.retries,
+            };
+            return Err((fault, retries));
+        }
+        self.done += 1;
+        bump(&client.counters.retries, 1);
+        tokio::time::sleep(backoff(self.done)).await;
         Ok(())
     }
 }

@@ -60,8 +60,8 @@ mod options;
 pub use location::is_url;
 pub use object::RemoteDataset;
 pub use options::{
-    StoreOptions, DEFAULT_COALESCE_GAP, DEFAULT_REQUEST_SIZE, DEFAULT_RETRIES, DEFAULT_TIMEOUTS,
-    FIRST_BACKOFF, MAX_BACKOFF,
+    refuse_on_local_path, StoreOptions, DEFAULT_COALESCE_GAP, DEFAULT_REQUEST_SIZE,
+    DEFAULT_RETRIES, DEFAULT_TIMEOUTS, FIRST_BACKOFF, MAX_BACKOFF,
 };
 
 use client::{Client, Object};

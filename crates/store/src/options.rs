@@ -51,6 +51,21 @@ const OWN_KEYS: [&str; 5] = [
 /// printed.
 const SECRET_WORDS: [&str; 6] = ["secret", "token", "key", "password", "sas", "credential"];
 
+/// The one rule for store settings given with a dataset that is not a URL, for every entry
+/// point: refused, naming the settings given as the caller spells them (`--cache-dir`,
+/// `storage_options`), since on a local path they would do nothing and whoever gave them
+/// expected object storage. The caller leads the message with the dataset's name.
+pub fn refuse_on_local_path(is_url: bool, given: &[&str]) -> std::result::Result<(), String> {
+    if is_url || given.is_empty() {
+        return Ok(());
+    }
+    Err(format!(
+        "{} given for a local path: store settings apply to object-storage URLs (s3://, gs://, \
+         az://, https://) only",
+        given.join(" and ")
+    ))
+}
+
 /// How objects are fetched: options for the store's client, pinfeed's own limits, and the
 /// optional local cache. `Debug` never shows a credential's value.
 #[derive(Clone, Default, PartialEq, Eq)]

@@ -24,6 +24,7 @@ __all__ = [
     "__version__",
     "bottleneck",
     "byte_size",
+    "channel_triple",
     "check_ints",
     "crop_params",
     "cli_main",
@@ -381,6 +382,7 @@ class ImageDataset:
         self, sample: int, epoch: int, width: int, height: int
     ) -> tuple[float, float, float, float, bool]: ...
 
+def channel_triple(values: list[float], what: str, name: str) -> tuple[float, float, float]: ...
 def crop_params(
     width: int,
     height: int,

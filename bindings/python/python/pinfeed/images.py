@@ -47,15 +47,7 @@ def _size_pair(size: Union[int, Sequence[int]], name: str) -> tuple[int, int]:
 
 
 def _channel_triple(values: Any, what: str, name: str) -> tuple[float, float, float]:
-    triple = tuple(float(v) for v in np.atleast_1d(values))
-    if len(triple) == 1:
-        triple = triple * 3
-    if len(triple) != 3 or (what == "std" and min(triple) <= 0):
-        raise PinfeedValueError(
-            f"{name}: {what} must be one value or three (R, G, B){', all > 0' if what == 'std' else ''}"
-            f", not {values!r}"
-        )
-    return triple  # type: ignore[return-value]
+    return _pinfeed.channel_triple([float(v) for v in np.atleast_1d(values)], what, name)
 
 
 class ImageLoader(EpochLoader):

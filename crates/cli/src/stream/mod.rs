@@ -53,7 +53,8 @@ pub struct StreamArgs {
     #[arg(long, default_value = "256MiB")]
     pinned_budget: String,
     /// Reader threads (default: one per core, at most 8).
-    #[arg(long, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    #[arg(long, value_parser = clap::builder::RangedU64ValueParser::<usize>::new()
+        .range(1..=pinfeed::tune::MAX_THREADS as u64))]
     threads: Option<usize>,
     /// Batches larger than this are read and copied in pieces of about this size, a slot
     /// each, e.g. 4MiB; `whole` keeps each batch in one slot.
@@ -281,6 +282,17 @@ pub(crate) fn store_options(
 
 /// The source, the loader's options and the devices that `args` ask for.
 fn prepare(args: &StreamArgs) -> Result<Plan> {
+    let given: Vec<&str> = [
+        ("--storage-option", !args.storage_options.is_empty()),
+        ("--cache-dir", args.cache_dir.is_some()),
+    ]
+    .into_iter()
+    .filter_map(|(name, given)| given.then_some(name))
+    .collect();
+    let is_url = args.path.to_str().is_some_and(pinfeed_store::is_url);
+    if let Err(message) = pinfeed_store::refuse_on_local_path(is_url, &given) {
+        bail!("{}: {message}", args.path.display());
+    }
     let reader: Reader = args.reader.parse()?;
     let (source_reader, why) = reader.resolve(&args.path);
     let mut format = FormatOptions::new();

@@ -28,6 +28,32 @@ where
     }
 }
 
+/// Runs `pinfeed` as [`pinfeed`] does, killing it and failing the test if it has not ended
+/// within `limit` (for input that once made it block: a FIFO).
+pub fn pinfeed_within(args: &[&str], limit: std::time::Duration) -> Run {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_pinfeed"))
+        .args(args)
+        .env("RUST_BACKTRACE", "1")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("cannot run the pinfeed binary");
+    let started = std::time::Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if started.elapsed() > limit {
+            child.kill().unwrap();
+            panic!("{args:?} did not end within {limit:?}");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let out = child.wait_with_output().unwrap();
+    Run {
+        code: out.status.code(),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
 /// Asserts the error contract and returns the message after `pinfeed: error: `: exit code 2,
 /// nothing on stdout, exactly one line on stderr starting with `pinfeed: error:`, no panic or
 /// backtrace, and every one of `needles` in the line.

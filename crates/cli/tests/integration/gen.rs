@@ -119,3 +119,34 @@ fn subarray_dims_come_after_the_shape_as_in_numpy() {
         &[&p, "[4, 2, 3]", "[2, 3, 4]"],
     );
 }
+
+/// Opening a FIFO for writing blocks until a reader comes: `gen` refuses any target that is not
+/// a regular file by its type, `--force` or not.
+#[test]
+fn a_fifo_target_is_refused_not_opened() {
+    let (_dir, path) = fixture("pipe.npy");
+    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: a valid NUL-terminated path; mkfifo only creates the node.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    let p = shown(&path);
+    let run = crate::common::pinfeed_within(
+        &["gen", &p, "--records", "3", "--force"],
+        std::time::Duration::from_secs(30),
+    );
+    one_line_error(&run, &[&p, "not a regular file"]);
+}
+
+/// The size is checked against the file system's free space before anything is written, and
+/// the refusal names the bytes needed.
+#[test]
+fn a_file_larger_than_the_free_space_is_refused_before_writing() {
+    let (_dir, path) = fixture("g.npy");
+    let p = shown(&path);
+    // 10^14 one-byte records: 100 TB, more than any disk a test runs on.
+    let run = crate::common::pinfeed_within(
+        &["gen", &p, "--records", "100000000000000", "--shape", "1"],
+        std::time::Duration::from_secs(30),
+    );
+    one_line_error(&run, &[&p, "needs 100000000000128 bytes", "free"]);
+    assert!(!path.exists(), "a refused gen left a file behind");
+}

@@ -185,6 +185,26 @@ fn zero_threads_or_repeats_are_refused() {
     one_line_error(&stream(&path, &["--threads", "0"]), &["--threads", "0"]);
 }
 
+/// More threads than any machine has cores, or a row of more bytes than memory holds, is
+/// refused in one line before anything is set up (100 000 threads aborted setting up their
+/// stacks; `--cols 2^64-1` overflowed a capacity). The thread limit is the loader's
+/// (`pinfeed::tune::MAX_THREADS`), which Python's `num_threads` meets too.
+#[test]
+fn thread_counts_and_rows_past_what_a_machine_holds_are_refused() {
+    let (_dir, path) = small_npy();
+    let limit = pinfeed::tune::MAX_THREADS.to_string();
+    for run in [
+        stream(&path, &["--threads", "100000"]),
+        pinfeed(["bench", "--device", "cpu", "--threads", "100000"]),
+    ] {
+        one_line_error(&run, &["--threads", "100000", &limit]);
+    }
+    one_line_error(
+        &pinfeed(["bench", "--device", "cpu", "--cols", "18446744073709551615"]),
+        &["--cols 18446744073709551615", "available memory"],
+    );
+}
+
 /// `stream --help` names every kind of dataset it takes, and the dtype that carries its shape.
 #[test]
 fn stream_help_names_every_dataset_kind() {
@@ -202,6 +222,39 @@ fn stream_help_names_every_dataset_kind() {
             run.stdout.contains(needle),
             "{needle:?} missing:\n{}",
             run.stdout
+        );
+    }
+}
+
+/// Store settings do nothing for a local file; they are refused by the rule Python's
+/// `storage_options` follows (`pinfeed_store::refuse_on_local_path`), for records and tokens.
+#[test]
+fn store_settings_for_a_local_path_are_refused() {
+    let (dir, path) = small_npy();
+    let cache = shown(&dir.path().join("cache"));
+    for (extra, named) in [
+        (
+            vec!["--storage-option", "region=eu-west-1"],
+            "--storage-option",
+        ),
+        (vec!["--cache-dir", &cache], "--cache-dir"),
+        (
+            vec![
+                "--seq-len",
+                "2",
+                "--tokens",
+                "uint8",
+                "--sample",
+                "sequential",
+                "--cache-dir",
+                &cache,
+            ],
+            "--cache-dir",
+        ),
+    ] {
+        one_line_error(
+            &stream(&path, &extra),
+            &[&shown(&path), named, "local path", "object-storage URLs"],
         );
     }
 }

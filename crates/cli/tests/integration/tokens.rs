@@ -176,3 +176,35 @@ fn a_raw_token_file_without_its_type_says_to_give_tokens() {
         &[&shown(&path), "give --tokens"],
     );
 }
+
+/// Random windows are not bounded by the data: a batch of 10^13 of them (180 TB) is refused
+/// before anything is allocated, naming the bytes, where it used to abort the process.
+#[test]
+fn a_token_batch_larger_than_memory_is_refused_before_anything_is_allocated() {
+    let (_dir, path) = train_bin();
+    let run = crate::common::pinfeed_within(
+        &[
+            "stream",
+            &shown(&path),
+            "--batch-size",
+            "10000000000000",
+            "--device",
+            "cpu",
+            "--tokens",
+            "uint16",
+            "--seq-len",
+            "8",
+            "--steps",
+            "1",
+        ],
+        std::time::Duration::from_secs(60),
+    );
+    one_line_error(
+        &run,
+        &[
+            &shown(&path),
+            "180000000000000 bytes",
+            "memory of device cpu",
+        ],
+    );
+}

@@ -142,6 +142,15 @@ impl Backend {
         }
     }
 
+    /// Bytes of memory the device has: the machine's on the host backend, where batches live
+    /// in host memory; `None` where it cannot be told.
+    pub(crate) fn memory_total(&self) -> Option<u64> {
+        match self {
+            Backend::Host { .. } => crate::system::mem_total(),
+            Backend::Cuda { ctx, .. } => ctx.mem_info().ok().map(|(_, total)| total as u64),
+        }
+    }
+
     pub(crate) fn context(&self) -> Option<&Arc<Context>> {
         match self {
             Backend::Cuda { ctx, .. } => Some(ctx),

@@ -268,6 +268,7 @@ fn copy_windows(
             let fence = fence.expect("a batch has at least one piece");
             held.read_by(&needed, &fence);
             add(&shared.counters.copy_issue_ns, started.elapsed());
+            windows.check_copied(&fence, a + len as u64)?;
             if !deliver(
                 shared,
                 batches,

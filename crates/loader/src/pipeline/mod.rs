@@ -251,6 +251,9 @@ impl Loader {
         if backends.is_empty() {
             return Err(LoaderError::Config("no device given".into()));
         }
+        for backend in &backends {
+            layout.check_fits(backend, source.name())?;
+        }
         let delivery = delivery::choose(source.name(), &options, &layout, &backends)?;
         let choice = match options.num_threads {
             Some(n) => crate::tune::ThreadChoice {

@@ -245,6 +245,25 @@ fn check_gpu_images(
 }
 
 impl SlotLayout {
+    /// Refuses a batch that `backend`'s device could never hold, before anything is
+    /// allocated: a batch lives whole in device memory (host memory on the host backend),
+    /// however the source is read, so one larger than the device's memory would abort the
+    /// process when allocated. The one rule for every loader, records and tokens alike: a
+    /// record batch is bounded by the records that exist, but random token windows are not.
+    pub(super) fn check_fits(&self, backend: &crate::backend::Backend, name: &str) -> Result<()> {
+        match backend.memory_total() {
+            Some(total) if self.batch_bytes as u64 > total => Err(LoaderError::BatchTooLarge {
+                name: name.to_owned(),
+                records: self.batch_bytes / self.out_record_bytes.max(1),
+                record_bytes: self.out_record_bytes,
+                bytes: self.batch_bytes,
+                total,
+                device: backend.device().to_string(),
+            }),
+            _ => Ok(()),
+        }
+    }
+
     /// Sizes the slots for `plan`'s batches of `source` within the options' pinned budget.
     pub(super) fn new(
         source: &dyn Source,

@@ -267,6 +267,9 @@ impl Stager {
             .clamp(ALIGN, capacity / 2)
             / ALIGN
             * ALIGN;
+        if let Some(threads) = options.num_threads {
+            crate::tune::check_threads(threads)?;
+        }
         let backend = Arc::new(Backend::new(options.device, options.pin_method)?);
         let choice = match options.num_threads {
             Some(n) => crate::tune::ThreadChoice {

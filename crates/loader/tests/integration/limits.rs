@@ -144,3 +144,43 @@ fn epochs_past_64_bit_batch_numbers_are_refused() {
     assert!(matches!(err, LoaderError::Config(_)), "{err:?}");
     assert!(err.to_string().contains(&allowed.to_string()), "{err}");
 }
+
+/// Random token windows are not bounded by the data, so a batch of 10^13 of them is 10^13
+/// windows: refused, naming the bytes it would take, before anything is allocated for it (it
+/// used to abort the process allocating the batch). The same rule refuses a record batch, but
+/// records that exist already bound it.
+#[test]
+fn a_batch_larger_than_the_device_memory_is_refused_before_anything_is_allocated() {
+    use pinfeed_source::tokens::{self, Sample, TokenDType, TokenOptions};
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("train.bin");
+    std::fs::write(&path, vec![1u8; 1000]).unwrap();
+    let batch_size = 10_000_000_000_000u64;
+    let windows = tokens::open(
+        &path,
+        &TokenOptions {
+            dtype: Some(TokenDType::U16),
+            seq_len: 8,
+            sample: Sample::Random,
+            seed: 0,
+            epoch: 0,
+            steps: None,
+            batch_size,
+            world_size: 1,
+            steps_per_batch: 1,
+        },
+    )
+    .unwrap();
+    let e = Loader::new(windows.source(), host_options(batch_size as usize)).unwrap_err();
+    assert!(matches!(e, LoaderError::BatchTooLarge { .. }), "{e:?}");
+    let text = e.to_string();
+    assert!(
+        text.contains("train.bin")
+            && text.contains("180000000000000 bytes")
+            && text.contains("device cpu"),
+        "{text}"
+    );
+    // A batch that fits is left alone.
+    let (source, _) = random_source(10, 4, 1);
+    Loader::new(source, host_options(10)).unwrap();
+}

@@ -185,3 +185,55 @@ fn register_reader_resumes_at_later_epochs_and_mid_epoch() {
         );
     }
 }
+
+/// A file truncated while the register reader streams it, to nothing or into its header: every
+/// batch delivered holds the file's bytes (on the host backend a copy from a page past the end
+/// reads a page of zeroes, so a batch is checked once its copy has finished), then an error
+/// naming the file, then the end.
+#[test]
+fn register_reader_delivers_no_byte_of_a_truncated_file() {
+    for cut in [0u64, 50] {
+        let dir = tempfile::tempdir().unwrap();
+        let (source, data) = npy_file(&dir, 3000, vec![3, 31, 31], 7);
+        let path = dir.path().join("d7.npy");
+        let options = LoaderOptions {
+            reader: Reader::Register,
+            // One window holds the whole file: nothing is locked after the cut.
+            pinned_budget: 64 << 20,
+            prefetch: 1,
+            ..host_options(10)
+        };
+        let mut loader = Loader::new(Arc::clone(&source), options).unwrap();
+        let mut delivered = 0usize;
+        let mut error = None;
+        for batch in loader.by_ref() {
+            let batch = match batch {
+                Ok(batch) => batch,
+                Err(e) => {
+                    error = Some(e.to_string());
+                    break;
+                }
+            };
+            let mut back = vec![0u8; batch.len_bytes()];
+            batch.read_back(&mut back).unwrap();
+            let at = batch.first_record() as usize * 2883;
+            assert!(
+                back == data[at..at + back.len()],
+                "cut at {cut}: batch at record {} holds bytes that are not the file's",
+                batch.first_record()
+            );
+            delivered += 1;
+            if delivered == 2 {
+                std::fs::OpenOptions::new()
+                    .write(true)
+                    .open(&path)
+                    .unwrap()
+                    .set_len(cut)
+                    .unwrap();
+            }
+        }
+        let e = error.unwrap_or_else(|| panic!("cut at {cut}: no error after {delivered}"));
+        assert!(e.contains("d7.npy") && e.contains("shrank"), "{e}");
+        assert!(loader.next().is_none(), "cut at {cut}: the loader went on");
+    }
+}

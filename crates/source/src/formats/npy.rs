@@ -460,11 +460,8 @@ impl NpyWriter {
                 reason: "the data size overflows 64 bits",
             });
         };
-        let file = File::create(path).map_err(|source| SourceError::Open {
-            path: path.to_path_buf(),
-            source,
-        })?;
         let header = header_bytes(&layout, num_records);
+        let file = create_regular(path, header.len() as u64 + expected)?;
         let mut w = NpyWriter {
             out: BufWriter::with_capacity(WRITE_BUFFER, file),
             path: path.to_path_buf(),
@@ -518,6 +515,70 @@ impl NpyWriter {
             offset,
             source,
         })
+    }
+}
+
+/// Creates (or truncates) the regular file `path` for a file of `bytes` bytes, refusing before
+/// anything is written a path that is not a regular file (opening a FIFO for writing blocks
+/// until a reader comes) and a file system without room for it (the blocks of a file it
+/// replaces count as room).
+fn create_regular(path: &Path, bytes: u64) -> Result<File> {
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+    let open_err = |source| SourceError::Open {
+        path: path.to_path_buf(),
+        source,
+    };
+    let not_regular = |meta: &std::fs::Metadata| {
+        if meta.is_dir() {
+            Some(std::io::Error::from_raw_os_error(libc::EISDIR))
+        } else {
+            (!meta.is_file()).then(|| std::io::Error::other("not a regular file"))
+        }
+    };
+    // Follows links, as the open does: `pinfeed gen --force` writes through one.
+    let (room_of, replaced) = match std::fs::metadata(path) {
+        Ok(meta) => {
+            if let Some(e) = not_regular(&meta) {
+                return Err(open_err(e));
+            }
+            (path, meta.blocks().saturating_mul(512))
+        }
+        Err(_) => match path.parent() {
+            Some(dir) if !dir.as_os_str().is_empty() => (dir, 0),
+            _ => (Path::new("."), 0),
+        },
+    };
+    if let Some(free) = crate::system::free_bytes(room_of) {
+        let room = free.saturating_add(replaced);
+        if bytes > room {
+            return Err(SourceError::Write {
+                path: path.to_path_buf(),
+                offset: 0,
+                source: std::io::Error::new(
+                    std::io::ErrorKind::StorageFull,
+                    format!(
+                        "the file needs {bytes} bytes ({:.1} GiB) and its file system has \
+                         {room} free ({:.1} GiB); nothing was written",
+                        bytes as f64 / f64::from(1 << 30),
+                        room as f64 / f64::from(1 << 30)
+                    ),
+                ),
+            });
+        }
+    }
+    // O_NONBLOCK: were the path replaced by a FIFO after the check, the open fails instead of
+    // waiting for a reader; on a regular file the flag changes nothing.
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+        .map_err(open_err)?;
+    let meta = file.metadata().map_err(open_err)?;
+    match not_regular(&meta) {
+        Some(e) => Err(open_err(e)),
+        None => Ok(file),
     }
 }
 

@@ -177,7 +177,8 @@ impl CompressedImageSource {
             let Some((w, h)) = gpu_jpeg_size(bytes, max_pixels) else {
                 return Ok(None);
             };
-            if bytes.len() > payload.len() {
+            // A center crop that pads is the CPU path's: the GPU kernel fills the whole output.
+            if bytes.len() > payload.len() || self.images.padding_of(w, h).is_some() {
                 return Ok(None);
             }
             payload[..bytes.len()].copy_from_slice(bytes);

@@ -93,6 +93,16 @@ fn png(bytes: &[u8], max_pixels: u64, out: &mut Vec<u8>) -> Result<(u32, u32), S
         u64::from(header.height),
         max_pixels,
     )?;
+    // Pillow opens 16-bit grayscale as mode "I;16", whose convert("RGB") clips each value to
+    // 255 (40000 gives 255, not its high byte 156); every other 16-bit PNG it reads by its high
+    // byte. So those samples are kept whole, and clipped below.
+    let clip16 = header.color_type == png::ColorType::Grayscale
+        && header.bit_depth == png::BitDepth::Sixteen;
+    let transformations = if clip16 {
+        png::Transformations::IDENTITY
+    } else {
+        png::Transformations::normalize_to_color8()
+    };
     // The header passed the limit: let the decoder allocate what that image needs.
     let mut decoder = png::Decoder::new_with_limits(
         std::io::Cursor::new(bytes),
@@ -100,7 +110,7 @@ fn png(bytes: &[u8], max_pixels: u64, out: &mut Vec<u8>) -> Result<(u32, u32), S
             bytes: usize::try_from(max_pixels.saturating_mul(8)).unwrap_or(usize::MAX),
         },
     );
-    decoder.set_transformations(png::Transformations::normalize_to_color8());
+    decoder.set_transformations(transformations);
     let mut reader = decoder
         .read_info()
         .map_err(|e| format!("not a valid PNG: {e}"))?;
@@ -113,6 +123,7 @@ fn png(bytes: &[u8], max_pixels: u64, out: &mut Vec<u8>) -> Result<(u32, u32), S
         .map_err(|e| format!("corrupt or truncated PNG: {e}"))?;
     let (w, h) = (frame.width as usize, frame.height as usize);
     let channels = match frame.color_type {
+        png::ColorType::Grayscale if clip16 => 2,
         png::ColorType::Grayscale => 1,
         png::ColorType::GrayscaleAlpha => 2,
         png::ColorType::Rgb => 3,
@@ -124,6 +135,7 @@ fn png(bytes: &[u8], max_pixels: u64, out: &mut Vec<u8>) -> Result<(u32, u32), S
     for (src, dst) in rows.zip(out.chunks_exact_mut(w * 3)) {
         for (px, rgb) in src.chunks_exact(channels).zip(dst.chunks_exact_mut(3)) {
             match channels {
+                2 if clip16 => rgb.fill(u16::from_be_bytes([px[0], px[1]]).min(255) as u8),
                 1 | 2 => rgb.fill(px[0]),
                 _ => rgb.copy_from_slice(&px[..3]),
             }

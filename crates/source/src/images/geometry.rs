@@ -76,18 +76,40 @@ fn randint(u: f64, n: f64) -> f64 {
     (u * n).floor().min(n - 1.0)
 }
 
-/// torchvision's `Resize(resize)` (the shorter side to `resize`, the longer scaled and
-/// truncated as `int()` does) then `CenterCrop((out_h, out_w))` (offsets
-/// `int(round((resized - crop) / 2))`), as one box in source pixels. A crop larger than the
-/// resized image takes it whole (torchvision pads instead; pinfeed stretches).
-pub fn center_crop(width: u32, height: u32, resize: u32, out_h: u32, out_w: u32) -> CropBox {
+/// The size of torchvision's `Resize(resize)` of a `width` x `height` image: the shorter
+/// side to `resize`, the longer scaled and truncated as `int()` does.
+fn resized(width: u32, height: u32, resize: u32) -> (f64, f64) {
     let (w0, h0) = (f64::from(width), f64::from(height));
     let r = f64::from(resize);
-    let (rw, rh) = if w0 <= h0 {
+    if w0 <= h0 {
         (r, (r * h0 / w0).floor())
     } else {
         ((r * w0 / h0).floor(), r)
-    };
+    }
+}
+
+/// Where the output's pixels come from, in output pixels: rows `top .. top + height`,
+/// columns `left .. left + width`; the rest is zero.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Placement {
+    /// First row.
+    pub top: u32,
+    /// First column.
+    pub left: u32,
+    /// Rows.
+    pub height: u32,
+    /// Columns.
+    pub width: u32,
+}
+
+/// torchvision's `Resize(resize)` (the shorter side to `resize`, the longer scaled and
+/// truncated as `int()` does) then `CenterCrop((out_h, out_w))` (offsets
+/// `int(round((resized - crop) / 2))`), as one box in source pixels. Where the crop is larger
+/// than the resized image, the box takes the image whole in that direction, and
+/// [`center_padding`] says where it lands in the output.
+pub fn center_crop(width: u32, height: u32, resize: u32, out_h: u32, out_w: u32) -> CropBox {
+    let (w0, h0) = (f64::from(width), f64::from(height));
+    let (rw, rh) = resized(width, height, resize);
     let (cw, ch) = (f64::from(out_w).min(rw), f64::from(out_h).min(rh));
     let top = ((rh - ch) / 2.0).round_ties_even();
     let left = ((rw - cw) / 2.0).round_ties_even();
@@ -98,6 +120,31 @@ pub fn center_crop(width: u32, height: u32, resize: u32, out_h: u32, out_w: u32)
         height: ch * sy,
         width: cw * sx,
     }
+}
+
+/// Where [`center_crop`]'s box lands in the `out_w` x `out_h` output when the crop is larger
+/// than the resized image: torchvision's `CenterCrop` pads the image with zeros, `(crop -
+/// size) // 2` before it in each such direction, and crops the padded image. `None` when the
+/// box fills the output.
+pub fn center_padding(
+    width: u32,
+    height: u32,
+    resize: u32,
+    out_h: u32,
+    out_w: u32,
+) -> Option<Placement> {
+    let (rw, rh) = resized(width, height, resize);
+    // Whole numbers of at most `u32::MAX` (the output's size bounds them here).
+    let (iw, ih) = (
+        rw.min(f64::from(out_w)) as u32,
+        rh.min(f64::from(out_h)) as u32,
+    );
+    ((iw, ih) != (out_w, out_h)).then_some(Placement {
+        top: (out_h - ih) / 2,
+        left: (out_w - iw) / 2,
+        height: ih,
+        width: iw,
+    })
 }
 
 /// The generator of one sample's draws in one epoch: independent of every other sample's,
@@ -150,6 +197,38 @@ mod tests {
                 width: 100.0
             }
         );
+    }
+
+    #[test]
+    fn a_center_crop_larger_than_the_resized_image_is_padded_as_torchvision_pads() {
+        // 77x53 -> Resize(2): 2x2 (53 -> 2, int(2 * 77 / 53) = 2) -> CenterCrop(8): padded
+        // by (8 - 2) // 2 = 3 before it, the whole image in the box.
+        let place = center_padding(77, 53, 2, 8, 8).unwrap();
+        assert_eq!(
+            place,
+            Placement {
+                top: 3,
+                left: 3,
+                height: 2,
+                width: 2
+            }
+        );
+        assert_eq!(
+            center_crop(77, 53, 2, 8, 8),
+            CropBox {
+                top: 0.0,
+                left: 0.0,
+                height: 53.0,
+                width: 77.0
+            }
+        );
+        // Padded one way, cropped the other: 500x375 -> Resize(6): 8x6 -> CenterCrop((7, 5)).
+        let place = center_padding(500, 375, 6, 7, 5).unwrap();
+        assert_eq!(
+            (place.top, place.left, place.height, place.width),
+            (0, 0, 6, 5)
+        );
+        assert_eq!(center_padding(500, 375, 256, 224, 224), None);
     }
 
     #[test]

@@ -8,7 +8,7 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use crate::shards::{glob_match, is_pattern};
-use crate::{escape_path, Result, SourceError};
+use crate::{escape_path, escape_text, Result, SourceError};
 
 /// The file extensions an ImageFolder tree's images may have, compared without case: the list
 /// torchvision's `ImageFolder` accepts (`torchvision.datasets.folder.IMG_EXTENSIONS`), so the
@@ -153,7 +153,11 @@ impl ImageIndex {
         match &self.samples[i as usize].location {
             Location::File(path) => escape_path(path),
             Location::Member { shard, name, .. } => {
-                format!("{}:{name}", escape_path(&self.shards[*shard].0))
+                format!(
+                    "{}:{}",
+                    escape_path(&self.shards[*shard].0),
+                    escape_text(name)
+                )
             }
         }
     }
@@ -164,8 +168,8 @@ impl ImageIndex {
         match &self.samples[i as usize].location {
             Location::File(path) => {
                 use std::io::Read;
-                let file = File::open(path).map_err(|e| open_err(path, e))?;
-                let size = file.metadata().map_or(0, |m| m.len());
+                // By type first: a FIFO named like an image would block the read forever.
+                let (file, size) = crate::read::open_regular(path)?;
                 self.check_size(i, size)?;
                 buf.reserve(size as usize);
                 // At most one byte past the limit: a file that grows is refused, not read whole.
@@ -286,7 +290,7 @@ impl ImageIndex {
             });
         }
         for path in shards {
-            let file = File::open(&path).map_err(|e| open_err(&path, e))?;
+            let (file, _) = crate::read::open_regular(&path)?;
             let shard = self.shards.len();
             let members = tar_members(&path, &file)?;
             for group in group_by_key(&members) {
@@ -368,8 +372,9 @@ fn extension(name: &str) -> String {
 /// One WebDataset sample from its members: the image and the label it must have.
 fn sample_of(path: &Path, file: &File, shard: usize, group: &[Member]) -> Result<Sample> {
     let key = key(&group[0].name);
+    // Member names come from the archive: escaped in messages, as paths are.
     let refuse = |reason: String| SourceError::ImageDataset {
-        name: format!("{}:{key}", escape_path(path)),
+        name: format!("{}:{}", escape_path(path), escape_text(key)),
         reason,
     };
     let find = |wanted: &[&str]| {
@@ -385,7 +390,8 @@ fn sample_of(path: &Path, file: &File, shard: usize, group: &[Member]) -> Result
     if label.len > 4096 {
         return Err(refuse(format!(
             "its label member {} is {} bytes; a label is a small integer",
-            label.name, label.len
+            escape_text(&label.name),
+            label.len
         )));
     }
     let mut text = vec![0u8; label.len as usize];
@@ -399,7 +405,7 @@ fn sample_of(path: &Path, file: &File, shard: usize, group: &[Member]) -> Result
     let label_value = parse_label(&extension(&label.name), &text).ok_or_else(|| {
         refuse(format!(
             "cannot read the label of {}: expected an integer{} (found {:?})",
-            label.name,
+            escape_text(&label.name),
             if label.name.ends_with("json") {
                 ", or an object with an integer \"label\""
             } else {

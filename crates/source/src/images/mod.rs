@@ -40,7 +40,7 @@ pub use compressed::{
     CompressedImageSource, RecordHeader, RecordKind, DEFAULT_CAPACITY, HEADER_BYTES,
 };
 pub use decode::decode_rgb;
-pub use geometry::{center_crop, random_resized_crop, CropBox};
+pub use geometry::{center_crop, center_padding, random_resized_crop, CropBox, Placement};
 pub use index::{ImageIndex, IMAGE_EXTENSIONS, MAX_COMPRESSED_BYTES};
 
 use crate::{DType, Layout, Result, Source, SourceError};
@@ -269,6 +269,16 @@ impl ImageSource {
         (crop, flip)
     }
 
+    /// Where the output's pixels lie when a center crop is larger than the resized image
+    /// (the rest zero, as torchvision's `CenterCrop` pads); `None` when they fill the output.
+    pub fn padding_of(&self, width: u32, height: u32) -> Option<Placement> {
+        let o = &self.options;
+        match o.crop {
+            Crop::Center { resize } => center_padding(width, height, resize, o.height, o.width),
+            Crop::RandomResized { .. } => None,
+        }
+    }
+
     /// Record `place` of a read: sample `sample`'s image (drawn as sample `place`) and label.
     fn decode_one(&self, sample: u64, place: u64, record: &mut [u8]) -> Result<()> {
         let (pixels, label_at) = (self.pixel_bytes(), self.label_offset());
@@ -291,6 +301,7 @@ impl ImageSource {
                 layout: self.options.layout,
                 flip,
                 within_box: self.options.crop.filter_within_box(),
+                place: self.padding_of(w, h),
             };
             let written = output::write(scratch, w, h, crop, &target, &mut record[..pixels]);
             if scratch.decoded.capacity() > RETAINED_PIXEL_BYTES {

@@ -11,7 +11,7 @@
 
 use fast_image_resize as fr;
 
-use super::geometry::CropBox;
+use super::geometry::{CropBox, Placement};
 use super::PixelLayout;
 
 /// Per-thread buffers, reused from image to image.
@@ -23,6 +23,8 @@ pub(crate) struct Scratch {
     pub(crate) decoded: Vec<u8>,
     /// The resized image in HWC order, when the slot wants CHW.
     resized: Vec<u8>,
+    /// The resized image before it is placed in a padded output.
+    inner: Vec<u8>,
     resizer: fr::Resizer,
 }
 
@@ -35,6 +37,9 @@ pub(crate) struct Target {
     /// The filter reads only the crop box (whole pixels): crop, then resize. Else the whole
     /// image: resize, then crop.
     pub(crate) within_box: bool,
+    /// Where the box lands when it does not fill the output (the rest zero): a center crop
+    /// larger than the resized image, padded as torchvision pads it.
+    pub(crate) place: Option<Placement>,
 }
 
 /// Resizes `crop` of the `width` x `height` RGB image in `scratch.decoded` into `dst`
@@ -50,6 +55,7 @@ pub(crate) fn write(
     let Scratch {
         decoded,
         resized,
+        inner,
         resizer,
         ..
     } = scratch;
@@ -64,9 +70,19 @@ pub(crate) fn write(
             resized
         }
     };
-    let mut out =
-        fr::images::Image::from_slice_u8(target.width, target.height, hwc, fr::PixelType::U8x3)
-            .map_err(|e| format!("output buffer: {e}"))?;
+    // With padding the box is resized into `inner` and placed in the zeroed output after.
+    let (iw, ih) = target
+        .place
+        .map_or((target.width, target.height), |p| (p.width, p.height));
+    let into: &mut [u8] = match target.place {
+        None => hwc,
+        Some(_) => {
+            inner.resize(iw as usize * ih as usize * 3, 0);
+            inner
+        }
+    };
+    let mut out = fr::images::Image::from_slice_u8(iw, ih, into, fr::PixelType::U8x3)
+        .map_err(|e| format!("output buffer: {e}"))?;
     let options =
         fr::ResizeOptions::new().resize_alg(fr::ResizeAlg::Convolution(fr::FilterType::Bilinear));
     let done = if target.within_box {
@@ -87,6 +103,18 @@ pub(crate) fn write(
         resizer.resize(&src, &mut out, &options)
     };
     done.map_err(|e| format!("resize failed: {e}"))?;
+    if let Some(p) = target.place {
+        let hwc: &mut [u8] = match target.layout {
+            PixelLayout::Nhwc => dst,
+            PixelLayout::Nchw => resized,
+        };
+        hwc.fill(0);
+        let row = iw as usize * 3;
+        for (y, src) in inner.chunks_exact(row).enumerate() {
+            let at = ((p.top as usize + y) * ow + p.left as usize) * 3;
+            hwc[at..at + row].copy_from_slice(src);
+        }
+    }
     match target.layout {
         PixelLayout::Nhwc => {
             if target.flip {

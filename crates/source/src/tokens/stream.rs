@@ -61,7 +61,7 @@ impl TokenStream {
         let path = path.as_ref();
         let meta = std::fs::metadata(path);
         let files = if meta.as_ref().is_ok_and(|m| m.is_dir()) {
-            list(path, path, |name| {
+            list(path, path, false, |name| {
                 let lower = name.to_ascii_lowercase();
                 !name.starts_with(b".") && (lower.ends_with(b".bin") || lower.ends_with(b".npy"))
             })?
@@ -443,23 +443,16 @@ fn open_piece(
     Ok((file, data_offset, is_npy.then_some(found), data / width))
 }
 
-/// Regular files in `dir` whose names `keep` accepts, sorted by name; `name` is what errors
-/// call the dataset.
-fn list(name: &Path, dir: &Path, keep: impl Fn(&[u8]) -> bool) -> Result<Vec<PathBuf>> {
-    let open_err = |source| SourceError::Open {
-        path: dir.to_path_buf(),
-        source,
-    };
-    let mut files = Vec::new();
-    for entry in std::fs::read_dir(dir).map_err(open_err)? {
-        let entry = entry.map_err(open_err)?;
-        let path = entry.path();
-        if keep(entry.file_name().as_bytes()) && std::fs::metadata(&path).is_ok_and(|m| m.is_file())
-        {
-            files.push(path);
-        }
-    }
-    files.sort_by(|a, b| a.file_name().cmp(&b.file_name()));
+/// Regular files in `dir` whose names `keep` accepts, sorted by name, by the record shards'
+/// rule ([`crate::shards::list`]: an entry named like a token file that is not one is refused,
+/// a directory too unless a pattern matched it); `name` is what errors call the dataset.
+fn list(
+    name: &Path,
+    dir: &Path,
+    dirs_too: bool,
+    keep: impl Fn(&[u8]) -> bool,
+) -> Result<Vec<PathBuf>> {
+    let files = crate::shards::list(dir, dirs_too, keep)?;
     if files.is_empty() {
         return Err(invalid(
             name.display(),
@@ -489,7 +482,7 @@ fn list_pattern(path: &Path) -> Result<Vec<PathBuf>> {
         dir
     };
     let pattern = OsStr::as_bytes(pattern);
-    list(path, dir, |name| {
+    list(path, dir, true, |name| {
         (pattern.starts_with(b".") || !name.starts_with(b".")) && glob_match(pattern, name)
     })
 }
@@ -543,6 +536,41 @@ mod tests {
         let pattern = dir.path().join("[ab].bin");
         let s = TokenStream::open(&pattern, Some(TokenDType::U16)).unwrap();
         assert_eq!(s.num_tokens(), 7);
+    }
+
+    /// A token directory lists its files by the record shards' rule: an entry named like a
+    /// token file that is not a regular file is refused by name, not skipped (streaming the
+    /// other files alone would silently drop its tokens).
+    #[test]
+    fn an_entry_named_like_a_token_file_that_is_not_a_file_is_refused_by_name() {
+        type Plant = fn(&Path);
+        let mkfifo: Plant = |p| {
+            let c = std::ffi::CString::new(p.as_os_str().as_bytes()).unwrap();
+            // SAFETY: a valid NUL-terminated path; mkfifo only creates the node.
+            assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        };
+        let cases: [(&str, Plant, &str); 3] = [
+            (
+                "broken.bin",
+                |p| std::os::unix::fs::symlink("missing.bin", p).unwrap(),
+                "No such file",
+            ),
+            ("fifo.bin", mkfifo, "not a regular file"),
+            (
+                "sub.npy",
+                |p| std::fs::create_dir(p).unwrap(),
+                "a directory named like a shard",
+            ),
+        ];
+        for (name, plant, says) in cases {
+            let dir = tempfile::tempdir().unwrap();
+            std::fs::write(dir.path().join("a.bin"), u16_bytes(0..8)).unwrap();
+            plant(&dir.path().join(name));
+            let e = TokenStream::open(dir.path(), Some(TokenDType::U16)).unwrap_err();
+            let msg = e.to_string();
+            assert!(msg.contains(name) && msg.contains(says), "{name}: {msg}");
+            assert!(!msg.contains('\n'), "{name}: one line: {msg}");
+        }
     }
 
     #[test]

@@ -401,3 +401,198 @@ fn a_tar_sample_without_its_label_is_refused_or_skipped() {
         .to_string();
     assert!(e.contains("bad.tar:c.jpg"), "{e}");
 }
+
+/// Runs `f` on another thread and fails the test if it has not returned in ten seconds: a FIFO
+/// opened for reading blocks until a writer comes, and that writer never comes.
+fn within_ten_seconds<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || tx.send(f()));
+    rx.recv_timeout(std::time::Duration::from_secs(10))
+        .expect("blocked on a FIFO instead of refusing it")
+}
+
+fn mkfifo(path: &Path) {
+    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: `c` is a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+}
+
+#[test]
+fn a_fifo_named_like_an_image_or_a_shard_is_refused_by_type() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = folder(dir.path(), &[]);
+    mkfifo(&root.join("a_cats/3.jpg"));
+    let index = Arc::new(ImageIndex::open(&root, false).unwrap());
+    let small = ImageOptions {
+        height: 16,
+        width: 16,
+        ..ImageOptions::default()
+    };
+    for on_error in [OnError::Raise, OnError::Skip] {
+        let source = ImageSource::new(
+            index.clone(),
+            ImageOptions {
+                on_error,
+                ..small.clone()
+            },
+        )
+        .unwrap();
+        let rb = source.layout().record_bytes();
+        let (result, skipped) = within_ten_seconds(move || {
+            let r = source
+                .read_records(2, &mut vec![0; rb])
+                .map_err(|e| e.to_string());
+            (r, source.skipped())
+        });
+        match on_error {
+            OnError::Raise => {
+                let e = result.unwrap_err();
+                assert!(
+                    e.contains("a_cats/3.jpg") && e.contains("not a regular file"),
+                    "{e}"
+                );
+                assert!(!e.contains('\n'), "{e}");
+            }
+            OnError::Skip => assert_eq!((result, skipped), (Ok(()), 1)),
+        }
+    }
+    // A tar shard in a list of shards.
+    let shards = dir.path().join("shards");
+    std::fs::create_dir(&shards).unwrap();
+    tar_with(
+        &shards.join("s-0.tar"),
+        &[
+            ("0001.cls", b"5\n".to_vec()),
+            ("0001.jpg", fixture("baseline.jpg")),
+        ],
+    );
+    mkfifo(&shards.join("s-1.tar"));
+    for path in [shards.clone(), shards.join("s-*.tar")] {
+        let e = within_ten_seconds(move || ImageIndex::open(&path, true).unwrap_err().to_string());
+        assert!(
+            e.contains("s-1.tar") && e.contains("not a regular file"),
+            "{e}"
+        );
+    }
+}
+
+/// A 1-row PNG of 16-bit samples, big-endian as PNG stores them.
+fn png16(color: png::ColorType, samples: &[u16]) -> Vec<u8> {
+    let channels = if color == png::ColorType::Rgb { 3 } else { 1 };
+    let mut out = Vec::new();
+    let mut encoder = png::Encoder::new(&mut out, (samples.len() / channels) as u32, 1);
+    encoder.set_color(color);
+    encoder.set_depth(png::BitDepth::Sixteen);
+    let mut writer = encoder.write_header().unwrap();
+    let data: Vec<u8> = samples.iter().flat_map(|v| v.to_be_bytes()).collect();
+    writer.write_image_data(&data).unwrap();
+    writer.finish().unwrap();
+    out
+}
+
+/// Pillow opens a 16-bit grayscale PNG as mode "I;16" and its convert("RGB") clips each value
+/// to 255; a 16-bit RGB PNG it reads by each sample's high byte. The expected rows are what
+/// Pillow 13.0 gives for these images (`np.asarray(Image.open(f).convert("RGB"))[..., 0]`).
+#[test]
+fn sixteen_bit_pngs_convert_as_pillow_converts_them() {
+    let values = [0u16, 1, 255, 256, 40000, 65535, 300, 128];
+    let mut out = Vec::new();
+    let gray = png16(png::ColorType::Grayscale, &values);
+    decode_rgb(&gray, DEFAULT_MAX_PIXELS, &mut out).unwrap();
+    let red: Vec<u8> = out.iter().step_by(3).copied().collect();
+    assert_eq!(red, [0, 1, 255, 255, 255, 255, 255, 128], "grayscale");
+    assert!(out.chunks(3).all(|p| p[0] == p[1] && p[1] == p[2]));
+    let rgb: Vec<u16> = values.iter().flat_map(|&v| [v, v, v]).collect();
+    decode_rgb(
+        &png16(png::ColorType::Rgb, &rgb),
+        DEFAULT_MAX_PIXELS,
+        &mut out,
+    )
+    .unwrap();
+    let red: Vec<u8> = out.iter().step_by(3).copied().collect();
+    assert_eq!(red, [0, 0, 0, 1, 156, 255, 1, 0], "rgb");
+}
+
+/// Member names come from the archive: control characters in them are escaped in every
+/// error, as they are in file paths, so a name cannot drive the terminal or forge a line.
+#[test]
+fn control_characters_in_tar_member_names_are_escaped() {
+    let dir = tempfile::tempdir().unwrap();
+    let shard = dir.path().join("esc.tar");
+    tar_with(
+        &shard,
+        &[
+            ("a\x1b[31m\n.jpg", fixture("truncated.jpg")),
+            ("a\x1b[31m\n.cls", b"1".to_vec()),
+            ("b\x07.jpg", fixture("baseline.jpg")),
+        ],
+    );
+    let e = ImageIndex::open(&shard, false).unwrap_err().to_string();
+    assert!(e.contains("esc.tar:b\\u{7}") && !e.contains('\x07'), "{e}");
+    let index = Arc::new(ImageIndex::open(&shard, true).unwrap());
+    assert!(
+        index.skipped()[0].contains("b\\u{7}") && !index.skipped()[0].contains('\x07'),
+        "{:?}",
+        index.skipped()
+    );
+    let source = ImageSource::new(index, ImageOptions::default()).unwrap();
+    let e = source
+        .read_records(0, &mut vec![0; source.layout().record_bytes()])
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("esc.tar:a\\u{1b}[31m\\n.jpg"), "{e}");
+    assert!(!e.contains('\x1b') && !e.contains('\n'), "{e}");
+}
+
+/// torchvision's `Resize(2)` then `CenterCrop(8)` pads the 2x2 resized image with zeros to
+/// 8x8, `(8 - 2) // 2 = 3` pixels before it each way (`CenterCrop`'s documented rule), where
+/// pinfeed stretched the image over the whole output. The 2x2 in the middle is exactly
+/// `Resize(2)` then `CenterCrop(2)`, in either layout.
+#[test]
+fn a_center_crop_larger_than_the_resized_image_is_padded_with_zeros() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = folder(dir.path(), &[]);
+    let index = Arc::new(ImageIndex::open(&root, false).unwrap());
+    // Sample 3: b_dogs/sub/a.png, 77x53.
+    let one = |size: u32, layout: PixelLayout| {
+        let source = ImageSource::new(
+            index.clone(),
+            ImageOptions {
+                height: size,
+                width: size,
+                crop: Crop::Center { resize: 2 },
+                layout,
+                ..ImageOptions::default()
+            },
+        )
+        .unwrap();
+        let mut record = vec![0u8; source.layout().record_bytes()];
+        source.read_records(3, &mut record).unwrap();
+        record.truncate((size * size * 3) as usize);
+        record
+    };
+    let small = one(2, PixelLayout::Nhwc);
+    assert!(small.iter().any(|&v| v != 0));
+    let padded = one(8, PixelLayout::Nhwc);
+    for y in 0..8 {
+        for x in 0..8 {
+            let px = &padded[(y * 8 + x) * 3..(y * 8 + x + 1) * 3];
+            if (3..5).contains(&y) && (3..5).contains(&x) {
+                let at = ((y - 3) * 2 + (x - 3)) * 3;
+                assert_eq!(px, &small[at..at + 3], "pixel ({y}, {x})");
+            } else {
+                assert_eq!(px, [0, 0, 0], "pixel ({y}, {x}) is padding");
+            }
+        }
+    }
+    let planes = one(8, PixelLayout::Nchw);
+    for c in 0..3 {
+        for i in 0..64 {
+            assert_eq!(
+                planes[c * 64 + i],
+                padded[i * 3 + c],
+                "channel {c}, pixel {i}"
+            );
+        }
+    }
+}
