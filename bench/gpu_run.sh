@@ -13,6 +13,7 @@
 # $OUT for `python3 bench/records.py report`. bench/README.md lists what each section measures.
 #
 #   env: SKIP_DOCTOR=1 (no doctor/copy_path in `rust`), PYBENCH_SECTIONS=seed,loaders,...,sweep,
+#        PYTEST_ARGS (extra arguments of the pytests section, e.g. -k 'not docs'),
 #        PYBENCH_ONLY=1 (no torchrun/tests in `python`), SOAK_SECONDS, LEGACY_SOAK_SECONDS, BIGDIR,
 #        AB_ROUNDS (default 3), TOKENS_ARGS (extra arguments of `tokens.py nanogpt`),
 #        JAX_BENCH_ARGS (extra arguments of `records.py jax`),
@@ -297,7 +298,7 @@ if want pytests && ls $C/*.whl >/dev/null 2>&1; then
     ls $C/wheels/*.whl >/dev/null 2>&1 && install_wheel /tmp/site-extra $C/wheels/*.whl
     # The GPU-marked tests alone: the others need the servers and packages of requirements-dev.txt,
     # which the GPU machine has not, and run in CI.
-    PYTHONPATH=/tmp/site:/tmp/site-extra timeout 300 python3 -m pytest -q -rfs -p no:cacheprovider -m gpu bindings/python/tests --gpu 2>&1 \
+    PYTHONPATH=/tmp/site:/tmp/site-extra timeout 300 python3 -m pytest -q -rfs -p no:cacheprovider -m gpu bindings/python/tests --gpu ${PYTEST_ARGS:-} 2>&1 \
         | grep -E "^(FAILED|SKIPPED|ERROR)|passed|failed" | tail -40 | tee "$OUT/python_gpu_tests.txt"
 fi
 
