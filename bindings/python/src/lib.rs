@@ -15,6 +15,7 @@ mod errors;
 mod fork;
 mod images;
 mod loader;
+mod mixture;
 mod options;
 mod order;
 mod stage;
@@ -117,6 +118,7 @@ fn _pinfeed(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(options::byte_size, m)?)?;
     m.add_function(wrap_pyfunction!(options::bottleneck, m)?)?;
     tokens::register(m)?;
+    mixture::register(m)?;
     images::register(m)?;
     Ok(())
 }
