@@ -37,6 +37,7 @@ from .images import ImageLoader
 from .loader import Loader, merge_states
 from .multi import MultiLoader
 from .order import epoch_order
+from .sources import Source  # mixture: a source with options of its own
 from .staging import Prefetcher, free_staging_memory, pinned, prefetch, to_device
 from .tokens import TokenLoader
 from .transforms import Transform
@@ -46,6 +47,7 @@ __all__ = [
     "free_staging_memory",
     "Loader",
     "TokenLoader",
+    "Source",
     "ImageLoader",
     "epoch_order",
     "merge_states",

@@ -17,6 +17,7 @@ import numpy as np
 from . import _pinfeed
 from ._arrays import torch_module
 from ._frameworks import check_dtype, framework_arg, module
+from ._mixture import mixture_of, name_of  # mixture
 from .errors import PinfeedValueError
 from .loader import Loader, _store_args
 from .order import distributed_defaults
@@ -119,8 +120,12 @@ class TokenLoader:
         cache_dir: Any = None,
         cache_limit: Any = None,
         queue_depth: Optional[int] = None,
+        weights: Any = None,  # mixture: the three options of a dict of sources
+        mode: str = "exact",
+        on_exhausted: Any = None,
     ) -> None:
-        self.path = os.fsdecode(os.fspath(path))
+        # mixture: a dict of sources is named by their names.
+        self.path = name_of(path) if isinstance(path, Mapping) else os.fsdecode(os.fspath(path))
         self._store = _store_args(storage_options, cache_dir, cache_limit, queue_depth)
         # Token data in object storage as first opened (listing and headers): later epochs'
         # windows are cut from it. None for local files, which are opened again each time.
@@ -143,7 +148,7 @@ class TokenLoader:
                 f"{self.path}: shuffle applies to sample='sequential' or 'documents'; random "
                 "windows are drawn at random already"
             )
-        if steps is not None and sample != "random":
+        if steps is not None and sample != "random" and not isinstance(path, Mapping):
             raise PinfeedValueError(
                 f"{self.path}: steps applies to sample='random'; sequential and document "
                 "windows have a length (batches per epoch)"
@@ -187,6 +192,10 @@ class TokenLoader:
         # Random and document windows are drawn anew each epoch, by a new source; sequential
         # windows are one source whose epochs the Loader runs.
         self._per_epoch = sample != "sequential"
+        # mixture: each epoch's blend is a new source, one step a batch, in the blend's order.
+        self._mixture = mixture_of(path, self, weights, mode, on_exhausted)
+        if self._mixture is not None:
+            self._group, self._per_epoch, self._loader_args["shuffle"] = 1, True, False
         self._loader, self._loader_epoch = self._make_loader(0), 0
         self.device: str = self._loader.device
         #: What ``x`` and ``y`` are: ``"torch"``, ``"jax"``, ``"cupy"`` or ``"numpy"``.
@@ -199,6 +208,10 @@ class TokenLoader:
         self._steps_done = 0
 
     def _make_loader(self, epoch: int) -> Loader:
+        if self._mixture is not None:  # mixture
+            source, typestr, num_tokens = self._mixture.open(epoch)
+            self.token_dtype, self.num_tokens = np.dtype(typestr), int(num_tokens)
+            return Loader(source, self.batch_size, **self._loader_args)
         source, typestr, num_tokens, self._opened = _pinfeed.open_tokens(
             self.path,
             seq_len=self.seq_len,
@@ -373,6 +386,8 @@ class TokenLoader:
             else:
                 state["epoch"], state["batches_done"] = self._pass_epoch, self._steps_done
         state["tokens"] = self._token_params()
+        if self._mixture is not None:  # mixture: its schedule and each source's position
+            state["mixture"] = self._mixture.state(state)
         return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -396,17 +411,40 @@ class TokenLoader:
                 f"{self.path}: cannot resume from this state: it was saved with "
                 + ", ".join(differs)
             )
-        rest = {k: v for k, v in state.items() if k != "tokens"}
+        if self._mixture is not None:  # mixture: the saved schedule, then its epoch's blend
+            self._mixture.adopt(state.get("mixture"))
+            self._loader.close()
+            self._loader_epoch = int(state["epoch"])
+            self._loader = self._make_loader(self._loader_epoch)
+        rest = {k: v for k, v in state.items() if k not in ("tokens", "mixture")}
         # The Loader checks the order's parameters and the position against its epoch.
         steps_done = int(rest["batches_done"])
         self._loader.load_state_dict(
             {**rest, "epoch": self._loader_epoch, "batches_done": steps_done // self._group}
         )
         self._next = (int(rest["epoch"]), steps_done)
+        if self._mixture is not None:  # mixture: an elastic resume moves the position
+            moved = self._loader.state_dict()
+            self._next = (int(moved["epoch"]), int(moved["batches_done"]))
 
     def stats(self) -> dict[str, Any]:
-        """The counters of the current (or last) pass: :meth:`pinfeed.Loader.stats`."""
-        return self._loader.stats()
+        """The counters of the current (or last) pass: :meth:`pinfeed.Loader.stats`; for a
+        mixture each source's in ``"sources"``."""
+        stats = self._loader.stats()
+        return stats if self._mixture is None else self._mixture.stats(stats)  # mixture
+
+    def set_weights(self, weights: Mapping[str, float], from_step: Optional[int] = None) -> None:
+        """A mixture's weights from global step ``from_step`` on (default: the next step),
+        replacing the schedule from there; it is part of :meth:`state_dict`, so a resumed job
+        keeps it. Call it between iterations: the next one runs the new schedule."""
+        if self._mixture is None:
+            raise PinfeedValueError(f"{self.path}: set_weights applies to a mixture")
+        state = self.state_dict()
+        if from_step is None:
+            from_step = self._mixture.next_step(state)
+        self._mixture.set_weights(weights, int(from_step))
+        state["mixture"] = self._mixture.state(state)
+        self.load_state_dict(state)
 
     def close(self) -> None:
         """Stops the current pass and frees its pinned memory."""
