@@ -286,3 +286,15 @@ def test_sources_of_different_widths_are_widened(three, tmp_path):
         assert (np.diff(x, axis=1) == 1).all() and (y[:, -1] == x[:, -1] + 1).all()
         seen.update(src for src, _ in windows(x))
     assert seen == {0, 1, 2, 4}
+
+
+def test_a_read_bound_explanation_names_a_source(three):
+    loader = mix(three, 10, steps=20)
+    run(loader)
+    # The explanation a read-bound pass would give, as the mixture completes it.
+    bound = {"bottleneck": "read-bound", "explanation": "read-bound: ..."}
+    named = loader._mixture.stats(bound)["explanation"]
+    assert any(f'source "{n}" took' in named for n in NAMES), named
+    assert "of the samples" in named
+    other = {"bottleneck": "consumer-bound", "explanation": "consumer-bound: ..."}
+    assert loader._mixture.stats(other)["explanation"] == "consumer-bound: ..."

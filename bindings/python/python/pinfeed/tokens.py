@@ -92,6 +92,21 @@ class TokenLoader:
     ``"documents"`` is refused for a URL (its ``.bin`` reads as a raw token object).
     ``stats()["network"]`` counts the current pass's fetches.
 
+    **Mixtures** (``pinfeed/_mixture.py``): ``path`` may be a dict of name to source (a path,
+    a URL, or :class:`pinfeed.Source` with its own ``token_dtype`` and object-store options),
+    with ``weights={name: share}`` or a curriculum ``[(from_step, {name: share}), ...]``.
+    ``mode="exact"`` (default) gives every step (the global batch, ``world_size ×
+    batch_size`` windows) each source's share, rounded so the counts add up, in the order of
+    Megatron's blend; ``"sampled"`` draws each window's source from ``(seed, epoch, i)``.
+    ``on_exhausted`` (one policy, or a dict by name) says what a source does when a pass of it
+    runs out: ``"cycle"`` (a new pass in a new order; the default for random windows),
+    ``"stop"`` (the epoch ends; the default for sequential ones), ``{"samples": n}`` or
+    ``{"passes": n}`` an epoch, after which it leaves the blend. ``steps`` sets an epoch's
+    length for sequential windows too. Sources stored at different widths are read at one
+    that holds them all. The state holds the schedule and each source's position (resume,
+    elastic resume); :meth:`set_weights` changes the weights from a step on;
+    ``stats()["sources"]`` counts each source.
+
     ``pinned_budget``, ``num_threads``, ``prefetch`` and ``device`` are
     :class:`pinfeed.Loader`'s.
     """
@@ -349,8 +364,10 @@ class TokenLoader:
     def offsets(self, step: int, epoch: int = 0) -> np.ndarray:
         """The token offsets of this rank's windows at ``step`` of ``epoch`` (random sampling
         only): batch row ``k`` holds tokens ``offsets[k] .. offsets[k] + seq_len + 1``."""
-        if self.sample != "random":
-            raise PinfeedValueError(f"{self.path}: offsets are those of sample='random'")
+        if self.sample != "random" or self._mixture is not None:  # mixture: no one file
+            raise PinfeedValueError(
+                f"{self.path}: offsets are those of sample='random' over one source"
+            )
         first = (int(step) * self.world_size + self.rank) * self.batch_size
         found = _pinfeed.token_offsets(
             self.seed, int(epoch), self.num_tokens - self.seq_len, first, self.batch_size

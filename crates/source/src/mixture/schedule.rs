@@ -237,12 +237,17 @@ impl Run {
 }
 
 /// Sampled draws of one epoch: each source's count at every multiple of [`CHUNK`] samples,
-/// drawn as far as needed.
+/// drawn as far as needed, and at the ends of the last reads ([`RECENT`]), where the next
+/// batches usually start.
 #[derive(Debug)]
 struct Draws {
     key: u64,
     checkpoints: Mutex<Vec<Vec<u64>>>,
+    recent: Mutex<Vec<(u64, Vec<u64>)>>,
 }
+
+/// Ends of reads kept: more than the batches reader threads hold at once.
+const RECENT: usize = 64;
 
 /// The blend of one epoch: a pure function from a sample's index to its source and ordinal.
 #[derive(Debug)]
@@ -274,6 +279,7 @@ impl EpochBlend {
                 let draws = Draws {
                     key: hash2(hash2(DRAWS, spec.seed), epoch),
                     checkpoints: Mutex::new(vec![vec![0; spec.pass_len.len()]]),
+                    recent: Mutex::new(Vec::with_capacity(RECENT)),
                 };
                 let blend = EpochBlend {
                     spec: Arc::clone(&spec),
@@ -340,15 +346,20 @@ impl EpochBlend {
                 .map(|i| exact_locate(runs, self.spec.step, i))
                 .collect(),
             Plan::Sampled(draws) => {
-                let mut given = self.checkpoint(draws, first);
+                let (from, mut given) = self.nearest(draws, first);
                 let mut out = Vec::with_capacity(count as usize);
-                for i in (first - first % CHUNK)..first + count {
+                for i in from..first + count {
                     let s = self.draw(draws, i, &given).unwrap_or(0);
                     if i >= first {
                         out.push((s as u16, given[s]));
                     }
                     given[s] += 1;
                 }
+                let mut recent = draws.recent.lock().unwrap_or_else(|p| p.into_inner());
+                if recent.len() == RECENT {
+                    recent.remove(0);
+                }
+                recent.push((first + count, given));
                 out
             }
         }
@@ -381,6 +392,20 @@ impl EpochBlend {
                 given
             }
         }
+    }
+
+    /// The counts at the nearest place at or before `i` that is known: the end of a recent
+    /// read in `i`'s chunk, or the chunk's start.
+    fn nearest(&self, draws: &Draws, i: u64) -> (u64, Vec<u64>) {
+        let chunk = i - i % CHUNK;
+        let recent = draws.recent.lock().unwrap_or_else(|p| p.into_inner());
+        let best = recent
+            .iter()
+            .filter(|(end, _)| *end <= i && *end >= chunk)
+            .max_by_key(|(end, _)| *end)
+            .cloned();
+        drop(recent);
+        best.unwrap_or_else(|| (chunk, self.checkpoint(draws, i)))
     }
 
     /// The counts at the multiple of [`CHUNK`] at or before `i`, drawing up to it if needed.
