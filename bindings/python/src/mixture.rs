@@ -195,8 +195,9 @@ impl Mixture {
         self.inner.record_of(s.min(self.inner.names().len() - 1), k)
     }
 
-    /// What each source gave so far: ``{name: {"samples", "bytes", "read_time", "network"}}``
-    /// in the order of the names.
+    /// What each source gave so far, in the order of the names: ``name``, ``samples``,
+    /// ``bytes``, ``read_time`` (reader threads' time reading it), ``wait_time`` (the part
+    /// spent waiting on object storage) and ``network`` (its fetch counters, or ``None``).
     fn source_stats<'py>(&self, py: Python<'py>) -> PyResult<Vec<Bound<'py, PyDict>>> {
         self.inner
             .source_stats()
@@ -207,6 +208,9 @@ impl Mixture {
                 d.set_item("samples", s.samples)?;
                 d.set_item("bytes", s.bytes)?;
                 d.set_item("read_time", s.read_time.as_secs_f64())?;
+                // What of it was spent waiting on object storage (none for local files).
+                let waited = s.network.as_ref().map_or(0.0, |n| n.wait.as_secs_f64());
+                d.set_item("wait_time", waited)?;
                 d.set_item(
                     "network",
                     crate::store::network_dict(py, s.network.as_ref())?,

@@ -221,19 +221,42 @@ impl Source for Mixture {
     }
 }
 
-/// The source that holds a read-bound mixture back, in words: the one with the largest share
-/// of the reading time, with its share of the samples; `None` before anything was read.
+/// How much more a source's share of the reading time must be than its share of the samples
+/// for it to be named as holding the mixture back.
+const SLOWER: f64 = 1.25;
+
+/// The source that holds a read-bound mixture back, in words: the one whose share of the
+/// reading time most exceeds its share of the samples, when it exceeds it by a quarter or
+/// more; `None` when no source reads markedly slower per sample, or before anything was read.
 pub fn holding_back(stats: &[SourceStats]) -> Option<String> {
     let time: f64 = stats.iter().map(|s| s.read_time.as_secs_f64()).sum();
     let samples: u64 = stats.iter().map(|s| s.samples).sum();
     if time <= 0.0 || samples == 0 {
         return None;
     }
-    let slowest = stats.iter().max_by(|a, b| a.read_time.cmp(&b.read_time))?;
-    Some(format!(
-        "source {:?} took {:.0}% of the reading time for {:.0}% of the samples",
-        slowest.name,
-        100.0 * slowest.read_time.as_secs_f64() / time,
-        100.0 * slowest.samples as f64 / samples as f64
-    ))
+    let shares = |s: &SourceStats| {
+        (
+            s.read_time.as_secs_f64() / time,
+            s.samples as f64 / samples as f64,
+        )
+    };
+    let ratio = |s: &SourceStats| {
+        let (t, n) = shares(s);
+        if n > 0.0 {
+            t / n
+        } else {
+            0.0
+        }
+    };
+    let slowest = stats.iter().max_by(|a, b| ratio(a).total_cmp(&ratio(b)))?;
+    let (t, n) = shares(slowest);
+    (ratio(slowest) >= SLOWER).then(|| {
+        format!(
+            "source {:?} holds the mixture back: {:.0}% of the reading time for {:.0}% of the \
+             samples",
+            slowest.name,
+            100.0 * t,
+            100.0 * n
+        )
+    })
 }

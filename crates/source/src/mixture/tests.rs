@@ -296,7 +296,26 @@ fn each_record_comes_once_a_pass_and_passes_differ() {
         m.num_records()
     );
     assert_eq!(stats[1].bytes, 50 * 4);
-    assert!(holding_back(&stats).unwrap().starts_with("source \""));
+}
+
+#[test]
+fn the_source_slowest_per_sample_is_named() {
+    let of = |name: &str, samples, millis| SourceStats {
+        name: name.into(),
+        samples,
+        read_time: std::time::Duration::from_millis(millis),
+        ..SourceStats::default()
+    };
+    // "code" gives 30% of the samples in 60% of the time.
+    let stats = [of("web", 50, 30), of("code", 30, 60), of("math", 20, 10)];
+    assert_eq!(
+        holding_back(&stats).unwrap(),
+        "source \"code\" holds the mixture back: 60% of the reading time for 30% of the samples"
+    );
+    // Reading at one rate per sample, no source is named.
+    let even = [of("web", 50, 50), of("code", 30, 31), of("math", 20, 19)];
+    assert_eq!(holding_back(&even), None);
+    assert_eq!(holding_back(&[of("web", 0, 0)]), None);
 }
 
 #[test]
