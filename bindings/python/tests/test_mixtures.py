@@ -93,8 +93,16 @@ def test_each_window_comes_once_a_pass(three):
     assert len([1 for src, _ in flat if src == 1]) == 50
 
 
-def test_resume_after_any_step_equals_the_uninterrupted_run(three):
-    kw = dict(sample="sequential", shuffle=True, seed=5, on_exhausted="cycle", steps=12)
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(sample="sequential", shuffle=True, on_exhausted="cycle"),
+        dict(sample="random", mode="sampled"),
+    ],
+    ids=["sequential-exact", "random-sampled"],
+)
+def test_resume_after_any_step_equals_the_uninterrupted_run(three, kw):
+    kw = dict(kw, seed=5, steps=12)
     whole = run(mix(three, 5, **kw))
     assert len(whole) == 12
     for k in range(12):
@@ -119,9 +127,16 @@ def global_run(loaders, steps=None):
     return [w for step in zip(*per_rank) for b in step for w in b]
 
 
+ELASTIC = {
+    "sequential-exact": dict(sample="sequential", shuffle=True, on_exhausted={"code": "stop"}),
+    "random-sampled": dict(sample="random", mode="sampled", steps=20),
+}
+
+
+@pytest.mark.parametrize("how", list(ELASTIC))
 @pytest.mark.parametrize("w_from,w_to", list(itertools.product((1, 2, 3), repeat=2)))
-def test_elastic_resume_gives_the_uninterrupted_global_sequence(three, w_from, w_to):
-    kw = dict(sample="sequential", shuffle=True, seed=2, on_exhausted={"code": "stop"})
+def test_elastic_resume_gives_the_uninterrupted_global_sequence(three, w_from, w_to, how):
+    kw = dict(ELASTIC[how], seed=2)
     whole = global_run(rank_loaders(three, w_from, **kw))
     first = rank_loaders(three, w_from, **kw)
     head = global_run(first, 4)
