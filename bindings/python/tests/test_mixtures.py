@@ -174,6 +174,9 @@ def test_a_curriculum_survives_a_resume_across_its_step(three):
     resumed = mix(three, 10, weights=plan[0][1], **kw)
     resumed.load_state_dict(saved)
     assert [count(b, 2) for b in run(resumed)] == [0] * 8 + [10] * 2
+    # A step already begun keeps the weights it was drawn by.
+    with pytest.raises(pinfeed.PinfeedValueError, match="the loader is at step 3"):
+        first.set_weights({"math": 1.0}, from_step=2)
 
 
 def megatron_helpers():

@@ -35,6 +35,12 @@ def mixture_of(source: Any, loader: Any, weights: Any, mode: str, on_exhausted: 
     return TokenMixture(source, loader, weights, mode, on_exhausted)
 
 
+def _consumed(loader_state: Mapping[str, Any]) -> int:
+    """Samples of its epoch the job had consumed at a loader state (every rank there)."""
+    done = int(loader_state["batches_done"]) * int(loader_state["world_size"])
+    return int(loader_state.get("consumed", 0)) + done * int(loader_state["batch_size"])
+
+
 def name_of(sources: Mapping) -> str:
     """What errors and ``repr`` call a mixture."""
     return f"mixture({', '.join(str(n) for n in sources)})"
@@ -178,9 +184,6 @@ class TokenMixture:
 
     def state(self, loader_state: Mapping[str, Any]) -> dict[str, Any]:
         """The blend's part of the loader's state: its schedule and where each source is."""
-        consumed = int(loader_state.get("consumed", 0)) + int(loader_state["batches_done"]) * int(
-            loader_state["world_size"]
-        ) * int(loader_state["batch_size"])
         state: dict[str, Any] = {
             "sources": list(self.names),
             "mode": self.mode,
@@ -190,7 +193,7 @@ class TokenMixture:
             "samples_per_epoch": self.samples_per_epoch,
         }
         if self._blend is not None:
-            given = self._blend.given_before(int(loader_state["epoch"]), consumed)
+            given = self._blend.given_before(int(loader_state["epoch"]), _consumed(loader_state))
             state["positions"] = {n: int(k) for n, k in zip(self.names, given)}
         return state
 
@@ -222,21 +225,26 @@ class TokenMixture:
         self.samples_per_epoch = None if spe is None else int(spe)
         self._blend = None
 
-    def set_weights(self, weights: Mapping, from_step: int) -> None:
-        """Weights from global step ``from_step`` on, replacing the schedule from there."""
-        (entry,) = _curriculum(self.names, [(int(from_step), weights)], self._what)
-        self.curriculum = [e for e in self.curriculum if e[0] < entry[0]] + [entry]
-        self._blend = None
-
-    def next_step(self, loader_state: Mapping[str, Any]) -> int:
-        """The global step (of the blend's layout) the loader's next sample starts."""
-        consumed = int(loader_state.get("consumed", 0)) + int(loader_state["batches_done"]) * int(
-            loader_state["world_size"]
-        ) * int(loader_state["batch_size"])
+    def reweighted(
+        self, loader_state: dict[str, Any], weights: Mapping, from_step: Optional[int]
+    ) -> dict[str, Any]:
+        """``loader_state`` with weights from global step ``from_step`` on (default: the step
+        the loader's next sample starts), replacing the schedule from there. A step already
+        begun is refused: its samples were drawn by the old weights."""
         if self._blend is None:
             raise PinfeedValueError(f"{self._what}: the mixture was not opened yet")
         _, first = self._blend.epoch_size(int(loader_state["epoch"]))
-        return int(first) + -(-consumed // self.step)
+        next_step = int(first) + -(-_consumed(loader_state) // self.step)
+        step = next_step if from_step is None else int(from_step)
+        if step < next_step:
+            raise PinfeedValueError(
+                f"{self._what}: cannot change the weights from step {step}: the loader is at "
+                f"step {next_step} (steps of {self.step} samples, counted across epochs)"
+            )
+        (entry,) = _curriculum(self.names, [(step, weights)], self._what)
+        self.curriculum = [e for e in self.curriculum if e[0] < step] + [entry]
+        self._blend = None
+        return {**loader_state, "mixture": self.state(loader_state)}
 
     def stats(self, stats: dict[str, Any]) -> dict[str, Any]:
         """``stats`` with each source's counters in ``"sources"``, and the source that holds a

@@ -456,12 +456,7 @@ class TokenLoader:
         keeps it. Call it between iterations: the next one runs the new schedule."""
         if self._mixture is None:
             raise PinfeedValueError(f"{self.path}: set_weights applies to a mixture")
-        state = self.state_dict()
-        if from_step is None:
-            from_step = self._mixture.next_step(state)
-        self._mixture.set_weights(weights, int(from_step))
-        state["mixture"] = self._mixture.state(state)
-        self.load_state_dict(state)
+        self.load_state_dict(self._mixture.reweighted(self.state_dict(), weights, from_step))
 
     def close(self) -> None:
         """Stops the current pass and frees its pinned memory."""
