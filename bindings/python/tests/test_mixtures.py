@@ -319,3 +319,17 @@ def test_a_read_bound_explanation_names_a_source(three):
     assert loader._mixture.stats(other)["explanation"] == "consumer-bound: ..."
     sources = loader.stats()["sources"]
     assert all(sources[n]["wait_time"] == 0.0 for n in NAMES)  # local files
+
+
+def test_new_weights_that_move_the_epochs_end_resume(three):
+    # Sequential windows end the epoch when a source runs out, so new weights move its end:
+    # the saved position (before the change) still holds in the new blend.
+    loader = mix(three, 5, sample="sequential")
+    head = run(loader, 2)
+    loader.set_weights({"web": 1.0}, from_step=4)
+    again = mix(three, 5, sample="sequential")
+    again.load_state_dict(loader.state_dict())
+    rest = run(again)
+    assert run(loader) == rest
+    assert all(count(b, 0) == 5 for b in rest[2:])
+    assert len(head) + len(rest) != len(run(mix(three, 5, sample="sequential")))

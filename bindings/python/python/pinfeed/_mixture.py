@@ -6,15 +6,15 @@ its place there) and reads each sample from its own source into the one pinned s
 the schedule of weights (the curriculum) and puts it, with each source's position, in the
 loader's state."""
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Optional
 
 from . import _pinfeed
 from ._sources import source_path, store_args
-from .errors import PinfeedValueError
+from .errors import PinfeedTypeError, PinfeedValueError
 from .sources import Source
 
-__all__ = ["TokenMixture", "mixture_of"]
+__all__ = ["Mixture", "RecordMixture", "TokenMixture", "mixture_of", "name_of"]
 
 _MODES = ("exact", "sampled")
 # The options of a pinfeed.Source that are object-store settings (the rest: its token width).
@@ -41,6 +41,16 @@ def _consumed(loader_state: Mapping[str, Any]) -> int:
     """Samples of its epoch the job had consumed at a loader state (every rank there)."""
     done = int(loader_state["batches_done"]) * int(loader_state["world_size"])
     return int(loader_state.get("consumed", 0)) + done * int(loader_state["batch_size"])
+
+
+def reblended(loader_state: Mapping[str, Any], loader: Any) -> dict[str, Any]:
+    """A saved Loader state of a mixture's epoch, for ``loader`` (that epoch's Loader, of the
+    adopted schedule): its size and order fingerprint are the blend's now. A new schedule
+    (set_weights) may end the epoch elsewhere, but leaves the steps before its own as they
+    were, so the saved position still holds; the mixture checked its sources and policies."""
+    world = int(loader_state.get("world_size", loader.world_size))
+    fingerprint = loader._options.fingerprint_at(world)
+    return {**loader_state, "num_records": loader.num_samples, "fingerprint": fingerprint}
 
 
 def name_of(sources: Mapping) -> str:
@@ -75,56 +85,57 @@ def _curriculum(names: list[str], weights: Any, what: str) -> list[tuple[int, li
     return out
 
 
-class TokenMixture:
-    """The sources of a TokenLoader mixture, their blend and its schedule of weights."""
+class Mixture:
+    """The sources of a mixture, their blend and its schedule of weights: what every loader's
+    mixture shares. A subclass opens the sources and gives each epoch's to :meth:`_blended`."""
+
+    # Tokens a sample holds (a token window's), for the per-source stats; None for records.
+    _seq_len: Optional[int] = None
 
     def __init__(
-        self, sources: Mapping, loader: Any, weights: Any, mode: str, on_exhausted: Any
+        self, sources: Mapping, what: str, weights: Any, mode: str, on_exhausted: Any, **blend: Any
     ) -> None:
-        what = loader.source
         if not sources:
             raise PinfeedValueError(f"{what}: a mixture needs at least one source")
-        if loader.sample == "documents":
-            raise PinfeedValueError(
-                f"{what}: sample='documents' is not blended yet; mix 'random' or 'sequential'"
-            )
         if mode not in _MODES:
             raise PinfeedValueError(
                 f"{what}: unknown mode {mode!r}: expected one of {', '.join(_MODES)}"
             )
         self.names = [str(n) for n in sources]
-        self._what, self.mode, self.sample = what, mode, loader.sample
+        self._what, self.mode = what, mode
         self._entries = [
-            (v.path, dict(v.options)) if isinstance(v, Source) else (source_path(v, what), {})
+            (v.path, dict(v.options)) if isinstance(v, Source) else (v, {})
             for v in sources.values()
         ]
-        self._seq_len, self._seed, self._shuffle = (
-            loader.seq_len,
-            loader.seed,
-            loader.shuffle != "none",
-        )
-        self._token_dtype, self._store = loader._token_dtype, loader._store
         self.curriculum = _curriculum(self.names, weights, what)
-        self.on_exhausted = self._policies(on_exhausted)
+        self.on_exhausted = self._policies(on_exhausted, blend.pop("default"))
         # The blend is laid out in steps of one global batch of the world size it starts at; a
         # resume keeps the saved step (see adopt), so the global sequence survives a new one.
-        self.step = loader.batch_size * loader.world_size
-        steps = loader.steps
-        if steps is not None:
-            self.samples_per_epoch: Optional[int] = int(steps) * self.step
-        elif self.sample == "random":
-            self.samples_per_epoch = _ENDLESS // self.step * self.step
-        else:
-            self.samples_per_epoch = None
-        self._opened: list[Any] = [None] * len(self.names)  # object-store streams
-        self._kept: dict[int, Any] = {}  # sequential windows, the same every epoch
+        self.step: int = blend.pop("step")
+        self.samples_per_epoch: Optional[int] = blend.pop("samples_per_epoch")
+        self._seed: int = blend.pop("seed")
         self._blend: Optional[_pinfeed.Blend] = None
         #: The current epoch's mixture (its per-source counters).
         self.current: Optional[_pinfeed.Mixture] = None
 
-    def _policies(self, on_exhausted: Any) -> list[Any]:
-        # Random windows never run out (2^40 a source); sequential ones end the epoch.
-        default = "cycle" if self.sample == "random" else "stop"
+    def _blended(self, sources: list[Any], epoch: int, shuffle: bool) -> Any:
+        """Epoch ``epoch`` of the blend of ``sources`` (opened, one layout) as a loader
+        source; ``shuffle`` orders each pass of a source anew."""
+        if self._blend is None:
+            self._blend = _pinfeed.Blend(
+                self.names,
+                [int(s.num_records) for s in sources],
+                weights=self.curriculum,
+                exhausted=self.on_exhausted,
+                step=self.step,
+                mode=self.mode,
+                seed=self._seed,
+                samples_per_epoch=self.samples_per_epoch,
+            )
+        self.current = self._blend.mixture(sources, int(epoch), shuffle)
+        return self.current.source()
+
+    def _policies(self, on_exhausted: Any, default: str) -> list[Any]:
         if on_exhausted is None or isinstance(on_exhausted, str):
             return [on_exhausted or default] * len(self.names)
         if not isinstance(on_exhausted, Mapping):
@@ -138,57 +149,6 @@ class TokenMixture:
                 "source of the mixture"
             )
         return [on_exhausted.get(n, default) for n in self.names]
-
-    def _open_one(self, k: int, epoch: int) -> tuple[Any, str, int, int]:
-        if k in self._kept:
-            return self._kept[k]
-        path, options = self._entries[k]
-        own = {key: options.get(key) for key in _STORE_OPTIONS}
-        store = {**self._store, **store_args(**own, what=path)}
-        token_dtype = options.get("token_dtype", self._token_dtype)
-        source, typestr, num_tokens, self._opened[k], fingerprint = _pinfeed.open_tokens(
-            path,
-            seq_len=self._seq_len,
-            batch_size=1,
-            dtype=None if token_dtype is None else str(token_dtype),
-            sample=self.sample,
-            seed=_pinfeed.mixture_seed(self._seed, self.names[k]),
-            epoch=epoch,
-            opened=self._opened[k],
-            **store,
-        )
-        opened = (source, typestr, num_tokens, fingerprint)
-        if self.sample == "sequential":
-            self._kept[k] = opened
-        return opened
-
-    def open(self, epoch: int) -> tuple[Any, str, int, list[int]]:
-        """Epoch ``epoch`` of the mixture as a loader source, with the token dtype, the
-        tokens of all the sources and each source's data hash."""
-        each = [self._open_one(k, epoch) for k in range(len(self.names))]
-        opened = [(s, t, n) for s, t, n, _ in each]
-        typestr = _pinfeed.common_token_dtype([t for _, t, _ in opened])
-        # Sources stored narrower are widened in the slot, so every window has one layout.
-        opened = [
-            (s if t == typestr else _pinfeed.widen_tokens(s, t, typestr), t, n)
-            for s, t, n in opened
-        ]
-        if self._blend is None:
-            self._blend = _pinfeed.Blend(
-                self.names,
-                [int(s.num_records) for s, _, _ in opened],
-                weights=self.curriculum,
-                exhausted=self.on_exhausted,
-                step=self.step,
-                mode=self.mode,
-                seed=self._seed,
-                samples_per_epoch=self.samples_per_epoch,
-            )
-        self.current = self._blend.mixture(
-            [s for s, _, _ in opened], int(epoch), self._shuffle and self.sample == "sequential"
-        )
-        tokens = sum(n for _, _, n in opened)
-        return self.current.source(), typestr, tokens, [int(f) for *_, f in each]
 
     def state(self, loader_state: Mapping[str, Any]) -> dict[str, Any]:
         """The blend's part of the loader's state: its schedule and where each source is."""
@@ -262,10 +222,132 @@ class TokenMixture:
         sources = {}
         for each in self.current.source_stats():
             name = each.pop("name")
-            each["tokens"] = each["samples"] * self._seq_len
+            if self._seq_len is not None:
+                each["tokens"] = each["samples"] * self._seq_len
             sources[name] = each
         stats = {**stats, "sources": sources}
         held = self.current.holding_back()
         if held and stats.get("bottleneck") in ("read-bound", "network-bound"):
             stats["explanation"] = f"{stats['explanation']}; {held}"
         return stats
+
+
+class TokenMixture(Mixture):
+    """A TokenLoader's mixture: token windows of each source, at one stored width."""
+
+    def __init__(
+        self, sources: Mapping, loader: Any, weights: Any, mode: str, on_exhausted: Any
+    ) -> None:
+        what = loader.source
+        if loader.sample == "documents":
+            raise PinfeedValueError(
+                f"{what}: sample='documents' is not blended yet; mix 'random' or 'sequential'"
+            )
+        step = loader.batch_size * loader.world_size
+        if loader.steps is not None:
+            samples_per_epoch: Optional[int] = int(loader.steps) * step
+        elif loader.sample == "random":
+            samples_per_epoch = _ENDLESS // step * step
+        else:
+            samples_per_epoch = None
+        super().__init__(
+            sources,
+            what,
+            weights,
+            mode,
+            on_exhausted,
+            # Random windows never run out (2^40 a source); sequential ones end the epoch.
+            default="cycle" if loader.sample == "random" else "stop",
+            step=step,
+            samples_per_epoch=samples_per_epoch,
+            seed=loader.seed,
+        )
+        self.sample = loader.sample
+        self._seq_len, self._shuffle = loader.seq_len, loader.shuffle != "none"
+        self._token_dtype, self._store = loader._token_dtype, loader._store
+        self._opened: list[Any] = [None] * len(self.names)  # object-store streams
+        self._kept: dict[int, Any] = {}  # sequential windows, the same every epoch
+
+    def _open_one(self, k: int, epoch: int) -> tuple[Any, str, int, int]:
+        if k in self._kept:
+            return self._kept[k]
+        path, options = self._entries[k]
+        path = source_path(path, self._what)
+        own = {key: options.get(key) for key in _STORE_OPTIONS}
+        store = {**self._store, **store_args(**own, what=path)}
+        token_dtype = options.get("token_dtype", self._token_dtype)
+        source, typestr, num_tokens, self._opened[k], fingerprint = _pinfeed.open_tokens(
+            path,
+            seq_len=self._seq_len,
+            batch_size=1,
+            dtype=None if token_dtype is None else str(token_dtype),
+            sample=self.sample,
+            seed=_pinfeed.mixture_seed(self._seed, self.names[k]),
+            epoch=epoch,
+            opened=self._opened[k],
+            **store,
+        )
+        opened = (source, typestr, num_tokens, fingerprint)
+        if self.sample == "sequential":
+            self._kept[k] = opened
+        return opened
+
+    def open(self, epoch: int) -> tuple[Any, str, int, list[int]]:
+        """Epoch ``epoch`` of the mixture as a loader source, with the token dtype, the
+        tokens of all the sources and each source's data hash."""
+        each = [self._open_one(k, epoch) for k in range(len(self.names))]
+        opened = [(s, t, n) for s, t, n, _ in each]
+        typestr = _pinfeed.common_token_dtype([t for _, t, _ in opened])
+        # Sources stored narrower are widened in the slot, so every window has one layout.
+        opened = [
+            (s if t == typestr else _pinfeed.widen_tokens(s, t, typestr), t, n)
+            for s, t, n in opened
+        ]
+        shuffle = self._shuffle and self.sample == "sequential"
+        source = self._blended([s for s, _, _ in opened], epoch, shuffle)
+        tokens = sum(n for _, _, n in opened)
+        return source, typestr, tokens, [int(f) for *_, f in each]
+
+
+def _layout(source: Any) -> str:
+    return f"{source.descr} records of shape {tuple(int(d) for d in source.record_shape)}"
+
+
+class RecordMixture(Mixture):
+    """A Loader's mixture: the records of each source, which agree in shape and dtype."""
+
+    def __init__(
+        self,
+        sources: Mapping,
+        what: str,
+        weights: Any,
+        mode: str,
+        on_exhausted: Any,
+        *,
+        open_one: Callable[[Any, dict[str, Any]], Any],
+        store: dict[str, Any],
+        shuffle: bool,
+        **blend: Any,
+    ) -> None:
+        # A pass of records ends the epoch unless a source's policy says otherwise.
+        super().__init__(sources, what, weights, mode, on_exhausted, default="stop", **blend)
+        self._shuffle = shuffle
+        self._sources = []
+        for name, (source, options) in zip(self.names, self._entries):
+            if "token_dtype" in options:
+                raise PinfeedTypeError(
+                    f"{what}: source {name!r}: token_dtype applies to a TokenLoader's sources"
+                )
+            own = {key: options.get(key) for key in _STORE_OPTIONS}
+            self._sources.append(open_one(source, {**store, **store_args(**own, what=name)}))
+        first = self._sources[0]
+        for name, other in zip(self.names[1:], self._sources[1:]):
+            if (other.descr, list(other.record_shape)) != (first.descr, list(first.record_shape)):
+                raise PinfeedValueError(
+                    f"{what}: sources {self.names[0]!r} ({_layout(first)}) and {name!r} "
+                    f"({_layout(other)}) differ; a mixture's records agree in shape and dtype"
+                )
+
+    def open(self, epoch: int) -> Any:
+        """Epoch ``epoch`` of the mixture as a loader source."""
+        return self._blended(self._sources, epoch, self._shuffle)

@@ -19,7 +19,7 @@ from ._arrays import torch_module
 from ._deprecation import accepts_old_spellings, warn_once
 from ._epochs import EpochLoader
 from ._frameworks import check_dtype, framework_arg, module
-from ._mixture import mixture_of, name_of
+from ._mixture import mixture_of, name_of, reblended
 from ._options import int_arg, ints, shuffle_arg
 from ._sources import source_path, store_args
 from .errors import PinfeedTypeError, PinfeedValueError
@@ -470,6 +470,7 @@ class TokenLoader(EpochLoader):
             self._mixture.adopt(rest.pop("mixture", None))
             self._loader.close()
             self._loader, self._loader_epoch = self._make_loader(epoch), epoch
+            rest = reblended(rest, self._loader)
         # The Loader checks the order's parameters and the position against its epoch.
         self._loader.load_state_dict(
             {**rest, "epoch": self._loader_epoch, "batches_done": steps_done // self._group}
