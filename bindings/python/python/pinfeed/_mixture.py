@@ -10,11 +10,20 @@ from collections.abc import Callable, Mapping
 from typing import Any, Optional
 
 from . import _pinfeed
-from ._sources import source_path, store_args
+from ._sources import local_only, source_path, store_args
 from .errors import PinfeedTypeError, PinfeedValueError
 from .sources import Source
 
-__all__ = ["Mixture", "RecordMixture", "TokenMixture", "mixture_of", "name_of"]
+__all__ = [
+    "ImageMixture",
+    "Mixture",
+    "RecordMixture",
+    "TokenMixture",
+    "image_mixture_of",
+    "mixture_of",
+    "name_of",
+    "reblended",
+]
 
 _MODES = ("exact", "sampled")
 # The options of a pinfeed.Source that are object-store settings (the rest: its token width).
@@ -351,3 +360,69 @@ class RecordMixture(Mixture):
     def open(self, epoch: int) -> Any:
         """Epoch ``epoch`` of the mixture as a loader source."""
         return self._blended(self._sources, epoch, self._shuffle)
+
+
+def image_mixture_of(
+    source: Any,
+    loader: Any,
+    weights: Any,
+    mode: str,
+    on_exhausted: Any,
+    open_one: Callable[[str], Any],
+    decode: str,
+) -> Optional["ImageMixture"]:
+    """The :class:`ImageMixture` of a dict of sources, for ``loader`` (an ImageLoader whose
+    options are set); ``None`` for one source, where the mixture options are refused."""
+    if not isinstance(source, Mapping):
+        mixture_of(source, loader, weights, mode, on_exhausted)
+        return None
+    if decode != "cpu":
+        raise PinfeedValueError(
+            f"{loader.source}: a mixture of image datasets decodes on the CPU (decode='cpu'), "
+            f"not decode={decode!r}"
+        )
+    return ImageMixture(source, loader, weights, mode, on_exhausted, open_one)
+
+
+class ImageMixture(Mixture):
+    """An ImageLoader's mixture: the decoded crops of each image dataset, one layout (the
+    loader's size), each source's crops its own of ``(seed, epoch, sample)``."""
+
+    def __init__(
+        self,
+        sources: Mapping,
+        loader: Any,
+        weights: Any,
+        mode: str,
+        on_exhausted: Any,
+        open_one: Callable[[str], Any],
+    ) -> None:
+        what = loader.source
+        super().__init__(
+            sources,
+            what,
+            weights,
+            mode,
+            on_exhausted,
+            default="stop",
+            step=loader.batch_size * loader.world_size,
+            samples_per_epoch=None,
+            seed=loader.seed,
+        )
+        self._shuffle = loader.shuffle != "none"
+        for name, (_, options) in zip(self.names, self._entries):
+            if options:
+                raise PinfeedTypeError(
+                    f"{what}: source {name!r}: {', '.join(sorted(options))} do not apply to "
+                    "image datasets (local files, one layout)"
+                )
+        #: Each source's dataset, in the order of :attr:`names`.
+        paths = [source_path(path, what) for path, _ in self._entries]
+        for path in paths:
+            local_only(path, {}, "ImageLoader")
+        self.datasets = [open_one(path) for path in paths]
+
+    def open(self, epoch: int) -> Any:
+        """Epoch ``epoch`` of the mixture (each dataset's crops of that epoch) as a source."""
+        sources = [d.source(epoch, gpu=False) for d in self.datasets]
+        return self._blended(sources, epoch, self._shuffle)
