@@ -118,14 +118,20 @@ def hf_steps(paths, b, t, device, workers):
     import torch
 
     def windows(path, seed):
+        (path,), (seed,) = path, seed  # this shard's
         data = np.memmap(path, dtype=np.uint16, mode="r")
         rng = np.random.default_rng(seed)
         while True:
             i = int(rng.integers(0, len(data) - t - 1))
             yield {"tokens": data[i : i + t + 1].astype(np.int64)}
 
+    # A shard a worker (gen_kwargs lists), so every DataLoader worker draws windows.
+    shards = max(1, workers)
     sources = [
-        datasets.IterableDataset.from_generator(windows, gen_kwargs={"path": p, "seed": k})
+        datasets.IterableDataset.from_generator(
+            windows,
+            gen_kwargs={"path": [p] * shards, "seed": [k * shards + j for j in range(shards)]},
+        )
         for k, p in enumerate(paths.values())
     ]
     mixed = datasets.interleave_datasets(
