@@ -476,7 +476,7 @@ class TokenLoader(EpochLoader):
             {**rest, "epoch": self._loader_epoch, "batches_done": steps_done // self._group}
         )
         self._next = (epoch, steps_done)
-        if self._mixture is not None:
+        if self._group == 1:
             # One step a batch: the Loader's position, moved to this world size on an
             # elastic resume, is the step to start at.
             moved = self._loader.state_dict()
