@@ -167,7 +167,8 @@ def rows_of(args, one, paths):
                 rows.append(row)
                 continue
             try:
-                row.update(timed(make(), args.device, args.warmup, args.steps, args.min_seconds))
+                n = args.hf_steps if name == "hf interleave" else args.steps
+                row.update(timed(make(), args.device, args.warmup, n, args.min_seconds))
             except Exception as e:  # a failure is a row, not the end of the run
                 row["error"] = f"{type(e).__name__}: {e}"
             rows.append(row)
@@ -225,6 +226,7 @@ def main():
     p.add_argument("--rounds", type=int, default=3, help="rounds of every loader, interleaved")
     p.add_argument("--hf", action="store_true", help="Hugging Face interleave_datasets too")
     p.add_argument("--workers", type=int, default=4, help="the DataLoader's, for --hf")
+    p.add_argument("--hf-steps", type=int, default=200, help="the least steps timed, for --hf")
     p.add_argument("--out", help="where to write the JSON results")
     args = p.parse_args()
     args.device = args.device or default_device()
