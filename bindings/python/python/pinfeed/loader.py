@@ -42,13 +42,8 @@ class Loader:
     ``framework="torch"``). ``raw=True`` gives the records' bytes as uint8 ``(records,
     record_bytes)``, the only way to stream structured dtypes to CUDA.
 
-    ``framework`` picks the kind of array instead: ``"torch"`` (tensors, on the host backend
-    too), ``"jax"`` (a ``jax.Array`` on the batch's device, through DLPack without a copy;
-    64-bit dtypes need ``jax_enable_x64``), ``"cupy"`` (a ``cupy.ndarray`` ordered on CuPy's
-    current stream; CUDA only) or ``"numpy"`` (host arrays; the host backend only). The
-    package of each is imported when the Loader is made; torch is never imported for jax,
-    cupy or numpy. Every kind keeps its batch's device memory until the array is freed
-    (docs/ARCHITECTURE.md, "Python and DLPack"). ``shuffle="gpu"`` delivers torch or numpy.
+    ``framework`` picks the array: ``"torch"``, ``"jax"``, ``"cupy"`` (CUDA) or ``"numpy"`` (host),
+    each holding its batch's memory until freed; ``shuffle="gpu"`` delivers torch or numpy.
 
     The first pass starts (and configuration errors surface) when the Loader is made; iterating
     again starts a new pass over ``epochs`` epochs. ``len(loader)`` is the number of batches a full
