@@ -59,6 +59,10 @@ def run(a):
             row.update(step_time(a, peer))
     except Skip as e:
         row["skipped"] = str(e)
+    except ModuleNotFoundError as e:
+        # The peer is not installed here; a changed API (a name gone from an installed package)
+        # raises ImportError, an error.
+        row["skipped"] = f"{e.name} does not import here ({e})"
     except Exception as e:
         row["error"] = f"{type(e).__name__}: {e}"
         row["traceback"] = traceback.format_exc(limit=-4)
