@@ -569,7 +569,7 @@ if want peers && ls $C/*.whl >/dev/null 2>&1; then
     esac
     PYTHONPATH=/tmp/site:/tmp/peers-site timeout 580 python3 bench/peers.py run --device cuda \
         --workloads "${PEERS_WORKLOADS:-tokens,images,records}" --records "$DATA" --images "$IMG/train" \
-        --out "$OUT/$(date +%F)-$GPU-peers-${PEERS_WORKLOADS:-all}.json" ${PEERS_ARGS:-} 2>&1 | grep -v '^{'
+        --out "$OUT/$(date +%F)-$GPU-peers-$(date +%H%M%S).json" ${PEERS_ARGS:-} 2>&1 | grep -v '^{'
 fi
 
 # issue 52 item 3: pinfeed's share of a launch-bound model's step.

@@ -82,11 +82,10 @@ def dataloader(a):
     from torchvision.datasets import ImageFolder
 
     _, classes = files(a.images)
-    ds = ImageFolder(a.images, transform=augment())
     return Peer(
         _loop(
             lambda: torch.utils.data.DataLoader(
-                ds,
+                ImageFolder(a.images, transform=augment()),
                 batch_size=a.batch,
                 shuffle=True,
                 num_workers=a.workers,
@@ -116,16 +115,21 @@ def webdataset_peer(a):
                     w.write({"__key__": f"{i:08d}", "jpg": f.read(), "cls": label})
         mark_converted(out)
     urls = sorted(os.path.join(out, f) for f in os.listdir(out) if f.endswith(".tar"))
-    ds = (
-        wds.WebDataset(urls, shardshuffle=len(urls), empty_check=False)
-        .shuffle(1000)
-        .decode("pil")
-        .to_tuple("jpg", "cls")
-        .map_tuple(augment(), int)
-        .batched(a.batch, partial=False)
-    )
+
+    def make():
+        return (
+            wds.WebDataset(urls, shardshuffle=len(urls), empty_check=False)
+            .shuffle(1000)
+            .decode("pil")
+            .to_tuple("jpg", "cls")
+            .map_tuple(augment(), int)
+            .batched(a.batch, partial=False)
+        )
+
     return Peer(
-        _loop(lambda: wds.WebLoader(ds, batch_size=None, num_workers=a.workers, pin_memory=True)),
+        _loop(
+            lambda: wds.WebLoader(make(), batch_size=None, num_workers=a.workers, pin_memory=True)
+        ),
         a.batch,
         checker(classes),
         _settings(a, shards=len(urls), per_shard=per_shard, shuffle_buffer=1000, decode="Pillow"),
@@ -167,11 +171,14 @@ def litdata_peer(a):
             verbose=False,
         )
         mark_converted(out)
-    ds = StreamingDataset(out, shuffle=True, drop_last=True, transform=_litdata_augment)
     return Peer(
         _loop(
             lambda: StreamingDataLoader(
-                ds, batch_size=a.batch, num_workers=a.workers, pin_memory=True, drop_last=True
+                StreamingDataset(out, shuffle=True, drop_last=True, transform=_litdata_augment),
+                batch_size=a.batch,
+                num_workers=a.workers,
+                pin_memory=True,
+                drop_last=True,
             )
         ),
         a.batch,
@@ -203,11 +210,14 @@ def mosaic_peer(a):
             s = super().__getitem__(i)
             return aug(s["image"]), s["label"]
 
-    ds = Images(local=out, batch_size=a.batch, shuffle=True, shuffle_seed=0)
     return Peer(
         _loop(
             lambda: torch.utils.data.DataLoader(
-                ds, batch_size=a.batch, num_workers=a.workers, pin_memory=True, drop_last=True
+                Images(local=out, batch_size=a.batch, shuffle=True, shuffle_seed=0),
+                batch_size=a.batch,
+                num_workers=a.workers,
+                pin_memory=True,
+                drop_last=True,
             )
         ),
         a.batch,
@@ -237,13 +247,13 @@ def _as_list(samples):
 
 
 def torchvision_gpu(a):
+    if not a.device.startswith("cuda"):
+        raise Skip("decode_jpeg(device='cuda') needs a CUDA device")
     import torch
     import torchvision
     from torchvision.io import ImageReadMode, decode_jpeg
     from torchvision.transforms import v2
 
-    if not a.device.startswith("cuda"):
-        raise Skip("decode_jpeg(device='cuda') needs a CUDA device")
     items, classes = files(a.images)
     crop = v2.Compose([v2.RandomResizedCrop(SIZE, antialias=True), v2.RandomHorizontalFlip()])
 

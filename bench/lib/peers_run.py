@@ -41,10 +41,13 @@ def rows_to_run(a):
     for workload in a.workloads.split(","):
         peers = {"tokens": TOKEN_PEERS, "images": IMAGE_PEERS, "records": RECORD_PEERS}[workload]
         if workload == "tokens":
-            configs = [["--batch", b, "--seq", t] for b, t in (s.split("x") for s in a.shapes)]
-            configs = [c + ["--order", "random"] for c in configs]
-            b, t = a.shapes[0].split("x")
-            configs.append(["--batch", b, "--seq", t, "--order", "documents"])
+            shapes = [s.split("x") for s in a.shapes]
+            configs = []
+            if "random" in a.orders:
+                configs += [["--batch", b, "--seq", t, "--order", "random"] for b, t in shapes]
+            if "documents" in a.orders:
+                b, t = shapes[0]
+                configs.append(["--batch", b, "--seq", t, "--order", "documents"])
         elif workload == "images":
             configs = [["--batch", str(a.image_batch)]]
         else:
@@ -155,6 +158,12 @@ def parser():
     p.add_argument("--peers", help="only these peers (comma-separated names)")
     p.add_argument("--tokens-gb", type=float, default=2.0)
     p.add_argument("--shapes", default="12x1024,64x4096", type=lambda s: s.split(","))
+    p.add_argument(
+        "--orders",
+        default="random,documents",
+        type=lambda s: s.split(","),
+        help="token windows at random (each shape) and in document order (the first shape)",
+    )
     p.add_argument("--corpus", help="the uint16 corpus (default DATA/tokens/train.bin)")
     p.add_argument("--records", help="the records .npy (default DATA/records.npy; made if absent)")
     p.add_argument("--record-count", type=int, default=1489700, help="4 GiB of 3x31x31 uint8")
