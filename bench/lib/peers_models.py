@@ -88,6 +88,10 @@ def step_time(a, peer):
 
     if not a.device.startswith("cuda"):
         return {"model": "skipped: the model runs on a CUDA device only"}
+    if a.workload == "tokens" and a.batch * a.seq > 16 * 1024:
+        # nanoGPT's logits are B x T x 50304: 26 GB in bf16 at 64 x 4096, and as much again in
+        # float32 for the loss; its training micro-batches are 12 x 1024.
+        return {"model": f"skipped: GPT steps at 12 x 1024, not {a.batch} x {a.seq}"}
     deliver = peer.deliver or to_device
     torch.manual_seed(0)
     model, loss = model_for(a, torch)
