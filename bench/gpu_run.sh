@@ -561,7 +561,7 @@ if want peers && ls $C/*.whl >/dev/null 2>&1; then
     else
         echo "no .device-carry/peer-wheels/: the peers that are not installed here give their reason"
     fi
-    make_data
+    case ",${PEERS_WORKLOADS:-tokens,images,records}," in *,records,*) make_data ;; esac
     IMG=/tmp/pinfeed-images
     case ",${PEERS_WORKLOADS:-tokens,images,records}," in *,images,*)
         [ -d "$IMG/train" ] || python3 bench/images.py make "$IMG" --count "${IMAGES_COUNT:-20000}" --classes 100 --no-tar 2>&1 | tail -2
