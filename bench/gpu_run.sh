@@ -5,10 +5,12 @@
 #
 #   bash bench/gpu_run.sh prepare              binaries, test binaries and the wheel -> .device-carry/
 #   bash bench/gpu_run.sh prepare-ab REV [NAME]  another revision's wheel -> .device-carry/NAME/ (old)
+#   bash bench/gpu_run.sh prepare-peers        the peers' wheels alone -> .device-carry/peer-wheels/
 #   bash bench/gpu_run.sh [SECTION...]         (default: tests rust torch python)
 #
 # GPU sections: tests rust torch python pytests ab tokens machine probe nvjpeg jax images
 #               weed s3fs store storetokens bigcached bigsweep bigcold legacysoak soakstart soakwait
+#               peers noisy
 # It checks correctness, times pinfeed beside the torch baselines and writes JSON and text under
 # $OUT for `python3 bench/records.py report`. bench/README.md lists what each section measures.
 #
@@ -21,6 +23,8 @@
 #        PROBE_EPOCHS (timed epochs a row of `probe`, default 5), PROBE_THREADS (reader counts
 #        of `probe`, 0 for the loader's own; default 0), PROBE_ROUNDS (default 1),
 #        STORE_ARGS (extra arguments of `records.py store`),
+#        PEERS_WORKLOADS (workloads of `peers`, default tokens,images,records: one a call fits
+#        ten minutes), PEERS_ARGS (extra arguments of `peers.py run`), NOISY_ARGS,
 #        PACK=1 (at the end, everything under $OUT into the one file $OUT/results.tgz, for a
 #        transport that brings back few files, an earlier results.tgz inside it; `tar -xzf
 #        results.tgz -C DIR` before the report)
@@ -69,7 +73,26 @@ prepare() (
     python3 -m pip download -q --only-binary=:all: --python-version 3.12 \
         --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 \
         --platform manylinux_2_28_x86_64 -d .device-carry-s3fs s3fs==2026.9.0
+    peer_wheels
     du -sh "$C"/* "$C"/tests/*
+)
+
+# The peers of `bench/peers.py` (issue 52) and what they import that the GPU machine's image lacks,
+# built for its Python (3.12), into .device-carry/peer-wheels/ (about 21 MB): carry that folder
+# and the pinfeed wheel. Not carried, and said so in the harness's rows: DALI (a 199 MB wheel)
+# and SPDL (spdl_io, 13 MB, loads FFmpeg's shared libraries, which the image does not hold).
+PEER_WHEELS="litdata==0.2.76 mosaicml-streaming==0.13.0 webdataset==1.0.2 torchdata==0.11.0
+    megatron-core==0.19.2 boto3==1.43.11 botocore==1.43.11 s3transfer==0.17.0 jmespath==1.1.0
+    braceexpand==0.1.7 brotli==1.2.1 python-snappy==0.7.3 cramjam==2.14.0 zstd==1.5.6.1
+    catalogue==2.0.10"
+peer_wheels() (
+    set -euo pipefail
+    rm -rf "$C/peer-wheels"
+    # shellcheck disable=SC2086
+    python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+        --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+        --platform manylinux2014_x86_64 -d "$C/peer-wheels" $PEER_WHEELS
+    du -sh "$C/peer-wheels"
 )
 
 # A test binary, built by `cargo test --no-run ARGS...` (which must pick one test target), into DEST.
@@ -110,6 +133,7 @@ prepare_ab() (
 
 case "${1:-}" in
     prepare) prepare; exit ;;
+    prepare-peers) peer_wheels; exit ;;
     prepare-ab) shift; prepare_ab "$@"; exit ;;
 esac
 
@@ -528,6 +552,36 @@ if want soakwait; then
     while pgrep -f "soak --ignored" > /dev/null; do sleep 5; done
     cp /tmp/pinfeed-soak.log "$OUT/soak.log"; tail -20 /tmp/pinfeed-soak.log
 fi
+# issue 52: every peer on its own ground, in turns, each in a process of its own; the peers'
+# wheels (prepare, or prepare-peers) installed into a folder of their own.
+if want peers && ls $C/*.whl >/dev/null 2>&1; then
+    echo "== Peers (${PEERS_WORKLOADS:-tokens,images,records}): LitData, Mosaic, WebDataset, Megatron, torchdata.nodes, DataLoader, nanoGPT, torchvision beside pinfeed"
+    install_wheel /tmp/site $C/*.whl
+    if ls $C/peer-wheels/*.whl >/dev/null 2>&1; then
+        install_wheel /tmp/peers-site $C/peer-wheels/*.whl 2>&1 | tail -3
+    else
+        echo "no .device-carry/peer-wheels/: the peers that are not installed here give their reason"
+    fi
+    case ",${PEERS_WORKLOADS:-tokens,images,records}," in *,records,*) make_data ;; esac
+    IMG=/tmp/pinfeed-images
+    case ",${PEERS_WORKLOADS:-tokens,images,records}," in *,images,*)
+        [ -d "$IMG/train" ] || python3 bench/images.py make "$IMG" --count "${IMAGES_COUNT:-20000}" --classes 100 --no-tar 2>&1 | tail -2
+        find "$IMG/train" -type f -exec cat {} + > /dev/null ;;
+    esac
+    PYTHONPATH=/tmp/site:/tmp/peers-site timeout 580 python3 bench/peers.py run --device cuda \
+        --workloads "${PEERS_WORKLOADS:-tokens,images,records}" --records "$DATA" --images "$IMG/train" \
+        --out "$OUT/$(date +%F)-$GPU-peers-$(date +%H%M%S).json" ${PEERS_ARGS:-} 2>&1 | grep -v '^{'
+fi
+
+# issue 52 item 3: pinfeed's share of a launch-bound model's step.
+if want noisy && ls $C/*.whl >/dev/null 2>&1; then
+    echo "== The noisy neighbour: a launch-bound model fed by pinfeed, and by a resident batch"
+    install_wheel /tmp/site $C/*.whl
+    make_data
+    PYTHONPATH=/tmp/site timeout 300 python3 bench/peers.py noisy --records "$DATA" \
+        --out "$OUT/$(date +%F)-$GPU-noisy.json" ${NOISY_ARGS:-}
+fi
+
 if [ -n "${PACK:-}" ]; then
     tar -C "$OUT" -czf /tmp/pinfeed-results.tgz . \
         && find "$OUT" -mindepth 1 -maxdepth 1 -exec rm -rf {} + \

@@ -147,7 +147,7 @@ def test_in_turns_keeps_the_rows_of_the_runs_that_finished(tmp_path, capsys):
     assert "round 1 failed: FAILED" in printed and "worker broke" in printed
 
 
-@pytest.mark.parametrize("workload", ["records.py", "tokens.py", "images.py"])
+@pytest.mark.parametrize("workload", ["records.py", "tokens.py", "images.py", "peers.py"])
 def test_a_workload_script_refuses_a_mode_it_has_not(workload, tmp_path):
     out = script(workload, "no-such-mode", cwd=tmp_path)
     assert out.returncode == 2

@@ -1,0 +1,122 @@
+"""bench/peers.py (issue 52) on the host backend at a small size: every peer that installs here
+(requirements-dev.txt pins them) gets through its rows, its batches checked against the source,
+so that a peer's changed API or a broken harness fails here rather than on the GPU machine. A
+peer is skipped only with its reason: not installed here, or a CUDA device needed. The figures
+are the GPU machine's to take; this test reads none of them."""
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+BENCH = Path(__file__).resolve().parents[3] / "bench"
+# The modules each peer needs; the rows of one that is not installed may be skipped, and say so.
+NEEDS = {
+    "litdata": "litdata",
+    "mosaic": "streaming",
+    "webdataset": "webdataset",
+    "torchdata": "torchdata",
+    "megatron": "megatron",
+    "spdl": "spdl",
+    "dali": "nvidia.dali",
+}
+# Skips whatever is installed: what the host backend cannot do, or the peer cannot, or what the
+# harness does not drive yet.
+ALWAYS = ("needs a CUDA device", "draws random windows only", "always shuffles", "no SPDL pipeline",
+          "no DALI pipeline")  # fmt: skip
+
+
+def installed(module):
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:  # its parent package is not there
+        return False
+
+
+def images(root, count=48):
+    """An ImageFolder of small JPEGs in three classes, a grayscale and a CMYK one among them."""
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for i in range(count):
+        folder = root / f"c{i % 3}"
+        folder.mkdir(parents=True, exist_ok=True)
+        h, w = rng.integers(160, 320, 2)
+        pixels = np.linspace(0, 255, w)[None, :, None] + rng.integers(0, 60, (h, w, 3))
+        image = Image.fromarray(pixels.clip(0, 255).astype(np.uint8))
+        image = image.convert({5: "L", 7: "CMYK"}.get(i % 12, "RGB"))
+        image.save(folder / f"{i:05d}.JPEG", quality=85)
+    return root
+
+
+def test_every_installed_peer_runs_its_rows_and_checks_them(tmp_path):
+    pytest.importorskip("torchvision")
+    out = tmp_path / "peers.json"
+    args = [
+        "--device", "cpu", "--data", str(tmp_path / "data"), "--tokens-gb", "0.004",
+        "--shapes", "4x256", "--record-count", "3000", "--record-batch", "64",
+        "--images", str(images(tmp_path / "images")), "--image-batch", "8",
+        "--workers", "2", "--batches", "2", "--warmup", "1", "--min-seconds", "0",
+        "--timeout", "300", "--out", str(out),
+    ]  # fmt: skip
+    run = subprocess.run(
+        [sys.executable, str(BENCH / "peers.py"), "run", *args],
+        capture_output=True, text=True, timeout=900, cwd=tmp_path, check=False,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    rows = json.loads(out.read_text())["rows"]
+    seen = {(r["workload"], r["peer"]) for r in rows}
+    for workload, peers in [
+        ("tokens", ["nanogpt", "megatron", "litdata", "mosaic", "pinfeed"]),
+        ("images", ["dataloader", "webdataset", "litdata", "mosaic", "torchvision-gpu",
+                    "spdl", "dali", "pinfeed", "pinfeed-gpu"]),
+        ("records", ["dataloader", "torchdata", "litdata", "mosaic", "pinfeed"]),
+    ]:  # fmt: skip
+        assert {(workload, p) for p in peers} <= seen
+    for r in rows:
+        name = f"{r['workload']} {r.get('order', '')} {r['peer']}"
+        assert "error" not in r, f"{name}: {r['error']}\n{r.get('traceback', '')}"
+        if "skipped" in r:
+            module = NEEDS.get(r["peer"])
+            missing = module is not None and not installed(module)
+            assert missing or any(why in r["skipped"] for why in ALWAYS), (
+                f"{name} skipped though it is installed: {r['skipped']}"
+            )
+            continue
+        assert r["checked_batches"] >= 2, name
+        assert r["samples_per_s"] > 0 and r["peak_rss_mib"] > 0 and r["first_batch_s"] > 0
+        assert r["version"] and r["settings"], name
+    # The table names every row.
+    assert run.stdout.count("\n") >= len(rows)
+
+
+def test_a_row_whose_batches_are_wrong_fails_its_check(tmp_path):
+    sys.path.insert(0, str(BENCH))
+    try:
+        from lib.peers_records import checker as record_checker
+        from lib.peers_tokens import checker as token_checker
+    finally:
+        sys.path.remove(str(BENCH))
+    corpus = tmp_path / "train.bin"
+    tokens = np.random.default_rng(0).integers(0, 50257, 20000, dtype=np.uint16)
+    tokens.tofile(corpus)
+    x = np.stack([tokens[100:164], tokens[164:228]]).astype(np.int64)
+    y = np.stack([tokens[101:165], tokens[165:229]]).astype(np.int64)
+    token_checker(str(corpus), "documents")((x, y))
+    with pytest.raises(AssertionError, match="not consecutive"):
+        token_checker(str(corpus), "documents")((x[::-1].copy(), y[::-1].copy()))
+    x[1, 5] ^= 1
+    with pytest.raises(AssertionError):
+        token_checker(str(corpus), "random")((x, y))
+    records = np.random.default_rng(1).integers(0, 256, (500, 3, 31, 31), dtype=np.uint8)
+    np.save(tmp_path / "records.npy", records)
+    check = record_checker(str(tmp_path / "records.npy"), str(tmp_path))
+    check(records[[7, 3, 400]].copy())
+    changed = records[[7, 3]].copy()
+    changed[1, 2, 30, 30] ^= 1
+    with pytest.raises(AssertionError, match="record 1"):
+        check(changed)
