@@ -18,7 +18,8 @@ import pytest
 import pinfeed
 from pinfeed import _deprecation
 
-PACKAGE = Path(pinfeed.__file__).parent
+# The sources in this checkout, not the installed copy (which has no bindings beside it).
+PACKAGE = Path(__file__).resolve().parents[1] / "python" / "pinfeed"
 BINDINGS = PACKAGE.parents[1] / "src"
 IMAGES = Path(__file__).resolve().parents[3] / "crates/source/tests/fixtures/images"
 
