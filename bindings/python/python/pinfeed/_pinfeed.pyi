@@ -272,6 +272,14 @@ def epoch_size(
 def combined_stats(
     streams: list[Stream | None],
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]: ...
+def open_table(
+    path: str | PathLike[str],
+    columns: list[str] | None = None,
+    *,
+    on_error: str = "raise",
+    reader: str = "auto",
+) -> Source: ...
+def natural_block(source: Source) -> int | None: ...
 def reshard_position(
     num_records: int,
     batch_size: int,

@@ -28,6 +28,7 @@ from ._arrays import (
 from ._frameworks import check_device, check_dtype, deliver, framework_arg
 from ._orders_ahead import OrdersAhead, live_orders, order_filler
 from ._resident import check_budget, gather, index_on_device, upload, upload_batch
+from ._tables import ColumnView, column_views, open_table, split, table_block  # [issue 50]
 from .errors import PinfeedError, PinfeedValueError, PinfeedWarning
 from .order import block_args, distributed_defaults, order_kind, shuffle_mode, u64_arg
 from .transforms import Normalize, ToFloat, make_caller
@@ -349,10 +350,24 @@ class Loader:
         cache_dir: Any = None,
         cache_limit: Any = None,
         queue_depth: Optional[int] = None,
+        columns: Optional[Sequence[str]] = None,
+        on_error: str = "raise",
     ) -> None:
         self._pid = os.getpid()
         store = _store_args(storage_options, cache_dir, cache_limit, queue_depth)
-        self._source = _open_source(source, dtype, shape, str(reader), tensor, store)
+        # [issue 50, tables] columns= opens a Parquet/Arrow/JSON-lines table as records of
+        # those columns (_tables.py); batches are then dicts, one array per column.
+        self._columns: Optional[list[ColumnView]] = None
+        if columns is not None:
+            if transform is not None or dtype is not None or shape is not None:
+                raise PinfeedValueError(
+                    "columns= reads a table's own types: transform, dtype and shape do not apply"
+                )
+            self._source = open_table(source, columns, str(on_error), str(reader))
+            self._columns = column_views(self._source.descr)
+            block_size = table_block(self._source, shuffle, block_size)
+        else:
+            self._source = _open_source(source, dtype, shape, str(reader), tensor, store)
         name = self._source.name
         #: ``"none"``, ``"random"``, ``"block"`` or ``"gpu"``.
         self.shuffle: str = shuffle_mode(shuffle)
@@ -377,7 +392,8 @@ class Loader:
         #: numpy dtype and per-record shape of the batches (before ``raw``).
         self.dtype: np.dtype = out_dtype
         self.record_shape: tuple[int, ...] = out_shape
-        self._export: Export = export_for(out_dtype, out_shape, self.raw)
+        # [issue 50, tables] a table's records travel as bytes and are split per column.
+        self._export: Export = export_for(out_dtype, out_shape, self.raw or bool(self._columns))
         # Every number, size and name is read and checked in Rust, once.
         self._options = _pinfeed.StreamOptions(
             self._source,
@@ -470,7 +486,7 @@ class Loader:
             )
         try:
             check_device(self.framework, self.device, name)
-            check_dtype(self.framework, np.uint8 if self.raw else out_dtype, name)
+            check_dtype(self.framework, np.uint8 if self.raw or self._columns else out_dtype, name)
             if self.resident and self.framework in ("jax", "cupy"):
                 raise PinfeedValueError(
                     f'{name}: shuffle="gpu" gathers its batches with torch (numpy on the host); '
@@ -928,6 +944,8 @@ class _Pass(Iterator[Any]):
                 loader._len = loader._pass_len(loader._next_start or (0, 0, 0))
             raise
         loader._received_batch(self._id, epoch, index)
+        if loader._columns is not None:  # [issue 50, tables]
+            return split(batch, loader._columns)
         return batch
 
     def __len__(self) -> int:

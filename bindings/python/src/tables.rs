@@ -1,0 +1,63 @@
+//! Tables (Parquet, Arrow IPC, JSON lines) opened as record sources of the columns asked for.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use pyo3::prelude::*;
+
+use crate::errors::{value_error, ToPy};
+use crate::loader::Source;
+
+/// Opens a Parquet file, an Arrow IPC file or stream, JSON lines (plain, gzip or zstd), or a
+/// directory or glob of them, as records of ``columns`` (all when None), in that order; each
+/// column at an offset aligned to its element size. ``on_error`` is ``"raise"`` or ``"skip"``
+/// (malformed JSON lines skipped and counted).
+#[pyfunction]
+#[pyo3(signature = (path, columns=None, *, on_error="raise", reader="auto"))]
+pub(crate) fn open_table(
+    py: Python<'_>,
+    path: PathBuf,
+    columns: Option<Vec<String>>,
+    on_error: &str,
+    reader: &str,
+) -> PyResult<Source> {
+    if path.to_str().is_some_and(pinfeed_store::is_url) {
+        return Err(value_error(
+            py,
+            "Table",
+            format!(
+                "{}: tables are read from local files only so far; copy them to local disk",
+                path.display()
+            ),
+        ));
+    }
+    let reader: pinfeed_source::Reader = reader
+        .parse()
+        .map_err(|e: pinfeed_source::UnknownReader| value_error(py, "Config", e.to_string()))?;
+    let mut format = pinfeed_source::FormatOptions::new();
+    if let Some(columns) = columns {
+        let list = serde_json::to_string(&columns).unwrap_or_default();
+        format.set(pinfeed_source::table::COLUMNS, list);
+    }
+    if on_error != "raise" {
+        format.set(pinfeed_source::table::ON_ERROR, on_error);
+    }
+    let read = pinfeed_source::ReadOptions {
+        reader: py.detach(|| reader.resolve(&path).0),
+        format,
+        ..Default::default()
+    };
+    let inner = py
+        .detach(|| pinfeed_source::open_with(&path, None, &read))
+        .py_err(py)?;
+    Ok(Source {
+        inner: Arc::from(inner),
+        gpu_images: None,
+    })
+}
+
+/// Records best read together for block shuffling (a Parquet row group's rows), or None.
+#[pyfunction]
+pub(crate) fn natural_block(source: &Source) -> Option<u64> {
+    source.inner.natural_block()
+}

@@ -1,0 +1,227 @@
+"""Tables as records (issue 50): Parquet and Arrow IPC files written by pyarrow, and JSON lines,
+read by ``Loader(source, columns=[...])`` into dicts of batches, one array per column."""
+
+import gzip
+import json
+
+import numpy as np
+import pytest
+
+import pinfeed
+
+pa = pytest.importorskip("pyarrow")
+pq = pytest.importorskip("pyarrow.parquet")
+
+ROWS = 50
+
+# Every column type records take: (name, arrow type, numpy dtype, row shape).
+TAKEN = [
+    ("id", pa.int64(), np.int64, ()),
+    ("i8", pa.int8(), np.int8, ()),
+    ("i16", pa.int16(), np.int16, ()),
+    ("i32", pa.int32(), np.int32, ()),
+    ("u8", pa.uint8(), np.uint8, ()),
+    ("u16", pa.uint16(), np.uint16, ()),
+    ("u32", pa.uint32(), np.uint32, ()),
+    ("u64", pa.uint64(), np.uint64, ()),
+    ("f16", pa.float16(), np.float16, ()),
+    ("f32", pa.float32(), np.float32, ()),
+    ("f64", pa.float64(), np.float64, ()),
+    ("flag", pa.bool_(), np.bool_, ()),
+    ("vec", pa.list_(pa.float32(), 3), np.float32, (3,)),
+    ("img", pa.list_(pa.list_(pa.uint8(), 2), 3), np.uint8, (3, 2)),
+]
+
+
+def column_values(rng, dtype, shape, rows):
+    size = (rows, *shape)
+    if dtype is np.bool_:
+        return rng.random(size) < 0.5
+    if np.issubdtype(dtype, np.integer):
+        info = np.iinfo(dtype)
+        return rng.integers(info.min, info.max, size=size, dtype=dtype, endpoint=True)
+    return rng.standard_normal(size).astype(dtype)
+
+
+def arrow_column(values, arrow_type):
+    if values.ndim == 1:
+        return pa.array(values, type=arrow_type)
+    flat = pa.array(values.reshape(-1), type=_leaf(arrow_type))
+    for n in reversed(values.shape[1:]):
+        flat = pa.FixedSizeListArray.from_arrays(flat, n)
+    return flat.cast(arrow_type)
+
+
+def _leaf(t):
+    while pa.types.is_fixed_size_list(t):
+        t = t.value_type
+    return t
+
+
+def make_table(rows=ROWS, seed=0):
+    rng = np.random.default_rng(seed)
+    arrays, expected = {}, {}
+    for name, arrow_type, dtype, shape in TAKEN:
+        values = np.arange(rows, dtype=np.int64) if name == "id" else column_values(rng, dtype, shape, rows)
+        arrays[name] = arrow_column(values, arrow_type)
+        expected[name] = values
+    arrays["text"] = pa.array([f"row {i}" for i in range(rows)])
+    arrays["ragged"] = pa.array([list(range(i % 4)) for i in range(rows)], type=pa.list_(pa.int32()))
+    return pa.table(arrays), expected
+
+
+def pyarrow_read(table, name, dtype, shape):
+    """pyarrow's own read of a column, as an array of the row shape."""
+    column = table.column(name).combine_chunks()
+    while pa.types.is_fixed_size_list(column.type):
+        column = column.flatten()
+    values = column.to_numpy(zero_copy_only=False)
+    return np.asarray(values, dtype=dtype).reshape((len(table), *shape))
+
+
+def read_all(loader):
+    batches = list(loader)
+    return {k: np.concatenate([b[k] for b in batches]) for k in batches[0]}
+
+
+NAMES = [name for name, *_ in TAKEN]
+
+
+def check_equal(got, table):
+    for name, _, dtype, shape in TAKEN:
+        want = pyarrow_read(table, name, dtype, shape)
+        assert got[name].dtype == np.dtype(dtype), name
+        assert got[name].shape == want.shape, name
+        np.testing.assert_array_equal(got[name], want, err_msg=name)
+
+
+@pytest.fixture
+def parquet_file(tmp_path):
+    table, _ = make_table()
+    path = tmp_path / "t.parquet"
+    pq.write_table(table, path, row_group_size=7, compression="snappy")
+    return path, table
+
+
+def test_parquet_columns_in_order_equal_pyarrows_read(parquet_file):
+    path, table = parquet_file
+    loader = pinfeed.Loader(path, 8, device="cpu", columns=NAMES)
+    assert loader.num_records == ROWS
+    batches = list(loader)
+    assert [len(b["id"]) for b in batches] == [8] * 6 + [2]
+    assert list(batches[0]) == NAMES
+    check_equal(read_all(pinfeed.Loader(path, 8, device="cpu", columns=NAMES)), table)
+
+
+@pytest.mark.parametrize("shuffle", [True, "block"])
+def test_parquet_shuffled_gives_every_row_once(parquet_file, shuffle):
+    path, table = parquet_file
+    got = read_all(pinfeed.Loader(path, 8, device="cpu", columns=NAMES, shuffle=shuffle, seed=5))
+    assert sorted(got["id"].tolist()) == list(range(ROWS))
+    assert got["id"].tolist() != list(range(ROWS))
+    order = np.argsort(got["id"])
+    check_equal({k: v[order] for k, v in got.items()}, table)
+
+
+def test_block_shuffle_blocks_are_row_groups(parquet_file):
+    path, _ = parquet_file
+    loader = pinfeed.Loader(path, 8, device="cpu", columns=["id"], shuffle="block")
+    assert loader.block_size == 7
+
+
+@pytest.mark.parametrize("codec", ["zstd", "gzip", "lz4", "none"])
+def test_parquet_codecs_and_a_directory_of_files(tmp_path, codec):
+    table, _ = make_table()
+    for i, part in enumerate([table.slice(0, 20), table.slice(20)]):
+        pq.write_table(part, tmp_path / f"part-{i}.parquet", row_group_size=9, compression=codec)
+    check_equal(read_all(pinfeed.Loader(tmp_path, 16, device="cpu", columns=NAMES)), table)
+    glob = read_all(pinfeed.Loader(tmp_path / "part-*.parquet", 16, device="cpu", columns=["id"]))
+    assert glob["id"].tolist() == list(range(ROWS))
+
+
+@pytest.mark.parametrize("kind", ["file", "stream"])
+def test_arrow_ipc_file_and_stream(tmp_path, kind):
+    table, _ = make_table()
+    path = tmp_path / "data-00000-of-00001.arrow"
+    new = pa.ipc.new_file if kind == "file" else pa.ipc.new_stream
+    with new(path, table.schema) as writer:
+        for batch in table.to_batches(max_chunksize=11):
+            writer.write_batch(batch)
+    check_equal(read_all(pinfeed.Loader(path, 8, device="cpu", columns=NAMES)), table)
+    got = read_all(pinfeed.Loader(path, 8, device="cpu", columns=["id"], shuffle=True))
+    assert sorted(got["id"].tolist()) == list(range(ROWS))
+
+
+@pytest.mark.parametrize(
+    "column, says",
+    [
+        ("text", 'column "text" is text'),
+        ("ragged", 'column "ragged" is a variable-size list'),
+        ("nope", 'no column "nope"; the columns are "id"'),
+    ],
+)
+def test_refused_columns_are_named(parquet_file, column, says):
+    path, _ = parquet_file
+    with pytest.raises(pinfeed.PinfeedValueError, match=str(path)) as e:
+        pinfeed.Loader(path, 8, device="cpu", columns=["id", column])
+    assert says in str(e.value)
+    assert "\n" not in str(e.value)
+
+
+def test_nulls_are_refused_naming_column_and_row_group(tmp_path):
+    path = tmp_path / "n.parquet"
+    values = [float(i) for i in range(20)]
+    values[15] = None
+    pq.write_table(pa.table({"x": values}), path, row_group_size=7)
+    with pytest.raises(pinfeed.PinfeedValueError) as e:
+        pinfeed.Loader(path, 4, device="cpu", columns=["x"])
+    assert f'{path}, row group 2: column "x" holds 1 nulls' in str(e.value)
+
+
+def test_corrupt_parquet_is_named(tmp_path, parquet_file):
+    path, _ = parquet_file
+    data = bytearray(path.read_bytes())
+    bad = tmp_path / "bad.parquet"
+    bad.write_bytes(bytes(data[:-12]) + b"\0\0\0\0\0\0\0\0PAR1")
+    with pytest.raises(pinfeed.PinfeedValueError, match="bad.parquet: not a readable Parquet file"):
+        pinfeed.Loader(bad, 4, device="cpu", columns=["id"])
+    # A page whose bytes are garbled: named with its row group when it is read.
+    meta = pq.ParquetFile(path).metadata
+    chunk = meta.row_group(1).column(0)
+    start = chunk.data_page_offset
+    data[start + 20 : start + 40] = b"\xff" * 20
+    bad.write_bytes(bytes(data))
+    with pytest.raises(pinfeed.PinfeedError, match="bad.parquet, row group 1"):
+        list(pinfeed.Loader(bad, 4, device="cpu", columns=["id"]))
+
+
+def test_json_lines_equal_json_loads(tmp_path):
+    rng = np.random.default_rng(1)
+    rows = [
+        {"id": i, "score": float(rng.standard_normal()), "emb": rng.integers(-5, 5, 4).tolist(), "ok": bool(i % 2)}
+        for i in range(30)
+    ]
+    text = "\n".join(json.dumps(r) for r in rows) + "\n"
+    plain = tmp_path / "a.jsonl"
+    plain.write_text(text)
+    packed = tmp_path / "b.jsonl.gz"
+    packed.write_bytes(gzip.compress(text.encode()))
+    for path in (plain, packed):
+        got = read_all(pinfeed.Loader(path, 7, device="cpu", columns=["emb", "id", "score", "ok"]))
+        want = [json.loads(line) for line in text.splitlines()]
+        assert got["id"].dtype == np.int64 and got["score"].dtype == np.float64
+        assert got["emb"].shape == (30, 4) and got["ok"].dtype == np.bool_
+        assert got["id"].tolist() == [w["id"] for w in want]
+        assert got["score"].tolist() == [w["score"] for w in want]
+        assert got["emb"].tolist() == [w["emb"] for w in want]
+        assert got["ok"].tolist() == [w["ok"] for w in want]
+
+
+def test_malformed_json_line_named_or_skipped(tmp_path):
+    path = tmp_path / "m.jsonl"
+    path.write_text('{"x": 1}\n{"x": 2\n{"x": 3}\n')
+    with pytest.raises(pinfeed.PinfeedValueError, match=r"m\.jsonl:2: malformed JSON"):
+        pinfeed.Loader(path, 2, device="cpu", columns=["x"])
+    loader = pinfeed.Loader(path, 2, device="cpu", columns=["x"], on_error="skip")
+    assert read_all(loader)["x"].tolist() == [1, 3]
+    assert "1 malformed lines skipped" in loader.stats()["reader_description"]

@@ -1,0 +1,184 @@
+//! Tables as records: Parquet files, Arrow IPC files and streams, and JSON lines, whose
+//! columns (the ones asked for, with the `columns` format option) become fixed-size records.
+//!
+//! A table is cut into chunks: a Parquet row group, an Arrow record batch, a JSON-lines file.
+//! A chunk's records are decoded whole, packed as [`columns`] lays them out, and kept in one
+//! cache for the process ([`cache`]), so that reading a range decodes each chunk once, while
+//! reading records in random order decodes a chunk for nearly every record once the chunks
+//! outgrow the cache (`shuffle="block"` with blocks of a row group reads each once an epoch).
+
+mod cache;
+pub mod columns;
+mod ipc;
+mod jsonl;
+mod parquet;
+
+use std::sync::Arc;
+
+use crate::formats::{Format, OpenFile};
+use crate::{check_request, Layout, Result, Source};
+pub use columns::Column;
+
+pub(crate) use ipc::Arrow;
+pub(crate) use jsonl::Jsonl;
+pub(crate) use parquet::Parquet;
+
+/// The format option naming the columns to read, as `a,b,c` or a JSON list of names.
+pub const COLUMNS: &str = "columns";
+/// The format option saying what a malformed JSON line does: `raise` (the default) or `skip`.
+pub const ON_ERROR: &str = "on_error";
+
+/// The columns asked for with [`COLUMNS`], in order; `None` for all of them.
+pub(crate) fn columns_option(open: &OpenFile<'_>) -> Result<Option<Vec<String>>> {
+    let Some(value) = open.options.format.get(COLUMNS) else {
+        return Ok(None);
+    };
+    let names: Vec<String> = if value.trim_start().starts_with('[') {
+        serde_json::from_str(value).map_err(|e| crate::SourceError::Options {
+            reason: format!("columns option {value:?}: expected a JSON list of names: {e}"),
+        })?
+    } else {
+        value.split(',').map(|s| s.trim().to_owned()).collect()
+    };
+    if names.is_empty() || names.iter().any(String::is_empty) {
+        return Err(crate::SourceError::Options {
+            reason: format!("columns option {value:?}: expected one or more column names"),
+        });
+    }
+    for (i, n) in names.iter().enumerate() {
+        if names[..i].contains(n) {
+            return Err(crate::SourceError::Options {
+                reason: format!("columns option {value:?}: column {n:?} is named twice"),
+            });
+        }
+    }
+    Ok(Some(names))
+}
+
+/// A table's chunks, decoded on demand.
+pub(crate) trait Chunks: Send + Sync + std::fmt::Debug {
+    /// Rows of each chunk.
+    fn rows(&self) -> &[u64];
+    /// Chunk `i`'s rows as records of `columns`, `record_bytes` each.
+    fn pack(&self, i: usize, columns: &[Column], record_bytes: usize) -> Result<Vec<u8>>;
+}
+
+/// Records of a table's columns, read chunk by chunk.
+#[derive(Debug)]
+pub struct TableSource {
+    name: String,
+    layout: Layout,
+    columns: Vec<Column>,
+    chunks: Box<dyn Chunks>,
+    /// `starts[k]` is the first record of the `k`-th non-empty chunk, whose index is
+    /// `index[k]`; `starts[last]` is the total.
+    starts: Vec<u64>,
+    index: Vec<usize>,
+    /// This table's key in the chunk cache.
+    id: u64,
+    /// What reading this table says for statistics (malformed lines skipped).
+    description: String,
+}
+
+impl TableSource {
+    pub(crate) fn new(
+        name: String,
+        layout: Layout,
+        columns: Vec<Column>,
+        chunks: Box<dyn Chunks>,
+        description: String,
+    ) -> Result<TableSource> {
+        let mut starts = vec![0u64];
+        let mut index = Vec::new();
+        for (i, &rows) in chunks.rows().iter().enumerate() {
+            if rows > 0 {
+                index.push(i);
+                starts.push(starts[starts.len() - 1] + rows);
+            }
+        }
+        if index.is_empty() {
+            return Err(crate::SourceError::Empty { name });
+        }
+        Ok(TableSource {
+            name,
+            layout,
+            columns,
+            chunks,
+            starts,
+            index,
+            id: cache::new_id(),
+            description,
+        })
+    }
+
+    /// The columns of each record, in order, with their offsets.
+    pub fn columns(&self) -> &[Column] {
+        &self.columns
+    }
+
+    /// Rows of each chunk (row group, record batch), empty ones included.
+    pub fn chunk_rows(&self) -> &[u64] {
+        self.chunks.rows()
+    }
+
+    fn chunk(&self, k: usize) -> Result<Arc<[u8]>> {
+        let i = self.index[k];
+        let record_bytes = self.layout.record_bytes();
+        cache::get(self.id, i, || {
+            self.chunks.pack(i, &self.columns, record_bytes)
+        })
+    }
+}
+
+impl Drop for TableSource {
+    fn drop(&mut self) {
+        cache::forget(self.id);
+    }
+}
+
+impl Source for TableSource {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn layout(&self) -> &Layout {
+        &self.layout
+    }
+
+    fn num_records(&self) -> u64 {
+        self.starts[self.starts.len() - 1]
+    }
+
+    fn read_records(&self, first: u64, dst: &mut [u8]) -> Result<()> {
+        let count = check_request(self, first, dst.len())?;
+        let record_bytes = self.layout.record_bytes();
+        let (mut record, end, mut done) = (first, first + count, 0usize);
+        while record < end {
+            let k = self.starts.partition_point(|&s| s <= record) - 1;
+            let chunk = self.chunk(k)?;
+            let from = (record - self.starts[k]) as usize;
+            let take = (end.min(self.starts[k + 1]) - record) as usize;
+            let bytes = take * record_bytes;
+            dst[done..done + bytes]
+                .copy_from_slice(&chunk[from * record_bytes..from * record_bytes + bytes]);
+            done += bytes;
+            record += take as u64;
+        }
+        Ok(())
+    }
+
+    fn reader_description(&self) -> String {
+        self.description.clone()
+    }
+
+    fn natural_block(&self) -> Option<u64> {
+        self.chunks.rows().iter().copied().max()
+    }
+}
+
+/// The formats of this module, for [`crate::formats::ALL`].
+pub(crate) static PARQUET: &dyn Format = &Parquet;
+/// Arrow IPC.
+pub(crate) static ARROW: &dyn Format = &Arrow;
+/// JSON lines.
+pub(crate) static JSONL: &dyn Format = &Jsonl;

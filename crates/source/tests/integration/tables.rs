@@ -1,0 +1,91 @@
+//! JSON-lines tables as records (Parquet and Arrow files, written by pyarrow, are tested from
+//! Python: bindings/python/tests/test_tables.py).
+
+use std::io::Write;
+
+use pinfeed_source::{open_with, FormatOptions, ReadOptions};
+
+fn options(pairs: &[(&str, &str)]) -> ReadOptions {
+    let mut format = FormatOptions::new();
+    for (k, v) in pairs {
+        format.set(*k, *v);
+    }
+    ReadOptions {
+        format,
+        ..Default::default()
+    }
+}
+
+const LINES: &str =
+    "{\"x\": 1, \"v\": [0.5, 1], \"ok\": true}\n\n{\"x\": -2, \"v\": [2, 3e0], \"ok\": false}\n";
+
+#[test]
+fn json_lines_become_aligned_records_plain_and_gzip() {
+    let dir = tempfile::tempdir().unwrap();
+    let plain = dir.path().join("a.jsonl");
+    std::fs::write(&plain, LINES).unwrap();
+    let gz = dir.path().join("a.jsonl.gz");
+    let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    enc.write_all(LINES.as_bytes()).unwrap();
+    std::fs::write(&gz, enc.finish().unwrap()).unwrap();
+    for path in [&plain, &gz] {
+        let s = open_with(path, None, &options(&[("columns", "ok,v,x")])).unwrap();
+        assert_eq!(s.num_records(), 2);
+        // ok: bool at 0; v: 2 x f8 at 8; x: i8 at 24; 32 bytes a record.
+        assert_eq!(
+            s.layout().dtype.descr,
+            "[('ok', '|b1'), ('', '|V7'), ('v', '<f8', (2,)), ('x', '<i8')]"
+        );
+        let mut dst = vec![0u8; 64];
+        s.read_records(0, &mut dst).unwrap();
+        assert_eq!(dst[0], 1);
+        assert_eq!(dst[32], 0);
+        let f = |at: usize| f64::from_le_bytes(dst[at..at + 8].try_into().unwrap());
+        let i = |at: usize| i64::from_le_bytes(dst[at..at + 8].try_into().unwrap());
+        assert_eq!((f(8), f(16), i(24)), (0.5, 1.0, 1));
+        assert_eq!((f(40), f(48), i(56)), (2.0, 3.0, -2));
+    }
+}
+
+#[test]
+fn malformed_lines_are_named_or_skipped_and_counted() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("b.jsonl");
+    std::fs::write(&path, "{\"x\": 1}\n{\"x\": 2,\n{\"x\": 3}\n").unwrap();
+    let e = open_with(&path, None, &options(&[("columns", "x")]))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("b.jsonl:2: malformed JSON"), "{e}");
+    let s = open_with(
+        &path,
+        None,
+        &options(&[("columns", "x"), ("on_error", "skip")]),
+    )
+    .unwrap();
+    assert_eq!(s.num_records(), 2);
+    assert!(s.reader_description().contains("1 malformed lines skipped"));
+    let e = open_with(
+        &path,
+        None,
+        &options(&[("columns", "y"), ("on_error", "skip")]),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("b.jsonl:1: no column \"y\""), "{e}");
+    std::fs::write(&path, "{\"x\": [1, 2]}\n{\"x\": [1]}\n").unwrap();
+    let e = open_with(&path, None, &options(&[]))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("b.jsonl:2: column \"x\" has shape [1]"), "{e}");
+}
+
+#[test]
+fn a_corrupt_parquet_footer_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("c.parquet");
+    std::fs::write(&path, b"PAR1 not really parquet PAR1").unwrap();
+    let e = open_with(&path, None, &options(&[]))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("c.parquet: not a readable Parquet file"), "{e}");
+}
