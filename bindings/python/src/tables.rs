@@ -61,3 +61,33 @@ pub(crate) fn open_table(
 pub(crate) fn natural_block(source: &Source) -> Option<u64> {
     source.inner.natural_block()
 }
+
+/// Opens the token column ``column`` (a list of integers per row, a document) of a Parquet file
+/// or Arrow IPC file or stream, or of a directory or glob of them, as one stream of tokens: the
+/// rows' lists concatenated in order, for ``open_tokens(opened=...)``.
+#[pyfunction]
+#[pyo3(signature = (path, column, *, dtype=None))]
+pub(crate) fn open_token_column(
+    py: Python<'_>,
+    path: PathBuf,
+    column: String,
+    dtype: Option<&str>,
+) -> PyResult<crate::tokens::TokenStream> {
+    let dtype = dtype
+        .map(pinfeed_source::tokens::TokenDType::parse)
+        .transpose()
+        .py_err(py)?;
+    let read = pinfeed_source::ReadOptions {
+        format: pinfeed_source::FormatOptions::new().with(pinfeed_source::table::TOKENS, column),
+        ..Default::default()
+    };
+    let stream = py
+        .detach(|| {
+            let source = pinfeed_source::open_with(&path, None, &read)?;
+            pinfeed_source::tokens::TokenStream::from_source(source, dtype)
+        })
+        .py_err(py)?;
+    Ok(crate::tokens::TokenStream {
+        inner: Arc::new(stream),
+    })
+}

@@ -62,11 +62,17 @@ def make_table(rows=ROWS, seed=0):
     rng = np.random.default_rng(seed)
     arrays, expected = {}, {}
     for name, arrow_type, dtype, shape in TAKEN:
-        values = np.arange(rows, dtype=np.int64) if name == "id" else column_values(rng, dtype, shape, rows)
+        values = (
+            np.arange(rows, dtype=np.int64)
+            if name == "id"
+            else column_values(rng, dtype, shape, rows)
+        )
         arrays[name] = arrow_column(values, arrow_type)
         expected[name] = values
     arrays["text"] = pa.array([f"row {i}" for i in range(rows)])
-    arrays["ragged"] = pa.array([list(range(i % 4)) for i in range(rows)], type=pa.list_(pa.int32()))
+    arrays["ragged"] = pa.array(
+        [list(range(i % 4)) for i in range(rows)], type=pa.list_(pa.int32())
+    )
     return pa.table(arrays), expected
 
 
@@ -198,7 +204,12 @@ def test_corrupt_parquet_is_named(tmp_path, parquet_file):
 def test_json_lines_equal_json_loads(tmp_path):
     rng = np.random.default_rng(1)
     rows = [
-        {"id": i, "score": float(rng.standard_normal()), "emb": rng.integers(-5, 5, 4).tolist(), "ok": bool(i % 2)}
+        {
+            "id": i,
+            "score": float(rng.standard_normal()),
+            "emb": rng.integers(-5, 5, 4).tolist(),
+            "ok": bool(i % 2),
+        }
         for i in range(30)
     ]
     text = "\n".join(json.dumps(r) for r in rows) + "\n"
@@ -225,3 +236,48 @@ def test_malformed_json_line_named_or_skipped(tmp_path):
     loader = pinfeed.Loader(path, 2, device="cpu", columns=["x"], on_error="skip")
     assert read_all(loader)["x"].tolist() == [1, 3]
     assert "1 malformed lines skipped" in loader.stats()["reader_description"]
+
+
+def token_docs(n=60, seed=2):
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, 50000, int(rng.integers(1, 40))).tolist() for _ in range(n)]
+
+
+@pytest.mark.parametrize("kind", ["parquet", "arrow"])
+def test_token_column_is_a_document_stream(tmp_path, kind):
+    docs = token_docs()
+    table = pa.table({"input_ids": pa.array(docs, type=pa.list_(pa.int32())), "n": list(range(60))})
+    if kind == "parquet":
+        path = tmp_path / "tok.parquet"
+        pq.write_table(table, path, row_group_size=13)
+    else:
+        path = tmp_path / "tok.arrow"
+        with pa.ipc.new_stream(path, table.schema) as w:
+            for b in table.to_batches(max_chunksize=17):
+                w.write_batch(b)
+    flat = np.concatenate([np.asarray(d, dtype=np.int64) for d in docs])
+    seq_len = 16
+    loader = pinfeed.TokenLoader(
+        path, seq_len, 3, column="input_ids", sample="sequential", device="cpu"
+    )
+    assert loader.num_tokens == len(flat)
+    windows = (len(flat) - 1) // seq_len
+    got = [np.asarray(x) for x, _ in loader]
+    xs = np.concatenate(got)
+    assert xs.shape == (windows, seq_len)
+    for w in range(windows):
+        np.testing.assert_array_equal(xs[w], flat[w * seq_len : (w + 1) * seq_len])
+    # Random windows: every window's tokens are a run of the concatenation.
+    rand = pinfeed.TokenLoader(path, seq_len, 4, column="input_ids", steps=5, device="cpu", seed=1)
+    for step, (x, _) in enumerate(rand):
+        for row, start in zip(np.asarray(x), rand.offsets(step, epoch=0)):
+            np.testing.assert_array_equal(row, flat[start : start + seq_len])
+
+
+def test_token_column_must_be_lists_of_integers(tmp_path):
+    path = tmp_path / "t.parquet"
+    pq.write_table(pa.table({"x": [1.0, 2.0], "s": [[1.5], [2.0]]}), path)
+    with pytest.raises(pinfeed.PinfeedValueError, match='column "x" has type Float64; a token'):
+        pinfeed.TokenLoader(path, 4, 1, column="x", device="cpu")
+    with pytest.raises(pinfeed.PinfeedValueError, match='column "s" holds lists of Float64'):
+        pinfeed.TokenLoader(path, 4, 1, column="s", device="cpu")

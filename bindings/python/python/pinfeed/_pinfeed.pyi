@@ -33,6 +33,9 @@ __all__ = [
     "epoch_order",
     "epoch_size",
     "image_decoder",
+    "natural_block",
+    "open_table",
+    "open_token_column",
     "open_tokens",
     "parse_dtype",
     "pinned_allocations",
@@ -280,6 +283,9 @@ def open_table(
     reader: str = "auto",
 ) -> Source: ...
 def natural_block(source: Source) -> int | None: ...
+def open_token_column(
+    path: str | PathLike[str], column: str, *, dtype: str | None = None
+) -> TokenStream: ...
 def reshard_position(
     num_records: int,
     batch_size: int,

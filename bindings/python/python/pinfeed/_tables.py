@@ -3,10 +3,9 @@ records as a dict of arrays, one per column (issue 50). The Rust core lays a rec
 column at an offset aligned to its element size); this module only names the columns and views
 each one's bytes of a raw batch in place."""
 
-from __future__ import annotations
-
 import os
-from typing import Any, NamedTuple, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any, NamedTuple, Optional
 
 import numpy as np
 

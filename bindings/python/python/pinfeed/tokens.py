@@ -119,12 +119,15 @@ class TokenLoader:
         cache_dir: Any = None,
         cache_limit: Any = None,
         queue_depth: Optional[int] = None,
+        column: Optional[str] = None,
     ) -> None:
         self.path = os.fsdecode(os.fspath(path))
         self._store = _store_args(storage_options, cache_dir, cache_limit, queue_depth)
         # Token data in object storage as first opened (listing and headers): later epochs'
         # windows are cut from it. None for local files, which are opened again each time.
         self._opened: Optional[_pinfeed.TokenStream] = None
+        if column is not None:  # [issue 50, tables] a Parquet/Arrow column of token lists
+            self._opened = _pinfeed.open_token_column(self.path, str(column), dtype=dtype)
         framework = framework_arg(framework)
         if int_dtype is None:
             # JAX without jax_enable_x64 has no int64 arrays.

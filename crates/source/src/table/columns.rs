@@ -27,6 +27,9 @@ pub struct Column {
     pub shape: Vec<u64>,
     /// Byte offset of the column in a record.
     pub offset: usize,
+    /// A token column: each row a variable-size list of integers (a document), and the
+    /// records its integers, the rows' lists concatenated.
+    pub tokens: bool,
 }
 
 impl Column {
@@ -111,6 +114,7 @@ pub(crate) fn layout_of(name: &str, fields: &[&Field]) -> Result<(Layout, Vec<Co
             itemsize,
             shape,
             offset,
+            tokens: false,
         };
         offset += column.bytes();
         columns.push(column);
@@ -120,6 +124,45 @@ pub(crate) fn layout_of(name: &str, fields: &[&Field]) -> Result<(Layout, Vec<Co
     let dtype = DType::from_descr_literal(&descr).map_err(|e| table_error(name, e.to_string()))?;
     let layout = Layout::new(dtype, Vec::new()).map_err(|e| table_error(name, e.to_string()))?;
     Ok((layout, columns))
+}
+
+/// The layout of a token column (`field`, a list of integers): records of one integer.
+pub(crate) fn token_layout(name: &str, field: &Field) -> Result<(Layout, Vec<Column>)> {
+    let inner = match field.data_type() {
+        DataType::List(inner) | DataType::LargeList(inner) => inner.data_type(),
+        t => {
+            return Err(table_error(
+                name,
+                format!(
+                    "column {:?} has type {t}; a token column is a list of integers per row                      (a document)",
+                    field.name()
+                ),
+            ))
+        }
+    };
+    let (typestr, itemsize) = primitive(inner)
+        .filter(|_| inner.is_integer())
+        .ok_or_else(|| {
+            table_error(
+                name,
+                format!(
+                    "column {:?} holds lists of {inner}; token ids are integers",
+                    field.name()
+                ),
+            )
+        })?;
+    let column = Column {
+        name: field.name().clone(),
+        typestr,
+        itemsize,
+        shape: Vec::new(),
+        offset: 0,
+        tokens: true,
+    };
+    let dtype = DType::from_descr_literal(&format!("'{typestr}'"))
+        .map_err(|e| table_error(name, e.to_string()))?;
+    let layout = Layout::new(dtype, Vec::new()).map_err(|e| table_error(name, e.to_string()))?;
+    Ok((layout, vec![column]))
 }
 
 /// The numpy descr of records of `columns` (with `''` padding fields where they are apart)
@@ -175,6 +218,15 @@ pub(crate) fn pack(
         let Some(array) = batch.column_by_name(&column.name) else {
             return Err(table_error(at, format!("no column {:?}", column.name)));
         };
+        if column.tokens {
+            // The one column of a token table: the rows' lists, back to back.
+            let tokens = token_values(array, column, at)?;
+            if let Values::Bytes(bytes) = flatten(&tokens, column, at)? {
+                out.truncate(start);
+                out.extend_from_slice(bytes);
+            }
+            return Ok(());
+        }
         let values = flatten(array, column, at)?;
         let width = column.bytes();
         match values {
@@ -214,6 +266,39 @@ pub(crate) fn check_nulls(batch: &RecordBatch, columns: &[Column], at: &str) -> 
         flatten(array, column, at)?;
     }
     Ok(())
+}
+
+/// The integers of a token column's lists, from the first row's start to the last row's end.
+fn token_values(array: &ArrayRef, column: &Column, at: &str) -> Result<ArrayRef> {
+    let (from, to, values) = match array.data_type() {
+        DataType::List(_) => {
+            let list = array.as_list::<i32>();
+            let o = list.value_offsets();
+            (o[0] as usize, o[o.len() - 1] as usize, list.values())
+        }
+        DataType::LargeList(_) => {
+            let list = array.as_list::<i64>();
+            let o = list.value_offsets();
+            (o[0] as usize, o[o.len() - 1] as usize, list.values())
+        }
+        t => {
+            return Err(table_error(
+                at,
+                format!("column {:?} changed type to {t} in this chunk", column.name),
+            ))
+        }
+    };
+    if array.null_count() > 0 {
+        return Err(table_error(
+            at,
+            format!(
+                "column {:?} holds {} null documents",
+                column.name,
+                array.null_count()
+            ),
+        ));
+    }
+    Ok(values.slice(from, to - from))
 }
 
 /// A column's element bytes, row after row.

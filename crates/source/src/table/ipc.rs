@@ -9,7 +9,7 @@ use arrow_array::RecordBatch;
 use arrow_ipc::reader::{FileReader, StreamReader};
 use arrow_schema::Schema;
 
-use super::columns::{layout_of, pack, table_error, Column};
+use super::columns::{layout_of, pack, table_error, token_layout, Column};
 use super::{columns_option, Chunks, TableSource};
 use crate::formats::{Format, OpenFile};
 use crate::{escape_path, Result, Source};
@@ -28,7 +28,7 @@ impl Format for Arrow {
     }
 
     fn option_keys(&self) -> &'static [&'static str] {
-        &[super::COLUMNS]
+        &[super::COLUMNS, super::TOKENS]
     }
 
     fn sniff(&self, head: &[u8]) -> bool {
@@ -81,13 +81,18 @@ fn open_ipc(open: &OpenFile<'_>) -> Result<TableSource> {
     let schema = reader(open, &name, is_file, None)?.schema();
     let indices = resolve(&name, &schema, wanted.as_deref())?;
     let fields: Vec<_> = indices.iter().map(|&i| schema.field(i)).collect();
-    let (layout, columns) = layout_of(&name, &fields)?;
+    let (layout, columns) = match open.options.format.get(super::TOKENS) {
+        Some(_) => token_layout(&name, fields[0])?,
+        None => layout_of(&name, &fields)?,
+    };
     let mut batches = Vec::new();
     for (i, batch) in reader(open, &name, is_file, Some(indices))?.enumerate() {
         let at = format!("{name}, record batch {i}");
         let batch = batch.map_err(|e| table_error(&at, format!("cannot decode: {e}")))?;
         // Nulls are refused now: the batches are in memory already.
-        super::columns::check_nulls(&batch, &columns, &at)?;
+        if !columns[0].tokens {
+            super::columns::check_nulls(&batch, &columns, &at)?;
+        }
         batches.push(batch);
     }
     let chunks = InMemory::new(name.clone(), batches);

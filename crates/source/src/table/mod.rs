@@ -28,8 +28,16 @@ pub const COLUMNS: &str = "columns";
 /// The format option saying what a malformed JSON line does: `raise` (the default) or `skip`.
 pub const ON_ERROR: &str = "on_error";
 
-/// The columns asked for with [`COLUMNS`], in order; `None` for all of them.
+/// The format option naming a token column: a list of integers per row (a document), read
+/// as one stream of tokens, the rows' lists concatenated in order.
+pub const TOKENS: &str = "tokens";
+
+/// The columns asked for with [`COLUMNS`], in order (or the token column of [`TOKENS`]);
+/// `None` for all of them.
 pub(crate) fn columns_option(open: &OpenFile<'_>) -> Result<Option<Vec<String>>> {
+    if let Some(column) = open.options.format.get(TOKENS) {
+        return Ok(Some(vec![column.to_owned()]));
+    }
     let Some(value) = open.options.format.get(COLUMNS) else {
         return Ok(None);
     };
@@ -63,6 +71,33 @@ pub(crate) trait Chunks: Send + Sync + std::fmt::Debug {
     fn pack(&self, i: usize, columns: &[Column], record_bytes: usize) -> Result<Vec<u8>>;
 }
 
+/// A token column's chunks, counted in tokens: each chunk decoded once at open to count them
+/// (Parquet's footer counts rows, not the integers of their lists).
+#[derive(Debug)]
+struct TokenChunks {
+    inner: Box<dyn Chunks>,
+    tokens: Vec<u64>,
+}
+
+impl TokenChunks {
+    fn count(inner: Box<dyn Chunks>, columns: &[Column], itemsize: usize) -> Result<TokenChunks> {
+        let tokens = (0..inner.rows().len())
+            .map(|i| Ok((inner.pack(i, columns, itemsize)?.len() / itemsize) as u64))
+            .collect::<Result<_>>()?;
+        Ok(TokenChunks { inner, tokens })
+    }
+}
+
+impl Chunks for TokenChunks {
+    fn rows(&self) -> &[u64] {
+        &self.tokens
+    }
+
+    fn pack(&self, i: usize, columns: &[Column], record_bytes: usize) -> Result<Vec<u8>> {
+        self.inner.pack(i, columns, record_bytes)
+    }
+}
+
 /// Records of a table's columns, read chunk by chunk.
 #[derive(Debug)]
 pub struct TableSource {
@@ -88,6 +123,10 @@ impl TableSource {
         chunks: Box<dyn Chunks>,
         description: String,
     ) -> Result<TableSource> {
+        let chunks: Box<dyn Chunks> = match columns.first() {
+            Some(c) if c.tokens => Box::new(TokenChunks::count(chunks, &columns, c.itemsize)?),
+            _ => chunks,
+        };
         let mut starts = vec![0u64];
         let mut index = Vec::new();
         for (i, &rows) in chunks.rows().iter().enumerate() {

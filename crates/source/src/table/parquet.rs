@@ -7,7 +7,7 @@ use parquet::arrow::arrow_reader::{
 };
 use parquet::arrow::ProjectionMask;
 
-use super::columns::{layout_of, pack, table_error, Column};
+use super::columns::{layout_of, pack, table_error, token_layout, Column};
 use super::{columns_option, Chunks, TableSource};
 use crate::formats::{Format, OpenFile};
 use crate::{escape_path, Result, Source};
@@ -26,7 +26,7 @@ impl Format for Parquet {
     }
 
     fn option_keys(&self) -> &'static [&'static str] {
-        &[super::COLUMNS]
+        &[super::COLUMNS, super::TOKENS]
     }
 
     fn sniff(&self, head: &[u8]) -> bool {
@@ -47,7 +47,10 @@ pub(crate) fn open_parquet(open: &OpenFile<'_>) -> Result<TableSource> {
     let wanted = columns_option(open)?;
     let indices = super::ipc::resolve(&name, &schema, wanted.as_deref())?;
     let fields: Vec<_> = indices.iter().map(|&i| schema.field(i)).collect();
-    let (layout, columns) = layout_of(&name, &fields)?;
+    let (layout, columns) = match open.options.format.get(super::TOKENS) {
+        Some(_) => token_layout(&name, fields[0])?,
+        None => layout_of(&name, &fields)?,
+    };
     let meta = metadata.metadata();
     // Nulls are refused at open where the writer kept counts (pyarrow does), else when the
     // row group is decoded.
@@ -58,7 +61,7 @@ pub(crate) fn open_parquet(open: &OpenFile<'_>) -> Result<TableSource> {
                 .statistics()
                 .and_then(|s| s.null_count_opt())
                 .unwrap_or(0);
-            if nulls > 0 && columns.iter().any(|c| &c.name == root) {
+            if nulls > 0 && columns.iter().any(|c| &c.name == root && !c.tokens) {
                 return Err(table_error(
                     &format!("{name}, row group {g}"),
                     format!(
@@ -134,7 +137,8 @@ impl Chunks for RowGroups {
             let batch = batch.map_err(|e| fail(&e))?;
             pack(&batch, columns, record_bytes, &at, &mut out)?;
         }
-        if out.len() != self.rows[i] as usize * record_bytes {
+        let tokens = columns.first().is_some_and(|c| c.tokens);
+        if !tokens && out.len() != self.rows[i] as usize * record_bytes {
             return Err(table_error(
                 &at,
                 format!(

@@ -89,3 +89,37 @@ fn a_corrupt_parquet_footer_is_named() {
         .to_string();
     assert!(e.contains("c.parquet: not a readable Parquet file"), "{e}");
 }
+
+#[test]
+fn a_token_column_is_its_lists_concatenated() {
+    use arrow_array::{types::Int32Type, ListArray, RecordBatch};
+    use std::sync::Arc;
+    let docs: Vec<Vec<i32>> = (0..40)
+        .map(|d| (0..(d % 7)).map(|t| d * 100 + t).collect())
+        .collect();
+    let list = ListArray::from_iter_primitive::<Int32Type, _, _>(
+        docs.iter().map(|d| Some(d.iter().map(|&t| Some(t)))),
+    );
+    let batch = RecordBatch::try_from_iter([("input_ids", Arc::new(list) as _)]).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tokens.arrow");
+    let file = std::fs::File::create(&path).unwrap();
+    let mut writer = arrow_ipc::writer::StreamWriter::try_new(file, &batch.schema()).unwrap();
+    writer.write(&batch.slice(0, 13)).unwrap();
+    writer.write(&batch.slice(13, 27)).unwrap();
+    writer.finish().unwrap();
+    let s = open_with(&path, None, &options(&[("tokens", "input_ids")])).unwrap();
+    let want: Vec<i32> = docs.concat();
+    assert_eq!(s.num_records(), want.len() as u64);
+    let mut dst = vec![0u8; 4 * want.len()];
+    s.read_records(0, &mut dst).unwrap();
+    let got: Vec<i32> = dst
+        .chunks_exact(4)
+        .map(|b| i32::from_le_bytes(b.try_into().unwrap()))
+        .collect();
+    assert_eq!(got, want);
+    let e = open_with(&path, None, &options(&[("columns", "input_ids")]))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("variable-size list"), "{e}");
+}
