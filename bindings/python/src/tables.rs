@@ -91,3 +91,47 @@ pub(crate) fn open_token_column(
         inner: Arc::new(stream),
     })
 }
+
+/// Opens the text column ``column`` of a Parquet file, an Arrow IPC file or stream, or JSON
+/// lines (or a directory or glob of them), tokenized on the reader threads with ``tokenizer``
+/// (a ``tokenizer.json``), ``bos`` before and ``eos`` after each document (tokens or ids), as
+/// one stream of uint32 tokens; returns it with the ids of ``bos`` and ``eos``.
+#[pyfunction]
+#[pyo3(signature = (path, column, tokenizer, *, bos=None, eos=None))]
+pub(crate) fn open_text_column(
+    py: Python<'_>,
+    path: PathBuf,
+    column: String,
+    tokenizer: String,
+    bos: Option<String>,
+    eos: Option<String>,
+) -> PyResult<(crate::tokens::TokenStream, Option<u32>, Option<u32>)> {
+    use pinfeed_source::table;
+    let text = py
+        .detach(|| table::Text::load(&tokenizer, bos.as_deref(), eos.as_deref()))
+        .py_err(py)?;
+    let mut format = pinfeed_source::FormatOptions::new()
+        .with(table::TEXT, column)
+        .with(table::TOKENIZER, tokenizer);
+    // The ids, so that every file's tokenizer resolves them alike.
+    if let Some(bos) = text.bos {
+        format.set(table::BOS, bos.to_string());
+    }
+    if let Some(eos) = text.eos {
+        format.set(table::EOS, eos.to_string());
+    }
+    let read = pinfeed_source::ReadOptions {
+        format,
+        ..Default::default()
+    };
+    let stream = py
+        .detach(|| {
+            let source = pinfeed_source::open_with(&path, None, &read)?;
+            pinfeed_source::tokens::TokenStream::from_source(source, None)
+        })
+        .py_err(py)?;
+    let stream = crate::tokens::TokenStream {
+        inner: Arc::new(stream),
+    };
+    Ok((stream, text.bos, text.eos))
+}

@@ -281,3 +281,100 @@ def test_token_column_must_be_lists_of_integers(tmp_path):
         pinfeed.TokenLoader(path, 4, 1, column="x", device="cpu")
     with pytest.raises(pinfeed.PinfeedValueError, match='column "s" holds lists of Float64'):
         pinfeed.TokenLoader(path, 4, 1, column="s", device="cpu")
+
+
+WORDS = "the a cat dog sat on mat über naïve café 東京 data loader token window pinned".split()
+
+
+def make_texts(n=70, seed=3):
+    rng = np.random.default_rng(seed)
+    return [" ".join(rng.choice(WORDS, int(rng.integers(1, 25)))) for _ in range(n)]
+
+
+@pytest.fixture(scope="module")
+def trained_tokenizer(tmp_path_factory):
+    """A byte-level BPE trained here by the Python tokenizers package, saved as JSON."""
+    tk = pytest.importorskip("tokenizers")
+    tok = tk.Tokenizer(tk.models.BPE())
+    tok.pre_tokenizer = tk.pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = tk.decoders.ByteLevel()
+    trainer = tk.trainers.BpeTrainer(
+        vocab_size=400,
+        special_tokens=["<|endoftext|>"],
+        initial_alphabet=tk.pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tok.train_from_iterator(make_texts(200, seed=9), trainer)
+    path = tmp_path_factory.mktemp("tok") / "tokenizer.json"
+    tok.save(str(path))
+    return tok, path
+
+
+def text_loader(path, tokenizer, **kw):
+    args = dict(column="text", tokenizer=tokenizer, eos_token="<|endoftext|>", device="cpu")
+    return pinfeed.TokenLoader(path, 16, 3, **{**args, **kw})
+
+
+@pytest.mark.parametrize("kind", ["parquet", "jsonl"])
+def test_text_windows_equal_encode_batch_with_eos(tmp_path, trained_tokenizer, kind):
+    tok, tok_path = trained_tokenizer
+    texts = make_texts()
+    if kind == "parquet":
+        path = tmp_path / "text.parquet"
+        pq.write_table(
+            pa.table({"text": texts, "n": list(range(len(texts)))}), path, row_group_size=9
+        )
+    else:
+        path = tmp_path / "text.jsonl"
+        path.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    eos = tok.token_to_id("<|endoftext|>")
+    flat = np.concatenate([e.ids + [eos] for e in tok.encode_batch(texts)]).astype(np.int64)
+    loader = text_loader(path, tok_path, sample="sequential")
+    assert loader.num_tokens == len(flat)
+    steps = list(loader)
+    x = np.concatenate([s[0] for s in steps])
+    y = np.concatenate([s[1] for s in steps])
+    windows = (len(flat) - 1) // 16
+    assert x.shape == (windows, 16)
+    for w in range(windows):
+        np.testing.assert_array_equal(x[w], flat[w * 16 : w * 16 + 16])
+        np.testing.assert_array_equal(y[w], flat[w * 16 + 1 : w * 16 + 17])
+    for x, _, seg, pos, cu in steps:
+        for row in range(x.shape[0]):
+            # A new document after each eos: segment ids count them, positions restart.
+            after_eos = np.concatenate([[False], x[row, :-1] == eos])
+            np.testing.assert_array_equal(np.diff(seg[row]), after_eos[1:].astype(np.int32))
+            assert seg[row, 0] == 0
+            starts = np.flatnonzero(np.concatenate([[True], after_eos[1:]]))
+            want_pos = np.arange(16) - starts[np.searchsorted(starts, np.arange(16), "right") - 1]
+            np.testing.assert_array_equal(pos[row], want_pos)
+        flat_pos = pos.reshape(-1)
+        np.testing.assert_array_equal(cu, np.append(np.flatnonzero(flat_pos == 0), flat_pos.size))
+        assert cu.dtype == np.int32
+
+
+def test_text_resume_is_exact(tmp_path, trained_tokenizer):
+    _, tok_path = trained_tokenizer
+    path = tmp_path / "text.parquet"
+    pq.write_table(pa.table({"text": make_texts(120)}), path, row_group_size=10)
+    whole = [s[0] for s in text_loader(path, tok_path, sample="sequential", shuffle=True, seed=4)]
+    first = text_loader(path, tok_path, sample="sequential", shuffle=True, seed=4)
+    it = iter(first)
+    for _ in range(5):
+        next(it)
+    state = first.state_dict()
+    resumed = text_loader(path, tok_path, sample="sequential", shuffle=True, seed=4)
+    resumed.load_state_dict(state)
+    rest = [s[0] for s in resumed]
+    assert len(rest) == len(whole) - 5
+    for a, b in zip(rest, whole[5:]):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_a_tokenizer_that_does_not_load_is_named(tmp_path, parquet_file):
+    path, _ = parquet_file
+    bad = tmp_path / "tokenizer.json"
+    bad.write_text('{"model": 3}')
+    with pytest.raises(pinfeed.PinfeedValueError) as e:
+        pinfeed.TokenLoader(path, 8, 1, column="text", tokenizer=bad, device="cpu")
+    assert f"{bad}: cannot load the tokenizer" in str(e.value)
+    assert "\n" not in str(e.value)

@@ -35,6 +35,7 @@ __all__ = [
     "image_decoder",
     "natural_block",
     "open_table",
+    "open_text_column",
     "open_token_column",
     "open_tokens",
     "parse_dtype",
@@ -283,6 +284,14 @@ def open_table(
     reader: str = "auto",
 ) -> Source: ...
 def natural_block(source: Source) -> int | None: ...
+def open_text_column(
+    path: str | PathLike[str],
+    column: str,
+    tokenizer: str,
+    *,
+    bos: str | None = None,
+    eos: str | None = None,
+) -> tuple[TokenStream, int | None, int | None]: ...
 def open_token_column(
     path: str | PathLike[str], column: str, *, dtype: str | None = None
 ) -> TokenStream: ...

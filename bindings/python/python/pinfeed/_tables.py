@@ -83,3 +83,60 @@ def split(batch: Any, views: Sequence[ColumnView]) -> dict[str, Any]:
     raise PinfeedValueError(
         f"columns= delivers torch tensors or numpy arrays so far, not {type(batch).__name__}"
     )
+
+
+def open_text(
+    path: str, column: str, tokenizer: Any, bos: Any, eos: Any, dtype: Optional[str]
+) -> tuple["_pinfeed.TokenStream", tuple[Optional[int], Optional[int]]]:
+    """The text ``column`` of a table tokenized with ``tokenizer`` (a ``tokenizer.json``) as a
+    token stream, and the ids of ``bos`` and ``eos`` (tokens or ids; None when not given)."""
+    if dtype is not None:
+        raise PinfeedValueError(
+            f"{path}: a tokenized text column is uint32 tokens; leave the token dtype out"
+        )
+    special = [None if t is None else str(t) for t in (bos, eos)]
+    stream, bos_id, eos_id = _pinfeed.open_text_column(
+        path, str(column), os.fspath(tokenizer), bos=special[0], eos=special[1]
+    )
+    return stream, (bos_id, eos_id)
+
+
+def packing(xy: tuple[Any, Any], bos: Optional[int], eos: Optional[int]) -> tuple[Any, ...]:
+    """``(x, y, segment_ids, position_ids, cu_seqlens)`` of a step of packed documents: a
+    document starts at each window's start, at ``bos`` and after ``eos``; ``segment_ids`` are
+    each input token's document ordinal in its window, ``position_ids`` restart at 0 at each
+    document, and ``cu_seqlens`` (int32) are the documents' boundaries in the flattened batch,
+    as variable-length attention kernels take them."""
+    x, y = xy
+    if isinstance(x, np.ndarray):
+        xp, accumulate = np, lambda a: np.maximum.accumulate(a, axis=1)
+    elif type(x).__module__.split(".")[0] == "torch":
+        import torch as xp
+
+        def accumulate(a: Any) -> Any:
+            return xp.cummax(a, dim=1).values
+    else:
+        raise PinfeedValueError("text columns deliver torch tensors or numpy arrays so far")
+    rows, length = int(x.shape[0]), int(x.shape[1])
+    if xp is np:
+        starts = np.zeros(x.shape, dtype=bool)
+    else:
+        starts = xp.zeros(x.shape, dtype=xp.bool, device=x.device)
+    if bos is not None:
+        starts |= x == bos
+    if eos is not None:
+        starts[:, 1:] |= x[:, :-1] == eos
+    starts[:, 0] = True
+    segment_ids = (
+        (starts.cumsum(1) - 1).astype(np.int32) if xp is np else (starts.cumsum(1) - 1).int()
+    )
+    index = np.arange(length) if xp is np else xp.arange(length, device=x.device)
+    first = accumulate(xp.where(starts, index, 0))
+    position_ids = index - first
+    flat = starts.reshape(-1)
+    if xp is np:
+        cu = np.append(np.flatnonzero(flat), rows * length).astype(np.int32)
+    else:
+        end = xp.tensor([rows * length], device=x.device)
+        cu = xp.cat([xp.nonzero(flat).reshape(-1), end]).int()
+    return x, y, segment_ids, position_ids, cu

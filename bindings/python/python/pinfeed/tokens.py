@@ -17,6 +17,7 @@ import numpy as np
 from . import _pinfeed
 from ._arrays import torch_module
 from ._frameworks import check_dtype, framework_arg, module
+from ._tables import open_text, packing  # [issue 50]
 from .errors import PinfeedValueError
 from .loader import Loader, _store_args
 from .order import distributed_defaults
@@ -120,13 +121,23 @@ class TokenLoader:
         cache_limit: Any = None,
         queue_depth: Optional[int] = None,
         column: Optional[str] = None,
+        tokenizer: Any = None,
+        eos_token: Any = None,
+        bos_token: Any = None,
     ) -> None:
         self.path = os.fsdecode(os.fspath(path))
         self._store = _store_args(storage_options, cache_dir, cache_limit, queue_depth)
         # Token data in object storage as first opened (listing and headers): later epochs'
         # windows are cut from it. None for local files, which are opened again each time.
         self._opened: Optional[_pinfeed.TokenStream] = None
-        if column is not None:  # [issue 50, tables] a Parquet/Arrow column of token lists
+        # [issue 50, tables] a table's column of token lists, or of text tokenized on the
+        # reader threads; with text, steps also carry segment/position ids and cu_seqlens.
+        self._text: Optional[tuple[Optional[int], Optional[int]]] = None
+        if column is not None and tokenizer is not None:
+            self._opened, self._text = open_text(
+                self.path, column, tokenizer, bos_token, eos_token, dtype
+            )
+        elif column is not None:
             self._opened = _pinfeed.open_token_column(self.path, str(column), dtype=dtype)
         framework = framework_arg(framework)
         if int_dtype is None:
@@ -253,6 +264,8 @@ class TokenLoader:
         batches_done, skip = divmod(start[1], self._group)
         loader.load_state_dict({**state, "epoch": start[0], "batches_done": batches_done})
         self._steps_done = start[1]
+        if self._text is not None:  # [issue 50, tables]
+            return (packing(xy, *self._text) for xy in self._batches(iter(loader), skip))
         return self._batches(iter(loader), skip)
 
     def _batches(self, batches: Iterator[Any], skip: int) -> Iterator[tuple[Any, ...]]:

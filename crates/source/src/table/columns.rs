@@ -14,7 +14,7 @@ use crate::dtype::DType;
 use crate::{Layout, Result, SourceError};
 
 /// One column of a record: where its bytes are and what they are.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug)]
 pub struct Column {
     /// The column's name in the file.
     pub name: String,
@@ -30,6 +30,8 @@ pub struct Column {
     /// A token column: each row a variable-size list of integers (a document), and the
     /// records its integers, the rows' lists concatenated.
     pub tokens: bool,
+    /// A text column: each row a document, tokenized with this.
+    pub(crate) text: Option<std::sync::Arc<super::text::Text>>,
 }
 
 impl Column {
@@ -115,6 +117,7 @@ pub(crate) fn layout_of(name: &str, fields: &[&Field]) -> Result<(Layout, Vec<Co
             shape,
             offset,
             tokens: false,
+            text: None,
         };
         offset += column.bytes();
         columns.push(column);
@@ -158,9 +161,40 @@ pub(crate) fn token_layout(name: &str, field: &Field) -> Result<(Layout, Vec<Col
         shape: Vec::new(),
         offset: 0,
         tokens: true,
+        text: None,
     };
     let dtype = DType::from_descr_literal(&format!("'{typestr}'"))
         .map_err(|e| table_error(name, e.to_string()))?;
+    let layout = Layout::new(dtype, Vec::new()).map_err(|e| table_error(name, e.to_string()))?;
+    Ok((layout, vec![column]))
+}
+
+/// The layout of a text column (`field`) tokenized by `text`: records of one uint32 token.
+pub(crate) fn text_layout(
+    name: &str,
+    field: &Field,
+    text: std::sync::Arc<super::text::Text>,
+) -> Result<(Layout, Vec<Column>)> {
+    if !super::text::Text::takes(field.data_type()) {
+        return Err(table_error(
+            name,
+            format!(
+                "column {:?} has type {}; a tokenizer reads a text column",
+                field.name(),
+                field.data_type()
+            ),
+        ));
+    }
+    let column = Column {
+        name: field.name().clone(),
+        typestr: "<u4",
+        itemsize: 4,
+        shape: Vec::new(),
+        offset: 0,
+        tokens: true,
+        text: Some(text),
+    };
+    let dtype = DType::from_descr_literal("'<u4'").map_err(|e| table_error(name, e.to_string()))?;
     let layout = Layout::new(dtype, Vec::new()).map_err(|e| table_error(name, e.to_string()))?;
     Ok((layout, vec![column]))
 }
@@ -218,6 +252,10 @@ pub(crate) fn pack(
         let Some(array) = batch.column_by_name(&column.name) else {
             return Err(table_error(at, format!("no column {:?}", column.name)));
         };
+        if let Some(text) = &column.text {
+            out.truncate(start);
+            return text.encode_into(array, &column.name, at, out);
+        }
         if column.tokens {
             // The one column of a token table: the rows' lists, back to back.
             let tokens = token_values(array, column, at)?;

@@ -9,7 +9,7 @@ use arrow_array::RecordBatch;
 use arrow_ipc::reader::{FileReader, StreamReader};
 use arrow_schema::Schema;
 
-use super::columns::{layout_of, pack, table_error, token_layout, Column};
+use super::columns::{pack, table_error, Column};
 use super::{columns_option, Chunks, TableSource};
 use crate::formats::{Format, OpenFile};
 use crate::{escape_path, Result, Source};
@@ -28,7 +28,7 @@ impl Format for Arrow {
     }
 
     fn option_keys(&self) -> &'static [&'static str] {
-        &[super::COLUMNS, super::TOKENS]
+        super::OPTION_KEYS
     }
 
     fn sniff(&self, head: &[u8]) -> bool {
@@ -81,10 +81,7 @@ fn open_ipc(open: &OpenFile<'_>) -> Result<TableSource> {
     let schema = reader(open, &name, is_file, None)?.schema();
     let indices = resolve(&name, &schema, wanted.as_deref())?;
     let fields: Vec<_> = indices.iter().map(|&i| schema.field(i)).collect();
-    let (layout, columns) = match open.options.format.get(super::TOKENS) {
-        Some(_) => token_layout(&name, fields[0])?,
-        None => layout_of(&name, &fields)?,
-    };
+    let (layout, columns) = super::layout_for(open, &name, &fields)?;
     let mut batches = Vec::new();
     for (i, batch) in reader(open, &name, is_file, Some(indices))?.enumerate() {
         let at = format!("{name}, record batch {i}");

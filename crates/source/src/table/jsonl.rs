@@ -7,12 +7,12 @@ use std::io::Read;
 use std::sync::Arc;
 
 use arrow_array::{
-    ArrayRef, BooleanArray, FixedSizeListArray, Float64Array, Int64Array, RecordBatch,
+    ArrayRef, BooleanArray, FixedSizeListArray, Float64Array, Int64Array, RecordBatch, StringArray,
 };
 use arrow_schema::{DataType, Field, Schema};
 use serde_json::Value;
 
-use super::columns::{layout_of, table_error};
+use super::columns::table_error;
 use super::ipc::InMemory;
 use super::{columns_option, TableSource, ON_ERROR};
 use crate::formats::{Format, OpenFile};
@@ -40,7 +40,14 @@ impl Format for Jsonl {
     }
 
     fn option_keys(&self) -> &'static [&'static str] {
-        &[super::COLUMNS, ON_ERROR]
+        &[
+            super::COLUMNS,
+            ON_ERROR,
+            super::TEXT,
+            super::TOKENIZER,
+            super::BOS,
+            super::EOS,
+        ]
     }
 
     fn open(&self, open: OpenFile<'_>) -> Result<Box<dyn Source>> {
@@ -65,13 +72,17 @@ impl Format for Jsonl {
         };
         let mut fields = Vec::with_capacity(wanted.len());
         let mut arrays = Vec::with_capacity(wanted.len());
+        let text = open.options.format.get(super::TEXT).is_some();
         for column in &wanted {
-            let (field, array) = column_array(&lines.rows, column, &name)?;
+            let (field, array) = match text {
+                true => text_array(&lines.rows, column, &name)?,
+                false => column_array(&lines.rows, column, &name)?,
+            };
             fields.push(field);
             arrays.push(array);
         }
         let field_refs: Vec<&Field> = fields.iter().collect();
-        let (layout, columns) = layout_of(&name, &field_refs)?;
+        let (layout, columns) = super::layout_for(&open, &name, &field_refs)?;
         let schema = Arc::new(Schema::new(fields.clone()));
         let batch =
             RecordBatch::try_new(schema, arrays).map_err(|e| table_error(&name, e.to_string()))?;
@@ -247,4 +258,32 @@ fn column_array(
     let field = Field::new(column, array.data_type().clone(), false);
     let _: &DataType = field.data_type();
     Ok((field, array))
+}
+
+/// Column `column` of every row as text (each row a document to tokenize).
+fn text_array(
+    rows: &[(usize, serde_json::Map<String, Value>)],
+    column: &str,
+    name: &str,
+) -> Result<(Field, ArrayRef)> {
+    let mut texts = Vec::with_capacity(rows.len());
+    for (line, row) in rows {
+        match row.get(column) {
+            Some(Value::String(t)) => texts.push(t.as_str()),
+            Some(other) => {
+                return Err(table_error(
+                    &format!("{name}:{line}"),
+                    format!("column {column:?} holds {}, not text", kind(other)),
+                ))
+            }
+            None => {
+                return Err(table_error(
+                    &format!("{name}:{line}"),
+                    format!("no column {column:?} in this line"),
+                ))
+            }
+        }
+    }
+    let array: ArrayRef = Arc::new(StringArray::from(texts));
+    Ok((Field::new(column, DataType::Utf8, false), array))
 }

@@ -12,12 +12,14 @@ pub mod columns;
 mod ipc;
 mod jsonl;
 mod parquet;
+mod text;
 
 use std::sync::Arc;
 
 use crate::formats::{Format, OpenFile};
 use crate::{check_request, Layout, Result, Source};
 pub use columns::Column;
+pub use text::Text;
 
 pub(crate) use ipc::Arrow;
 pub(crate) use jsonl::Jsonl;
@@ -32,10 +34,28 @@ pub const ON_ERROR: &str = "on_error";
 /// as one stream of tokens, the rows' lists concatenated in order.
 pub const TOKENS: &str = "tokens";
 
-/// The columns asked for with [`COLUMNS`], in order (or the token column of [`TOKENS`]);
-/// `None` for all of them.
+/// The format option naming a text column to tokenize, with [`TOKENIZER`] (a
+/// `tokenizer.json`) and the optional [`BOS`] and [`EOS`] tokens put around each document.
+pub const TEXT: &str = "text";
+/// The format option naming the `tokenizer.json` of a [`TEXT`] column.
+pub const TOKENIZER: &str = "tokenizer";
+/// The token put before each document of a [`TEXT`] column (a token or an id).
+pub const BOS: &str = "bos";
+/// The token put after each document of a [`TEXT`] column (a token or an id).
+pub const EOS: &str = "eos";
+
+/// The format options every table format reads.
+pub(crate) const OPTION_KEYS: &[&str] = &[COLUMNS, TOKENS, TEXT, TOKENIZER, BOS, EOS];
+
+/// The columns asked for with [`COLUMNS`], in order (or the token column of [`TOKENS`], the
+/// text column of [`TEXT`]); `None` for all of them.
 pub(crate) fn columns_option(open: &OpenFile<'_>) -> Result<Option<Vec<String>>> {
-    if let Some(column) = open.options.format.get(TOKENS) {
+    if let Some(column) = open
+        .options
+        .format
+        .get(TOKENS)
+        .or(open.options.format.get(TEXT))
+    {
         return Ok(Some(vec![column.to_owned()]));
     }
     let Some(value) = open.options.format.get(COLUMNS) else {
@@ -63,6 +83,29 @@ pub(crate) fn columns_option(open: &OpenFile<'_>) -> Result<Option<Vec<String>>>
     Ok(Some(names))
 }
 
+/// The layout of records of `fields` as the format options ask: columns as records, a token
+/// column, or a text column tokenized.
+pub(crate) fn layout_for(
+    open: &OpenFile<'_>,
+    name: &str,
+    fields: &[&arrow_schema::Field],
+) -> Result<(Layout, Vec<Column>)> {
+    let format = &open.options.format;
+    if format.get(TEXT).is_some() {
+        let Some(tokenizer) = format.get(TOKENIZER) else {
+            return Err(crate::SourceError::Options {
+                reason: format!("{name}: a text column needs a tokenizer (a tokenizer.json)"),
+            });
+        };
+        let text = Text::load(tokenizer, format.get(BOS), format.get(EOS))?;
+        return columns::text_layout(name, fields[0], Arc::new(text));
+    }
+    if format.get(TOKENS).is_some() {
+        return columns::token_layout(name, fields[0]);
+    }
+    columns::layout_of(name, fields)
+}
+
 /// A table's chunks, decoded on demand.
 pub(crate) trait Chunks: Send + Sync + std::fmt::Debug {
     /// Rows of each chunk.
@@ -80,9 +123,41 @@ struct TokenChunks {
 }
 
 impl TokenChunks {
-    fn count(inner: Box<dyn Chunks>, columns: &[Column], itemsize: usize) -> Result<TokenChunks> {
-        let tokens = (0..inner.rows().len())
-            .map(|i| Ok((inner.pack(i, columns, itemsize)?.len() / itemsize) as u64))
+    /// Counts the tokens of every chunk, on as many threads as there are cores; the chunks go
+    /// into the cache under `id` (for text, so that the first reads do not tokenize again).
+    fn count(
+        inner: Box<dyn Chunks>,
+        columns: &[Column],
+        itemsize: usize,
+        id: u64,
+    ) -> Result<TokenChunks> {
+        let n = inner.rows().len();
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        let counts: Vec<std::sync::Mutex<Option<Result<u64>>>> =
+            (0..n).map(|_| Default::default()).collect();
+        let threads = std::thread::available_parallelism()
+            .map_or(1, |p| p.get())
+            .min(n.max(1));
+        std::thread::scope(|scope| {
+            for _ in 0..threads {
+                scope.spawn(|| loop {
+                    let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    if i >= n {
+                        break;
+                    }
+                    let got = cache::get(id, i, || inner.pack(i, columns, itemsize))
+                        .map(|c| (c.len() / itemsize) as u64);
+                    *counts[i].lock().unwrap_or_else(|e| e.into_inner()) = Some(got);
+                });
+            }
+        });
+        let tokens = counts
+            .into_iter()
+            .map(|c| {
+                c.into_inner()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .unwrap_or(Ok(0))
+            })
             .collect::<Result<_>>()?;
         Ok(TokenChunks { inner, tokens })
     }
@@ -123,8 +198,9 @@ impl TableSource {
         chunks: Box<dyn Chunks>,
         description: String,
     ) -> Result<TableSource> {
+        let id = cache::new_id();
         let chunks: Box<dyn Chunks> = match columns.first() {
-            Some(c) if c.tokens => Box::new(TokenChunks::count(chunks, &columns, c.itemsize)?),
+            Some(c) if c.tokens => Box::new(TokenChunks::count(chunks, &columns, c.itemsize, id)?),
             _ => chunks,
         };
         let mut starts = vec![0u64];
@@ -145,7 +221,7 @@ impl TableSource {
             chunks,
             starts,
             index,
-            id: cache::new_id(),
+            id,
             description,
         })
     }

@@ -7,7 +7,7 @@ use parquet::arrow::arrow_reader::{
 };
 use parquet::arrow::ProjectionMask;
 
-use super::columns::{layout_of, pack, table_error, token_layout, Column};
+use super::columns::{pack, table_error, Column};
 use super::{columns_option, Chunks, TableSource};
 use crate::formats::{Format, OpenFile};
 use crate::{escape_path, Result, Source};
@@ -26,7 +26,7 @@ impl Format for Parquet {
     }
 
     fn option_keys(&self) -> &'static [&'static str] {
-        &[super::COLUMNS, super::TOKENS]
+        super::OPTION_KEYS
     }
 
     fn sniff(&self, head: &[u8]) -> bool {
@@ -47,10 +47,7 @@ pub(crate) fn open_parquet(open: &OpenFile<'_>) -> Result<TableSource> {
     let wanted = columns_option(open)?;
     let indices = super::ipc::resolve(&name, &schema, wanted.as_deref())?;
     let fields: Vec<_> = indices.iter().map(|&i| schema.field(i)).collect();
-    let (layout, columns) = match open.options.format.get(super::TOKENS) {
-        Some(_) => token_layout(&name, fields[0])?,
-        None => layout_of(&name, &fields)?,
-    };
+    let (layout, columns) = super::layout_for(open, &name, &fields)?;
     let meta = metadata.metadata();
     // Nulls are refused at open where the writer kept counts (pyarrow does), else when the
     // row group is decoded.
