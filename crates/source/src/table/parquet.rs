@@ -6,6 +6,7 @@ use parquet::arrow::arrow_reader::{
     ArrowReaderMetadata, ArrowReaderOptions, ParquetRecordBatchReaderBuilder,
 };
 use parquet::arrow::ProjectionMask;
+use parquet::file::reader::{ChunkReader, Length};
 
 use super::columns::{pack, table_error, Column};
 use super::{columns_option, Chunks, TableSource};
@@ -41,7 +42,12 @@ impl Format for Parquet {
 /// Opens a Parquet file's columns (all when none are asked for) as records.
 pub(crate) fn open_parquet(open: &OpenFile<'_>) -> Result<TableSource> {
     let name = escape_path(open.path);
-    let metadata = ArrowReaderMetadata::load(&open.file, ArrowReaderOptions::new())
+    let file = open
+        .file
+        .try_clone()
+        .map_err(|e| table_error(&name, format!("cannot reopen: {e}")))?;
+    let file = PreadFile(std::sync::Arc::new(file));
+    let metadata = ArrowReaderMetadata::load(&file, ArrowReaderOptions::new())
         .map_err(|e| table_error(&name, format!("not a readable Parquet file: {e}")))?;
     let schema = metadata.schema().clone();
     let wanted = columns_option(open)?;
@@ -75,10 +81,6 @@ pub(crate) fn open_parquet(open: &OpenFile<'_>) -> Result<TableSource> {
         .map(|g| g.num_rows().max(0) as u64)
         .collect();
     let mask = ProjectionMask::roots(metadata.parquet_schema(), indices.iter().copied());
-    let file = open
-        .file
-        .try_clone()
-        .map_err(|e| table_error(&name, format!("cannot reopen: {e}")))?;
     let chunks = RowGroups {
         name: name.clone(),
         file,
@@ -98,7 +100,7 @@ pub(crate) fn open_parquet(open: &OpenFile<'_>) -> Result<TableSource> {
 /// A Parquet file's row groups.
 struct RowGroups {
     name: String,
-    file: File,
+    file: PreadFile,
     metadata: ArrowReaderMetadata,
     mask: ProjectionMask,
     rows: Vec<u64>,
@@ -121,14 +123,15 @@ impl Chunks for RowGroups {
     fn pack(&self, i: usize, columns: &[Column], record_bytes: usize) -> Result<Vec<u8>> {
         let at = format!("{}, row group {i}", self.name);
         let fail = |e: &dyn std::fmt::Display| table_error(&at, format!("cannot decode: {e}"));
-        let file = self.file.try_clone().map_err(|e| fail(&e))?;
-        let reader =
-            ParquetRecordBatchReaderBuilder::new_with_metadata(file, self.metadata.clone())
-                .with_projection(self.mask.clone())
-                .with_row_groups(vec![i])
-                .with_batch_size(self.rows[i].clamp(1, 1 << 20) as usize)
-                .build()
-                .map_err(|e| fail(&e))?;
+        let reader = ParquetRecordBatchReaderBuilder::new_with_metadata(
+            self.file.clone(),
+            self.metadata.clone(),
+        )
+        .with_projection(self.mask.clone())
+        .with_row_groups(vec![i])
+        .with_batch_size(self.rows[i].clamp(1, 1 << 20) as usize)
+        .build()
+        .map_err(|e| fail(&e))?;
         let mut out = Vec::with_capacity(self.rows[i] as usize * record_bytes);
         for batch in reader {
             let batch = batch.map_err(|e| fail(&e))?;
@@ -146,5 +149,48 @@ impl Chunks for RowGroups {
             ));
         }
         Ok(out)
+    }
+}
+
+/// The file read with positioned reads: a `File` as parquet's `ChunkReader` seeks one offset
+/// shared by every clone, which reader threads decoding row groups at once would race on.
+#[derive(Clone, Debug)]
+struct PreadFile(std::sync::Arc<File>);
+
+/// A reader from an offset of a [`PreadFile`], by positioned reads.
+struct PreadAt {
+    file: std::sync::Arc<File>,
+    at: u64,
+}
+
+impl std::io::Read for PreadAt {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = std::os::unix::fs::FileExt::read_at(&*self.file, buf, self.at)?;
+        self.at += n as u64;
+        Ok(n)
+    }
+}
+
+impl Length for PreadFile {
+    fn len(&self) -> u64 {
+        self.0.metadata().map(|m| m.len()).unwrap_or(0)
+    }
+}
+
+impl ChunkReader for PreadFile {
+    type T = PreadAt;
+
+    fn get_read(&self, start: u64) -> parquet::errors::Result<PreadAt> {
+        Ok(PreadAt {
+            file: self.0.clone(),
+            at: start,
+        })
+    }
+
+    fn get_bytes(&self, start: u64, length: usize) -> parquet::errors::Result<bytes::Bytes> {
+        let mut buf = vec![0u8; length];
+        std::os::unix::fs::FileExt::read_exact_at(&*self.0, &mut buf, start)
+            .map_err(|e| parquet::errors::ParquetError::External(Box::new(e)))?;
+        Ok(buf.into())
     }
 }

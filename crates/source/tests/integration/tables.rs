@@ -123,3 +123,85 @@ fn a_token_column_is_its_lists_concatenated() {
         .to_string();
     assert!(e.contains("variable-size list"), "{e}");
 }
+
+#[test]
+fn text_is_tokenized_with_eos_after_each_document() {
+    use tokenizers::models::wordlevel::WordLevel;
+    use tokenizers::pre_tokenizers::whitespace::Whitespace;
+    let dir = tempfile::tempdir().unwrap();
+    let vocab = [("[UNK]", 0), ("[EOS]", 1), ("a", 2), ("b", 3), ("c", 4)]
+        .into_iter()
+        .map(|(t, i)| (t.to_owned(), i))
+        .collect();
+    let model = WordLevel::builder()
+        .vocab(vocab)
+        .unk_token("[UNK]".into())
+        .build()
+        .unwrap();
+    let mut tokenizer = tokenizers::Tokenizer::new(model);
+    tokenizer.with_pre_tokenizer(Some(Whitespace {}));
+    let tok_path = dir.path().join("tokenizer.json");
+    tokenizer.save(&tok_path, false).unwrap();
+    let path = dir.path().join("t.jsonl");
+    std::fs::write(&path, "{\"text\": \"a b\"}\n{\"text\": \"c z a\"}\n").unwrap();
+    let tok = tok_path.to_str().unwrap();
+    let opts = options(&[("text", "text"), ("tokenizer", tok), ("eos", "[EOS]")]);
+    let s = open_with(&path, None, &opts).unwrap();
+    let mut dst = vec![0u8; 4 * 7];
+    s.read_records(0, &mut dst).unwrap();
+    let got: Vec<u32> = dst
+        .chunks_exact(4)
+        .map(|b| u32::from_le_bytes(b.try_into().unwrap()))
+        .collect();
+    assert_eq!(got, [2, 3, 1, 4, 0, 2, 1]);
+    std::fs::write(&tok_path, "{\"model\": 3}").unwrap();
+    let e = open_with(&path, None, &opts).unwrap_err().to_string();
+    assert!(
+        e.contains("tokenizer.json: cannot load the tokenizer"),
+        "{e}"
+    );
+    assert!(!e.contains('\n'), "{e}");
+}
+
+#[test]
+fn parquet_row_groups_decode_on_many_threads_at_once() {
+    use arrow_array::{Int64Array, RecordBatch};
+    use parquet::arrow::ArrowWriter;
+    use parquet::file::properties::WriterProperties;
+    use std::sync::Arc;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("many.parquet");
+    let rows = 64 * 100;
+    let batch =
+        RecordBatch::try_from_iter([("x", Arc::new(Int64Array::from_iter_values(0..rows)) as _)])
+            .unwrap();
+    let props = WriterProperties::builder()
+        .set_max_row_group_row_count(Some(100))
+        .build();
+    let mut w = ArrowWriter::try_new(
+        std::fs::File::create(&path).unwrap(),
+        batch.schema(),
+        Some(props),
+    )
+    .unwrap();
+    w.write(&batch).unwrap();
+    w.close().unwrap();
+    let s = open_with(&path, None, &options(&[("columns", "x")])).unwrap();
+    assert_eq!(s.natural_block(), Some(100));
+    // Each thread reads every row group, starting at its own, so decodes overlap; a shared
+    // file offset (File's ChunkReader) made them read each other's pages.
+    std::thread::scope(|scope| {
+        for t in 0..8u64 {
+            let s = &s;
+            scope.spawn(move || {
+                for g in 0..64u64 {
+                    let g = (g + t * 8) % 64;
+                    let mut dst = vec![0u8; 800];
+                    s.read_records(g * 100, &mut dst).unwrap();
+                    let first = i64::from_le_bytes(dst[..8].try_into().unwrap());
+                    assert_eq!(first, (g * 100) as i64);
+                }
+            });
+        }
+    });
+}
