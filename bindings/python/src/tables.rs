@@ -103,22 +103,40 @@ pub(crate) fn open_text_column(
     path: PathBuf,
     column: String,
     tokenizer: String,
-    bos: Option<String>,
-    eos: Option<String>,
+    bos: Option<Bound<'_, PyAny>>,
+    eos: Option<Bound<'_, PyAny>>,
 ) -> PyResult<(crate::tokens::TokenStream, Option<u32>, Option<u32>)> {
     use pinfeed_source::table;
+    let plain = py
+        .detach(|| table::Text::load(&tokenizer, None, None))
+        .py_err(py)?;
+    // An int is an id, a str a token; the files are told the token, which every file's
+    // tokenizer resolves alike (an id written as digits could also be a token: "0").
+    let as_token = |which: &str, given: Option<Bound<'_, PyAny>>| -> PyResult<Option<String>> {
+        let Some(given) = given else { return Ok(None) };
+        if let Ok(id) = given.extract::<u32>() {
+            return plain.token(id).map(Some).ok_or_else(|| {
+                value_error(
+                    py,
+                    "Table",
+                    format!("{tokenizer}: {which} {id} is not an id of the tokenizer"),
+                )
+            });
+        }
+        Ok(Some(given.str()?.to_string()))
+    };
+    let (bos, eos) = (as_token("bos_token", bos)?, as_token("eos_token", eos)?);
     let text = py
         .detach(|| table::Text::load(&tokenizer, bos.as_deref(), eos.as_deref()))
         .py_err(py)?;
     let mut format = pinfeed_source::FormatOptions::new()
         .with(table::TEXT, column)
         .with(table::TOKENIZER, tokenizer);
-    // The ids, so that every file's tokenizer resolves them alike.
-    if let Some(bos) = text.bos {
-        format.set(table::BOS, bos.to_string());
+    if let Some(bos) = bos {
+        format.set(table::BOS, bos);
     }
-    if let Some(eos) = text.eos {
-        format.set(table::EOS, eos.to_string());
+    if let Some(eos) = eos {
+        format.set(table::EOS, eos);
     }
     let read = pinfeed_source::ReadOptions {
         format,

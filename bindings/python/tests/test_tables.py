@@ -328,7 +328,9 @@ def test_text_windows_equal_encode_batch_with_eos(tmp_path, trained_tokenizer, k
         path.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
     eos = tok.token_to_id("<|endoftext|>")
     flat = np.concatenate([e.ids + [eos] for e in tok.encode_batch(texts)]).astype(np.int64)
-    loader = text_loader(path, tok_path, sample="sequential")
+    # The end-of-text token by name, or (JSON lines) by its id.
+    special = "<|endoftext|>" if kind == "parquet" else eos
+    loader = text_loader(path, tok_path, sample="sequential", eos_token=special)
     assert loader.num_tokens == len(flat)
     steps = list(loader)
     x = np.concatenate([s[0] for s in steps])

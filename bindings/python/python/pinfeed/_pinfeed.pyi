@@ -289,8 +289,8 @@ def open_text_column(
     column: str,
     tokenizer: str,
     *,
-    bos: str | None = None,
-    eos: str | None = None,
+    bos: str | int | None = None,
+    eos: str | int | None = None,
 ) -> tuple[TokenStream, int | None, int | None]: ...
 def open_token_column(
     path: str | PathLike[str], column: str, *, dtype: str | None = None

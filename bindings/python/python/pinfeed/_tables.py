@@ -94,9 +94,8 @@ def open_text(
         raise PinfeedValueError(
             f"{path}: a tokenized text column is uint32 tokens; leave the token dtype out"
         )
-    special = [None if t is None else str(t) for t in (bos, eos)]
     stream, bos_id, eos_id = _pinfeed.open_text_column(
-        path, str(column), os.fspath(tokenizer), bos=special[0], eos=special[1]
+        path, str(column), os.fspath(tokenizer), bos=bos, eos=eos
     )
     return stream, (bos_id, eos_id)
 

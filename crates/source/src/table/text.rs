@@ -33,8 +33,8 @@ impl std::fmt::Debug for Text {
 }
 
 impl Text {
-    /// Loads `path` (a `tokenizer.json`); `bos` and `eos` are token ids or tokens of its
-    /// vocabulary (`<|endoftext|>`).
+    /// Loads `path` (a `tokenizer.json`); `bos` and `eos` are tokens of its vocabulary
+    /// (`<|endoftext|>`), or, when no token is so written, ids.
     pub fn load(path: &str, bos: Option<&str>, eos: Option<&str>) -> Result<Text> {
         let tokenizer = Tokenizer::from_file(path).map_err(|e| {
             table_error(
@@ -65,6 +65,11 @@ impl Text {
             path: path.to_owned(),
             tokenizer,
         })
+    }
+
+    /// The token of id `id`, if the vocabulary has it.
+    pub fn token(&self, id: u32) -> Option<String> {
+        self.tokenizer.id_to_token(id)
     }
 
     /// Whether `t` is a text type this reads.
