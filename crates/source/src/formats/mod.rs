@@ -201,11 +201,12 @@ pub(crate) fn is_shard_name(path: &Path) -> bool {
         .any(|f| f.extensions().iter().any(|e| has_extension(path, e)))
 }
 
-/// "the directory holds no .npy, .safetensors or ... files", for shard discovery.
+/// "the directory holds no .npy, .safetensors or ... files", for shard discovery: each
+/// format's first extension.
 pub(crate) fn shard_extensions() -> String {
     let exts: Vec<String> = ALL
         .iter()
-        .flat_map(|f| f.extensions().iter().map(|e| format!(".{e}")))
+        .filter_map(|f| f.extensions().first().map(|e| format!(".{e}")))
         .collect();
     match exts.split_last() {
         Some((last, [])) => last.clone(),
