@@ -252,6 +252,16 @@ class Loader:
     ``shuffle="random"`` works but fetches records one small range at a time: slow over a
     network; ``"block"`` reads large ranges.
 
+    ``source`` may also be a table: a Parquet file, an Arrow IPC file or stream (the ``datasets``
+    cache), JSON lines (plain, ``.gz`` or ``.zst``), or a directory or glob of them. With
+    ``columns=["x", "y"]`` each row is a record of those columns and every batch is a dict of
+    arrays, one per column (numeric columns and fixed-size lists of numbers; text, variable-size
+    lists and nulls are refused when opening, naming the column and row group; a malformed JSON
+    line too, unless ``on_error="skip"``, which skips and counts it). Parquet is decoded a row
+    group at a time, so ``shuffle="block"`` takes a row group as its block by default and decodes
+    each once an epoch, while ``"random"`` decodes a row group for nearly every record once the
+    row groups touched outgrow the 1 GiB cache of decoded ones.
+
     ``transform`` is run by the reader threads on each batch: ``transforms.ToFloat()``,
     ``transforms.Normalize(mean, std)`` (Rust, no GIL), or a Python callable ``f(raw, out)`` whose
     output dtype and per-record shape are ``transform_dtype``/``transform_shape`` (or the

@@ -92,6 +92,17 @@ class TokenLoader:
     ``"documents"`` is refused for a URL (its ``.bin`` reads as a raw token object).
     ``stats()["network"]`` counts the current pass's fetches.
 
+    ``path`` may also be a table (Parquet, Arrow IPC or JSON lines, or a directory or glob of
+    them) with ``column``: a column of integer lists (``"input_ids"``) is read as one stream,
+    the rows' lists concatenated in order; a text column with ``tokenizer`` (a
+    ``tokenizer.json``) is tokenized on the reader threads (as the Python ``tokenizers``
+    package's ``encode`` does, ``bos_token`` before and ``eos_token`` after each document; a
+    str is a token, an int an id) into uint32 tokens, and each step is ``(x, y, segment_ids,
+    position_ids, cu_seqlens)``: a document starts at a window's start, at ``bos_token`` and
+    after ``eos_token``, ``position_ids`` restart at each, and ``cu_seqlens`` (int32) are the
+    documents' bounds in the flattened batch. Each file's text is tokenized once when the
+    loader is made, to count its tokens, and again when read once outside the cache.
+
     ``pinned_budget``, ``num_threads``, ``prefetch`` and ``device`` are
     :class:`pinfeed.Loader`'s.
     """
