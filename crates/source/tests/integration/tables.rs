@@ -171,12 +171,14 @@ fn parquet_row_groups_decode_on_many_threads_at_once() {
     use std::sync::Arc;
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("many.parquet");
-    let rows = 64 * 100;
+    let (groups, per) = (32u64, 20_000u64);
+    let rows = (groups * per) as i64;
     let batch =
         RecordBatch::try_from_iter([("x", Arc::new(Int64Array::from_iter_values(0..rows)) as _)])
             .unwrap();
     let props = WriterProperties::builder()
-        .set_max_row_group_row_count(Some(100))
+        .set_max_row_group_row_count(Some(per as usize))
+        .set_compression(parquet::basic::Compression::SNAPPY)
         .build();
     let mut w = ArrowWriter::try_new(
         std::fs::File::create(&path).unwrap(),
@@ -187,19 +189,19 @@ fn parquet_row_groups_decode_on_many_threads_at_once() {
     w.write(&batch).unwrap();
     w.close().unwrap();
     let s = open_with(&path, None, &options(&[("columns", "x")])).unwrap();
-    assert_eq!(s.natural_block(), Some(100));
+    assert_eq!(s.natural_block(), Some(per));
     // Each thread reads every row group, starting at its own, so decodes overlap; a shared
     // file offset (File's ChunkReader) made them read each other's pages.
     std::thread::scope(|scope| {
         for t in 0..8u64 {
             let s = &s;
             scope.spawn(move || {
-                for g in 0..64u64 {
-                    let g = (g + t * 8) % 64;
-                    let mut dst = vec![0u8; 800];
-                    s.read_records(g * 100, &mut dst).unwrap();
-                    let first = i64::from_le_bytes(dst[..8].try_into().unwrap());
-                    assert_eq!(first, (g * 100) as i64);
+                for g in 0..groups / 8 {
+                    let g = g + t * (groups / 8);
+                    let mut dst = vec![0u8; 8 * per as usize];
+                    s.read_records(g * per, &mut dst).unwrap();
+                    let last = i64::from_le_bytes(dst[dst.len() - 8..].try_into().unwrap());
+                    assert_eq!(last, ((g + 1) * per - 1) as i64);
                 }
             });
         }
