@@ -380,3 +380,29 @@ def test_a_tokenizer_that_does_not_load_is_named(tmp_path, parquet_file):
         pinfeed.TokenLoader(path, 8, 1, column="text", tokenizer=bad, device="cpu")
     assert f"{bad}: cannot load the tokenizer" in str(e.value)
     assert "\n" not in str(e.value)
+
+
+def test_text_elastic_resume_from_two_ranks_to_one(tmp_path, trained_tokenizer):
+    """Two ranks stop after three steps; one rank resumes from their merged state and
+    delivers exactly the windows neither had received."""
+    _, tok_path = trained_tokenizer
+    path = tmp_path / "text.parquet"
+    pq.write_table(pa.table({"text": make_texts(150)}), path, row_group_size=10)
+
+    def make(rank, world):
+        return text_loader(
+            path, tok_path, sample="sequential", shuffle=True, seed=2, rank=rank, world_size=world
+        )
+
+    whole = np.concatenate([s[0] for s in make(0, 1)])
+    seen, states = [], []
+    for rank in (0, 1):
+        loader = make(rank, 2)
+        it = iter(loader)
+        seen += [next(it)[0] for _ in range(3)]
+        states.append(loader.state_dict())
+    resumed = make(0, 1)
+    resumed.load_state_dict(pinfeed.merge_states(states))
+    rest = [s[0] for s in resumed]
+    got = np.concatenate(seen + rest)
+    assert sorted(map(tuple, got.tolist())) == sorted(map(tuple, whole.tolist()))

@@ -429,6 +429,10 @@ class TokenLoader:
         self._loader.load_state_dict(
             {**rest, "epoch": self._loader_epoch, "batches_done": steps_done // self._group}
         )
+        if int(rest.get("world_size", self.world_size)) != self.world_size:
+            # [issue 50] Elastic: the Loader split the records the job consumed anew and counts
+            # its batches from there; the steps saved at the old world size would skip more.
+            steps_done = int(self._loader.state_dict()["batches_done"]) * self._group
         self._next = (int(rest["epoch"]), steps_done)
 
     def stats(self) -> dict[str, Any]:
