@@ -406,3 +406,14 @@ def test_text_elastic_resume_from_two_ranks_to_one(tmp_path, trained_tokenizer):
     rest = [s[0] for s in resumed]
     got = np.concatenate(seen + rest)
     assert sorted(map(tuple, got.tolist())) == sorted(map(tuple, whole.tolist()))
+
+
+def test_columns_as_torch_tensors_view_the_batch(parquet_file):
+    torch = pytest.importorskip("torch")
+    path, table = parquet_file
+    loader = pinfeed.Loader(path, 8, device="cpu", framework="torch", columns=NAMES)
+    batches = list(loader)
+    assert isinstance(batches[0]["vec"], torch.Tensor)
+    assert batches[0]["img"].shape == (8, 3, 2) and batches[0]["u16"].dtype == torch.uint16
+    got = {k: np.concatenate([b[k].numpy() for b in batches]) for k in NAMES}
+    check_equal(got, table)
