@@ -417,3 +417,14 @@ def test_columns_as_torch_tensors_view_the_batch(parquet_file):
     assert batches[0]["img"].shape == (8, 3, 2) and batches[0]["u16"].dtype == torch.uint16
     got = {k: np.concatenate([b[k].numpy() for b in batches]) for k in NAMES}
     check_equal(got, table)
+
+
+@pytest.mark.gpu
+def test_columns_on_cuda_equal_pyarrows_read(parquet_file, torch):
+    path, table = parquet_file
+    for shuffle in (False, "block"):
+        batches = list(pinfeed.Loader(path, 8, device="cuda", columns=NAMES, shuffle=shuffle))
+        assert batches[0]["vec"].is_cuda
+        got = {k: np.concatenate([b[k].cpu().numpy() for b in batches]) for k in NAMES}
+        order = np.argsort(got["id"])
+        check_equal({k: v[order] for k, v in got.items()}, table)
