@@ -62,8 +62,9 @@ pub(crate) fn natural_block(source: &Source) -> Option<u64> {
     source.inner.natural_block()
 }
 
-/// Opens the token column ``column`` (a list of integers per row, a document) of a Parquet file
-/// or Arrow IPC file or stream, or of a directory or glob of them, as one stream of tokens: the
+/// Opens the token column ``column`` (a list of integers per row, a document) of a Parquet file,
+/// an Arrow IPC file or stream, or JSON lines, or of a directory or glob of them, as one stream
+/// of tokens: the
 /// rows' lists concatenated in order, for ``open_tokens(opened=...)``.
 #[pyfunction]
 #[pyo3(signature = (path, column, *, dtype=None))]

@@ -7,7 +7,8 @@ use std::io::Read;
 use std::sync::Arc;
 
 use arrow_array::{
-    ArrayRef, BooleanArray, FixedSizeListArray, Float64Array, Int64Array, RecordBatch, StringArray,
+    ArrayRef, BooleanArray, FixedSizeListArray, Float64Array, Int64Array, ListArray, RecordBatch,
+    StringArray,
 };
 use arrow_schema::{DataType, Field, Schema};
 use serde_json::Value;
@@ -43,6 +44,7 @@ impl Format for Jsonl {
         &[
             super::COLUMNS,
             ON_ERROR,
+            super::TOKENS,
             super::TEXT,
             super::TOKENIZER,
             super::BOS,
@@ -72,11 +74,14 @@ impl Format for Jsonl {
         };
         let mut fields = Vec::with_capacity(wanted.len());
         let mut arrays = Vec::with_capacity(wanted.len());
-        let text = open.options.format.get(super::TEXT).is_some();
+        let format = &open.options.format;
         for column in &wanted {
-            let (field, array) = match text {
-                true => text_array(&lines.rows, column, &name)?,
-                false => column_array(&lines.rows, column, &name)?,
+            let (field, array) = if format.get(super::TEXT).is_some() {
+                text_array(&lines.rows, column, &name)?
+            } else if format.get(super::TOKENS).is_some() {
+                token_array(&lines.rows, column, &name)?
+            } else {
+                column_array(&lines.rows, column, &name)?
             };
             fields.push(field);
             arrays.push(array);
@@ -286,4 +291,39 @@ fn text_array(
     }
     let array: ArrayRef = Arc::new(StringArray::from(texts));
     Ok((Field::new(column, DataType::Utf8, false), array))
+}
+
+/// Column `column` of every row as a list of integers (a document's token ids).
+fn token_array(
+    rows: &[(usize, serde_json::Map<String, Value>)],
+    column: &str,
+    name: &str,
+) -> Result<(Field, ArrayRef)> {
+    let mut docs: Vec<Option<Vec<Option<i64>>>> = Vec::with_capacity(rows.len());
+    for (line, row) in rows {
+        let at = || format!("{name}:{line}");
+        let ids = match row.get(column) {
+            Some(Value::Array(items)) => items
+                .iter()
+                .map(Value::as_i64)
+                .collect::<Option<Vec<i64>>>(),
+            Some(_) => None,
+            None => {
+                return Err(table_error(
+                    &at(),
+                    format!("no column {column:?} in this line"),
+                ))
+            }
+        };
+        let Some(ids) = ids else {
+            return Err(table_error(
+                &at(),
+                format!("column {column:?} is not a list of integers (token ids)"),
+            ));
+        };
+        docs.push(Some(ids.into_iter().map(Some).collect()));
+    }
+    let list = ListArray::from_iter_primitive::<arrow_array::types::Int64Type, _, _>(docs);
+    let array: ArrayRef = Arc::new(list);
+    Ok((Field::new(column, array.data_type().clone(), false), array))
 }

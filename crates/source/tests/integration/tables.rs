@@ -207,3 +207,31 @@ fn parquet_row_groups_decode_on_many_threads_at_once() {
         }
     });
 }
+
+#[test]
+fn a_json_lines_token_column_is_its_lists_concatenated() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("ids.jsonl");
+    std::fs::write(
+        &path,
+        "{\"ids\": [5, 6]}\n{\"ids\": []}\n{\"ids\": [7, 8, 9]}\n",
+    )
+    .unwrap();
+    let s = open_with(&path, None, &options(&[("tokens", "ids")])).unwrap();
+    assert_eq!(s.num_records(), 5);
+    let mut dst = vec![0u8; 40];
+    s.read_records(0, &mut dst).unwrap();
+    let got: Vec<i64> = dst
+        .chunks_exact(8)
+        .map(|b| i64::from_le_bytes(b.try_into().unwrap()))
+        .collect();
+    assert_eq!(got, [5, 6, 7, 8, 9]);
+    std::fs::write(&path, "{\"ids\": [5, 6.5]}\n").unwrap();
+    let e = open_with(&path, None, &options(&[("tokens", "ids")]))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("ids.jsonl:1: column \"ids\" is not a list of integers"),
+        "{e}"
+    );
+}
