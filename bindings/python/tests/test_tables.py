@@ -474,6 +474,8 @@ def test_table_arguments_of_the_wrong_type_or_place_are_refused(parquet_file, tm
         )
     with pytest.raises(pinfeed.PinfeedValueError, match="cache_dir apply to object-storage"):
         pinfeed.Loader(path, 8, device="cpu", columns=["id"], cache_dir=tmp_path)
+    with pytest.raises(pinfeed.PinfeedValueError, match="cache_dir apply to object-storage"):
+        pinfeed.TokenLoader(path, 8, 1, column="id", cache_dir=tmp_path, device="cpu")
     with pytest.raises(pinfeed.PinfeedValueError, match="bos_token and eos_token apply"):
         pinfeed.TokenLoader(path, 8, 1, column="id", eos_token=0, device="cpu")
     with pytest.raises(pinfeed.PinfeedValueError, match='on_error=.oops.: expected "raise"'):

@@ -252,12 +252,12 @@ class TokenLoader(EpochLoader):
         self._text: Optional[tuple[Optional[int], Optional[int]]] = None
         if column is None and tokenizer is None:
             return None
-        opened, self._text = open_column(self.source, column, tokenizer, bos_eos, self._token_dtype)
         if self._store:
             raise PinfeedValueError(
                 f"{self.source}: {', '.join(sorted(self._store))} apply to object-storage "
                 "URLs; tables are read from local files so far"
             )
+        opened, self._text = open_column(self.source, column, tokenizer, bos_eos, self._token_dtype)
         if self._text is not None and framework in ("jax", "cupy"):
             raise PinfeedValueError(
                 f"{self.source}: a tokenized text column delivers torch tensors or numpy "
