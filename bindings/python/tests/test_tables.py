@@ -480,3 +480,16 @@ def test_table_arguments_of_the_wrong_type_or_place_are_refused(parquet_file, tm
         pinfeed.TokenLoader(path, 8, 1, column="id", eos_token=0, device="cpu")
     with pytest.raises(pinfeed.PinfeedValueError, match='on_error=.oops.: expected "raise"'):
         pinfeed.Loader(path, 8, device="cpu", columns=["id"], on_error="oops")
+
+
+def test_gpu_resident_shuffle_of_columns_gives_dicts_every_row_once(parquet_file):
+    path, table = parquet_file
+    loader = pinfeed.Loader(path, 8, device="cpu", columns=["id", "vec"], shuffle="gpu", seed=4)
+    batches = list(loader)
+    ids = np.concatenate([b["id"] for b in batches])
+    assert sorted(ids.tolist()) == sorted(table.column("id").to_pylist())
+    vec = pyarrow_read(table, "vec", np.float32, (3,))
+    by_id = dict(zip(table.column("id").to_pylist(), vec))
+    for b in batches:
+        for i, v in zip(b["id"], b["vec"]):
+            np.testing.assert_array_equal(v, by_id[int(i)])
