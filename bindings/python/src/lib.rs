@@ -15,6 +15,7 @@ mod errors;
 mod fork;
 mod images;
 mod loader;
+mod mixture;
 mod options;
 mod order;
 mod stage;
@@ -124,6 +125,7 @@ fn _pinfeed(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(store::is_url, m)?)?;
     m.add_function(wrap_pyfunction!(options::bottleneck, m)?)?;
     tokens::register(m)?;
+    mixture::register(m)?;
     images::register(m)?;
     Ok(())
 }

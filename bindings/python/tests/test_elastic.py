@@ -4,6 +4,7 @@ Records hold their own index, so every batch says which records it holds.
 """
 
 import collections
+import itertools
 
 import numpy as np
 import pytest
@@ -291,3 +292,34 @@ def test_a_state_saved_on_other_data_of_the_same_size_is_refused(tmp_path):
     other = pinfeed.Loader(paths[1], 8, device="cpu", shuffle=True).state_dict()
     with pytest.raises(pinfeed.PinfeedValueError, match="data_fingerprint differs"):
         pinfeed.merge_states([state, other])
+
+
+@pytest.mark.parametrize("w_from,w_to", [(1, 2), (2, 3), (3, 2), (3, 1)])
+def test_sequential_token_windows_resume_elastically(tmp_path, w_from, w_to):
+    # TokenLoader takes one step a batch for sequential windows: its next step after an elastic
+    # resume is the Loader's position moved to the new world size, not the old world's count.
+    path = tmp_path / "tokens.bin"
+    np.arange(4000, dtype=np.uint16).tofile(path)
+    opts = dict(token_dtype="uint16", sample="sequential", shuffle=True, seed=1, **SMALL)
+
+    def ranks(world):
+        return [
+            pinfeed.TokenLoader(path, 4, 3, rank=r, world_size=world, **opts) for r in range(world)
+        ]
+
+    def firsts(loaders, steps=None):
+        per_rank = []
+        for ld in loaders:
+            batches = itertools.islice(ld, steps)  # no batch past `steps` is received
+            per_rank.append([[int(v) for v in np.asarray(x)[:, 0]] for x, _ in batches])
+        return [v for step in zip(*per_rank) for b in step for v in b]
+
+    whole = firsts(ranks(w_from))
+    first = ranks(w_from)
+    head = firsts(first, 5)
+    rest = ranks(w_to)
+    for ld in rest:
+        ld.load_state_dict(first[0].state_dict())
+    tail = firsts(rest)
+    n = 999 - len(head)  # the epoch's windows, before what pads its last step
+    assert head + tail[:n] == whole[: len(head) + n]

@@ -493,3 +493,9 @@ def test_gpu_resident_shuffle_of_columns_gives_dicts_every_row_once(parquet_file
     for b in batches:
         for i, v in zip(b["id"], b["vec"]):
             np.testing.assert_array_equal(v, by_id[int(i)])
+
+
+def test_a_column_of_a_mixture_is_refused(parquet_file):
+    path, _ = parquet_file
+    with pytest.raises(pinfeed.PinfeedValueError, match="read one table"):
+        pinfeed.TokenLoader({"a": path, "b": path}, 8, 1, column="id", device="cpu")

@@ -281,6 +281,12 @@ pub enum SourceError {
         /// What is wrong, and what is accepted.
         reason: String,
     },
+    /// A mixture of sources that cannot be made as asked (its weights, policies or sources).
+    #[error("mixture: {reason}")]
+    Mixture {
+        /// What is wrong, naming the source.
+        reason: String,
+    },
     /// An image that cannot be decoded as asked: not a JPEG or PNG, truncated, corrupt, or
     /// larger than the pixel limit. `name` is the file, or `shard.tar:member` for a sample
     /// of a tar shard.

@@ -60,6 +60,7 @@ pub mod formats;
 mod host;
 pub mod images;
 mod literal;
+pub mod mixture;
 mod network;
 mod read;
 mod readers;

@@ -40,6 +40,7 @@ from .images import ImageLoader
 from .loader import Loader, merge_states
 from .multi import MultiLoader
 from .order import epoch_order
+from .sources import Source
 from .staging import Prefetcher, free_staging_memory, pinned, prefetch, to_device
 from .tokens import TokenLoader
 from .transforms import Transform
@@ -60,6 +61,7 @@ __all__ = [
     "PinfeedValueError",
     "PinfeedWarning",
     "Prefetcher",
+    "Source",
     "TokenLoader",
     "Transform",
     "__version__",

@@ -8,11 +8,13 @@ import numpy as np
 from typing_extensions import Self
 
 __all__ = [
+    "Blend",
     "DEFAULT_MAX_PIXELS",
     "DEFAULT_PINNED_BUDGET",
     "DEFAULT_STAGING_BUDGET",
     "DeviceBuffer",
     "ImageDataset",
+    "Mixture",
     "NormalizeSpec",
     "PinnedRegion",
     "Source",
@@ -29,6 +31,7 @@ __all__ = [
     "crop_params",
     "cli_main",
     "combined_stats",
+    "common_token_dtype",
     "cuda_device_count",
     "device_share",
     "dlpack_dtype",
@@ -36,6 +39,7 @@ __all__ = [
     "epoch_size",
     "image_decoder",
     "is_url",
+    "mixture_seed",
     "natural_block",
     "open_table",
     "open_text_column",
@@ -46,6 +50,7 @@ __all__ = [
     "reshard_position",
     "streams_with_exports",
     "token_offsets",
+    "widen_tokens",
 ]
 __version__: str
 DEFAULT_MAX_PIXELS: int
@@ -370,6 +375,43 @@ def open_tokens(
     output: str | None = None,
 ) -> tuple[Source, str, int, TokenStream | None, int]: ...
 def token_offsets(seed: int, epoch: int, num_offsets: int, first: int, count: int) -> list[int]: ...
+
+# Data mixtures (pinfeed.TokenLoader's mixtures' Rust half).
+@final
+class Blend:
+    """The schedule of a mixture: each sample's source and ordinal, by epoch and index."""
+
+    def __new__(
+        cls,
+        names: Sequence[str],
+        pass_len: Sequence[int],
+        *,
+        weights: Sequence[tuple[int, Sequence[float]]],
+        exhausted: Sequence[Union[str, dict[str, int]]],
+        step: int,
+        mode: str = "exact",
+        seed: int = 0,
+        samples_per_epoch: int | None = None,
+    ) -> Self: ...
+    def mixture(self, sources: Sequence[Source], epoch: int, shuffle: bool) -> Mixture: ...
+    def given_before(self, epoch: int, i: int) -> list[int]: ...
+    def epoch_size(self, epoch: int) -> tuple[int, int]: ...
+
+@final
+class Mixture:
+    """One epoch of a mixture as a loader source, with what each source gave."""
+
+    def source(self) -> Source: ...
+    @property
+    def num_samples(self) -> int: ...
+    def locate(self, first: int, count: int) -> list[tuple[int, int]]: ...
+    def record_of(self, s: int, k: int) -> int: ...
+    def source_stats(self) -> list[dict[str, Any]]: ...
+    def holding_back(self) -> str | None: ...
+
+def mixture_seed(seed: int, name: str) -> int: ...
+def common_token_dtype(typestrs: Sequence[str]) -> str: ...
+def widen_tokens(source: Source, from_dtype: str, to_dtype: str) -> Source: ...
 
 # Image datasets (pinfeed.ImageLoader's Rust half).
 @final

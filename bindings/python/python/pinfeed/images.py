@@ -7,6 +7,7 @@ The training loop of torchvision's ImageNet recipe, without DataLoader workers::
         ...
 """
 
+import functools
 import os
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Optional, Union
@@ -18,6 +19,7 @@ from ._deprecation import accepts_old_spellings
 from ._epochs import EpochLoader
 from ._frameworks import framework_arg
 from ._image_batches import ImageBatches
+from ._mixture import image_mixture_of, name_of, reblended
 from ._options import device_name, int_arg, ints, shuffle_arg
 from ._sources import local_only, source_path, store_args
 from .errors import PinfeedValueError
@@ -108,12 +110,17 @@ class ImageLoader(EpochLoader):
     ``load_state_dict`` are :class:`pinfeed.Loader`'s, with the same exact resume.
     ``pinned_budget``, ``prefetch``, ``drop_last``, ``num_threads`` and ``device`` are the
     Loader's too. ``shuffle`` is ``False``/``"none"`` or ``True``/``"random"``.
+
+    ``source`` may be a dict of name to dataset with ``weights={name: share}``: a mixture, as
+    :class:`pinfeed.TokenLoader`'s (``mode``, ``on_exhausted``, :meth:`set_weights`,
+    ``stats()["sources"]``, each source's position in the state), decoded on the CPU. Each
+    sample keeps its own dataset's label and crops; ``shuffle=True`` orders each pass anew.
     """
 
     @accepts_old_spellings("ImageLoader")
     def __init__(
         self,
-        source: Union[str, "os.PathLike[str]"],
+        source: Union[str, "os.PathLike[str]", Mapping[str, Any]],
         batch_size: int,
         size: Union[int, Sequence[int]] = 224,
         *,
@@ -143,8 +150,12 @@ class ImageLoader(EpochLoader):
         std: Optional[Sequence[float]] = None,
         on_error: str = "raise",
         max_pixels: Optional[int] = None,
+        weights: Any = None,
+        mode: str = "exact",
+        on_exhausted: Any = None,
     ) -> None:
-        self.source = source_path(source, "ImageLoader")
+        mixed = isinstance(source, Mapping)
+        self.source = name_of(source) if mixed else source_path(source, "ImageLoader")
         store = store_args(storage_options, cache_dir, cache_limit, queue_depth, self.source)
         local_only(self.source, store, "ImageLoader")
         framework = framework_arg(framework)
@@ -152,24 +163,10 @@ class ImageLoader(EpochLoader):
         self.batch_size, self.seed = ints(self.source, batch_size=batch_size, seed=seed)
         #: ``"none"`` or ``"random"``.
         self.shuffle: str = shuffle_arg(shuffle, ("none", "random"), "ImageLoader")
-        self._dataset = self._open_dataset(crop, scale, ratio, resize, flip, on_error, max_pixels)
-        if num_threads is None:
-            num_threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
-        else:
+        if num_threads is not None:
             num_threads = int_arg(self.source, "num_threads", num_threads)
-        #: The decoder in use, ``"cpu"`` or ``"gpu"``, and why (``decode="auto"`` times both).
-        self.decode, self.decode_reason = _pinfeed.image_decoder(
-            decode, device_name(device), self._dataset, self.batch_size, num_threads, pinned_budget
-        )
-        self._images = ImageBatches(
-            self.height,
-            self.width,
-            self.layout,
-            self.normalize,
-            self.dtype,
-            self._dataset.record_parts(),
-            planar=self.decode == "gpu",
-        )
+        elif hasattr(os, "sched_getaffinity"):
+            num_threads = len(os.sched_getaffinity(0))
         self._shared(
             rank,
             world_size,
@@ -183,6 +180,15 @@ class ImageLoader(EpochLoader):
             prefetch=prefetch,
             raw=True,
         )
+        look = dict(crop=crop, scale=scale, ratio=ratio, resize=resize, flip=flip)
+        opened = functools.partial(
+            self._open_dataset, **look, on_error=on_error, max_pixels=max_pixels
+        )
+        self._mixture = image_mixture_of(source, self, weights, mode, on_exhausted, opened, decode)
+        if self._mixture is not None:  # each epoch's blend is in its order already
+            self._loader_args["shuffle"] = "none"
+        self._dataset = self._mixture.datasets[0] if mixed else opened(self.source)
+        self._set_decoder(decode, device, num_threads, pinned_budget)
         # The crops depend on the epoch, so each epoch has its own source (and Loader).
         self._first_loader()
         #: What images and labels are: ``"torch"``, ``"jax"``, ``"cupy"`` or ``"numpy"``.
@@ -228,8 +234,24 @@ class ImageLoader(EpochLoader):
         #: What normalized images are: ``"float32"``, ``"float16"`` or ``"bfloat16"``.
         self.dtype = dtype
 
+    def _set_decoder(self, decode: str, device: Any, num_threads: Any, pinned_budget: Any) -> None:
+        #: The decoder in use, ``"cpu"`` or ``"gpu"``, and why (``decode="auto"`` times both).
+        self.decode, self.decode_reason = _pinfeed.image_decoder(
+            decode, device_name(device), self._dataset, self.batch_size, num_threads, pinned_budget
+        )
+        self._images = ImageBatches(
+            self.height,
+            self.width,
+            self.layout,
+            self.normalize,
+            self.dtype,
+            self._dataset.record_parts(),
+            planar=self.decode == "gpu",
+        )
+
     def _open_dataset(
         self,
+        path: str,
         crop: str,
         scale: Sequence[float],
         ratio: Sequence[float],
@@ -243,7 +265,7 @@ class ImageLoader(EpochLoader):
         if max_pixels is not None:
             max_pixels = int_arg(self.source, "max_pixels", max_pixels)
         return _pinfeed.ImageDataset(
-            self.source,
+            path,
             height=self.height,
             width=self.width,
             crop=crop,
@@ -258,6 +280,8 @@ class ImageLoader(EpochLoader):
         )
 
     def _make_loader(self, epoch: int) -> Loader:
+        if self._mixture is not None:
+            return Loader(self._mixture.open(epoch), self.batch_size, **self._loader_args)
         source = self._dataset.source(epoch, gpu=self.decode == "gpu")
         return Loader(source, self.batch_size, **self._loader_args)
 
@@ -275,24 +299,28 @@ class ImageLoader(EpochLoader):
     @property
     def classes(self) -> list[str]:
         """The sorted class names of an ImageFolder tree (label ``k`` is ``classes[k]``);
-        empty for tar shards."""
+        empty for tar shards. A mixture's labels are each source's own: these are its first
+        source's classes."""
         return list(self._dataset.classes)
 
     @property
     def num_samples(self) -> int:
-        """Samples in the dataset (all ranks)."""
-        return len(self._dataset)
+        """Samples in the dataset (all ranks); for a mixture, in the current epoch's blend."""
+        return len(self._dataset) if self._mixture is None else self._loader.num_samples
 
     def labels(self) -> np.ndarray:
-        """Every sample's label in dataset order, int64."""
-        return np.asarray(self._dataset.labels(), dtype=np.int64)
+        """Every sample's label in dataset order, int64 (a mixture's: its sources' in turn)."""
+        every = [self._dataset] if self._mixture is None else self._mixture.datasets
+        return np.concatenate([np.asarray(d.labels(), dtype=np.int64) for d in every])
 
     def _batches(self, batches: Iterator[Any]) -> Iterator[tuple[Any, Any]]:
         for raw in batches:
             yield self._images.split(raw, self.framework)
 
     def _image_params(self) -> dict[str, Any]:
-        return {"height": self.height, "width": self.width, "num_samples": self.num_samples}
+        every = [self._dataset] if self._mixture is None else self._mixture.datasets
+        samples = sum(len(d) for d in every)
+        return {"height": self.height, "width": self.width, "num_samples": samples}
 
     def state_dict(self) -> dict[str, Any]:
         """:meth:`pinfeed.Loader.state_dict`'s dict (``epoch``, ``batches_done``, ...) under the
@@ -300,6 +328,8 @@ class ImageLoader(EpochLoader):
         :meth:`load_state_dict`, the position the next iteration starts at."""
         state = dict(self._next) if self._next is not None else self._loader.state_dict()
         state["images"] = self._image_params()
+        if self._mixture is not None:
+            state["mixture"] = self._mixture.state(state)
         return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -307,10 +337,16 @@ class ImageLoader(EpochLoader):
         the batches the interrupted run had not received. Raises
         :class:`pinfeed.PinfeedValueError` for a state of another dataset, image size or
         Loader setting, or one that is not an ImageLoader state."""
-        rest, _epoch, _done = self._checked_state(
+        rest, epoch, _done = self._checked_state(
             state, "ImageLoader", "images", self._image_params()
         )
-        # The Loader checks the order's parameters and the position.
+        if self._mixture is not None:
+            # The saved schedule, then the blend of the saved epoch.
+            self._mixture.adopt(rest.pop("mixture", None))
+            self._loader.close()
+            self._loader, self._loader_epoch = self._make_loader(epoch), epoch
+            rest = reblended(rest, self._loader)
+        # The Loader checks the order's parameters and the position (moved to this world size).
         self._loader.load_state_dict(rest)
         self._next = self._loader.state_dict()
 
@@ -318,12 +354,21 @@ class ImageLoader(EpochLoader):
         """The counters of the current (or last) pass (:meth:`pinfeed.Loader.stats`),
         ``skipped``: samples skipped since the loader was made (``on_error="skip"``), and
         ``decode`` / ``decode_reason``: the decoder in use and why (``decode="auto"``'s rates)."""
-        return {
+        every = [self._dataset] if self._mixture is None else self._mixture.datasets
+        stats = {
             **self._loader.stats(),
-            "skipped": int(self._dataset.skipped()),
+            "skipped": sum(int(d.skipped()) for d in every),
             "decode": self.decode,
             "decode_reason": self.decode_reason,
         }
+        return stats if self._mixture is None else self._mixture.stats(stats)
+
+    def set_weights(self, weights: Mapping[str, float], from_step: Optional[int] = None) -> None:
+        """A mixture's weights from global step ``from_step`` on, as
+        :meth:`pinfeed.TokenLoader.set_weights`."""
+        if self._mixture is None:
+            raise PinfeedValueError(f"{self.source}: set_weights applies to a mixture")
+        self.load_state_dict(self._mixture.reweighted(self.state_dict(), weights, from_step))
 
     def __repr__(self) -> str:
         return (

@@ -33,15 +33,15 @@ class Loader:
 
     ``source`` is a path to a ``.npy`` file or a raw record file (give ``dtype``, a numpy dtype or
     pinfeed's syntax such as ``"3,31,31B"``, and ``shape``, the per-record shape; for a ``.npy``
-    file they may be left out, and given, must agree with its header), a C-contiguous
-    numpy array or ``np.memmap`` (records along the first dimension; kept alive, not copied), or a
-    torch CPU tensor.
+    file they may be left out, and given, must agree with its header), a C-contiguous numpy array
+    or ``np.memmap`` (records along the first dimension; kept alive, not copied), or a torch CPU
+    tensor.
 
-    Iterating yields one batch at a time, of the source's dtype and shape
-    ``(records, *record_shape)``: torch tensors on CUDA (through DLPack, ordered on torch's current
-    stream, no host synchronisation), numpy arrays with ``device="cpu"`` (torch CPU tensors with
-    ``framework="torch"``). ``raw=True`` gives the records' bytes as uint8 ``(records, record_bytes)``,
-    the only way to stream structured dtypes to CUDA.
+    Iterating yields one batch at a time, of the source's dtype and shape ``(records,
+    *record_shape)``: torch tensors on CUDA (through DLPack, ordered on torch's current stream, no
+    host synchronisation), numpy arrays with ``device="cpu"`` (torch CPU tensors with
+    ``framework="torch"``). ``raw=True`` gives the records' bytes as uint8 ``(records,
+    record_bytes)``, the only way to stream structured dtypes to CUDA.
 
     ``framework`` picks the kind of array instead: ``"torch"`` (tensors, on the host backend
     too), ``"jax"`` (a ``jax.Array`` on the batch's device, through DLPack without a copy;
@@ -52,13 +52,13 @@ class Loader:
     (docs/ARCHITECTURE.md, "Python and DLPack"). ``shuffle="gpu"`` delivers torch or numpy.
 
     The first pass starts (and configuration errors surface) when the Loader is made; iterating
-    again starts a new pass over ``epochs`` epochs. ``len(loader)`` is the number of batches a
-    full pass gives this rank (``epochs`` × batches per epoch; a pass resumed mid-epoch gives
-    fewer). At most ``pinned_budget`` bytes (int or ``"256MiB"``) are page-locked, once, per pass.
-    A batch larger than ``piece_size`` (default ``"4MiB"``) is read in pieces of about that
-    size, each its own pinned slot, filled by several reader threads at once and copied as each
-    is filled; ``piece_size=None`` keeps every batch in one slot. Not with a ``transform``
-    (which sees whole batches) or ``reader="register"``.
+    again starts a new pass over ``epochs`` epochs. ``len(loader)`` is the number of batches a full
+    pass gives this rank (``epochs`` × batches per epoch; a pass resumed mid-epoch gives fewer). At
+    most ``pinned_budget`` bytes (int or ``"256MiB"``) are page-locked, once, per pass. A batch
+    larger than ``piece_size`` (default ``"4MiB"``) is read in pieces of about that size, each its
+    own pinned slot, filled by several reader threads at once and copied as each is filled;
+    ``piece_size=None`` keeps every batch in one slot. Not with a ``transform`` (which sees whole
+    batches) or ``reader="register"``.
 
     ``source`` may also be a directory or glob of ``.npy`` shards with one record layout, or
     ``.safetensors`` files (``tensor`` names the tensor whose first dimension counts records).
@@ -66,23 +66,23 @@ class Loader:
     ``pread`` per record in shuffled order), ``"mmap"`` (as ``"pread"`` for runs of records, but
     shuffled batches are copied out of a read-only mapping of the file: one system call a batch
     instead of one a record), ``"direct"`` (``O_DIRECT``, bypassing the page cache), ``"uring"``
-    (io_uring, several reads in flight), ``"register"`` (DMA straight from a registered mapping
-    of a page-cached file, no CPU copy; in-order, one rank), or ``"auto"``: ``"mmap"`` for a
-    file mostly in the page cache or smaller than half the memory available, ``O_DIRECT`` for a
-    larger cold one.
+    (io_uring, several reads in flight), ``"register"`` (DMA straight from a registered mapping of
+    a page-cached file, no CPU copy; in-order, one rank), or ``"auto"``: ``"mmap"`` for a file
+    mostly in the page cache or smaller than half the memory available, ``O_DIRECT`` for a larger
+    cold one. A dict of name to source, with ``weights={name: share}``, is a mixture (as
+    :class:`pinfeed.TokenLoader`'s) of sources whose records agree in shape and dtype.
 
-    ``source`` may also be a URL in object storage: ``s3://bucket/prefix/`` (its ``.npy``
-    objects as shards), a glob such as ``s3://bucket/train/part-*.npy``, one object, or
-    ``gs://``, ``az://``, ``https://``. Records are fetched by ranged GETs straight into the
-    pinned slots, neighbouring ranges coalesced, at most ``queue_depth`` (default 32) requests
-    in flight over all reader threads. ``storage_options`` (a dict) sets the store's
-    ``endpoint``, ``region``, ``path_style``, ``allow_http``, credentials and timeouts, and
-    pinfeed's ``retries``; credentials otherwise come from the standard chain (``AWS_*``
-    variables, instance metadata); for ``https://`` a private certificate authority's roots
-    are trusted with ``root_certificate`` (a PEM file). ``cache_dir`` keeps fetched blocks on local disk for later
-    epochs and other processes, at most ``cache_limit`` bytes (default 10 GiB).
-    ``shuffle="random"`` works but fetches records one small range at a time: slow over a
-    network; ``"block"`` reads large ranges.
+    ``source`` may also be a URL in object storage: ``s3://bucket/prefix/`` (its ``.npy`` objects
+    as shards), a glob such as ``s3://bucket/train/part-*.npy``, one object, or ``gs://``,
+    ``az://``, ``https://``. Records are fetched by ranged GETs straight into the pinned slots,
+    neighbouring ranges coalesced, at most ``queue_depth`` (default 32) requests in flight over all
+    reader threads. ``storage_options`` (a dict) sets the store's ``endpoint``, ``region``,
+    ``path_style``, ``allow_http``, credentials and timeouts, and pinfeed's ``retries``;
+    credentials otherwise come from the standard chain (``AWS_*`` variables, instance metadata);
+    for ``https://`` a private certificate authority's roots are trusted with ``root_certificate``
+    (a PEM file). ``cache_dir`` keeps fetched blocks on local disk for later epochs and other
+    processes, at most ``cache_limit`` bytes (default 10 GiB). ``shuffle="random"`` works but
+    fetches records one small range at a time: slow over a network; ``"block"`` reads large ranges.
 
     ``source`` may also be a table (Parquet, Arrow IPC file or stream, JSON lines plain or
     ``.gz``/``.zst``; a file, directory or glob) read as records of ``columns``: every batch is
@@ -125,14 +125,13 @@ class Loader:
 
     **Sharding.** ``rank`` and ``world_size`` default to ``torch.distributed``'s when a process
     group is initialised, else to ``$RANK``/``$WORLD_SIZE`` (torchrun sets them), else to 0 and 1
-    (torch is never imported for this). Each epoch every rank gets the same number of batches:
-    step ``i`` cuts the next ``world_size × batch_size`` records of the epoch's global order into
-    one batch per rank. With ``drop_last=False`` the order is padded from its start to a multiple
-    of ``world_size`` (fewer than ``world_size`` records come twice in that epoch, as with
-    torch's ``DistributedSampler``) and the last batch may be partial (the same size on every
-    rank); with ``drop_last=True`` every rank gets only full batches and fewer than
-    ``world_size × batch_size`` records are left out of the epoch (different ones each shuffled
-    epoch).
+    (torch is never imported for this). Each epoch every rank gets the same number of batches: step
+    ``i`` cuts the next ``world_size × batch_size`` records of the epoch's global order into one
+    batch per rank. With ``drop_last=False`` the order is padded from its start to a multiple of
+    ``world_size`` (fewer than ``world_size`` records come twice in that epoch, as with torch's
+    ``DistributedSampler``) and the last batch may be partial (the same size on every rank); with
+    ``drop_last=True`` every rank gets only full batches and fewer than ``world_size × batch_size``
+    records are left out of the epoch (different ones each shuffled epoch).
 
     **Resume.** :meth:`state_dict` says how far the consumer got: batches it has *received*
     (batches read ahead into the ring are not counted, so none is lost or repeated).
@@ -158,6 +157,13 @@ class Loader:
 
     # Devices every batch is copied to, for a replicated MultiLoader; None for the one device.
     _replicas: Optional[list[str]] = None
+
+    def __new__(cls, source: Any = None, *args: Any, **kwargs: Any) -> Any:
+        if cls is Loader and isinstance(source, Mapping):  # a mixture: pinfeed/_mixed.py
+            from ._mixed import MixedLoader
+
+            return MixedLoader(source, *args, **kwargs)
+        return super().__new__(cls)
 
     @accepts_old_spellings("Loader", as_torch)
     def __init__(

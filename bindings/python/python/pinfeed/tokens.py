@@ -19,6 +19,7 @@ from ._arrays import torch_module
 from ._deprecation import accepts_old_spellings, warn_once
 from ._epochs import EpochLoader
 from ._frameworks import check_dtype, framework_arg, module
+from ._mixture import mixture_of, name_of, reblended
 from ._options import int_arg, ints, shuffle_arg
 from ._sources import source_path, store_args
 from ._tables import open_column, packing
@@ -144,6 +145,21 @@ class TokenLoader(EpochLoader):
     documents' bounds in the flattened batch. Each file's text is tokenized once when the
     loader is made, to count its tokens, and again when read once outside the cache.
 
+    **Mixtures**: ``source`` may be a dict of name to source (a path, a URL, or
+    :class:`pinfeed.Source` with its own ``token_dtype`` and object-store options), with
+    ``weights={name: share}`` or a curriculum ``[(from_step, {name: share}), ...]``.
+    ``mode="exact"`` (default) gives every step (the global batch, ``world_size ×
+    batch_size`` windows) each source's share, rounded so the counts add up, in the order of
+    Megatron's blend; ``"sampled"`` draws each window's source from ``(seed, epoch, i)``.
+    ``on_exhausted`` (one policy, or a dict by name) says what a source does when a pass of it
+    runs out: ``"cycle"`` (a new pass in a new order; the default for random windows),
+    ``"stop"`` (the epoch ends; the default for sequential ones), ``{"samples": n}`` or
+    ``{"passes": n}`` an epoch, after which it leaves the blend. ``steps`` sets an epoch's
+    length for sequential windows too. Sources stored at different widths are read at one
+    that holds them all. The state holds the schedule and each source's position (resume,
+    elastic resume); :meth:`set_weights` changes the weights from a step on;
+    ``stats()["sources"]`` counts each source.
+
     ``pinned_budget``, ``num_threads``, ``prefetch`` and ``device`` are
     :class:`pinfeed.Loader`'s.
     """
@@ -151,7 +167,7 @@ class TokenLoader(EpochLoader):
     @accepts_old_spellings("TokenLoader", _old_dtypes)
     def __init__(
         self,
-        source: Union[str, "os.PathLike[str]"],
+        source: Union[str, "os.PathLike[str]", Mapping[str, Any]],
         seq_len: int,
         batch_size: int,
         *,
@@ -177,13 +193,17 @@ class TokenLoader(EpochLoader):
         tokenizer: Any = None,
         eos_token: Any = None,
         bos_token: Any = None,
+        weights: Any = None,
+        mode: str = "exact",
+        on_exhausted: Any = None,
     ) -> None:
-        self.source = source_path(source, "TokenLoader")
+        mixed = isinstance(source, Mapping)
+        self.source = name_of(source) if mixed else source_path(source, "TokenLoader")
         self._store = store_args(storage_options, cache_dir, cache_limit, queue_depth, self.source)
         framework = framework_arg(framework)
         #: ``"none"`` or ``"random"`` (sequential and document windows, permuted each epoch).
         self.shuffle: str = shuffle_arg(shuffle, ("none", "random"), "TokenLoader")
-        self.sample = self._sample_arg(sample, self.shuffle, steps)
+        self.sample = self._sample_arg(sample, self.shuffle, None if mixed else steps)
         self.seq_len, self.batch_size, self.seed = ints(
             self.source, seq_len=seq_len, batch_size=batch_size, seed=seed
         )
@@ -194,7 +214,9 @@ class TokenLoader(EpochLoader):
         self._token_dtype = None if token_dtype is None else _typestr(token_dtype)
         # Token data as first opened (object-store listing and headers, or a table's column):
         # later epochs' windows are cut from it. None for local files, opened again each time.
-        self._opened = self._open_column(column, tokenizer, (bos_token, eos_token), framework)
+        self._opened = self._open_column(
+            column, tokenizer, (bos_token, eos_token), framework, mixed
+        )
         self._shared(
             rank,
             world_size,
@@ -208,24 +230,29 @@ class TokenLoader(EpochLoader):
             raw=True,
             framework=framework,
         )
-        # Random steps travel several to a loader batch (about 512 Ki tokens, at most
-        # _MAX_GROUP steps): one slot, one copy and one widening for all of them, so the
-        # consumer's per-step work is two slices. Each step still gets exactly its own windows
-        # (the source numbers them so); other modes take one step a batch.
-        tokens_per_step = self.batch_size * (self.seq_len + 1)
-        self._group = (
-            max(1, min(_MAX_GROUP, -(-_GROUP_TOKENS // tokens_per_step)))
-            if self.sample == "random"
-            else 1
-        )
+        self._group = self._steps_per_batch()
         # Random and document windows are drawn anew each epoch, by a new source; sequential
         # windows are one source whose epochs the Loader runs.
         self._per_epoch = self.sample != "sequential"
+        # Each epoch of a mixture is a new blend, one step a batch, in the blend's order.
+        self._mixture = mixture_of(source, self, weights, mode, on_exhausted)
+        if self._mixture is not None:
+            self._group, self._per_epoch, self._loader_args["shuffle"] = 1, True, "none"
         self._first_loader()
         #: What ``x`` and ``y`` are: ``"torch"``, ``"jax"``, ``"cupy"`` or ``"numpy"``.
         self.framework: str = framework or ("torch" if self.device.startswith("cuda") else "numpy")
         # Steps the consumer took in the current pass's epoch (its position, in steps).
         self._steps_done = 0
+
+    def _steps_per_batch(self) -> int:
+        """Random steps travel several to a loader batch (about 512 Ki tokens, at most
+        _MAX_GROUP steps): one slot, one copy and one widening for all of them, so the
+        consumer's per-step work is two slices. Each step still gets exactly its own windows
+        (the source numbers them so); other modes take one step a batch."""
+        tokens_per_step = self.batch_size * (self.seq_len + 1)
+        if self.sample != "random":
+            return 1
+        return max(1, min(_MAX_GROUP, -(-_GROUP_TOKENS // tokens_per_step)))
 
     def _sample_arg(self, sample: Any, shuffle: Any, steps: Any) -> str:
         if sample not in _SAMPLES:
@@ -245,13 +272,23 @@ class TokenLoader(EpochLoader):
         return sample
 
     def _open_column(
-        self, column: Any, tokenizer: Any, bos_eos: tuple[Any, Any], framework: Optional[str]
+        self,
+        column: Any,
+        tokenizer: Any,
+        bos_eos: tuple[Any, Any],
+        framework: Optional[str],
+        mixed: bool,
     ) -> Optional["_pinfeed.TokenStream"]:
         """A table's ``column`` opened (None without one); with text, sets :attr:`_text`, the
         ids of ``bos_eos``: steps then also carry position ids and ``cu_seqlens``."""
         self._text: Optional[tuple[Optional[int], Optional[int]]] = None
         if column is None and tokenizer is None:
             return None
+        if mixed:
+            raise PinfeedValueError(
+                f"{self.source}: column= and tokenizer= read one table; the sources of a "
+                "mixture are token data so far"
+            )
         if self._store:
             raise PinfeedValueError(
                 f"{self.source}: {', '.join(sorted(self._store))} apply to object-storage "
@@ -280,6 +317,11 @@ class TokenLoader(EpochLoader):
         return name
 
     def _make_loader(self, epoch: int) -> Loader:
+        if self._mixture is not None:
+            source, typestr, num_tokens, fingerprint = self._mixture.open(epoch)
+            self._source_fingerprint = fingerprint
+            self.token_dtype, self.num_tokens = np.dtype(typestr), int(num_tokens)
+            return Loader(source, self.batch_size, **self._loader_args)
         source, typestr, num_tokens, self._opened, fingerprint = _pinfeed.open_tokens(
             self.source,
             seq_len=self.seq_len,
@@ -413,8 +455,10 @@ class TokenLoader(EpochLoader):
     def offsets(self, step: int, epoch: int = 0) -> np.ndarray:
         """The token offsets of this rank's windows at ``step`` of ``epoch`` (random sampling
         only): batch row ``k`` holds tokens ``offsets[k] .. offsets[k] + seq_len + 1``."""
-        if self.sample != "random":
-            raise PinfeedValueError(f"{self.source}: offsets are those of sample='random'")
+        if self.sample != "random" or self._mixture is not None:
+            raise PinfeedValueError(
+                f"{self.source}: offsets are those of sample='random' over one source"
+            )
         step, epoch = ints(self.source, step=step, epoch=epoch)
         first = (step * self.world_size + self.rank) * self.batch_size
         found = _pinfeed.token_offsets(
@@ -460,6 +504,8 @@ class TokenLoader(EpochLoader):
             else:
                 state["epoch"], state["batches_done"] = self._pass_epoch, self._steps_done
         state["tokens"] = self._token_params()
+        if self._mixture is not None:
+            state["mixture"] = self._mixture.state(state)
         return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -470,15 +516,36 @@ class TokenLoader(EpochLoader):
         rest, epoch, steps_done = self._checked_state(
             state, "TokenLoader", "tokens", self._token_params()
         )
+        if self._mixture is not None:
+            # The saved schedule, then the blend of the saved epoch.
+            self._mixture.adopt(rest.pop("mixture", None))
+            self._loader.close()
+            self._loader, self._loader_epoch = self._make_loader(epoch), epoch
+            rest = reblended(rest, self._loader)
         # The Loader checks the order's parameters and the position against its epoch.
         self._loader.load_state_dict(
             {**rest, "epoch": self._loader_epoch, "batches_done": steps_done // self._group}
         )
-        if int(rest.get("world_size", self.world_size)) != self.world_size:
-            # Elastic: the Loader split the records the job consumed anew and counts its
-            # batches from there; the steps saved at the old world size would skip more.
-            steps_done = int(self._loader.state_dict()["batches_done"]) * self._group
         self._next = (epoch, steps_done)
+        if self._group == 1:
+            # One step a batch: the Loader's position, moved to this world size on an
+            # elastic resume, is the step to start at.
+            moved = self._loader.state_dict()
+            self._next = (int(moved["epoch"]), int(moved["batches_done"]))
+
+    def stats(self) -> dict[str, Any]:
+        """The counters of the current (or last) pass: :meth:`pinfeed.Loader.stats`; for a
+        mixture, each source's in ``"sources"``."""
+        stats = self._loader.stats()
+        return stats if self._mixture is None else self._mixture.stats(stats)
+
+    def set_weights(self, weights: Mapping[str, float], from_step: Optional[int] = None) -> None:
+        """A mixture's weights from global step ``from_step`` on (default: the next step),
+        replacing the schedule from there; it is part of :meth:`state_dict`, so a resumed job
+        keeps it. Call it between iterations: the next one runs the new schedule."""
+        if self._mixture is None:
+            raise PinfeedValueError(f"{self.source}: set_weights applies to a mixture")
+        self.load_state_dict(self._mixture.reweighted(self.state_dict(), weights, from_step))
 
     def __repr__(self) -> str:
         return (

@@ -50,6 +50,7 @@ mod sampled;
 mod stream;
 #[cfg(test)]
 mod testing;
+mod widen;
 mod windows;
 
 pub use documents::{DocumentPlan, DocumentWindows, Segment};
@@ -58,6 +59,7 @@ pub use megatron::IndexedDataset;
 pub use open::{from_stream, is_indexed, open, Sample, TokenOptions, TokenSource};
 pub use sampled::{sampled_offset, SampledWindows};
 pub use stream::TokenStream;
+pub use widen::Widened;
 pub use windows::TokenWindows;
 
 use crate::SourceError;
