@@ -126,6 +126,7 @@ pub(crate) fn source_error(e: &SourceError) -> Raised {
         SourceError::ShardLayout { .. } => (Kind::Value, "ShardLayout", None),
         SourceError::NoShards { .. } => (Kind::Value, "NoShards", None),
         SourceError::Tokens { .. } => (Kind::Value, "Tokens", None),
+        SourceError::Table { .. } => (Kind::Value, "Table", None),
         SourceError::Mixture { .. } => (Kind::Value, "Mixture", None),
         SourceError::TokenDtypeMissing { .. } => (Kind::Value, "TokenDtypeMissing", None),
         SourceError::Image { .. } => (Kind::Value, "Image", None),

@@ -20,6 +20,7 @@ mod options;
 mod order;
 mod stage;
 mod store;
+mod tables;
 mod tokens;
 mod transform;
 
@@ -111,6 +112,10 @@ fn _pinfeed(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(cuda_device_count, m)?)?;
     m.add_function(wrap_pyfunction!(pinned_allocations, m)?)?;
     m.add_function(wrap_pyfunction!(loader::combined_stats, m)?)?;
+    m.add_function(wrap_pyfunction!(tables::open_table, m)?)?;
+    m.add_function(wrap_pyfunction!(tables::natural_block, m)?)?;
+    m.add_function(wrap_pyfunction!(tables::open_token_column, m)?)?;
+    m.add_function(wrap_pyfunction!(tables::open_text_column, m)?)?;
     m.add_function(wrap_pyfunction!(order::epoch_order, m)?)?;
     m.add_function(wrap_pyfunction!(order::epoch_size, m)?)?;
     m.add_function(wrap_pyfunction!(order::reshard_position, m)?)?;

@@ -25,7 +25,7 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
 /// the windows of another epoch are cut from it without asking the store again.
 #[pyclass(module = "pinfeed._pinfeed", frozen)]
 pub(crate) struct TokenStream {
-    inner: Arc<tokens::TokenStream>,
+    pub(crate) inner: Arc<tokens::TokenStream>,
 }
 
 #[pymethods]

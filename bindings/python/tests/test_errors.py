@@ -34,7 +34,10 @@ def test_empty_directory(tmp_path):
     # A directory is a dataset of shards; one holding none is refused, naming it.
     with pytest.raises(PinfeedValueError, match=str(tmp_path)) as e:
         pinfeed.Loader(tmp_path, 4, device="cpu")
-    assert "no .npy, .safetensors or .pftxt files" in str(e.value) and e.value.kind == "NoShards"
+    assert (
+        "no .npy, .safetensors, .pftxt, .parquet, .arrow or .jsonl files" in str(e.value)
+        and e.value.kind == "NoShards"
+    )
 
 
 def test_bad_header(tmp_path):

@@ -306,6 +306,16 @@ pub enum SourceError {
         /// What is wrong, and what is accepted.
         reason: String,
     },
+    /// A table (a Parquet, Arrow IPC or JSON-lines file) that cannot be read as asked: a
+    /// missing column, a type that is not a record's, a null, a corrupt footer or page, a
+    /// malformed line. `name` is the file, with the row group, record batch or line.
+    #[error("{name}: {reason}")]
+    Table {
+        /// The file, and where in it (`data.parquet, row group 3`, `data.jsonl:17`).
+        name: String,
+        /// What is wrong, and what is accepted.
+        reason: String,
+    },
     /// A raw token file was opened without its token type (a `.npy` or a Megatron index says
     /// its own; a raw file cannot).
     #[error(

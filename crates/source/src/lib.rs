@@ -15,6 +15,8 @@
 //!   records;
 //! - [`ShardedSource`]: several files of one layout (a directory or a glob pattern), records
 //!   numbered across them.
+//! - [`table::TableSource`]: columns of a Parquet file, an Arrow IPC file or stream, or JSON
+//!   lines, each row a record of the columns asked for (the `columns` format option);
 //! - [`images::ImageSource`]: JPEG and PNG images (an ImageFolder tree or WebDataset tar
 //!   shards), each record an image decoded, cropped and resized to a fixed size, then its label.
 //!
@@ -67,6 +69,7 @@ pub mod rng;
 mod shards;
 mod sigbus;
 pub mod system;
+pub mod table;
 pub mod tokens;
 
 pub use dtype::DType;
@@ -238,6 +241,12 @@ pub trait Source: Send + Sync + std::fmt::Debug {
     /// 1))"`.
     fn reader_description(&self) -> String {
         "pread".into()
+    }
+
+    /// Records best read together, for block shuffling: a Parquet row group's rows (decoded
+    /// whole whatever is read of it); `None` where any run of records reads as cheaply.
+    fn natural_block(&self) -> Option<u64> {
+        None
     }
 
     /// What the source fetched over the network so far (an object-store source's requests,

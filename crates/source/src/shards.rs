@@ -193,6 +193,10 @@ impl Source for ShardedSource {
         self.starts[self.shards.len()]
     }
 
+    fn natural_block(&self) -> Option<u64> {
+        self.shards.iter().filter_map(|s| s.natural_block()).max()
+    }
+
     fn read_records(&self, first: u64, dst: &mut [u8]) -> Result<()> {
         let count = check_request(self, first, dst.len())?;
         let rb = self.layout.record_bytes();

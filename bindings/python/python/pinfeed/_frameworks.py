@@ -21,7 +21,7 @@ torch. How each hand-off is ordered against the copy that filled the buffer:
 """
 
 import threading
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import numpy as np
 
@@ -29,7 +29,18 @@ from . import _pinfeed
 from ._arrays import BFLOAT16, materialize, torch_module
 from .errors import PinfeedError, PinfeedValueError
 
-__all__ = ["FRAMEWORKS", "framework_arg", "check_device", "check_dtype", "deliver", "module"]
+if TYPE_CHECKING:
+    from .loader import Loader
+
+__all__ = [
+    "FRAMEWORKS",
+    "framework_arg",
+    "check_delivery",
+    "check_device",
+    "check_dtype",
+    "deliver",
+    "module",
+]
 
 #: The values ``framework=`` takes.
 FRAMEWORKS = ("torch", "jax", "cupy", "numpy")
@@ -119,6 +130,36 @@ class _JaxHandoff:
             return self.buf.__dlpack__(stream=-1, **kwargs)
         # A raw CUstream handle; 0 is the legacy default stream, DLPack's 1.
         return self.buf.__dlpack__(stream=int(stream) or 1, **kwargs)
+
+
+def check_delivery(loader: "Loader", out_bytes: Any) -> None:
+    """Refuses batches ``loader``'s framework cannot hold on the device its pass runs on."""
+    name, framework = loader.source_name, loader.framework
+    if loader._export.view is not None and (
+        loader.device.startswith("cuda") or framework in ("jax", "cupy")
+    ):
+        kind = framework or "torch"
+        record = loader._source.record_bytes if loader._transform is None else out_bytes
+        raise PinfeedValueError(
+            f"{name}: dtype {loader.dtype} has no {kind} equivalent ({kind} has no structured, "
+            f"string or date dtypes); pass raw=True for the records' bytes as uint8 "
+            f"(records, {record}), or device='cpu' for numpy arrays"
+        )
+    check_device(framework, loader.device, name)
+    if loader._columns is not None and framework in ("jax", "cupy"):
+        raise PinfeedValueError(
+            f"{name}: columns= delivers torch tensors or numpy arrays so far, not "
+            f"framework={framework!r}"
+        )
+    # Raw batches and a table's (cut into columns after delivery) are bytes.
+    raw = loader.raw or bool(loader._columns)
+    check_dtype(framework, np.uint8 if raw else loader.dtype, name)
+    if loader.resident and framework in ("jax", "cupy"):
+        raise PinfeedValueError(
+            f'{name}: shuffle="gpu" gathers its batches with torch (numpy on the host); '
+            f"framework={framework!r} streams them instead: use shuffle=True or "
+            '"block"'
+        )
 
 
 def jax_array(buf: Any) -> Any:

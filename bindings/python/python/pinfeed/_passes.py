@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, Optional
 from . import _pinfeed
 from ._frameworks import deliver
 from ._resident import live_orders
+from ._tables import split
 from .errors import PinfeedError
 
 if TYPE_CHECKING:
@@ -79,7 +80,8 @@ class _Pass(Iterator[Any]):
                 loader._len = loader._pass_len(loader._next_start or (0, 0, 0))
             raise
         loader._received_batch(self._id, epoch, index)
-        return batch
+        # A table's batch: its bytes as one array a column.
+        return batch if loader._columns is None else split(batch, loader._columns)
 
     def __len__(self) -> int:
         return self._loader._len

@@ -40,6 +40,10 @@ __all__ = [
     "image_decoder",
     "is_url",
     "mixture_seed",
+    "natural_block",
+    "open_table",
+    "open_text_column",
+    "open_token_column",
     "open_tokens",
     "parse_dtype",
     "pinned_allocations",
@@ -284,6 +288,25 @@ def epoch_size(
 def combined_stats(
     streams: list[Stream | None],
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]: ...
+def open_table(
+    path: str | PathLike[str],
+    columns: list[str] | None = None,
+    *,
+    on_error: str = "raise",
+    reader: str = "auto",
+) -> Source: ...
+def natural_block(source: Source) -> int | None: ...
+def open_text_column(
+    path: str | PathLike[str],
+    column: str,
+    tokenizer: str,
+    *,
+    bos: str | int | None = None,
+    eos: str | int | None = None,
+) -> tuple[TokenStream, int | None, int | None]: ...
+def open_token_column(
+    path: str | PathLike[str], column: str, *, dtype: str | None = None
+) -> TokenStream: ...
 def reshard_position(
     num_records: int,
     batch_size: int,

@@ -11,6 +11,7 @@ import numpy as np
 from . import _pinfeed
 from ._arrays import descr_of, host_array, is_torch_tensor, split_dtype
 from ._options import ints
+from ._tables import open_table
 from .errors import PinfeedTypeError, PinfeedValueError
 
 __all__ = ["source_path", "store_args", "open_source", "local_only"]
@@ -85,11 +86,17 @@ def open_source(
     reader: str = "auto",
     tensor: Optional[str] = None,
     store: Optional[dict[str, Any]] = None,
+    columns: Optional[Sequence[str]] = None,
+    on_error: str = "raise",
 ) -> "_pinfeed.Source":
     """The source of a Loader: opened already (by TokenLoader or ImageLoader), a file, a
-    directory or glob of shards, a URL, a numpy array or memmap, or a torch CPU tensor."""
+    directory or glob of shards, a URL, a numpy array or memmap, a torch CPU tensor, or the
+    ``columns`` of a table (Parquet, Arrow IPC, JSON lines)."""
     if isinstance(source, _pinfeed.Source):
         return source
+    reader = str(reader)
+    if columns is not None or on_error != "raise":
+        return _open_table(source, dtype, shape, reader, store, columns, on_error)
     if isinstance(source, (str, bytes, os.PathLike)):
         return _open_path(source_path(source, "Loader"), dtype, shape, reader, tensor, store)
     if is_torch_tensor(source):
@@ -114,6 +121,25 @@ def open_source(
         "source must be a path to a .npy or raw record file, a numpy array (or memmap) or a "
         f"torch CPU tensor, not {type(source).__name__}"
     )
+
+
+def _open_table(
+    source: Any,
+    dtype: Any,
+    shape: Any,
+    reader: str,
+    store: Optional[dict[str, Any]],
+    columns: Optional[Sequence[str]],
+    on_error: str,
+) -> "_pinfeed.Source":
+    path = source_path(source, "Loader(columns=)")
+    if columns is None:
+        raise PinfeedValueError(f"{path}: on_error applies to tables read with columns=")
+    if dtype is not None or shape is not None:
+        raise PinfeedValueError(
+            f"{path}: columns= reads a table's own types; dtype and shape do not apply"
+        )
+    return open_table(path, columns, on_error, reader, store or {})
 
 
 def _open_path(

@@ -11,12 +11,13 @@ import numpy as np
 from . import _pinfeed
 from ._arrays import Export, dtype_of, export_for, torch_module
 from ._deprecation import accepts_old_spellings, as_torch, warn_once
-from ._frameworks import check_device, check_dtype, framework_arg
+from ._frameworks import check_delivery, framework_arg
 from ._options import SHUFFLE_MODES, device_name, ints, shuffle_arg, warn_if_host_fallback
 from ._passes import _Pass, _stream_batches, track
 from ._resident import ResidentShuffle, check_budget, upload_batch
 from ._sources import open_source, store_args
 from ._states import check_saved_with, merge_states, require_state, state_ints
+from ._tables import natural_block, table_columns
 from .errors import PinfeedError, PinfeedValueError
 from .order import block_args, distributed_defaults, order_kind
 from .transforms import transform_layout
@@ -77,6 +78,13 @@ class Loader:
     (a PEM file). ``cache_dir`` keeps fetched blocks on local disk for later epochs and other
     processes, at most ``cache_limit`` bytes (default 10 GiB). ``shuffle="random"`` works but
     fetches records one small range at a time: slow over a network; ``"block"`` reads large ranges.
+
+    ``source`` may also be a table (Parquet, Arrow IPC file or stream, JSON lines plain or
+    ``.gz``/``.zst``; a file, directory or glob) read as records of ``columns``: every batch is
+    then a dict of arrays, one per column (numbers, fixed-size lists of numbers). A malformed
+    JSON line is refused, or skipped and counted with ``on_error="skip"``. ``shuffle="block"``
+    takes a Parquet row group as its block, decoding each once an epoch; ``"random"`` decodes a
+    row group for nearly every record once those touched outgrow the cache of decoded ones.
 
     ``transform`` is run by the reader threads on each batch: ``transforms.ToFloat()``,
     ``transforms.Normalize(mean, std)`` (Rust, no GIL), or a Python callable ``f(raw, out)`` whose
@@ -185,25 +193,24 @@ class Loader:
         reader: str = "auto",
         tensor: Optional[str] = None,
         piece_size: Any = "4MiB",
+        columns: Optional[Sequence[str]] = None,
+        on_error: str = "raise",
     ) -> None:
         self._pid = os.getpid()
         store = store_args(storage_options, cache_dir, cache_limit, queue_depth, "Loader")
-        self._source = open_source(source, dtype, shape, str(reader), tensor, store)
+        self._source = open_source(source, dtype, shape, reader, tensor, store, columns, on_error)
         # Data the Loader opened itself is named in its states (TokenLoader's carry their own).
         self._data_fingerprint = None if isinstance(source, _pinfeed.Source) else ...
         #: ``"none"``, ``"random"``, ``"block"`` or ``"gpu"``.
         self.shuffle: str = shuffle_arg(shuffle, SHUFFLE_MODES, self._source.name)
+        block_size = natural_block(self._source, self.shuffle, block_size)
         self.block_size, self.block_window = block_args(
             self.shuffle, int(self._source.record_bytes), block_size, block_window
         )
-        self.raw = bool(raw)
         #: What batches are delivered as: ``"torch"``, ``"jax"``, ``"cupy"``, ``"numpy"``, or
         #: None for the default (torch on CUDA, numpy on the host backend).
         self.framework: Optional[str] = framework_arg(framework)
-        self.resident: bool = self.shuffle == "gpu"
-        out_bytes = self._set_layout(transform, transform_dtype, transform_shape)
-        rank, world_size = distributed_defaults(rank, world_size)
-        # Every number, size and name is read and checked in Rust, once.
+        out_bytes = self._set_layout(transform, transform_dtype, transform_shape, raw, columns)
         order = dict(seed=seed, rank=rank, world_size=world_size, drop_last=drop_last)
         sizes = dict(pinned_budget=pinned_budget, device_budget=device_budget, epochs=epochs)
         reading = dict(num_threads=num_threads, prefetch=prefetch, piece_size=piece_size)
@@ -212,9 +219,14 @@ class Loader:
         )
         self._start_first_pass(device_budget, out_bytes)
 
-    def _set_layout(self, transform: Any, transform_dtype: Any, transform_shape: Any) -> Any:
+    def _set_layout(
+        self, transform: Any, transform_dtype: Any, transform_shape: Any, raw: Any, columns: Any
+    ) -> Any:
         """Sets the transform, the dtype and record shape of the batches and how they are
         exported; returns the transform's output bytes a record (None: no Python transform)."""
+        self.raw = bool(raw)
+        # A table's records travel as bytes, cut into one array a column (_tables.split).
+        self._columns = table_columns(self._source, columns, transform)
         src_dtype = dtype_of(self._source.descr)
         src_shape = tuple(int(d) for d in self._source.record_shape)
         self._transform, out_bytes, out_dtype, out_shape = transform_layout(
@@ -223,13 +235,18 @@ class Loader:
         #: numpy dtype and per-record shape of the batches (before ``raw``).
         self.dtype: np.dtype = out_dtype
         self.record_shape: tuple[int, ...] = out_shape
-        self._export: Export = export_for(out_dtype, out_shape, self.raw)
+        self._export: Export = export_for(out_dtype, out_shape, self.raw or bool(self._columns))
         return out_bytes
 
     def _configure(
         self, batch_size: Any, numbers: dict[str, Any], device: str, reader: str, out_bytes: Any
     ) -> None:
-        """Reads the options once, in Rust, and keeps what the passes and states need."""
+        """Reads every number, size and name once, in Rust, and keeps what the passes and states
+        need."""
+        self.resident: bool = self.shuffle == "gpu"
+        numbers["rank"], numbers["world_size"] = distributed_defaults(
+            numbers["rank"], numbers["world_size"]
+        )
         self._options = opts = _pinfeed.StreamOptions(
             self._source,
             batch_size,
@@ -295,7 +312,7 @@ class Loader:
         self.device: str = self._pending.device
         warn_if_host_fallback(self._options.device, self.device)
         try:
-            self._check_delivery(out_bytes)
+            check_delivery(self, out_bytes)
             if self.resident:
                 record_bytes = int(self._pending.record_bytes)
                 asked, budget = device_budget, self._options.device_budget
@@ -318,28 +335,6 @@ class Loader:
             self._pending.close()
             raise
         self._len = self._batches_per_epoch * self.epochs
-
-    def _check_delivery(self, out_bytes: Any) -> None:
-        """Refuses batches the framework cannot hold on the device the pass runs on."""
-        name = self.source_name
-        if self._export.view is not None and (
-            self.device.startswith("cuda") or self.framework in ("jax", "cupy")
-        ):
-            kind = self.framework or "torch"
-            record = self._source.record_bytes if self._transform is None else out_bytes
-            raise PinfeedValueError(
-                f"{name}: dtype {self.dtype} has no {kind} equivalent ({kind} has no structured, "
-                f"string or date dtypes); pass raw=True for the records' bytes as uint8 "
-                f"(records, {record}), or device='cpu' for numpy arrays"
-            )
-        check_device(self.framework, self.device, name)
-        check_dtype(self.framework, np.uint8 if self.raw else self.dtype, name)
-        if self.resident and self.framework in ("jax", "cupy"):
-            raise PinfeedValueError(
-                f'{name}: shuffle="gpu" gathers its batches with torch (numpy on the host); '
-                f"framework={self.framework!r} streams them instead: use shuffle=True or "
-                '"block"'
-            )
 
     def _start(self, at: "_Position") -> "_pinfeed.Stream":
         stream = _pinfeed.Stream(

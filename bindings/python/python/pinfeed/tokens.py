@@ -22,6 +22,7 @@ from ._frameworks import check_dtype, framework_arg, module
 from ._mixture import mixture_of, name_of, reblended
 from ._options import int_arg, ints, shuffle_arg
 from ._sources import source_path, store_args
+from ._tables import open_column, packing
 from .errors import PinfeedTypeError, PinfeedValueError
 from .loader import Loader
 
@@ -133,6 +134,17 @@ class TokenLoader(EpochLoader):
     ``"documents"`` is refused for a URL (its ``.bin`` reads as a raw token object).
     ``stats()["network"]`` counts the current pass's fetches.
 
+    ``source`` may also be a table (Parquet, Arrow IPC or JSON lines, or a directory or glob of
+    them) with ``column``: a column of integer lists (``"input_ids"``) is read as one stream,
+    the rows' lists concatenated in order; a text column with ``tokenizer`` (a
+    ``tokenizer.json``) is tokenized on the reader threads (as the Python ``tokenizers``
+    package's ``encode`` does, ``bos_token`` before and ``eos_token`` after each document; a
+    str is a token, an int an id) into uint32 tokens, and each step is ``(x, y, segment_ids,
+    position_ids, cu_seqlens)``: a document starts at a window's start, at ``bos_token`` and
+    after ``eos_token``, ``position_ids`` restart at each, and ``cu_seqlens`` (int32) are the
+    documents' bounds in the flattened batch. Each file's text is tokenized once when the
+    loader is made, to count its tokens, and again when read once outside the cache.
+
     **Mixtures**: ``source`` may be a dict of name to source (a path, a URL, or
     :class:`pinfeed.Source` with its own ``token_dtype`` and object-store options), with
     ``weights={name: share}`` or a curriculum ``[(from_step, {name: share}), ...]``.
@@ -177,6 +189,10 @@ class TokenLoader(EpochLoader):
         token_dtype: Any = None,
         sample: str = "random",
         steps: Optional[int] = None,
+        column: Optional[str] = None,
+        tokenizer: Any = None,
+        eos_token: Any = None,
+        bos_token: Any = None,
         weights: Any = None,
         mode: str = "exact",
         on_exhausted: Any = None,
@@ -184,9 +200,6 @@ class TokenLoader(EpochLoader):
         mixed = isinstance(source, Mapping)
         self.source = name_of(source) if mixed else source_path(source, "TokenLoader")
         self._store = store_args(storage_options, cache_dir, cache_limit, queue_depth, self.source)
-        # Token data in object storage as first opened (listing and headers): later epochs'
-        # windows are cut from it. None for local files, which are opened again each time.
-        self._opened: Optional[_pinfeed.TokenStream] = None
         framework = framework_arg(framework)
         #: ``"none"`` or ``"random"`` (sequential and document windows, permuted each epoch).
         self.shuffle: str = shuffle_arg(shuffle, ("none", "random"), "TokenLoader")
@@ -199,6 +212,11 @@ class TokenLoader(EpochLoader):
         self.dtype: str = self._dtype_arg(dtype, framework)
         # "uint16", "<u2", numpy.uint16: the Rust side parses names and typestrings.
         self._token_dtype = None if token_dtype is None else _typestr(token_dtype)
+        # Token data as first opened (object-store listing and headers, or a table's column):
+        # later epochs' windows are cut from it. None for local files, opened again each time.
+        self._opened = self._open_column(
+            column, tokenizer, (bos_token, eos_token), framework, mixed
+        )
         self._shared(
             rank,
             world_size,
@@ -252,6 +270,37 @@ class TokenLoader(EpochLoader):
                 "windows have a length (batches per epoch)"
             )
         return sample
+
+    def _open_column(
+        self,
+        column: Any,
+        tokenizer: Any,
+        bos_eos: tuple[Any, Any],
+        framework: Optional[str],
+        mixed: bool,
+    ) -> Optional["_pinfeed.TokenStream"]:
+        """A table's ``column`` opened (None without one); with text, sets :attr:`_text`, the
+        ids of ``bos_eos``: steps then also carry position ids and ``cu_seqlens``."""
+        self._text: Optional[tuple[Optional[int], Optional[int]]] = None
+        if column is None and tokenizer is None:
+            return None
+        if mixed:
+            raise PinfeedValueError(
+                f"{self.source}: column= and tokenizer= read one table; the sources of a "
+                "mixture are token data so far"
+            )
+        if self._store:
+            raise PinfeedValueError(
+                f"{self.source}: {', '.join(sorted(self._store))} apply to object-storage "
+                "URLs; tables are read from local files so far"
+            )
+        opened, self._text = open_column(self.source, column, tokenizer, bos_eos, self._token_dtype)
+        if self._text is not None and framework in ("jax", "cupy"):
+            raise PinfeedValueError(
+                f"{self.source}: a tokenized text column delivers torch tensors or numpy "
+                f"arrays so far, not framework={framework!r}"
+            )
+        return opened
 
     def _dtype_arg(self, dtype: Any, framework: Optional[str]) -> str:
         if dtype is None:
@@ -317,6 +366,8 @@ class TokenLoader(EpochLoader):
         batches_done, skip = divmod(start[1], self._group)
         loader.load_state_dict({**state, "epoch": start[0], "batches_done": batches_done})
         self._steps_done = start[1]
+        if self._text is not None:
+            return (packing(xy, *self._text) for xy in self._batches(iter(loader), skip))
         return self._batches(iter(loader), skip)
 
     def _batches(self, batches: Iterator[Any], skip: int) -> Iterator[tuple[Any, ...]]:

@@ -193,7 +193,7 @@ fn a_directory() {
         // A directory is a dataset of shards; an empty one is refused.
         &[
             &shown(dir.path()),
-            "directory holds no .npy, .safetensors or .pftxt files",
+            "directory holds no .npy, .safetensors, .pftxt, .parquet, .arrow or .jsonl files",
         ],
     );
 }

@@ -20,7 +20,15 @@ pub(crate) mod text;
 
 /// Every format, in the order files are matched: first by extension, then by
 /// [`Format::sniff`]. Raw records come last: they claim any file no other format does.
-pub static ALL: &[&dyn Format] = &[&npy::Npy, &safetensors::Safetensors, &text::Text, &raw::Raw];
+pub static ALL: &[&dyn Format] = &[
+    &npy::Npy,
+    &safetensors::Safetensors,
+    &text::Text,
+    crate::table::PARQUET,
+    crate::table::ARROW,
+    crate::table::JSONL,
+    &raw::Raw,
+];
 
 /// Bytes of a file's start handed to [`Format::sniff`] (fewer for a shorter file): enough for
 /// the `.npy` magic, and for a tar header's `ustar` magic at byte 257.
@@ -46,7 +54,8 @@ pub trait Format: Sync {
     /// What errors and the documentation call it: `"npy"`, `"safetensors"`.
     fn name(&self) -> &'static str;
 
-    /// File name extensions, without the dot, matched in any case: files so named are opened
+    /// File name extensions, without the leading dot (`parquet`, `jsonl.gz`), matched in any
+    /// case: files so named are opened
     /// with this format, and a directory's files so named are its shards.
     fn extensions(&self) -> &'static [&'static str];
 
@@ -164,10 +173,16 @@ fn formats_with_options() -> String {
     format!("formats that take options: {}", list.join(", "))
 }
 
-/// Whether the file name ends in `.ext`, in any case.
+/// Whether the file name ends in `.ext`, in any case; `ext` may hold dots (`jsonl.gz`).
 pub(crate) fn has_extension(path: &Path, ext: &str) -> bool {
-    path.extension()
-        .is_some_and(|e| e.eq_ignore_ascii_case(ext))
+    use std::os::unix::ffi::OsStrExt;
+    let Some(name) = path.file_name().map(|n| n.as_bytes()) else {
+        return false;
+    };
+    let ext = ext.as_bytes();
+    name.len() > ext.len() + 1
+        && name[name.len() - ext.len() - 1] == b'.'
+        && name[name.len() - ext.len()..].eq_ignore_ascii_case(ext)
 }
 
 /// The format that claims `path`: by extension, else by its first bytes `head`.
@@ -186,11 +201,12 @@ pub(crate) fn is_shard_name(path: &Path) -> bool {
         .any(|f| f.extensions().iter().any(|e| has_extension(path, e)))
 }
 
-/// "the directory holds no .npy, .safetensors or ... files", for shard discovery.
+/// "the directory holds no .npy, .safetensors or ... files", for shard discovery: each
+/// format's first extension.
 pub(crate) fn shard_extensions() -> String {
     let exts: Vec<String> = ALL
         .iter()
-        .flat_map(|f| f.extensions().iter().map(|e| format!(".{e}")))
+        .filter_map(|f| f.extensions().first().map(|e| format!(".{e}")))
         .collect();
     match exts.split_last() {
         Some((last, [])) => last.clone(),

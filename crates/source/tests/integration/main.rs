@@ -11,6 +11,7 @@ mod raw_files;
 mod safetensors_files;
 mod shards;
 mod shrink;
+mod tables;
 mod text_files;
 mod uring;
 mod util;

@@ -153,7 +153,7 @@ fn empty_directories_and_patterns_are_errors() {
     assert!(matches!(e, SourceError::NoShards { .. }), "{e:?}");
     assert!(
         e.to_string()
-            .contains("no .npy, .safetensors or .pftxt files"),
+            .contains("no .npy, .safetensors, .pftxt, .parquet, .arrow or .jsonl files"),
         "{e}"
     );
     assert!(

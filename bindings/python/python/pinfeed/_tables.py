@@ -1,0 +1,178 @@
+"""Tables (Parquet, Arrow IPC, JSON lines) as records of chosen columns, and batches of those
+records as a dict of arrays, one per column (issue 50). The Rust core lays a record out (each
+column at an offset aligned to its element size); this module only names the columns and views
+each one's bytes of a raw batch in place."""
+
+import os
+from collections.abc import Sequence
+from typing import Any, NamedTuple, Optional
+
+import numpy as np
+
+from . import _pinfeed
+from ._arrays import dtype_of
+from .errors import PinfeedTypeError, PinfeedValueError
+
+
+class ColumnView(NamedTuple):
+    """Where one column lies in a record, and what it holds."""
+
+    name: str
+    offset: int
+    nbytes: int
+    dtype: np.dtype
+    shape: tuple[int, ...]
+
+
+def open_table(
+    path: str, columns: Any, on_error: Any, reader: str, store: dict[str, Any]
+) -> "_pinfeed.Source":
+    """Opens ``path`` (a file, directory or glob of tables) as records of ``columns``."""
+    if isinstance(columns, str):
+        columns = [columns]
+    if not isinstance(columns, Sequence) or not all(isinstance(c, str) for c in columns):
+        raise PinfeedTypeError(
+            f"{path}: columns must be a list of column names (str), not {columns!r}"
+        )
+    if on_error not in ("raise", "skip"):
+        raise PinfeedValueError(f'{path}: on_error={on_error!r}: expected "raise" or "skip"')
+    if store:
+        raise PinfeedValueError(
+            f"{path}: {', '.join(sorted(store))} apply to object-storage URLs; tables are read "
+            "from local files so far"
+        )
+    return _pinfeed.open_table(path, list(columns), on_error=on_error, reader=reader)
+
+
+def natural_block(source: "_pinfeed.Source", shuffle: str, block_size: Optional[int]) -> Any:
+    """``block_size`` for ``shuffle="block"``: a Parquet row group's rows unless given, so
+    that each block decodes one row group (random order decodes one for nearly every record)."""
+    if block_size is not None or shuffle != "block":
+        return block_size
+    return _pinfeed.natural_block(source)
+
+
+def table_columns(
+    source: "_pinfeed.Source", columns: Any, transform: Any
+) -> Optional[list["ColumnView"]]:
+    """Where each column lies in the records of a table opened with ``columns`` (None for
+    other sources)."""
+    if columns is None:
+        return None
+    if transform is not None:
+        raise PinfeedValueError(
+            f"{source.name}: columns= reads a table's own types; a transform does not apply"
+        )
+    return column_views(source.descr)
+
+
+def column_views(descr: str) -> list[ColumnView]:
+    """The columns of records of the structured dtype ``descr``, padding left out."""
+    dt = dtype_of(descr)
+    views = []
+    for name in dt.names or ():
+        sub, offset = dt.fields[name][:2]
+        views.append(ColumnView(name, int(offset), int(sub.itemsize), sub.base, tuple(sub.shape)))
+    return views
+
+
+def _torch_dtype(torch: Any, dt: np.dtype) -> Any:
+    return torch.from_numpy(np.empty(0, dt)).dtype
+
+
+def split(batch: Any, views: Sequence[ColumnView]) -> dict[str, Any]:
+    """A raw batch (uint8, ``(rows, record_bytes)``) as ``{column: array}``, each a view of
+    the batch's memory (no copy), of the column's dtype and shape ``(rows, *shape)``."""
+    rows = int(batch.shape[0])
+    if isinstance(batch, np.ndarray):
+        return {
+            v.name: batch[:, v.offset : v.offset + v.nbytes].view(v.dtype).reshape((rows, *v.shape))
+            for v in views
+        }
+    module = type(batch).__module__.split(".")[0]
+    if module == "torch":
+        import torch
+
+        return {
+            v.name: batch[:, v.offset : v.offset + v.nbytes]
+            .view(_torch_dtype(torch, v.dtype))
+            .reshape((rows, *v.shape))
+            for v in views
+        }
+    raise PinfeedValueError(
+        f"columns= delivers torch tensors or numpy arrays so far, not {type(batch).__name__}"
+    )
+
+
+def open_column(
+    path: str, column: Any, tokenizer: Any, bos_eos: tuple[Any, Any], token_dtype: Optional[str]
+) -> tuple["_pinfeed.TokenStream", Optional[tuple[Optional[int], Optional[int]]]]:
+    """A table's ``column`` as a token stream: integer lists as they are, or text tokenized
+    with ``tokenizer`` (a ``tokenizer.json``); then also the ids of ``bos_eos`` (tokens or
+    ids; None when not given), else None."""
+    if not isinstance(column, str):
+        raise PinfeedTypeError(
+            f"{path}: column must name a table's column (str), not {type(column).__name__}"
+            + (" (tokenizer= reads a column of text: give column= too)" if column is None else "")
+        )
+    bos, eos = bos_eos
+    if tokenizer is None:
+        if bos is not None or eos is not None:
+            raise PinfeedValueError(
+                f"{path}: bos_token and eos_token apply to text tokenized with tokenizer="
+            )
+        return _pinfeed.open_token_column(path, column, dtype=token_dtype), None
+    if token_dtype is not None:
+        raise PinfeedValueError(
+            f"{path}: a tokenized text column is uint32 tokens; leave token_dtype out"
+        )
+    if not isinstance(tokenizer, (str, os.PathLike)):
+        raise PinfeedTypeError(
+            f"{path}: tokenizer must be the path of a tokenizer.json, not "
+            f"{type(tokenizer).__name__}"
+        )
+    stream, bos_id, eos_id = _pinfeed.open_text_column(
+        path, column, os.fspath(tokenizer), bos=bos, eos=eos
+    )
+    return stream, (bos_id, eos_id)
+
+
+def packing(xy: tuple[Any, Any], bos: Optional[int], eos: Optional[int]) -> tuple[Any, ...]:
+    """``(x, y, segment_ids, position_ids, cu_seqlens)`` of a step of packed documents: a
+    document starts at each window's start, at ``bos`` and after ``eos``; ``segment_ids`` are
+    each input token's document ordinal in its window, ``position_ids`` restart at 0 at each
+    document, and ``cu_seqlens`` (int32) are the documents' boundaries in the flattened batch,
+    as variable-length attention kernels take them."""
+    x, y = xy
+    if isinstance(x, np.ndarray):
+        xp, accumulate = np, lambda a: np.maximum.accumulate(a, axis=1)
+    elif type(x).__module__.split(".")[0] == "torch":
+        import torch as xp
+
+        def accumulate(a: Any) -> Any:
+            return xp.cummax(a, dim=1).values
+    else:
+        raise PinfeedValueError("text columns deliver torch tensors or numpy arrays so far")
+    rows, length = int(x.shape[0]), int(x.shape[1])
+    if xp is np:
+        starts = np.zeros(x.shape, dtype=bool)
+    else:
+        starts = xp.zeros(x.shape, dtype=xp.bool, device=x.device)
+    if bos is not None:
+        starts |= x == bos
+    if eos is not None:
+        starts[:, 1:] |= x[:, :-1] == eos
+    starts[:, 0] = True
+    segment_ids = (
+        (starts.cumsum(1) - 1).astype(np.int32) if xp is np else (starts.cumsum(1) - 1).int()
+    )
+    index = np.arange(length) if xp is np else xp.arange(length, device=x.device)
+    first = accumulate(xp.where(starts, index, 0))
+    position_ids = index - first
+    flat = starts.reshape(-1)
+    if xp is np:
+        cu = np.append(np.flatnonzero(flat), rows * length).astype(np.int32)
+    else:
+        end = xp.tensor([rows * length], device=x.device)
+        cu = xp.cat([xp.nonzero(flat).reshape(-1), end]).int()
+    return x, y, segment_ids, position_ids, cu

@@ -1,0 +1,501 @@
+"""Tables as records (issue 50): Parquet and Arrow IPC files written by pyarrow, and JSON lines,
+read by ``Loader(source, columns=[...])`` into dicts of batches, one array per column."""
+
+import gzip
+import json
+
+import numpy as np
+import pytest
+
+import pinfeed
+
+pa = pytest.importorskip("pyarrow")
+pq = pytest.importorskip("pyarrow.parquet")
+
+ROWS = 50
+
+# Every column type records take: (name, arrow type, numpy dtype, row shape).
+TAKEN = [
+    ("id", pa.int64(), np.int64, ()),
+    ("i8", pa.int8(), np.int8, ()),
+    ("i16", pa.int16(), np.int16, ()),
+    ("i32", pa.int32(), np.int32, ()),
+    ("u8", pa.uint8(), np.uint8, ()),
+    ("u16", pa.uint16(), np.uint16, ()),
+    ("u32", pa.uint32(), np.uint32, ()),
+    ("u64", pa.uint64(), np.uint64, ()),
+    ("f16", pa.float16(), np.float16, ()),
+    ("f32", pa.float32(), np.float32, ()),
+    ("f64", pa.float64(), np.float64, ()),
+    ("flag", pa.bool_(), np.bool_, ()),
+    ("vec", pa.list_(pa.float32(), 3), np.float32, (3,)),
+    ("img", pa.list_(pa.list_(pa.uint8(), 2), 3), np.uint8, (3, 2)),
+]
+
+
+def column_values(rng, dtype, shape, rows):
+    size = (rows, *shape)
+    if dtype is np.bool_:
+        return rng.random(size) < 0.5
+    if np.issubdtype(dtype, np.integer):
+        info = np.iinfo(dtype)
+        return rng.integers(info.min, info.max, size=size, dtype=dtype, endpoint=True)
+    return rng.standard_normal(size).astype(dtype)
+
+
+def arrow_column(values, arrow_type):
+    if values.ndim == 1:
+        return pa.array(values, type=arrow_type)
+    flat = pa.array(values.reshape(-1), type=_leaf(arrow_type))
+    for n in reversed(values.shape[1:]):
+        flat = pa.FixedSizeListArray.from_arrays(flat, n)
+    return flat.cast(arrow_type)
+
+
+def _leaf(t):
+    while pa.types.is_fixed_size_list(t):
+        t = t.value_type
+    return t
+
+
+def make_table(rows=ROWS, seed=0):
+    rng = np.random.default_rng(seed)
+    arrays, expected = {}, {}
+    for name, arrow_type, dtype, shape in TAKEN:
+        values = (
+            np.arange(rows, dtype=np.int64)
+            if name == "id"
+            else column_values(rng, dtype, shape, rows)
+        )
+        arrays[name] = arrow_column(values, arrow_type)
+        expected[name] = values
+    arrays["text"] = pa.array([f"row {i}" for i in range(rows)])
+    arrays["ragged"] = pa.array(
+        [list(range(i % 4)) for i in range(rows)], type=pa.list_(pa.int32())
+    )
+    return pa.table(arrays), expected
+
+
+def pyarrow_read(table, name, dtype, shape):
+    """pyarrow's own read of a column, as an array of the row shape."""
+    column = table.column(name).combine_chunks()
+    while pa.types.is_fixed_size_list(column.type):
+        column = column.flatten()
+    values = column.to_numpy(zero_copy_only=False)
+    return np.asarray(values, dtype=dtype).reshape((len(table), *shape))
+
+
+def read_all(loader):
+    batches = list(loader)
+    return {k: np.concatenate([b[k] for b in batches]) for k in batches[0]}
+
+
+NAMES = [name for name, *_ in TAKEN]
+
+
+def check_equal(got, table):
+    for name, _, dtype, shape in TAKEN:
+        want = pyarrow_read(table, name, dtype, shape)
+        assert got[name].dtype == np.dtype(dtype), name
+        assert got[name].shape == want.shape, name
+        np.testing.assert_array_equal(got[name], want, err_msg=name)
+
+
+@pytest.fixture
+def parquet_file(tmp_path):
+    table, _ = make_table()
+    path = tmp_path / "t.parquet"
+    pq.write_table(table, path, row_group_size=7, compression="snappy")
+    return path, table
+
+
+def test_parquet_columns_in_order_equal_pyarrows_read(parquet_file):
+    path, table = parquet_file
+    loader = pinfeed.Loader(path, 8, device="cpu", columns=NAMES)
+    assert loader.num_samples == ROWS
+    batches = list(loader)
+    assert [len(b["id"]) for b in batches] == [8] * 6 + [2]
+    assert list(batches[0]) == NAMES
+    check_equal(read_all(pinfeed.Loader(path, 8, device="cpu", columns=NAMES)), table)
+
+
+@pytest.mark.parametrize("shuffle", [True, "block"])
+def test_parquet_shuffled_gives_every_row_once(parquet_file, shuffle):
+    path, table = parquet_file
+    got = read_all(pinfeed.Loader(path, 8, device="cpu", columns=NAMES, shuffle=shuffle, seed=5))
+    assert sorted(got["id"].tolist()) == list(range(ROWS))
+    assert got["id"].tolist() != list(range(ROWS))
+    order = np.argsort(got["id"])
+    check_equal({k: v[order] for k, v in got.items()}, table)
+
+
+def test_block_shuffle_blocks_are_row_groups(parquet_file):
+    path, _ = parquet_file
+    loader = pinfeed.Loader(path, 8, device="cpu", columns=["id"], shuffle="block")
+    assert loader.block_size == 7
+
+
+@pytest.mark.parametrize("codec", ["zstd", "gzip", "lz4", "none"])
+def test_parquet_codecs_and_a_directory_of_files(tmp_path, codec):
+    table, _ = make_table()
+    for i, part in enumerate([table.slice(0, 20), table.slice(20)]):
+        pq.write_table(part, tmp_path / f"part-{i}.parquet", row_group_size=9, compression=codec)
+    check_equal(read_all(pinfeed.Loader(tmp_path, 16, device="cpu", columns=NAMES)), table)
+    glob = read_all(pinfeed.Loader(tmp_path / "part-*.parquet", 16, device="cpu", columns=["id"]))
+    assert glob["id"].tolist() == list(range(ROWS))
+
+
+@pytest.mark.parametrize("kind", ["file", "stream"])
+def test_arrow_ipc_file_and_stream(tmp_path, kind):
+    table, _ = make_table()
+    path = tmp_path / "data-00000-of-00001.arrow"
+    new = pa.ipc.new_file if kind == "file" else pa.ipc.new_stream
+    with new(path, table.schema) as writer:
+        for batch in table.to_batches(max_chunksize=11):
+            writer.write_batch(batch)
+    check_equal(read_all(pinfeed.Loader(path, 8, device="cpu", columns=NAMES)), table)
+    got = read_all(pinfeed.Loader(path, 8, device="cpu", columns=["id"], shuffle=True))
+    assert sorted(got["id"].tolist()) == list(range(ROWS))
+
+
+@pytest.mark.parametrize(
+    "column, says",
+    [
+        ("text", 'column "text" is text'),
+        ("ragged", 'column "ragged" is a variable-size list'),
+        ("nope", 'no column "nope"; the columns are "id"'),
+    ],
+)
+def test_refused_columns_are_named(parquet_file, column, says):
+    path, _ = parquet_file
+    with pytest.raises(pinfeed.PinfeedValueError, match=str(path)) as e:
+        pinfeed.Loader(path, 8, device="cpu", columns=["id", column])
+    assert says in str(e.value)
+    assert "\n" not in str(e.value)
+
+
+def test_nulls_are_refused_naming_column_and_row_group(tmp_path):
+    path = tmp_path / "n.parquet"
+    values = [float(i) for i in range(20)]
+    values[15] = None
+    pq.write_table(pa.table({"x": values}), path, row_group_size=7)
+    with pytest.raises(pinfeed.PinfeedValueError) as e:
+        pinfeed.Loader(path, 4, device="cpu", columns=["x"])
+    assert f'{path}, row group 2: column "x" holds 1 nulls' in str(e.value)
+
+
+def test_corrupt_parquet_is_named(tmp_path, parquet_file):
+    path, _ = parquet_file
+    data = bytearray(path.read_bytes())
+    bad = tmp_path / "bad.parquet"
+    bad.write_bytes(bytes(data[:-12]) + b"\0\0\0\0\0\0\0\0PAR1")
+    with pytest.raises(pinfeed.PinfeedValueError, match="bad.parquet: not a readable Parquet file"):
+        pinfeed.Loader(bad, 4, device="cpu", columns=["id"])
+    # A page whose bytes are garbled: named with its row group when it is read.
+    meta = pq.ParquetFile(path).metadata
+    chunk = meta.row_group(1).column(0)
+    start = chunk.data_page_offset
+    data[start + 20 : start + 40] = b"\xff" * 20
+    bad.write_bytes(bytes(data))
+    with pytest.raises(pinfeed.PinfeedError, match="bad.parquet, row group 1"):
+        list(pinfeed.Loader(bad, 4, device="cpu", columns=["id"]))
+
+
+def test_json_lines_equal_json_loads(tmp_path):
+    rng = np.random.default_rng(1)
+    rows = [
+        {
+            "id": i,
+            "score": float(rng.standard_normal()),
+            "emb": rng.integers(-5, 5, 4).tolist(),
+            "ok": bool(i % 2),
+        }
+        for i in range(30)
+    ]
+    text = "\n".join(json.dumps(r) for r in rows) + "\n"
+    plain = tmp_path / "a.jsonl"
+    plain.write_text(text)
+    packed = tmp_path / "b.jsonl.gz"
+    packed.write_bytes(gzip.compress(text.encode()))
+    for path in (plain, packed):
+        got = read_all(pinfeed.Loader(path, 7, device="cpu", columns=["emb", "id", "score", "ok"]))
+        want = [json.loads(line) for line in text.splitlines()]
+        assert got["id"].dtype == np.int64 and got["score"].dtype == np.float64
+        assert got["emb"].shape == (30, 4) and got["ok"].dtype == np.bool_
+        assert got["id"].tolist() == [w["id"] for w in want]
+        assert got["score"].tolist() == [w["score"] for w in want]
+        assert got["emb"].tolist() == [w["emb"] for w in want]
+        assert got["ok"].tolist() == [w["ok"] for w in want]
+
+
+def test_malformed_json_line_named_or_skipped(tmp_path):
+    path = tmp_path / "m.jsonl"
+    path.write_text('{"x": 1}\n{"x": 2\n{"x": 3}\n')
+    with pytest.raises(pinfeed.PinfeedValueError, match=r"m\.jsonl:2: malformed JSON"):
+        pinfeed.Loader(path, 2, device="cpu", columns=["x"])
+    loader = pinfeed.Loader(path, 2, device="cpu", columns=["x"], on_error="skip")
+    assert read_all(loader)["x"].tolist() == [1, 3]
+    assert "1 malformed lines skipped" in loader.stats()["reader_description"]
+
+
+def token_docs(n=60, seed=2):
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, 50000, int(rng.integers(1, 40))).tolist() for _ in range(n)]
+
+
+@pytest.mark.parametrize("kind", ["parquet", "arrow"])
+def test_token_column_is_a_document_stream(tmp_path, kind):
+    docs = token_docs()
+    table = pa.table({"input_ids": pa.array(docs, type=pa.list_(pa.int32())), "n": list(range(60))})
+    if kind == "parquet":
+        path = tmp_path / "tok.parquet"
+        pq.write_table(table, path, row_group_size=13)
+    else:
+        path = tmp_path / "tok.arrow"
+        with pa.ipc.new_stream(path, table.schema) as w:
+            for b in table.to_batches(max_chunksize=17):
+                w.write_batch(b)
+    flat = np.concatenate([np.asarray(d, dtype=np.int64) for d in docs])
+    seq_len = 16
+    loader = pinfeed.TokenLoader(
+        path, seq_len, 3, column="input_ids", sample="sequential", device="cpu"
+    )
+    assert loader.num_tokens == len(flat)
+    windows = (len(flat) - 1) // seq_len
+    got = [np.asarray(x) for x, _ in loader]
+    xs = np.concatenate(got)
+    assert xs.shape == (windows, seq_len)
+    for w in range(windows):
+        np.testing.assert_array_equal(xs[w], flat[w * seq_len : (w + 1) * seq_len])
+    # Random windows: every window's tokens are a run of the concatenation.
+    rand = pinfeed.TokenLoader(path, seq_len, 4, column="input_ids", steps=5, device="cpu", seed=1)
+    for step, (x, _) in enumerate(rand):
+        for row, start in zip(np.asarray(x), rand.offsets(step, epoch=0)):
+            np.testing.assert_array_equal(row, flat[start : start + seq_len])
+
+
+def test_token_column_must_be_lists_of_integers(tmp_path):
+    path = tmp_path / "t.parquet"
+    pq.write_table(pa.table({"x": [1.0, 2.0], "s": [[1.5], [2.0]]}), path)
+    with pytest.raises(pinfeed.PinfeedValueError, match='column "x" has type Float64; a token'):
+        pinfeed.TokenLoader(path, 4, 1, column="x", device="cpu")
+    with pytest.raises(pinfeed.PinfeedValueError, match='column "s" holds lists of Float64'):
+        pinfeed.TokenLoader(path, 4, 1, column="s", device="cpu")
+
+
+WORDS = "the a cat dog sat on mat über naïve café 東京 data loader token window pinned".split()
+
+
+def make_texts(n=70, seed=3):
+    rng = np.random.default_rng(seed)
+    return [" ".join(rng.choice(WORDS, int(rng.integers(1, 25)))) for _ in range(n)]
+
+
+@pytest.fixture(scope="module")
+def trained_tokenizer(tmp_path_factory):
+    """A byte-level BPE trained here by the Python tokenizers package, saved as JSON."""
+    tk = pytest.importorskip("tokenizers")
+    tok = tk.Tokenizer(tk.models.BPE())
+    tok.pre_tokenizer = tk.pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = tk.decoders.ByteLevel()
+    trainer = tk.trainers.BpeTrainer(
+        vocab_size=400,
+        special_tokens=["<|endoftext|>"],
+        initial_alphabet=tk.pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tok.train_from_iterator(make_texts(200, seed=9), trainer)
+    path = tmp_path_factory.mktemp("tok") / "tokenizer.json"
+    tok.save(str(path))
+    return tok, path
+
+
+def text_loader(path, tokenizer, **kw):
+    args = dict(column="text", tokenizer=tokenizer, eos_token="<|endoftext|>", device="cpu")
+    return pinfeed.TokenLoader(path, 16, 3, **{**args, **kw})
+
+
+@pytest.mark.parametrize("kind", ["parquet", "jsonl"])
+def test_text_windows_equal_encode_batch_with_eos(tmp_path, trained_tokenizer, kind):
+    tok, tok_path = trained_tokenizer
+    texts = make_texts()
+    if kind == "parquet":
+        path = tmp_path / "text.parquet"
+        pq.write_table(
+            pa.table({"text": texts, "n": list(range(len(texts)))}), path, row_group_size=9
+        )
+    else:
+        path = tmp_path / "text.jsonl"
+        path.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    eos = tok.token_to_id("<|endoftext|>")
+    flat = np.concatenate([e.ids + [eos] for e in tok.encode_batch(texts)]).astype(np.int64)
+    # The end-of-text token by name, or (JSON lines) by its id.
+    special = "<|endoftext|>" if kind == "parquet" else eos
+    loader = text_loader(path, tok_path, sample="sequential", eos_token=special)
+    assert loader.num_tokens == len(flat)
+    steps = list(loader)
+    x = np.concatenate([s[0] for s in steps])
+    y = np.concatenate([s[1] for s in steps])
+    windows = (len(flat) - 1) // 16
+    assert x.shape == (windows, 16)
+    for w in range(windows):
+        np.testing.assert_array_equal(x[w], flat[w * 16 : w * 16 + 16])
+        np.testing.assert_array_equal(y[w], flat[w * 16 + 1 : w * 16 + 17])
+    for x, _, seg, pos, cu in steps:
+        for row in range(x.shape[0]):
+            # A new document after each eos: segment ids count them, positions restart.
+            after_eos = np.concatenate([[False], x[row, :-1] == eos])
+            np.testing.assert_array_equal(np.diff(seg[row]), after_eos[1:].astype(np.int32))
+            assert seg[row, 0] == 0
+            starts = np.flatnonzero(np.concatenate([[True], after_eos[1:]]))
+            want_pos = np.arange(16) - starts[np.searchsorted(starts, np.arange(16), "right") - 1]
+            np.testing.assert_array_equal(pos[row], want_pos)
+        flat_pos = pos.reshape(-1)
+        np.testing.assert_array_equal(cu, np.append(np.flatnonzero(flat_pos == 0), flat_pos.size))
+        assert cu.dtype == np.int32
+
+
+def test_text_resume_is_exact(tmp_path, trained_tokenizer):
+    _, tok_path = trained_tokenizer
+    path = tmp_path / "text.parquet"
+    pq.write_table(pa.table({"text": make_texts(120)}), path, row_group_size=10)
+    whole = [s[0] for s in text_loader(path, tok_path, sample="sequential", shuffle=True, seed=4)]
+    first = text_loader(path, tok_path, sample="sequential", shuffle=True, seed=4)
+    it = iter(first)
+    for _ in range(5):
+        next(it)
+    state = first.state_dict()
+    resumed = text_loader(path, tok_path, sample="sequential", shuffle=True, seed=4)
+    resumed.load_state_dict(state)
+    rest = [s[0] for s in resumed]
+    assert len(rest) == len(whole) - 5
+    for a, b in zip(rest, whole[5:]):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_a_tokenizer_that_does_not_load_is_named(tmp_path, parquet_file):
+    path, _ = parquet_file
+    bad = tmp_path / "tokenizer.json"
+    bad.write_text('{"model": 3}')
+    with pytest.raises(pinfeed.PinfeedValueError) as e:
+        pinfeed.TokenLoader(path, 8, 1, column="text", tokenizer=bad, device="cpu")
+    assert f"{bad}: cannot load the tokenizer" in str(e.value)
+    assert "\n" not in str(e.value)
+
+
+def test_text_elastic_resume_from_two_ranks_to_one(tmp_path, trained_tokenizer):
+    """Two ranks stop after three steps; one rank resumes from their merged state and
+    delivers exactly the windows neither had received."""
+    _, tok_path = trained_tokenizer
+    path = tmp_path / "text.parquet"
+    pq.write_table(pa.table({"text": make_texts(150)}), path, row_group_size=10)
+
+    def make(rank, world):
+        return text_loader(
+            path, tok_path, sample="sequential", shuffle=True, seed=2, rank=rank, world_size=world
+        )
+
+    whole = np.concatenate([s[0] for s in make(0, 1)])
+    seen, states = [], []
+    for rank in (0, 1):
+        loader = make(rank, 2)
+        it = iter(loader)
+        seen += [next(it)[0] for _ in range(3)]
+        states.append(loader.state_dict())
+    resumed = make(0, 1)
+    resumed.load_state_dict(pinfeed.merge_states(states))
+    rest = [s[0] for s in resumed]
+    got = np.concatenate(seen + rest)
+    assert sorted(map(tuple, got.tolist())) == sorted(map(tuple, whole.tolist()))
+
+
+def test_columns_as_torch_tensors_view_the_batch(parquet_file):
+    torch = pytest.importorskip("torch")
+    path, table = parquet_file
+    loader = pinfeed.Loader(path, 8, device="cpu", framework="torch", columns=NAMES)
+    batches = list(loader)
+    assert isinstance(batches[0]["vec"], torch.Tensor)
+    assert batches[0]["img"].shape == (8, 3, 2) and batches[0]["u16"].dtype == torch.uint16
+    got = {k: np.concatenate([b[k].numpy() for b in batches]) for k in NAMES}
+    check_equal(got, table)
+
+
+@pytest.mark.gpu
+def test_columns_on_cuda_equal_pyarrows_read(parquet_file, torch):
+    path, table = parquet_file
+    for shuffle in (False, "block"):
+        batches = list(pinfeed.Loader(path, 8, device="cuda", columns=NAMES, shuffle=shuffle))
+        assert batches[0]["vec"].is_cuda
+        got = {k: np.concatenate([b[k].cpu().numpy() for b in batches]) for k in NAMES}
+        order = np.argsort(got["id"])
+        check_equal({k: v[order] for k, v in got.items()}, table)
+
+
+def test_token_column_takes_token_dtype_and_its_old_spelling(tmp_path):
+    path = tmp_path / "tok.parquet"
+    docs = [[1, 2, 3, 4], [5, 6], [7, 8, 9, 10, 11]]
+    pq.write_table(pa.table({"input_ids": pa.array(docs, pa.list_(pa.uint16()))}), path)
+    flat = np.concatenate([np.asarray(d) for d in docs])
+    # The stored width, when given, must be the column's.
+    with pytest.raises(pinfeed.PinfeedValueError, match="holds uint16 tokens but uint32"):
+        pinfeed.TokenLoader(path, 4, 1, column="input_ids", token_dtype="uint32", device="cpu")
+
+    def windows(**kw):
+        loader = pinfeed.TokenLoader(
+            path, 4, 1, column="input_ids", sample="sequential", device="cpu", **kw
+        )
+        return loader, np.concatenate([x for x, _ in loader])
+
+    loader, xs = windows(token_dtype="uint16")
+    assert loader.token_dtype == np.uint16 and loader.dtype == "int64"
+    np.testing.assert_array_equal(xs.ravel(), flat[: xs.size])
+    with pytest.warns(pinfeed.PinfeedDeprecationWarning, match="token_dtype"):
+        old, old_xs = windows(dtype="uint16")
+    assert old.token_dtype == np.uint16
+    np.testing.assert_array_equal(old_xs, xs)
+
+
+def test_table_arguments_of_the_wrong_type_or_place_are_refused(parquet_file, tmp_path):
+    path, _ = parquet_file
+    with pytest.raises(pinfeed.PinfeedTypeError, match="columns must be a list of column names"):
+        pinfeed.Loader(path, 8, device="cpu", columns=[3])
+    with pytest.raises(pinfeed.PinfeedTypeError, match="column must name a table's column"):
+        pinfeed.TokenLoader(path, 8, 1, column=3, device="cpu")
+    with pytest.raises(pinfeed.PinfeedTypeError, match="give column= too"):
+        pinfeed.TokenLoader(path, 8, 1, tokenizer=tmp_path / "t.json", device="cpu")
+    with pytest.raises(pinfeed.PinfeedTypeError, match="tokenizer must be the path"):
+        pinfeed.TokenLoader(path, 8, 1, column="text", tokenizer=5, device="cpu")
+    with pytest.raises(pinfeed.PinfeedValueError, match="on_error applies to tables"):
+        pinfeed.Loader(path, 8, device="cpu", on_error="skip")
+    with pytest.raises(pinfeed.PinfeedValueError, match="dtype and shape do not apply"):
+        pinfeed.Loader(path, 8, device="cpu", columns=["id"], dtype="f32")
+    with pytest.raises(pinfeed.PinfeedValueError, match="a transform does not apply"):
+        pinfeed.Loader(
+            path, 8, device="cpu", columns=["id"], transform=pinfeed.transforms.ToFloat()
+        )
+    with pytest.raises(pinfeed.PinfeedValueError, match="cache_dir apply to object-storage"):
+        pinfeed.Loader(path, 8, device="cpu", columns=["id"], cache_dir=tmp_path)
+    with pytest.raises(pinfeed.PinfeedValueError, match="cache_dir apply to object-storage"):
+        pinfeed.TokenLoader(path, 8, 1, column="id", cache_dir=tmp_path, device="cpu")
+    with pytest.raises(pinfeed.PinfeedValueError, match="bos_token and eos_token apply"):
+        pinfeed.TokenLoader(path, 8, 1, column="id", eos_token=0, device="cpu")
+    with pytest.raises(pinfeed.PinfeedValueError, match='on_error=.oops.: expected "raise"'):
+        pinfeed.Loader(path, 8, device="cpu", columns=["id"], on_error="oops")
+
+
+def test_gpu_resident_shuffle_of_columns_gives_dicts_every_row_once(parquet_file):
+    path, table = parquet_file
+    loader = pinfeed.Loader(path, 8, device="cpu", columns=["id", "vec"], shuffle="gpu", seed=4)
+    batches = list(loader)
+    ids = np.concatenate([b["id"] for b in batches])
+    assert sorted(ids.tolist()) == sorted(table.column("id").to_pylist())
+    vec = pyarrow_read(table, "vec", np.float32, (3,))
+    by_id = dict(zip(table.column("id").to_pylist(), vec))
+    for b in batches:
+        for i, v in zip(b["id"], b["vec"]):
+            np.testing.assert_array_equal(v, by_id[int(i)])
+
+
+def test_a_column_of_a_mixture_is_refused(parquet_file):
+    path, _ = parquet_file
+    with pytest.raises(pinfeed.PinfeedValueError, match="read one table"):
+        pinfeed.TokenLoader({"a": path, "b": path}, 8, 1, column="id", device="cpu")

@@ -1,0 +1,299 @@
+//! Tables as records: Parquet files, Arrow IPC files and streams, and JSON lines, whose
+//! columns (the ones asked for, with the `columns` format option) become fixed-size records.
+//!
+//! A table is cut into chunks: a Parquet row group, an Arrow record batch, a JSON-lines file.
+//! A chunk's records are decoded whole, packed as [`columns`] lays them out, and kept in one
+//! cache for the process ([`cache`]), so that reading a range decodes each chunk once, while
+//! reading records in random order decodes a chunk for nearly every record once the chunks
+//! outgrow the cache (`shuffle="block"` with blocks of a row group reads each once an epoch).
+
+mod cache;
+pub mod columns;
+mod ipc;
+mod jsonl;
+mod parquet;
+mod text;
+
+use std::sync::Arc;
+
+use crate::formats::{Format, OpenFile};
+use crate::{check_request, Layout, Result, Source};
+pub use columns::Column;
+pub use text::Text;
+
+pub(crate) use ipc::Arrow;
+pub(crate) use jsonl::Jsonl;
+pub(crate) use parquet::Parquet;
+
+/// The format option naming the columns to read, as `a,b,c` or a JSON list of names.
+pub const COLUMNS: &str = "columns";
+/// The format option saying what a malformed JSON line does: `raise` (the default) or `skip`.
+pub const ON_ERROR: &str = "on_error";
+
+/// The format option naming a token column: a list of integers per row (a document), read
+/// as one stream of tokens, the rows' lists concatenated in order.
+pub const TOKENS: &str = "tokens";
+
+/// The format option naming a text column to tokenize, with [`TOKENIZER`] (a
+/// `tokenizer.json`) and the optional [`BOS`] and [`EOS`] tokens put around each document.
+pub const TEXT: &str = "text";
+/// The format option naming the `tokenizer.json` of a [`TEXT`] column.
+pub const TOKENIZER: &str = "tokenizer";
+/// The token put before each document of a [`TEXT`] column (a token or an id).
+pub const BOS: &str = "bos";
+/// The token put after each document of a [`TEXT`] column (a token or an id).
+pub const EOS: &str = "eos";
+
+/// The format options every table format reads.
+pub(crate) const OPTION_KEYS: &[&str] = &[COLUMNS, TOKENS, TEXT, TOKENIZER, BOS, EOS];
+
+/// The columns asked for with [`COLUMNS`], in order (or the token column of [`TOKENS`], the
+/// text column of [`TEXT`]); `None` for all of them.
+pub(crate) fn columns_option(open: &OpenFile<'_>) -> Result<Option<Vec<String>>> {
+    if let Some(column) = open
+        .options
+        .format
+        .get(TOKENS)
+        .or(open.options.format.get(TEXT))
+    {
+        return Ok(Some(vec![column.to_owned()]));
+    }
+    let Some(value) = open.options.format.get(COLUMNS) else {
+        return Ok(None);
+    };
+    let names: Vec<String> = if value.trim_start().starts_with('[') {
+        serde_json::from_str(value).map_err(|e| crate::SourceError::Options {
+            reason: format!("columns option {value:?}: expected a JSON list of names: {e}"),
+        })?
+    } else {
+        value.split(',').map(|s| s.trim().to_owned()).collect()
+    };
+    if names.is_empty() || names.iter().any(String::is_empty) {
+        return Err(crate::SourceError::Options {
+            reason: format!("columns option {value:?}: expected one or more column names"),
+        });
+    }
+    for (i, n) in names.iter().enumerate() {
+        if names[..i].contains(n) {
+            return Err(crate::SourceError::Options {
+                reason: format!("columns option {value:?}: column {n:?} is named twice"),
+            });
+        }
+    }
+    Ok(Some(names))
+}
+
+/// The layout of records of `fields` as the format options ask: columns as records, a token
+/// column, or a text column tokenized.
+pub(crate) fn layout_for(
+    open: &OpenFile<'_>,
+    name: &str,
+    fields: &[&arrow_schema::Field],
+) -> Result<(Layout, Vec<Column>)> {
+    let format = &open.options.format;
+    if format.get(TEXT).is_some() {
+        let Some(tokenizer) = format.get(TOKENIZER) else {
+            return Err(crate::SourceError::Options {
+                reason: format!("{name}: a text column needs a tokenizer (a tokenizer.json)"),
+            });
+        };
+        let text = Text::load(tokenizer, format.get(BOS), format.get(EOS))?;
+        return columns::text_layout(name, fields[0], Arc::new(text));
+    }
+    if format.get(TOKENS).is_some() {
+        return columns::token_layout(name, fields[0]);
+    }
+    columns::layout_of(name, fields)
+}
+
+/// A table's chunks, decoded on demand.
+pub(crate) trait Chunks: Send + Sync + std::fmt::Debug {
+    /// Rows of each chunk.
+    fn rows(&self) -> &[u64];
+    /// Chunk `i`'s rows as records of `columns`, `record_bytes` each.
+    fn pack(&self, i: usize, columns: &[Column], record_bytes: usize) -> Result<Vec<u8>>;
+}
+
+/// A token column's chunks, counted in tokens: each chunk decoded once at open to count them
+/// (Parquet's footer counts rows, not the integers of their lists).
+#[derive(Debug)]
+struct TokenChunks {
+    inner: Box<dyn Chunks>,
+    tokens: Vec<u64>,
+}
+
+impl TokenChunks {
+    /// Counts the tokens of every chunk, on as many threads as there are cores; the chunks go
+    /// into the cache under `id` (for text, so that the first reads do not tokenize again).
+    fn count(
+        inner: Box<dyn Chunks>,
+        columns: &[Column],
+        itemsize: usize,
+        id: u64,
+    ) -> Result<TokenChunks> {
+        let n = inner.rows().len();
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        let counts: Vec<std::sync::Mutex<Option<Result<u64>>>> =
+            (0..n).map(|_| Default::default()).collect();
+        let threads = std::thread::available_parallelism()
+            .map_or(1, |p| p.get())
+            .min(n.max(1));
+        std::thread::scope(|scope| {
+            for _ in 0..threads {
+                scope.spawn(|| loop {
+                    let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    if i >= n {
+                        break;
+                    }
+                    let got = cache::get(id, i, || inner.pack(i, columns, itemsize))
+                        .map(|c| (c.len() / itemsize) as u64);
+                    *counts[i].lock().unwrap_or_else(|e| e.into_inner()) = Some(got);
+                });
+            }
+        });
+        let tokens = counts
+            .into_iter()
+            .map(|c| {
+                c.into_inner()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .unwrap_or(Ok(0))
+            })
+            .collect::<Result<_>>()?;
+        Ok(TokenChunks { inner, tokens })
+    }
+}
+
+impl Chunks for TokenChunks {
+    fn rows(&self) -> &[u64] {
+        &self.tokens
+    }
+
+    fn pack(&self, i: usize, columns: &[Column], record_bytes: usize) -> Result<Vec<u8>> {
+        self.inner.pack(i, columns, record_bytes)
+    }
+}
+
+/// Records of a table's columns, read chunk by chunk.
+#[derive(Debug)]
+pub struct TableSource {
+    name: String,
+    layout: Layout,
+    columns: Vec<Column>,
+    chunks: Box<dyn Chunks>,
+    /// `starts[k]` is the first record of the `k`-th non-empty chunk, whose index is
+    /// `index[k]`; `starts[last]` is the total.
+    starts: Vec<u64>,
+    index: Vec<usize>,
+    /// This table's key in the chunk cache.
+    id: u64,
+    /// What reading this table says for statistics (malformed lines skipped).
+    description: String,
+}
+
+impl TableSource {
+    pub(crate) fn new(
+        name: String,
+        layout: Layout,
+        columns: Vec<Column>,
+        chunks: Box<dyn Chunks>,
+        description: String,
+    ) -> Result<TableSource> {
+        let id = cache::new_id();
+        let chunks: Box<dyn Chunks> = match columns.first() {
+            Some(c) if c.tokens => Box::new(TokenChunks::count(chunks, &columns, c.itemsize, id)?),
+            _ => chunks,
+        };
+        let mut starts = vec![0u64];
+        let mut index = Vec::new();
+        for (i, &rows) in chunks.rows().iter().enumerate() {
+            if rows > 0 {
+                index.push(i);
+                starts.push(starts[starts.len() - 1] + rows);
+            }
+        }
+        if index.is_empty() {
+            return Err(crate::SourceError::Empty { name });
+        }
+        Ok(TableSource {
+            name,
+            layout,
+            columns,
+            chunks,
+            starts,
+            index,
+            id,
+            description,
+        })
+    }
+
+    /// The columns of each record, in order, with their offsets.
+    pub fn columns(&self) -> &[Column] {
+        &self.columns
+    }
+
+    /// Rows of each chunk (row group, record batch), empty ones included.
+    pub fn chunk_rows(&self) -> &[u64] {
+        self.chunks.rows()
+    }
+
+    fn chunk(&self, k: usize) -> Result<Arc<[u8]>> {
+        let i = self.index[k];
+        let record_bytes = self.layout.record_bytes();
+        cache::get(self.id, i, || {
+            self.chunks.pack(i, &self.columns, record_bytes)
+        })
+    }
+}
+
+impl Drop for TableSource {
+    fn drop(&mut self) {
+        cache::forget(self.id);
+    }
+}
+
+impl Source for TableSource {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn layout(&self) -> &Layout {
+        &self.layout
+    }
+
+    fn num_records(&self) -> u64 {
+        self.starts[self.starts.len() - 1]
+    }
+
+    fn read_records(&self, first: u64, dst: &mut [u8]) -> Result<()> {
+        let count = check_request(self, first, dst.len())?;
+        let record_bytes = self.layout.record_bytes();
+        let (mut record, end, mut done) = (first, first + count, 0usize);
+        while record < end {
+            let k = self.starts.partition_point(|&s| s <= record) - 1;
+            let chunk = self.chunk(k)?;
+            let from = (record - self.starts[k]) as usize;
+            let take = (end.min(self.starts[k + 1]) - record) as usize;
+            let bytes = take * record_bytes;
+            dst[done..done + bytes]
+                .copy_from_slice(&chunk[from * record_bytes..from * record_bytes + bytes]);
+            done += bytes;
+            record += take as u64;
+        }
+        Ok(())
+    }
+
+    fn reader_description(&self) -> String {
+        self.description.clone()
+    }
+
+    fn natural_block(&self) -> Option<u64> {
+        self.chunks.rows().iter().copied().max()
+    }
+}
+
+/// The formats of this module, for [`crate::formats::ALL`].
+pub(crate) static PARQUET: &dyn Format = &Parquet;
+/// Arrow IPC.
+pub(crate) static ARROW: &dyn Format = &Arrow;
+/// JSON lines.
+pub(crate) static JSONL: &dyn Format = &Jsonl;

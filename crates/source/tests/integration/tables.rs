@@ -1,0 +1,237 @@
+//! JSON-lines tables as records (Parquet and Arrow files, written by pyarrow, are tested from
+//! Python: bindings/python/tests/test_tables.py).
+
+use std::io::Write;
+
+use pinfeed_source::{open_with, FormatOptions, ReadOptions};
+
+fn options(pairs: &[(&str, &str)]) -> ReadOptions {
+    let mut format = FormatOptions::new();
+    for (k, v) in pairs {
+        format.set(*k, *v);
+    }
+    ReadOptions {
+        format,
+        ..Default::default()
+    }
+}
+
+const LINES: &str =
+    "{\"x\": 1, \"v\": [0.5, 1], \"ok\": true}\n\n{\"x\": -2, \"v\": [2, 3e0], \"ok\": false}\n";
+
+#[test]
+fn json_lines_become_aligned_records_plain_and_gzip() {
+    let dir = tempfile::tempdir().unwrap();
+    let plain = dir.path().join("a.jsonl");
+    std::fs::write(&plain, LINES).unwrap();
+    let gz = dir.path().join("a.jsonl.gz");
+    let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    enc.write_all(LINES.as_bytes()).unwrap();
+    std::fs::write(&gz, enc.finish().unwrap()).unwrap();
+    for path in [&plain, &gz] {
+        let s = open_with(path, None, &options(&[("columns", "ok,v,x")])).unwrap();
+        assert_eq!(s.num_records(), 2);
+        // ok: bool at 0; v: 2 x f8 at 8; x: i8 at 24; 32 bytes a record.
+        assert_eq!(
+            s.layout().dtype.descr,
+            "[('ok', '|b1'), ('', '|V7'), ('v', '<f8', (2,)), ('x', '<i8')]"
+        );
+        let mut dst = vec![0u8; 64];
+        s.read_records(0, &mut dst).unwrap();
+        assert_eq!(dst[0], 1);
+        assert_eq!(dst[32], 0);
+        let f = |at: usize| f64::from_le_bytes(dst[at..at + 8].try_into().unwrap());
+        let i = |at: usize| i64::from_le_bytes(dst[at..at + 8].try_into().unwrap());
+        assert_eq!((f(8), f(16), i(24)), (0.5, 1.0, 1));
+        assert_eq!((f(40), f(48), i(56)), (2.0, 3.0, -2));
+    }
+}
+
+#[test]
+fn malformed_lines_are_named_or_skipped_and_counted() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("b.jsonl");
+    std::fs::write(&path, "{\"x\": 1}\n{\"x\": 2,\n{\"x\": 3}\n").unwrap();
+    let e = open_with(&path, None, &options(&[("columns", "x")]))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("b.jsonl:2: malformed JSON"), "{e}");
+    let s = open_with(
+        &path,
+        None,
+        &options(&[("columns", "x"), ("on_error", "skip")]),
+    )
+    .unwrap();
+    assert_eq!(s.num_records(), 2);
+    assert!(s.reader_description().contains("1 malformed lines skipped"));
+    let e = open_with(
+        &path,
+        None,
+        &options(&[("columns", "y"), ("on_error", "skip")]),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("b.jsonl:1: no column \"y\""), "{e}");
+    std::fs::write(&path, "{\"x\": [1, 2]}\n{\"x\": [1]}\n").unwrap();
+    let e = open_with(&path, None, &options(&[]))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("b.jsonl:2: column \"x\" has shape [1]"), "{e}");
+}
+
+#[test]
+fn a_corrupt_parquet_footer_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("c.parquet");
+    std::fs::write(&path, b"PAR1 not really parquet PAR1").unwrap();
+    let e = open_with(&path, None, &options(&[]))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("c.parquet: not a readable Parquet file"), "{e}");
+}
+
+#[test]
+fn a_token_column_is_its_lists_concatenated() {
+    use arrow_array::{types::Int32Type, ListArray, RecordBatch};
+    use std::sync::Arc;
+    let docs: Vec<Vec<i32>> = (0..40)
+        .map(|d| (0..(d % 7)).map(|t| d * 100 + t).collect())
+        .collect();
+    let list = ListArray::from_iter_primitive::<Int32Type, _, _>(
+        docs.iter().map(|d| Some(d.iter().map(|&t| Some(t)))),
+    );
+    let batch = RecordBatch::try_from_iter([("input_ids", Arc::new(list) as _)]).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tokens.arrow");
+    let file = std::fs::File::create(&path).unwrap();
+    let mut writer = arrow_ipc::writer::StreamWriter::try_new(file, &batch.schema()).unwrap();
+    writer.write(&batch.slice(0, 13)).unwrap();
+    writer.write(&batch.slice(13, 27)).unwrap();
+    writer.finish().unwrap();
+    let s = open_with(&path, None, &options(&[("tokens", "input_ids")])).unwrap();
+    let want: Vec<i32> = docs.concat();
+    assert_eq!(s.num_records(), want.len() as u64);
+    let mut dst = vec![0u8; 4 * want.len()];
+    s.read_records(0, &mut dst).unwrap();
+    let got: Vec<i32> = dst
+        .chunks_exact(4)
+        .map(|b| i32::from_le_bytes(b.try_into().unwrap()))
+        .collect();
+    assert_eq!(got, want);
+    let e = open_with(&path, None, &options(&[("columns", "input_ids")]))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("variable-size list"), "{e}");
+}
+
+#[test]
+fn text_is_tokenized_with_eos_after_each_document() {
+    use tokenizers::models::wordlevel::WordLevel;
+    use tokenizers::pre_tokenizers::whitespace::Whitespace;
+    let dir = tempfile::tempdir().unwrap();
+    let vocab = [("[UNK]", 0), ("[EOS]", 1), ("a", 2), ("b", 3), ("c", 4)]
+        .into_iter()
+        .map(|(t, i)| (t.to_owned(), i))
+        .collect();
+    let model = WordLevel::builder()
+        .vocab(vocab)
+        .unk_token("[UNK]".into())
+        .build()
+        .unwrap();
+    let mut tokenizer = tokenizers::Tokenizer::new(model);
+    tokenizer.with_pre_tokenizer(Some(Whitespace {}));
+    let tok_path = dir.path().join("tokenizer.json");
+    tokenizer.save(&tok_path, false).unwrap();
+    let path = dir.path().join("t.jsonl");
+    std::fs::write(&path, "{\"text\": \"a b\"}\n{\"text\": \"c z a\"}\n").unwrap();
+    let tok = tok_path.to_str().unwrap();
+    let opts = options(&[("text", "text"), ("tokenizer", tok), ("eos", "[EOS]")]);
+    let s = open_with(&path, None, &opts).unwrap();
+    let mut dst = vec![0u8; 4 * 7];
+    s.read_records(0, &mut dst).unwrap();
+    let got: Vec<u32> = dst
+        .chunks_exact(4)
+        .map(|b| u32::from_le_bytes(b.try_into().unwrap()))
+        .collect();
+    assert_eq!(got, [2, 3, 1, 4, 0, 2, 1]);
+    std::fs::write(&tok_path, "{\"model\": 3}").unwrap();
+    let e = open_with(&path, None, &opts).unwrap_err().to_string();
+    assert!(
+        e.contains("tokenizer.json: cannot load the tokenizer"),
+        "{e}"
+    );
+    assert!(!e.contains('\n'), "{e}");
+}
+
+#[test]
+fn parquet_row_groups_decode_on_many_threads_at_once() {
+    use arrow_array::{Int64Array, RecordBatch};
+    use parquet::arrow::ArrowWriter;
+    use parquet::file::properties::WriterProperties;
+    use std::sync::Arc;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("many.parquet");
+    let (groups, per) = (32u64, 20_000u64);
+    let rows = (groups * per) as i64;
+    let batch =
+        RecordBatch::try_from_iter([("x", Arc::new(Int64Array::from_iter_values(0..rows)) as _)])
+            .unwrap();
+    let props = WriterProperties::builder()
+        .set_max_row_group_row_count(Some(per as usize))
+        .set_compression(parquet::basic::Compression::SNAPPY)
+        .build();
+    let mut w = ArrowWriter::try_new(
+        std::fs::File::create(&path).unwrap(),
+        batch.schema(),
+        Some(props),
+    )
+    .unwrap();
+    w.write(&batch).unwrap();
+    w.close().unwrap();
+    let s = open_with(&path, None, &options(&[("columns", "x")])).unwrap();
+    assert_eq!(s.natural_block(), Some(per));
+    // Each thread reads every row group, starting at its own, so decodes overlap; a shared
+    // file offset (File's ChunkReader) made them read each other's pages.
+    std::thread::scope(|scope| {
+        for t in 0..8u64 {
+            let s = &s;
+            scope.spawn(move || {
+                for g in 0..groups / 8 {
+                    let g = g + t * (groups / 8);
+                    let mut dst = vec![0u8; 8 * per as usize];
+                    s.read_records(g * per, &mut dst).unwrap();
+                    let last = i64::from_le_bytes(dst[dst.len() - 8..].try_into().unwrap());
+                    assert_eq!(last, ((g + 1) * per - 1) as i64);
+                }
+            });
+        }
+    });
+}
+
+#[test]
+fn a_json_lines_token_column_is_its_lists_concatenated() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("ids.jsonl");
+    std::fs::write(
+        &path,
+        "{\"ids\": [5, 6]}\n{\"ids\": []}\n{\"ids\": [7, 8, 9]}\n",
+    )
+    .unwrap();
+    let s = open_with(&path, None, &options(&[("tokens", "ids")])).unwrap();
+    assert_eq!(s.num_records(), 5);
+    let mut dst = vec![0u8; 40];
+    s.read_records(0, &mut dst).unwrap();
+    let got: Vec<i64> = dst
+        .chunks_exact(8)
+        .map(|b| i64::from_le_bytes(b.try_into().unwrap()))
+        .collect();
+    assert_eq!(got, [5, 6, 7, 8, 9]);
+    std::fs::write(&path, "{\"ids\": [5, 6.5]}\n").unwrap();
+    let e = open_with(&path, None, &options(&[("tokens", "ids")]))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("ids.jsonl:1: column \"ids\" is not a list of integers"),
+        "{e}"
+    );
+}
