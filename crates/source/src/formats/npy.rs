@@ -2,7 +2,7 @@
 //!
 //! A `.npy` file is the magic `\x93NUMPY`, a version, a header length, a Python dict literal
 //! (`{'descr': '<f4', 'fortran_order': False, 'shape': (3, 7), }`) padded so that the data
-//! starts 64-byte aligned, and then the array's bytes in C order.
+//! begins 64-byte aligned, and then the array's bytes in C order.
 
 use std::borrow::Borrow;
 use std::fs::File;
