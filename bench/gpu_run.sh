@@ -10,7 +10,7 @@
 #
 # GPU sections: tests rust torch python pytests ab tokens machine probe nvjpeg jax images
 #               weed s3fs store storetokens bigcached bigsweep bigcold legacysoak soakstart soakwait
-#               peers noisy
+#               peers noisy mixture
 # It checks correctness, times pinfeed beside the torch baselines and writes JSON and text under
 # $OUT for `python3 bench/records.py report`. bench/README.md lists what each section measures.
 #
@@ -23,6 +23,7 @@
 #        PROBE_EPOCHS (timed epochs a row of `probe`, default 5), PROBE_THREADS (reader counts
 #        of `probe`, 0 for the loader's own; default 0), PROBE_ROUNDS (default 1),
 #        STORE_ARGS (extra arguments of `records.py store`),
+#        MIXTURE_ARGS (extra arguments of `tokens.py mixture`),
 #        PEERS_WORKLOADS (workloads of `peers`, default tokens,images,records: one a call fits
 #        ten minutes), PEERS_ARGS (extra arguments of `peers.py run`), NOISY_ARGS,
 #        PACK=1 (at the end, everything under $OUT into the one file $OUT/results.tgz, for a
@@ -571,6 +572,18 @@ if want peers && ls $C/*.whl >/dev/null 2>&1; then
     PYTHONPATH=/tmp/site:/tmp/peers-site timeout 580 python3 bench/peers.py run --device cuda \
         --workloads "${PEERS_WORKLOADS:-tokens,images,records}" --records "$DATA" --images "$IMG/train" \
         --out "$OUT/$(date +%F)-$GPU-peers-$(date +%H%M%S).json" ${PEERS_ARGS:-} 2>&1 | grep -v '^{'
+fi
+
+# issue 49: a three-source token mixture against one source, datasets' interleave_datasets and
+# LitData's CombinedStreamingDataset (their wheels in .device-carry/peer-wheels/), and a GPT
+# step fed by each.
+if want mixture && ls $C/*.whl >/dev/null 2>&1; then
+    echo "== Mixtures: a 0.5/0.3/0.2 TokenLoader mixture, one source, datasets, LitData"
+    install_wheel /tmp/site $C/*.whl
+    ls $C/peer-wheels/*.whl >/dev/null 2>&1 && install_wheel /tmp/peers-site $C/peer-wheels/*.whl 2>&1 | tail -3
+    PYTHONPATH=/tmp/site:/tmp/peers-site timeout 420 python3 bench/tokens.py mixture --size-gb 2 \
+        --hf --litdata --workers 8 --model-steps 50 \
+        --out "$OUT/$(date +%F)-$GPU-mixture.json" ${MIXTURE_ARGS:-} 2>&1 | grep -v "^{"
 fi
 
 # issue 52 item 3: pinfeed's share of a launch-bound model's step.

@@ -1,6 +1,7 @@
 """A three-source token mixture against the same bytes as one source (issue 49).
 
-    python3 bench/tokens.py mixture [--size-gb 2] [--shape 12x1024] [--hf] [--out results.json]
+    python3 bench/tokens.py mixture [--size-gb 2] [--shape 12x1024] [--hf] [--litdata]
+        [--model-steps 50] [--out results.json]
 
 Writes one file of random uint16 tokens (`--size-gb`) and the same bytes cut into three
 sources of 50%, 30% and 20%, then times random windows, steps per second and CPU per step,
@@ -13,7 +14,16 @@ for each of:
 - with `--hf`, Hugging Face `datasets`' `interleave_datasets(probabilities=[0.5, 0.3, 0.2])` of
   three iterable datasets of random windows (numpy memmaps), through a torch DataLoader with
   `--workers` workers, batches moved to the device as nanoGPT's get_batch does. Skipped with
-  the reason when `datasets` is not importable.
+  the reason when `datasets` is not importable;
+- with `--litdata`, LitData's `CombinedStreamingDataset(weights=(0.5, 0.3, 0.2))` of three
+  `StreamingDataset(TokensLoader(block_size=T+1))` over the same tokens converted by its
+  `optimize` (int32, as litgpt stores them), through its `StreamingDataLoader` with `--workers`
+  workers and `pin_memory`, moved to the device. Skipped with the reason when `litdata` is not
+  importable.
+
+With `--model-steps N` (CUDA only), each pinfeed row and peer also feeds nanoGPT's GPT (the
+peers harness's: 6 layers, 384 wide, bf16) for N steps, beside the same model fed one batch
+already on the GPU (its bound): the issue's second target, a step within 1% of its bound.
 
 CPU per step is this process's (time.process_time: every pinfeed thread) plus, for the
 DataLoader's worker processes, theirs (/proc/PID/stat of each live child). Targets (issue 49):
@@ -147,6 +157,75 @@ def hf_steps(paths, b, t, device, workers):
         yield tok[:, :-1], tok[:, 1:]
 
 
+def litdata_steps(paths, b, t, device, workers, folder):
+    """CombinedStreamingDataset of the three sources, each converted once by LitData's own
+    `optimize` (TokensLoader, int32 tokens, as the peers harness converts) into
+    `folder/litdata-NAME`."""
+    import litdata
+    from litdata import (
+        CombinedStreamingDataset,
+        StreamingDataLoader,
+        StreamingDataset,
+        TokensLoader,
+    )
+
+    from lib.peers_tokens import _litdata_piece
+
+    parts = []
+    for name, path in paths.items():
+        out = os.path.join(folder, f"litdata-{name}")
+        if not os.path.exists(os.path.join(out, ".done")):
+            n = os.path.getsize(path) // 2
+            litdata.optimize(
+                fn=_litdata_piece,
+                inputs=[(path, s, min(n, s + (1 << 22))) for s in range(0, n, 1 << 22)],
+                output_dir=out,
+                chunk_bytes="64MB",
+                item_loader=TokensLoader(),
+                num_workers=workers,
+                verbose=False,
+            )
+            open(os.path.join(out, ".done"), "w").close()
+        parts.append(
+            StreamingDataset(out, item_loader=TokensLoader(block_size=t + 1), shuffle=True)
+        )
+    mixed = CombinedStreamingDataset(parts, weights=list(SHARES.values()), iterate_over_all=False)
+    while True:
+        loader = StreamingDataLoader(
+            mixed, batch_size=b, num_workers=workers, pin_memory=True, drop_last=True
+        )
+        for tok in loader:
+            if device.startswith("cuda"):
+                tok = tok.to(device, non_blocking=True)
+            tok = tok.long()
+            yield tok[:, :-1], tok[:, 1:]
+
+
+def gpt_steps(make, b, t, device, n):
+    """ms a GPT step fed by `make()`'s steps, and fed its first step again and again."""
+    if not device.startswith("cuda") or not n:
+        return {}
+    import types
+
+    import torch
+
+    from lib.peers_models import _steps, model_for
+
+    torch.manual_seed(0)
+    a = types.SimpleNamespace(workload="tokens", seq=t, batch=b, device=device)
+    model, loss = model_for(a, torch)
+    it = make()
+    fed = ((x.long(), y.long()) for x, y in it)
+    ms = _steps(fed, model, loss, n, 5, torch)
+    first = next(fed)
+    bound = _steps(iter(lambda: first, None), model, loss, n, 5, torch)
+    return {
+        "model_ms_per_step": ms,
+        "bound_ms_per_step": bound,
+        "over_bound_pct": 100 * (ms / bound - 1),
+    }
+
+
 def rows_of(args, one, paths):
     b, t = (int(v) for v in args.shape.split("x"))
     cases = [
@@ -159,16 +238,21 @@ def rows_of(args, one, paths):
     ]
     if args.hf:
         cases.append(("hf interleave", lambda: hf_steps(paths, b, t, args.device, args.workers)))
+    if args.litdata:
+        lit = lambda: litdata_steps(paths, b, t, args.device, args.workers, args.dir)  # noqa: E731
+        cases.append(("litdata combined", lit))
     rows = []
     for _ in range(args.rounds):
         for name, make in cases:
             row = {"loader": name, "shape": [b, t]}
-            if name == "hf interleave" and not hf_available(row):
+            if not available(name, row):
                 rows.append(row)
                 continue
             try:
-                n = args.hf_steps if name == "hf interleave" else args.steps
+                n = args.steps if name in PINFEED else args.peer_steps
                 row.update(timed(make(), args.device, args.warmup, n, args.min_seconds))
+                if _ == 0:  # the model's step, once a loader
+                    row.update(gpt_steps(make, b, t, args.device, args.model_steps))
             except Exception as e:  # a failure is a row, not the end of the run
                 row["error"] = f"{type(e).__name__}: {e}"
             rows.append(row)
@@ -176,11 +260,18 @@ def rows_of(args, one, paths):
     return rows
 
 
-def hf_available(row):
+PINFEED = ("one source", "mixture exact", "mixture sampled")
+PEER_MODULES = {"hf interleave": "datasets", "litdata combined": "litdata"}
+
+
+def available(name, row):
+    """Whether the row's peer imports here; else the row says why."""
+    if name not in PEER_MODULES:
+        return True
     try:
-        import datasets  # noqa: F401
+        __import__(PEER_MODULES[name])
     except ImportError as e:
-        row["skipped"] = f"`datasets` is not importable ({e}); pip install datasets"
+        row["skipped"] = f"`{PEER_MODULES[name]}` is not importable ({e})"
         return False
     return True
 
@@ -195,13 +286,18 @@ def table(rows):
         else:
             best.setdefault(r["loader"], r)
     base = best.get("one source", {}).get("steps_per_s")
-    print(f"\n{'loader':<16} {'steps/s':>10} {'vs one source':>14} {'CPU ms/step':>12}")
+    print(
+        f"\n{'loader':<17} {'steps/s':>10} {'vs one source':>14} {'CPU ms/step':>12} {'GPT step':>10}"
+    )
     for name, r in best.items():
         if "steps_per_s" not in r:
-            print(f"{name:<16}  {r.get('error') or r.get('skipped')}")
+            print(f"{name:<17}  {r.get('error') or r.get('skipped')}")
             continue
         vs = f"{100 * (r['steps_per_s'] / base - 1):+.1f}%" if base else "-"
-        print(f"{name:<16} {r['steps_per_s']:>10.1f} {vs:>14} {r['cpu_ms_per_step']:>12.3f}")
+        gpt = f"{r['over_bound_pct']:+.2f}%" if "over_bound_pct" in r else "-"
+        print(
+            f"{name:<17} {r['steps_per_s']:>10.1f} {vs:>14} {r['cpu_ms_per_step']:>12.3f} {gpt:>10}"
+        )
     return best
 
 
@@ -225,8 +321,10 @@ def main():
     p.add_argument("--warmup", type=int, default=20)
     p.add_argument("--rounds", type=int, default=3, help="rounds of every loader, interleaved")
     p.add_argument("--hf", action="store_true", help="Hugging Face interleave_datasets too")
-    p.add_argument("--workers", type=int, default=4, help="the DataLoader's, for --hf")
-    p.add_argument("--hf-steps", type=int, default=200, help="the least steps timed, for --hf")
+    p.add_argument("--litdata", action="store_true", help="LitData's CombinedStreamingDataset")
+    p.add_argument("--workers", type=int, default=4, help="the peers' DataLoader workers")
+    p.add_argument("--peer-steps", type=int, default=200, help="the least steps a peer's row")
+    p.add_argument("--model-steps", type=int, default=0, help="GPT steps a row (CUDA only)")
     p.add_argument("--out", help="where to write the JSON results")
     args = p.parse_args()
     args.device = args.device or default_device()

@@ -153,3 +153,28 @@ def test_a_workload_script_refuses_a_mode_it_has_not(workload, tmp_path):
     assert out.returncode == 2
     assert out.stderr.strip().splitlines()[-1] == "unknown mode 'no-such-mode'"
     assert "modes:" in out.stderr
+
+
+def test_mixture_bench_times_every_row(tmp_path):
+    """`bench/tokens.py mixture` on the host backend: one source, both mixture modes and, where
+    they install, LitData's CombinedStreamingDataset and `datasets`' interleave; a peer that
+    does not import is a row saying why, never a missing row."""
+    out = tmp_path / "mixture.json"
+    done = script(
+        "tokens.py", "mixture", "--dir", str(tmp_path / "data"), "--size-gb", "0.004",
+        "--shape", "4x64", "--device", "cpu", "--rounds", "1", "--steps", "20",
+        "--peer-steps", "5", "--min-seconds", "0", "--warmup", "2", "--workers", "1",
+        "--hf", "--litdata", "--out", str(out), cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    best = json.loads(out.read_text())["best"]
+    names = ["one source", "mixture exact", "mixture sampled", "hf interleave", "litdata combined"]
+    assert list(best) == names
+    for name in names[:3]:
+        assert best[name]["steps"] >= 20 and best[name]["cpu_ms_per_step"] > 0, best[name]
+    for name, module in [("hf interleave", "datasets"), ("litdata combined", "litdata")]:
+        row = best[name]
+        if importlib.util.find_spec(module) is None:
+            assert module in row["skipped"], row
+        else:
+            assert row.get("steps", 0) >= 5, row
