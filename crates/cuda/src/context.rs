@@ -30,6 +30,9 @@ pub struct Context {
     /// [`PinnedMemory::alloc`](crate::PinnedMemory::alloc) asks, inside the time that `bench`
     /// and `doctor` measure for it.
     numa_node: OnceLock<Option<u32>>,
+    /// The device's memory in bytes (`cuDeviceTotalMem`), read on first use: every loader
+    /// start checks a batch against it, and it never changes.
+    total_memory: OnceLock<usize>,
 }
 
 // SAFETY: a CUcontext is a process-wide driver handle, not tied to the thread that created it;
@@ -82,6 +85,7 @@ impl Context {
             ordinal,
             pid: current_pid(),
             numa_node: OnceLock::new(),
+            total_memory: OnceLock::new(),
         }))
     }
 
@@ -181,6 +185,20 @@ impl Context {
         let _current = self.enter()?;
         // Our context is current (guard).
         named("cuMemGetInfo", result::mem_get_info())
+    }
+
+    /// The device's memory in bytes (`cuDeviceTotalMem`, read once): unlike [`Context::mem_info`]
+    /// it asks the driver nothing after the first call, so a loader's start pays nothing for it.
+    pub fn total_memory(&self) -> Result<usize> {
+        if let Some(&total) = self.total_memory.get() {
+            return Ok(total);
+        }
+        self.check_fork()?;
+        // SAFETY: `self.dev` came from cuDeviceGet.
+        let total = named("cuDeviceTotalMem", unsafe {
+            result::device::total_mem(self.dev)
+        })?;
+        Ok(*self.total_memory.get_or_init(|| total))
     }
 
     /// One device attribute (`cuDeviceGetAttribute`).

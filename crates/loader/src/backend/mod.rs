@@ -143,11 +143,13 @@ impl Backend {
     }
 
     /// Bytes of memory the device has: the machine's on the host backend, where batches live
-    /// in host memory; `None` where it cannot be told.
+    /// in host memory; `None` where it cannot be told. Read once a process (or a context):
+    /// every loader start asks, and a driver or `/proc` call there shows in short passes.
     pub(crate) fn memory_total(&self) -> Option<u64> {
+        static HOST_TOTAL: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
         match self {
-            Backend::Host { .. } => crate::system::mem_total(),
-            Backend::Cuda { ctx, .. } => ctx.mem_info().ok().map(|(_, total)| total as u64),
+            Backend::Host { .. } => *HOST_TOTAL.get_or_init(crate::system::mem_total),
+            Backend::Cuda { ctx, .. } => ctx.total_memory().ok().map(|total| total as u64),
         }
     }
 
