@@ -316,14 +316,26 @@ install_wheel() {  # DIR WHEEL...: an installed pinfeed in DIR
     python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$dir" "$@"
 }
 
+# moto's S3 server into /tmp/site-moto, where .device-carry/store-wheels is carried: its
+# pure-Python wheels and the binary ones built for this Python (others come from the image).
+moto_site() {
+    [ -d $C/store-wheels ] || return 0
+    local py
+    py=$(python3 -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site-moto \
+        $(ls $C/store-wheels/*.whl | grep -E -- "-none-any|-abi3-|-$py-") 2>&1 | tail -2
+}
+
 if want pytests && ls $C/*.whl >/dev/null 2>&1; then
     echo "== Python GPU tests"
     install_wheel /tmp/site $C/*.whl
     # torchdata, where its wheel is carried (the prepare section), for the trainers' GPU tests.
     ls $C/wheels/*.whl >/dev/null 2>&1 && install_wheel /tmp/site-extra $C/wheels/*.whl
+    # moto, where store-wheels is carried, for the object-storage guide's examples on the GPU.
+    moto_site
     # The GPU-marked tests alone: the others need the servers and packages of requirements-dev.txt,
     # which the GPU machine has not, and run in CI.
-    PYTHONPATH=/tmp/site:/tmp/site-extra timeout 300 python3 -m pytest -q -rfs -p no:cacheprovider -m gpu bindings/python/tests --gpu ${PYTEST_ARGS:-} 2>&1 \
+    PYTHONPATH=/tmp/site:/tmp/site-extra:/tmp/site-moto timeout 300 python3 -m pytest -q -rfs -p no:cacheprovider -m gpu bindings/python/tests --gpu ${PYTEST_ARGS:-} 2>&1 \
         | grep -E "^(FAILED|SKIPPED|ERROR)|passed|failed" | tail -40 | tee "$OUT/python_gpu_tests.txt"
 fi
 
@@ -477,11 +489,7 @@ fi
 # pinfeed's: an earlier run of `gpu_run.sh weed` with .device-carry-weed/ installs it.
 # Sets $server: seaweedfs when weed is there, else moto.
 store_servers() {
-    if [ -d $C/store-wheels ]; then
-        py=$(python3 -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')
-        python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site-moto \
-            $(ls $C/store-wheels/*.whl | grep -E -- "-none-any|-abi3-|-$py-") 2>&1 | tail -2
-    fi
+    moto_site
     export PATH=/tmp/site-weed/bin:/tmp/site-moto/bin:$PATH
     server=moto; command -v weed >/dev/null && server=seaweedfs
 }

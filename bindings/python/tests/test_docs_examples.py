@@ -140,12 +140,17 @@ def example_env(tmp: Path, gpu: bool) -> dict:
     env = dict(os.environ)
     if not gpu:
         env["CUDA_VISIBLE_DEVICES"] = ""
-    # torchrun as the environment with pinfeed installed has it (a venv may lack the script).
+    # torchrun and pinfeed's console script as the environment with pinfeed installed has them
+    # (a venv may lack torchrun's script; a `pip install --target` folder puts none on PATH).
     bin_dir = tmp / "bin"
     bin_dir.mkdir(exist_ok=True)
-    torchrun = bin_dir / "torchrun"
-    torchrun.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m torch.distributed.run "$@"\n')
-    torchrun.chmod(0o755)
+    scripts = {
+        "torchrun": "-m torch.distributed.run",
+        "pinfeed": "-c 'from pinfeed._cli import main; main()'",
+    }
+    for name, args in scripts.items():
+        (bin_dir / name).write_text(f'#!/bin/sh\nexec "{sys.executable}" {args} "$@"\n')
+        (bin_dir / name).chmod(0o755)
     path = [str(bin_dir), os.path.dirname(sys.executable), env.get("PATH", "")]
     env["PATH"] = os.pathsep.join(path)
     env["PINFEED_CACHE_DIR"] = str(tmp / "cache")
