@@ -197,6 +197,13 @@ impl Source {
         self.inner.layout().dtype.descr.clone()
     }
 
+    /// The names of a table's columns, in record order, or ``None`` for other sources.
+    #[getter]
+    fn columns(&self) -> Option<Vec<String>> {
+        let columns = self.inner.columns()?;
+        Some(columns.iter().map(|c| c.name.clone()).collect())
+    }
+
     /// The DLPack ``(code, bits, lanes)`` of the element dtype, or ``None`` when DLPack has
     /// none (structured dtypes, strings, dates).
     #[getter]

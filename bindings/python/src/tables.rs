@@ -64,22 +64,28 @@ pub(crate) fn natural_block(source: &Source) -> Option<u64> {
 
 /// Opens the token column ``column`` (a list of integers per row, a document) of a Parquet file,
 /// an Arrow IPC file or stream, or JSON lines, or of a directory or glob of them, as one stream
-/// of tokens: the
-/// rows' lists concatenated in order, for ``open_tokens(opened=...)``.
+/// of tokens: the rows' lists concatenated in order, for ``open_tokens(opened=...)``. With
+/// ``documents``, the stream keeps where each row starts, for ``sample="documents"``.
 #[pyfunction]
-#[pyo3(signature = (path, column, *, dtype=None))]
+#[pyo3(signature = (path, column, *, dtype=None, documents=false))]
 pub(crate) fn open_token_column(
     py: Python<'_>,
     path: PathBuf,
     column: String,
     dtype: Option<&str>,
+    documents: bool,
 ) -> PyResult<crate::tokens::TokenStream> {
     let dtype = dtype
         .map(pinfeed_source::tokens::TokenDType::parse)
         .transpose()
         .py_err(py)?;
+    let mut format =
+        pinfeed_source::FormatOptions::new().with(pinfeed_source::table::TOKENS, column);
+    if documents {
+        format.set(pinfeed_source::table::DOCUMENTS, "true");
+    }
     let read = pinfeed_source::ReadOptions {
-        format: pinfeed_source::FormatOptions::new().with(pinfeed_source::table::TOKENS, column),
+        format,
         ..Default::default()
     };
     let stream = py
@@ -96,9 +102,10 @@ pub(crate) fn open_token_column(
 /// Opens the text column ``column`` of a Parquet file, an Arrow IPC file or stream, or JSON
 /// lines (or a directory or glob of them), tokenized on the reader threads with ``tokenizer``
 /// (a ``tokenizer.json``), ``bos`` before and ``eos`` after each document (tokens or ids), as
-/// one stream of uint32 tokens; returns it with the ids of ``bos`` and ``eos``.
+/// one stream of uint32 tokens; returns it with the ids of ``bos`` and ``eos``. With
+/// ``documents``, the stream keeps where each row starts, for ``sample="documents"``.
 #[pyfunction]
-#[pyo3(signature = (path, column, tokenizer, *, bos=None, eos=None))]
+#[pyo3(signature = (path, column, tokenizer, *, bos=None, eos=None, documents=false))]
 pub(crate) fn open_text_column(
     py: Python<'_>,
     path: PathBuf,
@@ -106,6 +113,7 @@ pub(crate) fn open_text_column(
     tokenizer: String,
     bos: Option<Bound<'_, PyAny>>,
     eos: Option<Bound<'_, PyAny>>,
+    documents: bool,
 ) -> PyResult<(crate::tokens::TokenStream, Option<u32>, Option<u32>)> {
     use pinfeed_source::table;
     let plain = py
@@ -138,6 +146,9 @@ pub(crate) fn open_text_column(
     }
     if let Some(eos) = eos {
         format.set(table::EOS, eos);
+    }
+    if documents {
+        format.set(table::DOCUMENTS, "true");
     }
     let read = pinfeed_source::ReadOptions {
         format,

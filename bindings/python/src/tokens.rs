@@ -17,7 +17,8 @@ use pinfeed_store::StoreOptions;
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<TokenStream>()?;
     m.add_function(wrap_pyfunction!(open_tokens, m)?)?;
-    m.add_function(wrap_pyfunction!(token_offsets, m)?)
+    m.add_function(wrap_pyfunction!(token_offsets, m)?)?;
+    m.add_function(wrap_pyfunction!(document_order, m)?)
 }
 
 /// Token data in object storage as :func:`open_tokens` opened it: the objects listed and their
@@ -69,10 +70,11 @@ impl TokenStream {
 ///   be with one step a batch (the count rounded up to whole loader batches).
 /// - ``"sequential"``: consecutive windows every ``seq_len`` tokens (each window's last token
 ///   is the next one's first).
-/// - ``"documents"`` (Megatron only): the documents in the shuffled order of ``(seed,
-///   epoch)``, concatenated and cut as ``"sequential"``; each record is the window's tokens
-///   followed by ``seq_len + 1`` uint16 segment ids (the ordinal of each token's document in
-///   the window), as uint8 bytes.
+/// - ``"documents"`` (a Megatron dataset, or ``opened`` from a table's column with
+///   ``documents=True``): the documents in the order :func:`document_order` gives for
+///   ``(seed, epoch)``, empty ones left out, concatenated and cut as ``"sequential"``; each
+///   record is the window's tokens followed by ``seq_len + 1`` uint16 segment ids (the ordinal
+///   of each token's document in the window), as uint8 bytes.
 #[pyfunction]
 #[pyo3(signature = (
     path, *, seq_len, batch_size, dtype=None, sample="random", seed=0, steps=None,
@@ -233,4 +235,13 @@ pub(crate) fn token_offsets(
     Ok((first..first + count)
         .map(|v| sampled_offset(seed, epoch, num_offsets, v))
         .collect())
+}
+
+/// The documents ``0 .. num_documents`` (a Megatron dataset's, or a table's rows) in the
+/// shuffled order of ``(seed, epoch)``: ``open_tokens(sample="documents")`` concatenates them
+/// in this order, empty ones left out. For checks.
+#[pyfunction]
+#[pyo3(signature = (seed, epoch, num_documents))]
+pub(crate) fn document_order(seed: u64, epoch: u64, num_documents: u64) -> Vec<u64> {
+    tokens::document_order(seed, epoch, num_documents)
 }

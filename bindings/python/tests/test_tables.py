@@ -1,13 +1,17 @@
 """Tables as records (issue 50): Parquet and Arrow IPC files written by pyarrow, and JSON lines,
-read by ``Loader(source, columns=[...])`` into dicts of batches, one array per column."""
+read by ``Loader(source, columns=[...])`` (or without ``columns``: all of them) into dicts of
+batches, one array per column; token and text columns read by ``TokenLoader(column=...)``, their
+rows as documents with ``sample="documents"``."""
 
 import gzip
+import itertools
 import json
 
 import numpy as np
 import pytest
 
 import pinfeed
+from pinfeed import _pinfeed
 
 pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
@@ -464,7 +468,7 @@ def test_table_arguments_of_the_wrong_type_or_place_are_refused(parquet_file, tm
         pinfeed.TokenLoader(path, 8, 1, tokenizer=tmp_path / "t.json", device="cpu")
     with pytest.raises(pinfeed.PinfeedTypeError, match="tokenizer must be the path"):
         pinfeed.TokenLoader(path, 8, 1, column="text", tokenizer=5, device="cpu")
-    with pytest.raises(pinfeed.PinfeedValueError, match="on_error applies to tables"):
+    with pytest.raises(pinfeed.PinfeedValueError, match="on_error option .* parquet files"):
         pinfeed.Loader(path, 8, device="cpu", on_error="skip")
     with pytest.raises(pinfeed.PinfeedValueError, match="dtype and shape do not apply"):
         pinfeed.Loader(path, 8, device="cpu", columns=["id"], dtype="f32")
@@ -499,3 +503,181 @@ def test_a_column_of_a_mixture_is_refused(parquet_file):
     path, _ = parquet_file
     with pytest.raises(pinfeed.PinfeedValueError, match="read one table"):
         pinfeed.TokenLoader({"a": path, "b": path}, 8, 1, column="id", device="cpu")
+
+
+def test_a_table_without_columns_reads_every_column(tmp_path, parquet_file):
+    table, _ = make_table()
+    numeric = table.select(NAMES)
+    path = tmp_path / "numeric.parquet"
+    pq.write_table(numeric, path, row_group_size=9)
+    arrow = tmp_path / "numeric.arrow"
+    with pa.ipc.new_file(arrow, numeric.schema) as w:
+        w.write_table(numeric)
+    for source in (path, arrow):
+        batches = list(pinfeed.Loader(source, 8, device="cpu"))
+        assert list(batches[0]) == NAMES  # the file's columns, in its order
+        check_equal({k: np.concatenate([b[k] for b in batches]) for k in NAMES}, numeric)
+    lines = tmp_path / "rows.jsonl"
+    lines.write_text('{"x": 1, "y": [0.5, 2]}\nnot json\n{"x": 3, "y": [1, 4]}\n')
+    got = read_all(pinfeed.Loader(lines, 2, device="cpu", on_error="skip"))
+    assert got["x"].tolist() == [1, 3] and got["y"].tolist() == [[0.5, 2.0], [1.0, 4.0]]
+    # A column records cannot hold is named, with the columns that can be read.
+    with pytest.raises(pinfeed.PinfeedValueError) as e:
+        pinfeed.Loader(parquet_file[0], 8, device="cpu")
+    message = str(e.value)
+    assert 't.parquet: column "text" is text' in message and "\n" not in message, message
+    assert "columns=[" + ", ".join(f'"{n}"' for n in NAMES) + "]" in message, message
+    with pytest.raises(pinfeed.PinfeedValueError, match="a transform does not apply"):
+        pinfeed.Loader(path, 8, device="cpu", transform=pinfeed.transforms.ToFloat())
+
+
+def write_token_table(tmp_path, docs, kind):
+    """``docs`` as the ``input_ids`` column of a Parquet file, an Arrow IPC stream, or a
+    directory of two Parquet files; returns the path and pyarrow's read of the column."""
+    table = pa.table({"input_ids": pa.array(docs, type=pa.list_(pa.int32()))})
+    if kind == "arrow":
+        path = tmp_path / "tok.arrow"
+        with pa.ipc.new_stream(path, table.schema) as w:
+            for b in table.to_batches(max_chunksize=17):
+                w.write_batch(b)
+        read = pa.ipc.open_stream(path).read_all()
+    elif kind == "parquet":
+        path = tmp_path / "tok.parquet"
+        pq.write_table(table, path, row_group_size=13)
+        read = pq.read_table(path)
+    else:
+        path = tmp_path / "tok"
+        path.mkdir()
+        half = len(docs) // 2
+        pq.write_table(table.slice(0, half), path / "part-0.parquet", row_group_size=11)
+        pq.write_table(table.slice(half), path / "part-1.parquet", row_group_size=11)
+        read = pa.concat_tables([pq.read_table(f) for f in sorted(path.iterdir())])
+    return path, read.column("input_ids").to_pylist()
+
+
+def documents_reference(docs, seed, epoch, seq_len):
+    """``sample="documents"`` built from the documents as read: those with tokens in the order
+    of ``(seed, epoch)``, back to back, cut every ``seq_len`` tokens; each window's ``x``,
+    ``y`` and the segment ids of its inputs (the ordinal of their document in the window)."""
+    order = [d for d in _pinfeed.document_order(seed, epoch, len(docs)) if docs[d]]
+    stream = np.concatenate([np.asarray(docs[d], dtype=np.int64) for d in order])
+    owner = np.concatenate([np.full(len(docs[d]), d) for d in order])
+    n = (len(stream) - 1) // seq_len
+    starts = np.arange(n)[:, None] * seq_len + np.arange(seq_len)[None, :]
+    x, y, own = stream[starts], stream[starts + 1], owner[starts]
+    changes = (own[:, 1:] != own[:, :-1]).cumsum(axis=1)
+    segment_ids = np.concatenate([np.zeros((n, 1), np.int64), changes], axis=1)
+    return order, x, y, segment_ids
+
+
+@pytest.mark.parametrize("kind", ["parquet", "arrow", "directory"])
+def test_token_column_documents_equal_the_reference_concatenation(tmp_path, kind):
+    docs = token_docs(80, seed=5)
+    docs[3] = docs[41] = []  # empty documents are left out
+    path, read = write_token_table(tmp_path, docs, kind)
+    assert read == docs
+    seq_len = 16
+    for seed in (0, 7):
+        loader = pinfeed.TokenLoader(
+            path, seq_len, 4, column="input_ids", sample="documents", seed=seed, device="cpu"
+        )
+        for epoch in (0, 1):  # each iteration runs the next epoch, in its own order
+            order, x, y, segment_ids = documents_reference(read, seed, epoch, seq_len)
+            assert sorted(order) == [d for d in range(len(read)) if read[d]]
+            steps = list(loader)
+            assert all(len(step) == 3 for step in steps)
+            assert loader.num_samples == len(x)
+            got = [np.concatenate([step[k] for step in steps]) for k in range(3)]
+            assert got[0].dtype == np.int64 and got[2].dtype == np.int32
+            for have, want in zip(got, (x, y, segment_ids)):
+                np.testing.assert_array_equal(have, want)
+    with pytest.raises(pinfeed.PinfeedValueError, match="longer than the .* tokens") as e:
+        pinfeed.TokenLoader(path, 5000, 1, column="input_ids", sample="documents", device="cpu")
+    assert path.name in str(e.value)
+
+
+def test_token_column_documents_resume_exactly_after_any_step(tmp_path):
+    path, _ = write_token_table(tmp_path, token_docs(50, seed=6), "parquet")
+
+    def make():
+        return pinfeed.TokenLoader(
+            path,
+            8,
+            3,
+            column="input_ids",
+            sample="documents",
+            shuffle=True,
+            seed=3,
+            device="cpu",
+            num_threads=2,
+        )
+
+    whole = make()
+    full = list(whole) + list(whole)  # two epochs
+    per_epoch = len(full) // 2
+    for k in range(per_epoch):
+        first = make()
+        it = iter(first)
+        got = [next(it) for _ in range(k)]
+        state = first.state_dict()
+        assert (state["epoch"], state["batches_done"]) == (0, k)
+        resumed = make()
+        resumed.load_state_dict(state)
+        got += list(resumed)
+        got += list(resumed)  # the next epoch follows
+        assert len(got) == len(full), k
+        for a, b in zip(got, full):
+            for have, want in zip(a, b):
+                np.testing.assert_array_equal(have, want)
+
+
+@pytest.mark.parametrize("w_from,w_to", [(1, 2), (2, 3), (3, 2), (3, 1)])
+def test_token_column_documents_resume_elastically(tmp_path, w_from, w_to):
+    path, read = write_token_table(tmp_path, token_docs(90, seed=8), "arrow")
+    opts = dict(column="input_ids", sample="documents", shuffle=True, seed=1, device="cpu")
+
+    def ranks(world):
+        return [
+            pinfeed.TokenLoader(path, 4, 3, rank=r, world_size=world, num_threads=2, **opts)
+            for r in range(world)
+        ]
+
+    def windows(loaders, steps=None):
+        per_rank = []
+        for ld in loaders:
+            batches = itertools.islice(ld, steps)  # no batch past `steps` is received
+            per_rank.append(
+                [[(*x, *s) for x, s in zip(b[0].tolist(), b[2].tolist())] for b in batches]
+            )
+        return [w for step in zip(*per_rank) for b in step for w in b]
+
+    whole = windows(ranks(w_from))
+    first = ranks(w_from)
+    head = windows(first, 5)
+    rest = ranks(w_to)
+    for ld in rest:
+        ld.load_state_dict(first[0].state_dict())
+    tail = windows(rest)
+    n = len(documents_reference(read, 1, 0, 4)[1]) - len(head)  # before the last step's pad
+    assert head + tail[:n] == whole[: len(head) + n]
+
+
+def test_text_column_documents_follow_the_rows(tmp_path, trained_tokenizer):
+    tok, tok_path = trained_tokenizer
+    texts = make_texts(60, seed=4)
+    path = tmp_path / "text.parquet"
+    pq.write_table(pa.table({"text": texts}), path, row_group_size=7)
+    eos = tok.token_to_id("<|endoftext|>")
+    encoded = [e.ids + [eos] for e in tok.encode_batch(pq.read_table(path)["text"].to_pylist())]
+    loader = text_loader(path, tok_path, sample="documents", seed=5)
+    steps = list(loader)
+    _, x, y, segment_ids = documents_reference(encoded, 5, 0, 16)
+    got = [np.concatenate([step[k] for step in steps]) for k in range(3)]
+    for have, want in zip(got, (x, y, segment_ids)):
+        np.testing.assert_array_equal(have, want)
+    for _, _, seg, pos, cu in steps:
+        # Positions restart at each document of the window (and at its start).
+        first = np.maximum.accumulate(np.where(np.diff(seg, prepend=-1) != 0, np.arange(16), 0), 1)
+        np.testing.assert_array_equal(pos, np.arange(16) - first)
+        flat = pos.reshape(-1)
+        np.testing.assert_array_equal(cu, np.append(np.flatnonzero(flat == 0), flat.size))

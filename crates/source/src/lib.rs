@@ -255,6 +255,20 @@ pub trait Source: Send + Sync + std::fmt::Debug {
         None
     }
 
+    /// Records in each document, in order, for a source whose records are the tokens of
+    /// documents back to back: a table's token or text column (one document a row) opened with
+    /// the [`table::DOCUMENTS`] option. The lengths add up to
+    /// [`num_records`](Source::num_records). `None` for every other source.
+    fn document_lengths(&self) -> Option<Vec<u64>> {
+        None
+    }
+
+    /// The columns of a table's records ([`table::TableSource`], or shards of tables), in
+    /// record order; `None` for any other source.
+    fn columns(&self) -> Option<&[table::Column]> {
+        None
+    }
+
     /// Gathers records in the given order (any order, repeats allowed) into `dst`, back to back;
     /// `dst.len()` must be `indices.len()` records.
     ///

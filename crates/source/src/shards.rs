@@ -279,6 +279,19 @@ impl Source for ShardedSource {
         self.gather_by_shard(records.iter().copied(), dst)
     }
 
+    fn document_lengths(&self) -> Option<Vec<u64>> {
+        let mut all = Vec::new();
+        for shard in &self.shards {
+            all.extend(shard.document_lengths()?);
+        }
+        Some(all)
+    }
+
+    fn columns(&self) -> Option<&[crate::table::Column]> {
+        // Every shard has the layout of the first, so the same columns.
+        self.shards[0].columns()
+    }
+
     fn reader_description(&self) -> String {
         let mut seen: Vec<String> = Vec::new();
         for shard in &self.shards {

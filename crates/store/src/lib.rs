@@ -179,11 +179,12 @@ pub const TOKEN_COALESCE_GAP: u64 = 16 << 10;
 const MEGATRON_REMOTE: &str = "from object storage, random and sequential windows read its .bin \
      as a raw token object (give its dtype)";
 
-/// The windows of token data opened by [`open_tokens`], picked as `options` say: random or
-/// sequential ([`tokens::from_stream`]). Documents sampling needs a Megatron index, which is
-/// read from local disk only, so it is refused here with an error naming the data.
+/// The windows of token data opened by [`open_tokens`] (or of a stream opened elsewhere, such
+/// as a table's column), picked as `options` say ([`tokens::from_stream`]). Documents sampling
+/// needs a Megatron index, which is read from local disk only, or a stream that knows its
+/// documents; for other streams it is refused here with an error naming the data.
 pub fn token_windows(stream: Arc<TokenStream>, options: &TokenOptions) -> Result<TokenSource> {
-    if options.sample == Sample::Documents {
+    if options.sample == Sample::Documents && stream.document_starts().is_none() {
         return Err(SourceError::Tokens {
             name: stream.name().to_owned(),
             reason: format!(

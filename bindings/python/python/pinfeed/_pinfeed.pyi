@@ -35,6 +35,7 @@ __all__ = [
     "cuda_device_count",
     "device_share",
     "dlpack_dtype",
+    "document_order",
     "epoch_order",
     "epoch_size",
     "image_decoder",
@@ -129,6 +130,8 @@ class Source:
     def record_shape(self) -> list[int]: ...
     @property
     def descr(self) -> str: ...
+    @property
+    def columns(self) -> list[str] | None: ...
     @property
     def dlpack_dtype(self) -> _DLDtype | None: ...
 
@@ -303,9 +306,10 @@ def open_text_column(
     *,
     bos: str | int | None = None,
     eos: str | int | None = None,
+    documents: bool = False,
 ) -> tuple[TokenStream, int | None, int | None]: ...
 def open_token_column(
-    path: str | PathLike[str], column: str, *, dtype: str | None = None
+    path: str | PathLike[str], column: str, *, dtype: str | None = None, documents: bool = False
 ) -> TokenStream: ...
 def reshard_position(
     num_records: int,
@@ -375,6 +379,7 @@ def open_tokens(
     output: str | None = None,
 ) -> tuple[Source, str, int, TokenStream | None, int]: ...
 def token_offsets(seed: int, epoch: int, num_offsets: int, first: int, count: int) -> list[int]: ...
+def document_order(seed: int, epoch: int, num_documents: int) -> list[int]: ...
 
 # Data mixtures (pinfeed.TokenLoader's mixtures' Rust half).
 @final

@@ -133,8 +133,6 @@ def _open_table(
     on_error: str,
 ) -> "_pinfeed.Source":
     path = source_path(source, "Loader(columns=)")
-    if columns is None:
-        raise PinfeedValueError(f"{path}: on_error applies to tables read with columns=")
     if dtype is not None or shape is not None:
         raise PinfeedValueError(
             f"{path}: columns= reads a table's own types; dtype and shape do not apply"

@@ -27,10 +27,13 @@ class ColumnView(NamedTuple):
 def open_table(
     path: str, columns: Any, on_error: Any, reader: str, store: dict[str, Any]
 ) -> "_pinfeed.Source":
-    """Opens ``path`` (a file, directory or glob of tables) as records of ``columns``."""
+    """Opens ``path`` (a file, directory or glob of tables) as records of ``columns`` (None:
+    all of the table's)."""
     if isinstance(columns, str):
         columns = [columns]
-    if not isinstance(columns, Sequence) or not all(isinstance(c, str) for c in columns):
+    if columns is not None and (
+        not isinstance(columns, Sequence) or not all(isinstance(c, str) for c in columns)
+    ):
         raise PinfeedTypeError(
             f"{path}: columns must be a list of column names (str), not {columns!r}"
         )
@@ -41,7 +44,8 @@ def open_table(
             f"{path}: {', '.join(sorted(store))} apply to object-storage URLs; tables are read "
             "from local files so far"
         )
-    return _pinfeed.open_table(path, list(columns), on_error=on_error, reader=reader)
+    names = None if columns is None else list(columns)
+    return _pinfeed.open_table(path, names, on_error=on_error, reader=reader)
 
 
 def natural_block(source: "_pinfeed.Source", shuffle: str, block_size: Optional[int]) -> Any:
@@ -52,16 +56,15 @@ def natural_block(source: "_pinfeed.Source", shuffle: str, block_size: Optional[
     return _pinfeed.natural_block(source)
 
 
-def table_columns(
-    source: "_pinfeed.Source", columns: Any, transform: Any
-) -> Optional[list["ColumnView"]]:
-    """Where each column lies in the records of a table opened with ``columns`` (None for
-    other sources)."""
-    if columns is None:
+def table_columns(source: "_pinfeed.Source", transform: Any) -> Optional[list["ColumnView"]]:
+    """Where each column lies in the records of a table, opened with ``columns`` or without
+    (all of its columns); None for other sources."""
+    if source.columns is None:
         return None
     if transform is not None:
         raise PinfeedValueError(
-            f"{source.name}: columns= reads a table's own types; a transform does not apply"
+            f"{source.name}: a table's columns are read as their own types; a transform does "
+            "not apply"
         )
     return column_views(source.descr)
 
@@ -105,11 +108,17 @@ def split(batch: Any, views: Sequence[ColumnView]) -> dict[str, Any]:
 
 
 def open_column(
-    path: str, column: Any, tokenizer: Any, bos_eos: tuple[Any, Any], token_dtype: Optional[str]
+    path: str,
+    column: Any,
+    tokenizer: Any,
+    bos_eos: tuple[Any, Any],
+    token_dtype: Optional[str],
+    documents: bool,
 ) -> tuple["_pinfeed.TokenStream", Optional[tuple[Optional[int], Optional[int]]]]:
     """A table's ``column`` as a token stream: integer lists as they are, or text tokenized
     with ``tokenizer`` (a ``tokenizer.json``); then also the ids of ``bos_eos`` (tokens or
-    ids; None when not given), else None."""
+    ids; None when not given), else None. With ``documents`` the stream keeps where each row
+    starts (``sample="documents"``)."""
     if not isinstance(column, str):
         raise PinfeedTypeError(
             f"{path}: column must name a table's column (str), not {type(column).__name__}"
@@ -121,7 +130,8 @@ def open_column(
             raise PinfeedValueError(
                 f"{path}: bos_token and eos_token apply to text tokenized with tokenizer="
             )
-        return _pinfeed.open_token_column(path, column, dtype=token_dtype), None
+        opened = _pinfeed.open_token_column(path, column, dtype=token_dtype, documents=documents)
+        return opened, None
     if token_dtype is not None:
         raise PinfeedValueError(
             f"{path}: a tokenized text column is uint32 tokens; leave token_dtype out"
@@ -132,18 +142,19 @@ def open_column(
             f"{type(tokenizer).__name__}"
         )
     stream, bos_id, eos_id = _pinfeed.open_text_column(
-        path, column, os.fspath(tokenizer), bos=bos, eos=eos
+        path, column, os.fspath(tokenizer), bos=bos, eos=eos, documents=documents
     )
     return stream, (bos_id, eos_id)
 
 
-def packing(xy: tuple[Any, Any], bos: Optional[int], eos: Optional[int]) -> tuple[Any, ...]:
-    """``(x, y, segment_ids, position_ids, cu_seqlens)`` of a step of packed documents: a
-    document starts at each window's start, at ``bos`` and after ``eos``; ``segment_ids`` are
-    each input token's document ordinal in its window, ``position_ids`` restart at 0 at each
-    document, and ``cu_seqlens`` (int32) are the documents' boundaries in the flattened batch,
-    as variable-length attention kernels take them."""
-    x, y = xy
+def packing(step: tuple[Any, ...], bos: Optional[int], eos: Optional[int]) -> tuple[Any, ...]:
+    """``(x, y, segment_ids, position_ids, cu_seqlens)`` of a step of packed documents, from
+    ``(x, y)`` or, for document windows, ``(x, y, segment_ids)``: a document starts at each
+    window's start, and where the segment ids change or else at ``bos`` and after ``eos``;
+    ``segment_ids`` are each input token's document ordinal in its window, ``position_ids``
+    restart at 0 at each document, and ``cu_seqlens`` (int32) are the documents' boundaries in
+    the flattened batch, as variable-length attention kernels take them."""
+    x, y = step[:2]
     if isinstance(x, np.ndarray):
         xp, accumulate = np, lambda a: np.maximum.accumulate(a, axis=1)
     elif type(x).__module__.split(".")[0] == "torch":
@@ -158,10 +169,13 @@ def packing(xy: tuple[Any, Any], bos: Optional[int], eos: Optional[int]) -> tupl
         starts = np.zeros(x.shape, dtype=bool)
     else:
         starts = xp.zeros(x.shape, dtype=xp.bool, device=x.device)
-    if bos is not None:
-        starts |= x == bos
-    if eos is not None:
-        starts[:, 1:] |= x[:, :-1] == eos
+    if len(step) == 3:
+        starts[:, 1:] = step[2][:, 1:] != step[2][:, :-1]
+    else:
+        if bos is not None:
+            starts |= x == bos
+        if eos is not None:
+            starts[:, 1:] |= x[:, :-1] == eos
     starts[:, 0] = True
     segment_ids = (
         (starts.cumsum(1) - 1).astype(np.int32) if xp is np else (starts.cumsum(1) - 1).int()

@@ -81,10 +81,13 @@ class Loader:
 
     ``source`` may also be a table (Parquet, Arrow IPC file or stream, JSON lines plain or
     ``.gz``/``.zst``; a file, directory or glob) read as records of ``columns``: every batch is
-    then a dict of arrays, one per column (numbers, fixed-size lists of numbers). A malformed
-    JSON line is refused, or skipped and counted with ``on_error="skip"``. ``shuffle="block"``
-    takes a Parquet row group as its block, decoding each once an epoch; ``"random"`` decodes a
-    row group for nearly every record once those touched outgrow the cache of decoded ones.
+    then a dict of arrays, one per column (numbers, fixed-size lists of numbers). Without
+    ``columns`` every column is read, in the file's order (a JSON line's keys in name order);
+    a column no record can hold (text, a variable-size list) is then refused, naming it and
+    the ones that can be read. A malformed JSON line is refused, or skipped and counted with
+    ``on_error="skip"``. ``shuffle="block"`` takes a Parquet row group as its block, decoding
+    each once an epoch; ``"random"`` decodes a row group for nearly every record once those
+    touched outgrow the cache of decoded ones.
 
     ``transform`` is run by the reader threads on each batch: ``transforms.ToFloat()``,
     ``transforms.Normalize(mean, std)`` (Rust, no GIL), or a Python callable ``f(raw, out)`` whose
@@ -210,7 +213,7 @@ class Loader:
         #: What batches are delivered as: ``"torch"``, ``"jax"``, ``"cupy"``, ``"numpy"``, or
         #: None for the default (torch on CUDA, numpy on the host backend).
         self.framework: Optional[str] = framework_arg(framework)
-        out_bytes = self._set_layout(transform, transform_dtype, transform_shape, raw, columns)
+        out_bytes = self._set_layout(transform, transform_dtype, transform_shape, raw)
         order = dict(seed=seed, rank=rank, world_size=world_size, drop_last=drop_last)
         sizes = dict(pinned_budget=pinned_budget, device_budget=device_budget, epochs=epochs)
         reading = dict(num_threads=num_threads, prefetch=prefetch, piece_size=piece_size)
@@ -220,13 +223,13 @@ class Loader:
         self._start_first_pass(device_budget, out_bytes)
 
     def _set_layout(
-        self, transform: Any, transform_dtype: Any, transform_shape: Any, raw: Any, columns: Any
+        self, transform: Any, transform_dtype: Any, transform_shape: Any, raw: Any
     ) -> Any:
         """Sets the transform, the dtype and record shape of the batches and how they are
         exported; returns the transform's output bytes a record (None: no Python transform)."""
         self.raw = bool(raw)
         # A table's records travel as bytes, cut into one array a column (_tables.split).
-        self._columns = table_columns(self._source, columns, transform)
+        self._columns = table_columns(self._source, transform)
         src_dtype = dtype_of(self._source.descr)
         src_shape = tuple(int(d) for d in self._source.record_shape)
         self._transform, out_bytes, out_dtype, out_shape = transform_layout(

@@ -109,8 +109,9 @@ class TokenLoader(EpochLoader):
     - ``"sequential"``: consecutive windows every ``seq_len`` tokens (each window's last
       target is the next one's first input), every window once an epoch, split across ranks as
       :class:`pinfeed.Loader` splits records; ``shuffle=True`` permutes the windows each epoch.
-    - ``"documents"`` (Megatron datasets only): the documents in a shuffled order of ``(seed,
-      epoch)``, concatenated and cut as ``"sequential"``; yields ``(x, y, segment_ids)``,
+    - ``"documents"`` (a Megatron dataset, or a table's ``column``, a document a row): the
+      documents in a shuffled order of ``(seed, epoch)`` (a Fisher-Yates shuffle, empty ones
+      left out), concatenated and cut as ``"sequential"``; yields ``(x, y, segment_ids)``,
       ``segment_ids`` int32 ``(batch_size, seq_len)`` aligned with ``x``: the ordinal of each
       input token's document within its window (``0, 0, 0, 1, 1, 2, ...``), for document
       masking. The ids travel in the same slot as the tokens. ``seq_len + 1`` is at most 65535.
@@ -143,7 +144,10 @@ class TokenLoader(EpochLoader):
     position_ids, cu_seqlens)``: a document starts at a window's start, at ``bos_token`` and
     after ``eos_token``, ``position_ids`` restart at each, and ``cu_seqlens`` (int32) are the
     documents' bounds in the flattened batch. Each file's text is tokenized once when the
-    loader is made, to count its tokens, and again when read once outside the cache.
+    loader is made, to count its tokens, and again when read once outside the cache. With
+    ``sample="documents"`` each row is a document: ``segment_ids`` (and for text the
+    ``position_ids`` and ``cu_seqlens``) follow the rows. Its reads land all over the table,
+    each decoding (or tokenizing) its row group unless the 1 GiB cache of decoded ones holds it.
 
     **Mixtures**: ``source`` may be a dict of name to source (a path, a URL, or
     :class:`pinfeed.Source` with its own ``token_dtype`` and object-store options), with
@@ -294,7 +298,9 @@ class TokenLoader(EpochLoader):
                 f"{self.source}: {', '.join(sorted(self._store))} apply to object-storage "
                 "URLs; tables are read from local files so far"
             )
-        opened, self._text = open_column(self.source, column, tokenizer, bos_eos, self._token_dtype)
+        opened, self._text = open_column(
+            self.source, column, tokenizer, bos_eos, self._token_dtype, self.sample == "documents"
+        )
         if self._text is not None and framework in ("jax", "cupy"):
             raise PinfeedValueError(
                 f"{self.source}: a tokenized text column delivers torch tensors or numpy "
@@ -367,7 +373,7 @@ class TokenLoader(EpochLoader):
         loader.load_state_dict({**state, "epoch": start[0], "batches_done": batches_done})
         self._steps_done = start[1]
         if self._text is not None:
-            return (packing(xy, *self._text) for xy in self._batches(iter(loader), skip))
+            return (packing(step, *self._text) for step in self._batches(iter(loader), skip))
         return self._batches(iter(loader), skip)
 
     def _batches(self, batches: Iterator[Any], skip: int) -> Iterator[tuple[Any, ...]]:

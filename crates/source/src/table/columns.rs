@@ -32,6 +32,8 @@ pub struct Column {
     pub tokens: bool,
     /// A text column: each row a document, tokenized with this.
     pub(crate) text: Option<std::sync::Arc<super::text::Text>>,
+    /// A token or text column whose rows' token counts are kept ([`super::DOCUMENTS`]).
+    pub(crate) documents: bool,
 }
 
 impl Column {
@@ -118,6 +120,7 @@ pub(crate) fn layout_of(name: &str, fields: &[&Field]) -> Result<(Layout, Vec<Co
             offset,
             tokens: false,
             text: None,
+            documents: false,
         };
         offset += column.bytes();
         columns.push(column);
@@ -162,6 +165,7 @@ pub(crate) fn token_layout(name: &str, field: &Field) -> Result<(Layout, Vec<Col
         offset: 0,
         tokens: true,
         text: None,
+        documents: false,
     };
     let dtype = DType::from_descr_literal(&format!("'{typestr}'"))
         .map_err(|e| table_error(name, e.to_string()))?;
@@ -193,6 +197,7 @@ pub(crate) fn text_layout(
         offset: 0,
         tokens: true,
         text: Some(text),
+        documents: false,
     };
     let dtype = DType::from_descr_literal("'<u4'").map_err(|e| table_error(name, e.to_string()))?;
     let layout = Layout::new(dtype, Vec::new()).map_err(|e| table_error(name, e.to_string()))?;
@@ -226,6 +231,34 @@ fn descr_of(columns: &[Column], size: usize) -> String {
     descr
 }
 
+/// `e`, the refusal of a column of a table opened without the `columns` option (all of its
+/// columns), with the columns that records can hold (`readable`): the ones to name.
+pub(crate) fn name_the_columns(e: SourceError, readable: &[&str]) -> SourceError {
+    let SourceError::Table { name, reason } = e else {
+        return e;
+    };
+    let hint = match readable {
+        [] => "no column of this table is one records can hold".to_owned(),
+        some => {
+            let quoted: Vec<String> = some.iter().map(|n| format!("{n:?}")).collect();
+            format!(
+                "without columns= every column is read; name those to read: columns=[{}]",
+                quoted.join(", ")
+            )
+        }
+    };
+    table_error(&name, format!("{reason}; {hint}"))
+}
+
+/// The names of `fields` that records can hold.
+pub(crate) fn readable<'a>(fields: &[&'a Field]) -> Vec<&'a str> {
+    fields
+        .iter()
+        .filter(|f| record_type(f.data_type()).is_ok())
+        .map(|f| f.name().as_str())
+        .collect()
+}
+
 /// A [`SourceError::Table`] about `name`.
 pub(crate) fn table_error(name: &str, reason: String) -> SourceError {
     SourceError::Table {
@@ -236,13 +269,15 @@ pub(crate) fn table_error(name: &str, reason: String) -> SourceError {
 
 /// Packs the rows of `batch` into records of `columns` (`record_bytes` each) at the end of
 /// `out`. `at` names the chunk for errors ("file.parquet, row group 3"). The batch's columns
-/// are found by name; a null anywhere in one is refused.
+/// are found by name; a null anywhere in one is refused. For a token or text column, each
+/// row's token count is pushed to `documents` when given.
 pub(crate) fn pack(
     batch: &RecordBatch,
     columns: &[Column],
     record_bytes: usize,
     at: &str,
     out: &mut Vec<u8>,
+    documents: Option<&mut Vec<u64>>,
 ) -> Result<()> {
     let rows = batch.num_rows();
     let start = out.len();
@@ -254,11 +289,11 @@ pub(crate) fn pack(
         };
         if let Some(text) = &column.text {
             out.truncate(start);
-            return text.encode_into(array, &column.name, at, out);
+            return text.encode_into(array, &column.name, at, out, documents);
         }
         if column.tokens {
             // The one column of a token table: the rows' lists, back to back.
-            let tokens = token_values(array, column, at)?;
+            let tokens = token_values(array, column, at, documents)?;
             if let Values::Bytes(bytes) = flatten(&tokens, column, at)? {
                 out.truncate(start);
                 out.extend_from_slice(bytes);
@@ -306,17 +341,31 @@ pub(crate) fn check_nulls(batch: &RecordBatch, columns: &[Column], at: &str) -> 
     Ok(())
 }
 
-/// The integers of a token column's lists, from the first row's start to the last row's end.
-fn token_values(array: &ArrayRef, column: &Column, at: &str) -> Result<ArrayRef> {
+/// The integers of a token column's lists, from the first row's start to the last row's end;
+/// each row's count is pushed to `documents` when given.
+fn token_values(
+    array: &ArrayRef,
+    column: &Column,
+    at: &str,
+    documents: Option<&mut Vec<u64>>,
+) -> Result<ArrayRef> {
+    // Offsets are non-decreasing (arrow checks it when the array is built).
+    fn lengths<T: Copy + Into<i64>>(o: &[T], documents: Option<&mut Vec<u64>>) {
+        if let Some(documents) = documents {
+            documents.extend(o.windows(2).map(|w| (w[1].into() - w[0].into()) as u64));
+        }
+    }
     let (from, to, values) = match array.data_type() {
         DataType::List(_) => {
             let list = array.as_list::<i32>();
             let o = list.value_offsets();
+            lengths(o, documents);
             (o[0] as usize, o[o.len() - 1] as usize, list.values())
         }
         DataType::LargeList(_) => {
             let list = array.as_list::<i64>();
             let o = list.value_offsets();
+            lengths(o, documents);
             (o[0] as usize, o[o.len() - 1] as usize, list.values())
         }
         t => {

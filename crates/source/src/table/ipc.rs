@@ -142,7 +142,13 @@ impl Chunks for InMemory {
         &self.rows
     }
 
-    fn pack(&self, i: usize, columns: &[Column], record_bytes: usize) -> Result<Vec<u8>> {
+    fn pack(
+        &self,
+        i: usize,
+        columns: &[Column],
+        record_bytes: usize,
+        documents: Option<&mut Vec<u64>>,
+    ) -> Result<Vec<u8>> {
         let mut out = Vec::with_capacity(self.batches[i].num_rows() * record_bytes);
         pack(
             &self.batches[i],
@@ -150,6 +156,7 @@ impl Chunks for InMemory {
             record_bytes,
             &self.at(i),
             &mut out,
+            documents,
         )?;
         Ok(out)
     }

@@ -49,6 +49,7 @@ impl Format for Jsonl {
             super::TOKENIZER,
             super::BOS,
             super::EOS,
+            super::DOCUMENTS,
         ]
     }
 
@@ -75,16 +76,32 @@ impl Format for Jsonl {
         let mut fields = Vec::with_capacity(wanted.len());
         let mut arrays = Vec::with_capacity(wanted.len());
         let format = &open.options.format;
+        // Without the columns option every key is read; the first that records cannot hold
+        // is refused once the others are known, naming them.
+        let all = [super::COLUMNS, super::TOKENS, super::TEXT]
+            .iter()
+            .all(|k| format.get(k).is_none());
+        let mut refused = None;
         for column in &wanted {
-            let (field, array) = if format.get(super::TEXT).is_some() {
-                text_array(&lines.rows, column, &name)?
+            let made = if format.get(super::TEXT).is_some() {
+                text_array(&lines.rows, column, &name)
             } else if format.get(super::TOKENS).is_some() {
-                token_array(&lines.rows, column, &name)?
+                token_array(&lines.rows, column, &name)
             } else {
-                column_array(&lines.rows, column, &name)?
+                column_array(&lines.rows, column, &name)
             };
-            fields.push(field);
-            arrays.push(array);
+            match made {
+                Ok((field, array)) => {
+                    fields.push(field);
+                    arrays.push(array);
+                }
+                Err(e) if all => refused = refused.or(Some(e)),
+                Err(e) => return Err(e),
+            }
+        }
+        if let Some(e) = refused {
+            let readable: Vec<&str> = fields.iter().map(|f| f.name().as_str()).collect();
+            return Err(super::columns::name_the_columns(e, &readable));
         }
         let field_refs: Vec<&Field> = fields.iter().collect();
         let (layout, columns) = super::layout_for(&open, &name, &field_refs)?;

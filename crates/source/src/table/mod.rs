@@ -1,5 +1,6 @@
 //! Tables as records: Parquet files, Arrow IPC files and streams, and JSON lines, whose
-//! columns (the ones asked for, with the `columns` format option) become fixed-size records.
+//! columns (the ones asked for with the `columns` format option, else all of them) become
+//! fixed-size records.
 //!
 //! A table is cut into chunks: a Parquet row group, an Arrow record batch, a JSON-lines file.
 //! A chunk's records are decoded whole, packed as [`columns`] lays them out, and kept in one
@@ -44,8 +45,12 @@ pub const BOS: &str = "bos";
 /// The token put after each document of a [`TEXT`] column (a token or an id).
 pub const EOS: &str = "eos";
 
+/// The format option (`true`) that makes a [`TOKENS`] or [`TEXT`] column keep each row's
+/// token count, for [`Source::document_lengths`]: 8 bytes a row, counted when the tokens are.
+pub const DOCUMENTS: &str = "documents";
+
 /// The format options every table format reads.
-pub(crate) const OPTION_KEYS: &[&str] = &[COLUMNS, TOKENS, TEXT, TOKENIZER, BOS, EOS];
+pub(crate) const OPTION_KEYS: &[&str] = &[COLUMNS, TOKENS, TEXT, TOKENIZER, BOS, EOS, DOCUMENTS];
 
 /// The columns asked for with [`COLUMNS`], in order (or the token column of [`TOKENS`], the
 /// text column of [`TEXT`]); `None` for all of them.
@@ -91,27 +96,59 @@ pub(crate) fn layout_for(
     fields: &[&arrow_schema::Field],
 ) -> Result<(Layout, Vec<Column>)> {
     let format = &open.options.format;
-    if format.get(TEXT).is_some() {
+    let documents = match format.get(DOCUMENTS) {
+        None | Some("false") => false,
+        Some("true") => true,
+        Some(other) => {
+            return Err(crate::SourceError::Options {
+                reason: format!("{name}: documents option {other:?}: expected true or false"),
+            })
+        }
+    };
+    let (layout, mut columns) = if format.get(TEXT).is_some() {
         let Some(tokenizer) = format.get(TOKENIZER) else {
             return Err(crate::SourceError::Options {
                 reason: format!("{name}: a text column needs a tokenizer (a tokenizer.json)"),
             });
         };
         let text = Text::load(tokenizer, format.get(BOS), format.get(EOS))?;
-        return columns::text_layout(name, fields[0], Arc::new(text));
+        columns::text_layout(name, fields[0], Arc::new(text))?
+    } else if format.get(TOKENS).is_some() {
+        columns::token_layout(name, fields[0])?
+    } else if documents {
+        return Err(crate::SourceError::Options {
+            reason: format!("{name}: the documents option applies to a tokens or text column"),
+        });
+    } else if format.get(COLUMNS).is_none() {
+        columns::layout_of(name, fields)
+            .map_err(|e| columns::name_the_columns(e, &columns::readable(fields)))?
+    } else {
+        columns::layout_of(name, fields)?
+    };
+    if let Some(first) = columns.first_mut() {
+        first.documents = documents; // false but for a token or text column
     }
-    if format.get(TOKENS).is_some() {
-        return columns::token_layout(name, fields[0]);
-    }
-    columns::layout_of(name, fields)
+    Ok((layout, columns))
 }
 
 /// A table's chunks, decoded on demand.
 pub(crate) trait Chunks: Send + Sync + std::fmt::Debug {
     /// Rows of each chunk.
     fn rows(&self) -> &[u64];
-    /// Chunk `i`'s rows as records of `columns`, `record_bytes` each.
-    fn pack(&self, i: usize, columns: &[Column], record_bytes: usize) -> Result<Vec<u8>>;
+    /// Chunk `i`'s rows as records of `columns`, `record_bytes` each; for a token or text
+    /// column, each row's token count is pushed to `documents` when given.
+    fn pack(
+        &self,
+        i: usize,
+        columns: &[Column],
+        record_bytes: usize,
+        documents: Option<&mut Vec<u64>>,
+    ) -> Result<Vec<u8>>;
+
+    /// Tokens in each row of every chunk, in order, where they were kept.
+    fn documents(&self) -> Option<&[u64]> {
+        None
+    }
 }
 
 /// A token column's chunks, counted in tokens: each chunk decoded once at open to count them
@@ -120,11 +157,17 @@ pub(crate) trait Chunks: Send + Sync + std::fmt::Debug {
 struct TokenChunks {
     inner: Box<dyn Chunks>,
     tokens: Vec<u64>,
+    /// Tokens in each row, all chunks in order, when the column was opened with [`DOCUMENTS`].
+    documents: Option<Vec<u64>>,
 }
 
+/// A chunk's token count, and its rows' when they are kept.
+type Counted = Option<Result<(u64, Vec<u64>)>>;
+
 impl TokenChunks {
-    /// Counts the tokens of every chunk, on as many threads as there are cores; the chunks go
-    /// into the cache under `id` (for text, so that the first reads do not tokenize again).
+    /// Counts the tokens of every chunk (and of each row, for [`DOCUMENTS`]), on as many
+    /// threads as there are cores; the chunks go into the cache under `id` (for text, so that
+    /// the first reads do not tokenize again).
     fn count(
         inner: Box<dyn Chunks>,
         columns: &[Column],
@@ -132,9 +175,9 @@ impl TokenChunks {
         id: u64,
     ) -> Result<TokenChunks> {
         let n = inner.rows().len();
+        let keep = columns[0].documents;
         let next = std::sync::atomic::AtomicUsize::new(0);
-        let counts: Vec<std::sync::Mutex<Option<Result<u64>>>> =
-            (0..n).map(|_| Default::default()).collect();
+        let counts: Vec<std::sync::Mutex<Counted>> = (0..n).map(|_| Default::default()).collect();
         let threads = std::thread::available_parallelism()
             .map_or(1, |p| p.get())
             .min(n.max(1));
@@ -145,21 +188,33 @@ impl TokenChunks {
                     if i >= n {
                         break;
                     }
-                    let got = cache::get(id, i, || inner.pack(i, columns, itemsize))
-                        .map(|c| (c.len() / itemsize) as u64);
+                    let mut rows = Vec::new();
+                    let wanted = keep.then_some(&mut rows);
+                    // The table's id is new: nothing is cached under it yet, so `pack` runs.
+                    let got = cache::get(id, i, || inner.pack(i, columns, itemsize, wanted))
+                        .map(|c| ((c.len() / itemsize) as u64, rows));
                     *counts[i].lock().unwrap_or_else(|e| e.into_inner()) = Some(got);
                 });
             }
         });
-        let tokens = counts
-            .into_iter()
-            .map(|c| {
-                c.into_inner()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .unwrap_or(Ok(0))
-            })
-            .collect::<Result<_>>()?;
-        Ok(TokenChunks { inner, tokens })
+        let mut tokens = Vec::with_capacity(n);
+        let mut documents = keep.then(Vec::new);
+        for c in counts {
+            let (count, rows) = c
+                .into_inner()
+                .unwrap_or_else(|e| e.into_inner())
+                .unwrap_or(Ok((0, Vec::new())))?;
+            debug_assert!(!keep || rows.iter().sum::<u64>() == count);
+            tokens.push(count);
+            if let Some(documents) = &mut documents {
+                documents.extend(rows);
+            }
+        }
+        Ok(TokenChunks {
+            inner,
+            tokens,
+            documents,
+        })
     }
 }
 
@@ -168,8 +223,18 @@ impl Chunks for TokenChunks {
         &self.tokens
     }
 
-    fn pack(&self, i: usize, columns: &[Column], record_bytes: usize) -> Result<Vec<u8>> {
-        self.inner.pack(i, columns, record_bytes)
+    fn pack(
+        &self,
+        i: usize,
+        columns: &[Column],
+        record_bytes: usize,
+        documents: Option<&mut Vec<u64>>,
+    ) -> Result<Vec<u8>> {
+        self.inner.pack(i, columns, record_bytes, documents)
+    }
+
+    fn documents(&self) -> Option<&[u64]> {
+        self.documents.as_deref()
     }
 }
 
@@ -240,7 +305,7 @@ impl TableSource {
         let i = self.index[k];
         let record_bytes = self.layout.record_bytes();
         cache::get(self.id, i, || {
-            self.chunks.pack(i, &self.columns, record_bytes)
+            self.chunks.pack(i, &self.columns, record_bytes, None)
         })
     }
 }
@@ -288,6 +353,14 @@ impl Source for TableSource {
 
     fn natural_block(&self) -> Option<u64> {
         self.chunks.rows().iter().copied().max()
+    }
+
+    fn document_lengths(&self) -> Option<Vec<u64>> {
+        self.chunks.documents().map(<[u64]>::to_vec)
+    }
+
+    fn columns(&self) -> Option<&[Column]> {
+        Some(&self.columns)
     }
 }
 

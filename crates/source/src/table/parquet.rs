@@ -120,7 +120,13 @@ impl Chunks for RowGroups {
         &self.rows
     }
 
-    fn pack(&self, i: usize, columns: &[Column], record_bytes: usize) -> Result<Vec<u8>> {
+    fn pack(
+        &self,
+        i: usize,
+        columns: &[Column],
+        record_bytes: usize,
+        mut documents: Option<&mut Vec<u64>>,
+    ) -> Result<Vec<u8>> {
         let at = format!("{}, row group {i}", self.name);
         let fail = |e: &dyn std::fmt::Display| table_error(&at, format!("cannot decode: {e}"));
         let reader = ParquetRecordBatchReaderBuilder::new_with_metadata(
@@ -135,7 +141,14 @@ impl Chunks for RowGroups {
         let mut out = Vec::with_capacity(self.rows[i] as usize * record_bytes);
         for batch in reader {
             let batch = batch.map_err(|e| fail(&e))?;
-            pack(&batch, columns, record_bytes, &at, &mut out)?;
+            pack(
+                &batch,
+                columns,
+                record_bytes,
+                &at,
+                &mut out,
+                documents.as_deref_mut(),
+            )?;
         }
         let tokens = columns.first().is_some_and(|c| c.tokens);
         if !tokens && out.len() != self.rows[i] as usize * record_bytes {

@@ -77,13 +77,15 @@ impl Text {
         matches!(t, DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View)
     }
 
-    /// Appends the tokens of every row of `array` (a text column) to `out`, as uint32 bytes.
+    /// Appends the tokens of every row of `array` (a text column) to `out`, as uint32 bytes,
+    /// and each row's token count to `documents` when given.
     pub(crate) fn encode_into(
         &self,
         array: &ArrayRef,
         column: &str,
         at: &str,
         out: &mut Vec<u8>,
+        mut documents: Option<&mut Vec<u64>>,
     ) -> Result<()> {
         if array.null_count() > 0 {
             return Err(table_error(
@@ -103,8 +105,12 @@ impl Text {
                 .iter()
                 .chain(encoding.get_ids())
                 .chain(self.eos.iter());
+            let before = out.len();
             for id in ids {
                 out.extend_from_slice(&id.to_le_bytes());
+            }
+            if let Some(documents) = documents.as_deref_mut() {
+                documents.push(((out.len() - before) / 4) as u64);
             }
             Ok(())
         };

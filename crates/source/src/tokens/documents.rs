@@ -3,12 +3,120 @@
 
 use std::sync::Arc;
 
-use super::{invalid, IndexedDataset};
+use super::{invalid, IndexedDataset, TokenDType, TokenStream};
 use crate::rng::{fisher_yates, hash2, SplitMix64};
 use crate::{check_request, Layout, Result, Source};
 
 /// Tags the key of document shuffles.
 const TAG: u64 = 0x646f_6373; // "docs"
+
+/// The documents `0 .. num_documents` in the shuffled order of `(seed, epoch)`: a
+/// Fisher-Yates shuffle driven by SplitMix64 from a key of the seed and the epoch. A
+/// [`DocumentPlan`]'s order is this with empty documents left out.
+pub fn document_order(seed: u64, epoch: u64, num_documents: u64) -> Vec<u64> {
+    let mut order: Vec<u64> = (0..num_documents).collect();
+    fisher_yates(
+        &mut order,
+        &mut SplitMix64::new(hash2(hash2(TAG, seed), epoch)),
+    );
+    order
+}
+
+/// The documents a [`DocumentPlan`] orders.
+#[derive(Clone, Debug)]
+pub enum Documents {
+    /// A Megatron dataset's: each a run of sequences of its `.bin`.
+    Indexed(Arc<IndexedDataset>),
+    /// A stream's own ([`TokenStream::document_starts`]): a table's token or text column, one
+    /// document a row, the documents back to back.
+    Rows(Arc<TokenStream>),
+}
+
+impl From<Arc<IndexedDataset>> for Documents {
+    fn from(dataset: Arc<IndexedDataset>) -> Documents {
+        Documents::Indexed(dataset)
+    }
+}
+
+impl Documents {
+    /// The documents of `stream`, or `None` when it does not know them.
+    pub fn of_stream(stream: Arc<TokenStream>) -> Option<Documents> {
+        stream.document_starts()?;
+        Some(Documents::Rows(stream))
+    }
+
+    /// What errors call them: the `.idx` file, or the table.
+    pub fn name(&self) -> String {
+        match self {
+            Documents::Indexed(ds) => ds.idx_path().display().to_string(),
+            Documents::Rows(stream) => stream.name().to_owned(),
+        }
+    }
+
+    /// The tokens the documents are read from.
+    pub fn tokens(&self) -> &Arc<TokenStream> {
+        match self {
+            Documents::Indexed(ds) => ds.tokens(),
+            Documents::Rows(stream) => stream,
+        }
+    }
+
+    /// The token dtype.
+    pub fn dtype(&self) -> TokenDType {
+        self.tokens().dtype()
+    }
+
+    /// Where each of a stream's documents starts, its tokens' end last.
+    fn starts(stream: &TokenStream) -> &[u64] {
+        // `Rows` is made only of a stream that knows its documents (`of_stream`).
+        stream.document_starts().unwrap_or(&[0])
+    }
+
+    /// Documents, empty ones included.
+    pub fn num_documents(&self) -> u64 {
+        match self {
+            Documents::Indexed(ds) => ds.num_documents(),
+            Documents::Rows(stream) => Documents::starts(stream).len() as u64 - 1,
+        }
+    }
+
+    /// Tokens in document `d`.
+    ///
+    /// # Panics
+    /// If `d >= num_documents()`.
+    pub fn document_len(&self, d: u64) -> u64 {
+        match self {
+            Documents::Indexed(ds) => ds.document_len(d),
+            Documents::Rows(stream) => {
+                let starts = Documents::starts(stream);
+                starts[d as usize + 1] - starts[d as usize]
+            }
+        }
+    }
+
+    /// Reads tokens `offset ..` of document `d` into `dst`; out of the document is an error
+    /// naming the `.idx` or the table.
+    pub fn read_document(&self, d: u64, offset: u64, dst: &mut [u8]) -> Result<()> {
+        let stream = match self {
+            Documents::Indexed(ds) => return ds.read_document(d, offset, dst),
+            Documents::Rows(stream) => stream,
+        };
+        let (len, end) = (
+            (dst.len() / stream.dtype().width()) as u64,
+            self.document_len(d),
+        );
+        if offset + len > end {
+            return Err(invalid(
+                self.name(),
+                format!(
+                    "tokens {offset} .. {} of document {d} asked for, past its {end} tokens",
+                    offset + len
+                ),
+            ));
+        }
+        stream.read_tokens(Documents::starts(stream)[d as usize] + offset, dst)
+    }
+}
 
 /// A run of one document's tokens inside a window.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -21,8 +129,9 @@ pub struct Segment {
     pub len: u64,
 }
 
-/// The documents of an [`IndexedDataset`] in the shuffled order of `(seed, epoch)`,
-/// concatenated into one virtual stream and cut into windows of `seq_len + 1` tokens: window
+/// The [`Documents`] of a Megatron dataset or a table's column in the shuffled order of
+/// `(seed, epoch)` ([`document_order`]), concatenated into one virtual stream and cut into
+/// windows of `seq_len + 1` tokens: window
 /// `w` holds stream tokens `w * seq_len ..= (w + 1) * seq_len`, so consecutive windows share one
 /// token, as Megatron's GPT dataset samples do, and there are `(T - 1) / seq_len` windows of
 /// `T` tokens (the tail that fills no window is left out).
@@ -31,7 +140,7 @@ pub struct Segment {
 /// per-token table.
 #[derive(Debug)]
 pub struct DocumentPlan {
-    dataset: Arc<IndexedDataset>,
+    documents: Documents,
     seq_len: u64,
     /// Document ids in stream order, empty documents left out.
     order: Vec<u64>,
@@ -45,26 +154,23 @@ impl DocumentPlan {
     /// The plan of `epoch` under `seed`; errors when the documents hold fewer than
     /// `seq_len + 1` tokens.
     pub fn new(
-        dataset: Arc<IndexedDataset>,
+        documents: impl Into<Documents>,
         seq_len: u64,
         seed: u64,
         epoch: u64,
     ) -> Result<DocumentPlan> {
-        let name = dataset.idx_path().display().to_string();
+        let documents = documents.into();
+        let name = documents.name();
         if seq_len == 0 {
             return Err(invalid(name, "seq_len must be at least 1"));
         }
-        let mut order: Vec<u64> = (0..dataset.num_documents()).collect();
-        fisher_yates(
-            &mut order,
-            &mut SplitMix64::new(hash2(hash2(TAG, seed), epoch)),
-        );
-        order.retain(|&d| dataset.document_len(d) > 0);
+        let mut order = document_order(seed, epoch, documents.num_documents());
+        order.retain(|&d| documents.document_len(d) > 0);
         let mut starts = Vec::with_capacity(order.len() + 1);
         let mut total = 0u64;
         for &d in &order {
             starts.push(total);
-            total += dataset.document_len(d);
+            total += documents.document_len(d);
         }
         starts.push(total);
         if total < seq_len + 1 {
@@ -79,16 +185,16 @@ impl DocumentPlan {
         }
         Ok(DocumentPlan {
             num_windows: (total - 1) / seq_len,
-            dataset,
+            documents,
             seq_len,
             order,
             starts,
         })
     }
 
-    /// The dataset.
-    pub fn dataset(&self) -> &Arc<IndexedDataset> {
-        &self.dataset
+    /// The documents ordered.
+    pub fn documents(&self) -> &Documents {
+        &self.documents
     }
 
     /// Windows in the epoch.
@@ -151,11 +257,11 @@ impl DocumentPlan {
     /// Reads window `w`'s tokens into `dst` (`(seq_len + 1) * width` bytes): one read per
     /// sequence its documents touch.
     pub fn read_window(&self, w: u64, dst: &mut [u8]) -> Result<()> {
-        let width = self.dataset.dtype().width();
+        let width = self.documents.dtype().width();
         let mut done = 0;
         for s in self.segments(w) {
             let bytes = s.len as usize * width;
-            self.dataset
+            self.documents
                 .read_document(s.document, s.offset, &mut dst[done..done + bytes])?;
             done += bytes;
         }
@@ -182,7 +288,7 @@ const MAX_WINDOW: u64 = u16::MAX as u64;
 impl DocumentWindows {
     /// The windows of `plan`; errors when `seq_len + 1` is over 65535 (segment ids are uint16).
     pub fn new(plan: DocumentPlan) -> Result<DocumentWindows> {
-        let name = plan.dataset.idx_path().display().to_string();
+        let name = plan.documents.name();
         let window = plan.seq_len + 1;
         if window > MAX_WINDOW {
             return Err(invalid(
@@ -193,7 +299,7 @@ impl DocumentWindows {
                 ),
             ));
         }
-        let bytes = window * (plan.dataset.dtype().width() as u64 + 2);
+        let bytes = window * (plan.documents.dtype().width() as u64 + 2);
         let layout = Layout::new(super::TokenDType::U8.dtype(), vec![bytes])
             .map_err(|_| invalid(&name, format!("seq_len {} is too large", plan.seq_len)))?;
         Ok(DocumentWindows { plan, layout, name })
@@ -206,7 +312,7 @@ impl DocumentWindows {
 
     /// Bytes of a record's tokens; its segment ids follow them.
     pub fn token_bytes(&self) -> usize {
-        (self.plan.seq_len as usize + 1) * self.plan.dataset.dtype().width()
+        (self.plan.seq_len as usize + 1) * self.plan.documents.dtype().width()
     }
 }
 

@@ -14,8 +14,9 @@
 //!   uniformly random token offset drawn from `(seed, epoch, v)` ([`sampled_offset`]):
 //!   nanoGPT's sampling, read in order by the loader, so that steps are deterministic, split
 //!   across ranks and resumed by the loader's own position.
-//! - [`DocumentPlan`] and [`DocumentWindows`]: documents of an indexed dataset in a shuffled
-//!   order, concatenated and cut into windows, with the documents each window holds
+//! - [`DocumentPlan`] and [`DocumentWindows`]: [`Documents`] (of an indexed dataset, or a
+//!   table's token or text column, one document a row) in a shuffled order
+//!   ([`document_order`]), concatenated and cut into windows, with the documents each window holds
 //!   ([`DocumentPlan::document_ids`], [`DocumentPlan::cu_seqlens`]) for document masking;
 //!   [`DocumentWindows`] records carry each token's segment id after the tokens.
 //! - [`open`]: any of these from a path and [`TokenOptions`], as the Python bindings and the
@@ -53,7 +54,7 @@ mod testing;
 mod widen;
 mod windows;
 
-pub use documents::{DocumentPlan, DocumentWindows, Segment};
+pub use documents::{document_order, DocumentPlan, DocumentWindows, Documents, Segment};
 pub use dtype::TokenDType;
 pub use megatron::IndexedDataset;
 pub use open::{from_stream, is_indexed, open, Sample, TokenOptions, TokenSource};

@@ -6,7 +6,7 @@ use std::str::FromStr;
 use std::sync::Arc;
 
 use super::{
-    invalid, DocumentPlan, DocumentWindows, IndexedDataset, SampledWindows, TokenDType,
+    invalid, DocumentPlan, DocumentWindows, Documents, IndexedDataset, SampledWindows, TokenDType,
     TokenStream, TokenWindows,
 };
 use crate::{Result, Source};
@@ -18,8 +18,8 @@ pub enum Sample {
     Random,
     /// [`TokenWindows`] every `seq_len` tokens: consecutive windows sharing one token.
     Sequential,
-    /// [`DocumentWindows`]: the documents of a Megatron dataset in a shuffled order, cut as
-    /// `Sequential`.
+    /// [`DocumentWindows`]: the documents of a Megatron dataset or of a table's column (one a
+    /// row) in a shuffled order, cut as `Sequential`.
     Documents,
 }
 
@@ -101,7 +101,7 @@ impl TokenSource {
         match self {
             TokenSource::Random(s) => s.stream(),
             TokenSource::Sequential(s) => s.stream(),
-            TokenSource::Documents(s) => s.plan().dataset().tokens(),
+            TokenSource::Documents(s) => s.plan().documents().tokens(),
         }
     }
 }
@@ -148,9 +148,9 @@ pub fn open(path: &Path, options: &TokenOptions) -> Result<TokenSource> {
     windows(Arc::clone(ds.tokens()), Some(ds), options)
 }
 
-/// Windows of a stream opened elsewhere (token data in object storage:
-/// [`TokenStream::from_source`]), picked as `options` say; `Sample::Documents` needs a
-/// Megatron index, so it is refused here.
+/// Windows of a stream opened elsewhere (token data in object storage, a table's column:
+/// [`TokenStream::from_source`]), picked as `options` say; `Sample::Documents` needs a stream
+/// that knows its documents ([`TokenStream::document_starts`]), and is refused for others.
 pub fn from_stream(stream: Arc<TokenStream>, options: &TokenOptions) -> Result<TokenSource> {
     windows(stream, None, options)
 }
@@ -158,7 +158,8 @@ pub fn from_stream(stream: Arc<TokenStream>, options: &TokenOptions) -> Result<T
 fn not_indexed(name: &str) -> crate::SourceError {
     invalid(
         name,
-        "documents sampling needs a Megatron indexed dataset (a .bin beside its .idx)",
+        "documents sampling needs a Megatron indexed dataset (a .bin beside its .idx) or a \
+         table's token or text column",
     )
 }
 
@@ -217,10 +218,14 @@ fn windows(
             seq_len,
             seq_len.max(1),
         )?)),
-        (Sample::Documents, Some(ds)) => {
-            let plan = DocumentPlan::new(Arc::new(ds), seq_len, seed, epoch)?;
+        (Sample::Documents, dataset) => {
+            let name = stream.name().to_owned();
+            let documents = match dataset {
+                Some(ds) => Documents::Indexed(Arc::new(ds)),
+                None => Documents::of_stream(stream).ok_or_else(|| not_indexed(&name))?,
+            };
+            let plan = DocumentPlan::new(documents, seq_len, seed, epoch)?;
             TokenSource::Documents(Arc::new(DocumentWindows::new(plan)?))
         }
-        (Sample::Documents, None) => return Err(not_indexed(stream.name())),
     })
 }

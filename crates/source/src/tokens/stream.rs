@@ -49,6 +49,10 @@ pub struct TokenStream {
     output: AtomicU8,
     /// [`TokenStream::fingerprint`], once computed.
     fingerprint: OnceLock<u64>,
+    /// Where each document starts, for a stream of documents back to back (a table's token or
+    /// text column, one document a row): `documents[d] .. documents[d + 1]` are document `d`'s
+    /// tokens; non-decreasing, from 0 to `num_tokens`. `None` for other streams.
+    documents: Option<Vec<u64>>,
 }
 
 impl TokenStream {
@@ -107,12 +111,17 @@ impl TokenStream {
             num_tokens,
             output: AtomicU8::new(0),
             fingerprint: OnceLock::new(),
+            documents: None,
         })
     }
 
     /// The tokens of `source`, whose records must be single integers (a raw object opened with
-    /// the token dtype as its layout, or a 1-D integer `.npy`): how token data in object
-    /// storage becomes a stream. `dtype`, when given, must be the source's.
+    /// the token dtype as its layout, a 1-D integer `.npy`, a table's token or text column):
+    /// how token data in object storage and tables become a stream. `dtype`, when given, must
+    /// be the source's. Where the source knows its documents ([`Source::document_lengths`]),
+    /// so does the stream ([`TokenStream::document_starts`]).
+    ///
+    /// [`Source::document_lengths`]: crate::Source::document_lengths
     pub fn from_source(
         source: Box<dyn crate::Source>,
         dtype: Option<TokenDType>,
@@ -140,6 +149,10 @@ impl TokenStream {
             ));
         }
         let tokens = source.num_records();
+        let documents = match source.document_lengths() {
+            Some(lengths) => Some(starts_of(&name, &lengths, tokens)?),
+            None => None,
+        };
         Ok(TokenStream {
             name: name.clone(),
             dtype: found,
@@ -152,6 +165,7 @@ impl TokenStream {
             num_tokens: tokens,
             output: AtomicU8::new(0),
             fingerprint: OnceLock::new(),
+            documents,
         })
     }
 
@@ -176,6 +190,14 @@ impl TokenStream {
     /// Tokens in the stream; never zero.
     pub fn num_tokens(&self) -> u64 {
         self.num_tokens
+    }
+
+    /// Where each document starts, for a stream of documents back to back (a table's token or
+    /// text column opened with [`DOCUMENTS`](crate::table::DOCUMENTS), one document a row):
+    /// document `d` is tokens `starts[d] .. starts[d + 1]`, the last entry `num_tokens`.
+    /// `None` for a stream that does not know its documents.
+    pub fn document_starts(&self) -> Option<&[u64]> {
+        self.documents.as_deref()
     }
 
     /// The files, in stream order, with the number of tokens each holds.
@@ -235,7 +257,8 @@ impl TokenStream {
     /// windows of [`FINGERPRINT_TOKENS`] tokens spread evenly over it (all of it when it is no
     /// longer): the same for a copy of the data anywhere, under any name or split into other
     /// files, and different for other data of the same size, so that a saved position is not
-    /// resumed on other tokens. Computed once a stream (one read of every window together).
+    /// resumed on other tokens; a stream that knows its documents hashes where each starts too.
+    /// Computed once a stream (one read of every window together).
     pub fn fingerprint(&self) -> Result<u64> {
         if let Some(&f) = self.fingerprint.get() {
             return Ok(f);
@@ -253,8 +276,11 @@ impl TokenStream {
         let mut tokens = vec![0u8; starts.len() * per as usize * width];
         self.read_windows_checked(&starts, &mut tokens, false)?;
         let head = [self.dtype.code().into(), self.num_tokens];
+        // Documents cut the same tokens otherwise: another order, other windows.
+        let documents = self.documents.as_deref().unwrap_or_default();
         let f = head
             .into_iter()
+            .chain(documents.iter().copied())
             .chain(tokens.chunks(8).map(|c| {
                 let mut word = [0u8; 8];
                 word[..c.len()].copy_from_slice(c);
@@ -298,6 +324,24 @@ impl TokenStream {
         }
         Ok(())
     }
+}
+
+/// Where each document of `lengths` starts, and their total last, checked to be `tokens`.
+fn starts_of(name: &str, lengths: &[u64], tokens: u64) -> Result<Vec<u64>> {
+    let mut starts = Vec::with_capacity(lengths.len() + 1);
+    let mut total = 0u64;
+    for &len in lengths {
+        starts.push(total);
+        total = total.saturating_add(len);
+    }
+    if total != tokens {
+        return Err(invalid(
+            name,
+            format!("its documents hold {total} tokens, its records {tokens}"),
+        ));
+    }
+    starts.push(total);
+    Ok(starts)
 }
 
 impl TokenStream {

@@ -154,6 +154,10 @@ fn text_is_tokenized_with_eos_after_each_document() {
         .map(|b| u32::from_le_bytes(b.try_into().unwrap()))
         .collect();
     assert_eq!(got, [2, 3, 1, 4, 0, 2, 1]);
+    let mut documents = opts.clone();
+    documents.format.set("documents", "true");
+    let s = open_with(&path, None, &documents).unwrap();
+    assert_eq!(s.document_lengths(), Some(vec![3, 4])); // "a b" and "c z a", each with eos
     std::fs::write(&tok_path, "{\"model\": 3}").unwrap();
     let e = open_with(&path, None, &opts).unwrap_err().to_string();
     assert!(
@@ -234,4 +238,111 @@ fn a_json_lines_token_column_is_its_lists_concatenated() {
         e.contains("ids.jsonl:1: column \"ids\" is not a list of integers"),
         "{e}"
     );
+}
+
+/// `docs` as the `input_ids` column of an Arrow IPC stream at `path`, in record batches of
+/// `rows` rows.
+fn write_token_stream(path: &std::path::Path, docs: &[Vec<i32>], rows: usize) {
+    use arrow_array::{types::Int32Type, ListArray, RecordBatch};
+    use std::sync::Arc;
+    let list = ListArray::from_iter_primitive::<Int32Type, _, _>(
+        docs.iter().map(|d| Some(d.iter().map(|&t| Some(t)))),
+    );
+    let batch = RecordBatch::try_from_iter([("input_ids", Arc::new(list) as _)]).unwrap();
+    let file = std::fs::File::create(path).unwrap();
+    let mut writer = arrow_ipc::writer::StreamWriter::try_new(file, &batch.schema()).unwrap();
+    for from in (0..docs.len()).step_by(rows) {
+        writer
+            .write(&batch.slice(from, rows.min(docs.len() - from)))
+            .unwrap();
+    }
+    writer.finish().unwrap();
+}
+
+#[test]
+fn a_token_column_keeps_its_rows_as_documents_when_asked() {
+    use pinfeed_source::tokens::{document_order, DocumentPlan, Documents, TokenStream};
+    use std::sync::Arc;
+    // Document d holds d % 7 tokens, each 100 * d + its position: documents 0, 7, 14, ... are
+    // empty, and a token names its document.
+    let docs: Vec<Vec<i32>> = (0..40)
+        .map(|d| (0..(d % 7)).map(|t| d * 100 + t).collect())
+        .collect();
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("shards")).unwrap();
+    write_token_stream(&dir.path().join("shards/a.arrow"), &docs[..25], 9);
+    write_token_stream(&dir.path().join("shards/b.arrow"), &docs[25..], 4);
+    let lengths: Vec<u64> = docs.iter().map(|d| d.len() as u64).collect();
+    for path in [dir.path().join("shards"), dir.path().join("shards/a.arrow")] {
+        let plain = open_with(&path, None, &options(&[("tokens", "input_ids")])).unwrap();
+        assert_eq!(plain.document_lengths(), None);
+        let opts = options(&[("tokens", "input_ids"), ("documents", "true")]);
+        let s = open_with(&path, None, &opts).unwrap();
+        let want = if path.is_dir() {
+            &lengths[..]
+        } else {
+            &lengths[..25]
+        };
+        assert_eq!(s.document_lengths().as_deref(), Some(want));
+    }
+    let opts = options(&[("tokens", "input_ids"), ("documents", "true")]);
+    let s = open_with(dir.path().join("shards"), None, &opts).unwrap();
+    let stream = Arc::new(TokenStream::from_source(s, None).unwrap());
+    let documents = Documents::of_stream(stream).unwrap();
+    let seq_len = 5;
+    let plan = DocumentPlan::new(documents.clone(), seq_len, 3, 1).unwrap();
+    // The reference: the documents in document_order, empty ones left out, back to back.
+    let order: Vec<u64> = document_order(3, 1, 40)
+        .into_iter()
+        .filter(|&d| d % 7 != 0)
+        .collect();
+    assert_eq!(plan.order(), order);
+    let stream: Vec<i32> = order
+        .iter()
+        .flat_map(|&d| docs[d as usize].clone())
+        .collect();
+    assert_eq!(plan.num_windows(), (stream.len() as u64 - 1) / seq_len);
+    for w in 0..plan.num_windows() {
+        let mut dst = vec![0u8; 4 * (seq_len as usize + 1)];
+        plan.read_window(w, &mut dst).unwrap();
+        let got: Vec<i32> = dst
+            .chunks_exact(4)
+            .map(|b| i32::from_le_bytes(b.try_into().unwrap()))
+            .collect();
+        let at = (w * seq_len) as usize;
+        assert_eq!(got, stream[at..at + seq_len as usize + 1], "window {w}");
+        let ids: Vec<u64> = got.iter().map(|&t| t as u64 / 100).collect();
+        assert_eq!(plan.document_ids(w), ids, "window {w}");
+    }
+    let mut past = vec![0u8; 4 * 7];
+    let e = documents.read_document(6, 0, &mut past).unwrap_err();
+    assert!(e.to_string().contains("past its 6 tokens"), "{e}");
+    let e = open_with(
+        dir.path().join("shards"),
+        None,
+        &options(&[("columns", "input_ids"), ("documents", "true")]),
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("tokens or text column"), "{e}");
+}
+
+#[test]
+fn a_table_without_columns_names_the_ones_records_can_hold() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("mixed.jsonl");
+    std::fs::write(&path, "{\"x\": 1, \"s\": \"a\", \"v\": [0.5, 1]}\n").unwrap();
+    let e = open_with(&path, None, &ReadOptions::default())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("column \"s\" holds a string"), "{e}");
+    // A JSON line's keys are taken in name order.
+    assert!(
+        e.contains("name those to read: columns=[\"v\", \"x\"]"),
+        "{e}"
+    );
+    assert!(!e.contains('\n'), "{e}");
+    std::fs::write(&path, "{\"x\": 1, \"v\": [0.5, 1]}\n").unwrap();
+    let s = open_with(&path, None, &ReadOptions::default()).unwrap();
+    let names: Vec<&str> = s.columns().unwrap().iter().map(|c| &*c.name).collect();
+    assert_eq!(names, ["v", "x"]);
 }
