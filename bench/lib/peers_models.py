@@ -35,7 +35,8 @@ def model_for(a, torch):
             bias=False,
         )
         model = GPT(cfg).to(dev)
-        return model, lambda b: model(b[0], b[1])[1]
+        # int64 and contiguous: nanoGPT's loss views the targets (a peer's y may be a slice).
+        return model, lambda b: model(b[0].long().contiguous(), b[1].long().contiguous())[1]
     if a.workload == "images":
         import torchvision
 

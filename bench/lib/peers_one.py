@@ -42,12 +42,23 @@ def parser():
     return p
 
 
+def trainer_ready(device):
+    """torch imported and its CUDA context up, as in a training script before its loader
+    starts: the first batch's latency is then the loader's own, for every peer alike."""
+    import torch
+
+    if device.startswith("cuda"):
+        torch.zeros(1, device=device)
+        torch.cuda.synchronize()
+
+
 def run(a):
     module = importlib.import_module(MODULES[a.workload])
     row = {"workload": a.workload, "peer": a.peer, "batch": a.batch}
     if a.workload == "tokens":
         row.update(seq=a.seq, order=a.order)
     try:
+        trainer_ready(a.device)
         t0 = time.perf_counter()
         peer = module.PEERS[a.peer](a)
         row.update(version=peer.version, settings=peer.settings)

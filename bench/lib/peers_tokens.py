@@ -42,9 +42,31 @@ def find(corpus, window, chunk=1 << 26):
     return -1
 
 
-def checker(corpus_path, order, windows=3):
+def runs_in(corpus, window, piece):
+    """The corpus offset where `window` starts, its tokens found as runs of the corpus that
+    break only at multiples of `piece` tokens (a writer's documents or pieces, which the peer
+    may concatenate in another order), or -1. Without `piece`, one run."""
+    if piece is None:
+        return find(corpus, window)
+    first, pos = -1, 0
+    while pos < len(window):
+        rest = window[pos:]
+        at = find(corpus, rest[: min(len(rest), 8)])
+        if at < 0 or (pos and at % piece):
+            return -1
+        n = min(len(rest), piece - at % piece)
+        if not np.array_equal(corpus[at : at + n], rest[:n]):
+            return -1
+        first = at if pos == 0 else first
+        pos += n
+    return first
+
+
+def checker(corpus_path, order, windows=3, piece=None):
     """A check of a host (x, y) batch: targets shifted by one, the first `windows` windows found
-    in the corpus, and, in document order, each at a constant stride from the one before."""
+    in the corpus (as runs broken only at multiples of `piece` tokens, for a peer that
+    concatenates its writer's documents in its own order), and, in document order, each at a
+    constant stride from the one before."""
 
     def check(batch):
         x, y = batch[0], batch[1]
@@ -56,15 +78,17 @@ def checker(corpus_path, order, windows=3):
         at = []
         for row in range(min(windows, len(x))):
             w = np.concatenate([x[row], y[row, -1:]]).astype(np.uint16)
-            p = find(corpus, w)
+            p = runs_in(corpus, w, piece)
             if p < 0:
                 raise AssertionError(f"window {row} of the batch is not in the corpus")
             at.append(p)
         # In document order each window starts where the one before ends: T tokens on (the
-        # windows share a token, pinfeed's) or T + 1 (fixed samples, LitData's and Mosaic's).
+        # windows share a token, pinfeed's) or T + 1 (fixed samples, LitData's and Mosaic's);
+        # a peer that reorders its writer's pieces keeps that stride only within a piece.
         t = x.shape[1]
         strides = {b - a for a, b in zip(at, at[1:])}
-        if order == "documents" and not (len(strides) == 1 and strides <= {t, t + 1}):
+        consecutive = len(strides) == 1 and strides <= {t, t + 1}
+        if order == "documents" and not consecutive and piece is None:
             raise AssertionError(f"windows at {at} are not consecutive")
 
     return check
@@ -174,7 +198,7 @@ def litdata_peer(a):
     return Peer(
         batches,
         a.batch,
-        checker(a.corpus, a.order),
+        checker(a.corpus, a.order, piece=1 << 22),
         {
             "writer": "optimize(TokensLoader(), chunk_bytes=64MB, int32 tokens)",
             "reader": "StreamingDataset(TokensLoader(block_size=T+1)) + StreamingDataLoader",
@@ -294,7 +318,7 @@ def megatron_peer(a):
     return Peer(
         batches,
         a.batch,
-        checker(a.corpus, a.order),
+        checker(a.corpus, a.order, piece=8192),
         {
             "writer": "IndexedDatasetBuilder, documents of 8192 tokens",
             "reader": "GPTDataset (BlendedMegatronDatasetBuilder) + DataLoader",
