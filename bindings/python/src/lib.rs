@@ -1,7 +1,7 @@
 //! `pinfeed._pinfeed`: the Rust half of the `pinfeed` Python package.
 //!
 //! Thin wrappers: [`loader::Source`] and [`loader::Stream`] (one pass of a `pinfeed::Loader`), the
-//! record order (`order::epoch_order` and its sizes),
+//! record order (`order::epoch_order` and its sizes, `order::StepGroups`),
 //! [`stage::Stager`] and [`stage::PinnedRegion`], and
 //! [`dlpack::DeviceBuffer`], the DLPack object every batch and upload comes out as. Anything
 //! that blocks runs without the GIL; errors become the classes of `pinfeed.errors`. The
@@ -105,6 +105,7 @@ fn _pinfeed(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<dlpack::DeviceBuffer>()?;
     m.add_class::<stage::Stager>()?;
     m.add_class::<stage::PinnedRegion>()?;
+    m.add_class::<order::StepGroups>()?;
     m.add_function(wrap_pyfunction!(cli::cli_main, m)?)?;
     m.add_function(wrap_pyfunction!(dlpack_dtype, m)?)?;
     m.add_function(wrap_pyfunction!(dlpack::streams_with_exports, m)?)?;

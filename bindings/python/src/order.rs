@@ -1,5 +1,8 @@
 //! Record order for Python: an epoch's size, its order (the records each batch holds, as the
-//! loader's readers take them) and a position carried over to another world size.
+//! loader's readers take them), a position carried over to another world size, and an order's
+//! steps carried several to a loader batch.
+
+use std::sync::Arc;
 
 use pinfeed::{BatchRecords, EpochOrder, OrderSpec, Position, Shuffle};
 use pyo3::prelude::*;
@@ -7,6 +10,7 @@ use pyo3::types::PyBytes;
 
 use crate::array_memory;
 use crate::errors::{value_error, ToPy};
+use crate::loader::Source;
 use crate::options::shuffle_arg;
 
 /// ``(records, batches)`` of one rank's epoch (or of the split of its rest after ``consumed``
@@ -222,5 +226,81 @@ fn write_order(order: &EpochOrder, out: &mut [u8]) {
             BatchRecords::Range { first, count } => (first..first + count).for_each(&mut put),
             BatchRecords::Indices(records) => records.into_iter().for_each(&mut put),
         }
+    }
+}
+
+/// A source's records renumbered so that each loader batch carries ``steps`` consecutive steps
+/// of one epoch's order (the Rust ``StepGroups``): the order of ``num_records`` (the source's)
+/// in batches of ``batch_size``, in file order, at ``world_size`` ranks, after ``consumed``
+/// records of its global order. A Loader of :meth:`source` in batches of ``steps ×
+/// batch_size`` records, at that world size, gives each rank's steps of the order in groups;
+/// a step shorter than ``batch_size`` (the last, at most) fills the start of its place, and
+/// what no step holds reads as zeros.
+#[pyclass(module = "pinfeed._pinfeed", frozen)]
+pub(crate) struct StepGroups {
+    inner: Arc<pinfeed::StepGroups>,
+}
+
+#[pymethods]
+impl StepGroups {
+    #[new]
+    #[pyo3(signature = (source, batch_size, steps, *, drop_last, seed, world_size, epoch, consumed=0))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        source: PyRef<'_, Source>,
+        batch_size: u64,
+        steps: u64,
+        drop_last: bool,
+        seed: u64,
+        world_size: u64,
+        epoch: u64,
+        consumed: u64,
+    ) -> PyResult<StepGroups> {
+        let spec = OrderSpec {
+            num_records: source.inner.num_records(),
+            batch_size,
+            drop_last,
+            shuffle: Shuffle::None,
+            seed,
+            rank: 0,
+            world_size,
+        };
+        let inner = Arc::clone(&source.inner);
+        let groups = py
+            .detach(|| pinfeed::StepGroups::new(inner, &spec, epoch, consumed, steps))
+            .py_err(py)?;
+        Ok(StepGroups {
+            inner: Arc::new(groups),
+        })
+    }
+
+    /// The groups as a loader source.
+    fn source(&self) -> Source {
+        Source {
+            inner: Arc::clone(&self.inner) as Arc<dyn pinfeed_source::Source>,
+            gpu_images: None,
+        }
+    }
+
+    /// Steps of each rank in the epoch (in its split after ``consumed``).
+    #[getter]
+    fn num_steps(&self) -> u64 {
+        self.inner.num_steps()
+    }
+
+    /// Records of step ``i`` on every rank: ``batch_size`` but in the last step; 0 past it.
+    fn step_len(&self, i: u64) -> u64 {
+        self.inner.step_len(i)
+    }
+
+    /// The fingerprint of the order (of one step a batch) at ``world_size`` ranks: what a
+    /// Loader of one step a batch over the same source puts in its states.
+    fn fingerprint_at(&self, world_size: u64) -> u64 {
+        OrderSpec {
+            world_size,
+            ..self.inner.order().spec().clone()
+        }
+        .fingerprint()
     }
 }

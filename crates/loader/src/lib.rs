@@ -55,7 +55,7 @@ pub use decode_auto::DecodeRates;
 pub use error::{LoaderError, Result};
 pub use gpu_images::{Decode, GpuImageDecode};
 pub use multi::{DeviceShare, MultiLoader};
-pub use order::{BatchRecords, EpochOrder, OrderSpec, Position, Shuffle};
+pub use order::{BatchRecords, EpochOrder, OrderSpec, Position, Shuffle, StepGroups};
 pub use pinfeed_cuda::PinMethod;
 pub use pinfeed_source::system;
 pub use pipeline::{Batch, Loader, Waited};

@@ -52,13 +52,19 @@ def _consumed(loader_state: Mapping[str, Any]) -> int:
     return int(loader_state.get("consumed", 0)) + done * int(loader_state["batch_size"])
 
 
-def reblended(loader_state: Mapping[str, Any], loader: Any) -> dict[str, Any]:
+def reblended(
+    loader_state: Mapping[str, Any],
+    loader: Any,
+    fingerprint_at: Optional[Callable[[int], int]] = None,
+) -> dict[str, Any]:
     """A saved Loader state of a mixture's epoch, for ``loader`` (that epoch's Loader, of the
-    adopted schedule): its size and order fingerprint are the blend's now. A new schedule
-    (set_weights) may end the epoch elsewhere, but leaves the steps before its own as they
-    were, so the saved position still holds; the mixture checked its sources and policies."""
+    adopted schedule; ``fingerprint_at`` gives its order's fingerprint at a world size, the
+    Loader's own by default): its size and order fingerprint are the blend's now. A new
+    schedule (set_weights) may end the epoch elsewhere, but leaves the steps before its own as
+    they were, so the saved position still holds; the mixture checked its sources and
+    policies."""
     world = int(loader_state.get("world_size", loader.world_size))
-    fingerprint = loader._options.fingerprint_at(world)
+    fingerprint = (fingerprint_at or loader._options.fingerprint_at)(world)
     return {**loader_state, "num_records": loader.num_samples, "fingerprint": fingerprint}
 
 

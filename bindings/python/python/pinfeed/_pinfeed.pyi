@@ -19,6 +19,7 @@ __all__ = [
     "PinnedRegion",
     "Source",
     "Stager",
+    "StepGroups",
     "Stream",
     "StreamOptions",
     "ToFloatSpec",
@@ -322,6 +323,30 @@ def reshard_position(
     from_world_size: int,
     to_world_size: int,
 ) -> tuple[int, int, int]: ...
+
+@final
+class StepGroups:
+    """A source's records renumbered so that each loader batch carries several steps of one
+    epoch's order."""
+
+    def __new__(
+        cls,
+        source: Source,
+        batch_size: int,
+        steps: int,
+        *,
+        drop_last: bool,
+        seed: int,
+        world_size: int,
+        epoch: int,
+        consumed: int = 0,
+    ) -> Self: ...
+    def source(self) -> Source: ...
+    @property
+    def num_steps(self) -> int: ...
+    def step_len(self, i: int) -> int: ...
+    def fingerprint_at(self, world_size: int) -> int: ...
+
 @overload
 def epoch_order(
     num_records: int,

@@ -2,14 +2,22 @@
 state before trusting it (a dict, the keys it needs, integers where integers belong, and the
 parameters it was saved with)."""
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from . import _pinfeed
 from ._options import SHUFFLE_MODES, ints, shuffle_arg
 from .errors import PinfeedTypeError, PinfeedValueError
 from .order import order_kind
 
-__all__ = ["merge_states", "state_ints", "require_state", "params_differ", "check_saved_with"]
+__all__ = [
+    "check_saved_with",
+    "merge_states",
+    "params_differ",
+    "require_state",
+    "resumed_position",
+    "state_ints",
+]
 
 
 def state_ints(what: str, state: Mapping[str, Any], **defaults: Any) -> list[int]:
@@ -130,3 +138,48 @@ def check_saved_with(
             + "; a position means nothing under another dataset, batch size, drop_last, "
             "seed or shuffle"
         )
+
+
+def resumed_position(
+    what: str,
+    state: Any,
+    mine: Mapping[str, Any],
+    fingerprint_at: Callable[[int], int],
+    split_batches: Callable[[int], int],
+) -> tuple[int, int, int]:
+    """Where a Loader whose own state is ``mine`` resumes from ``state`` (a
+    :meth:`Loader.state_dict` dict): ``(epoch, batches_done, consumed)``, checked against
+    ``mine`` and the order's fingerprint at the state's world size (``fingerprint_at``), carried
+    to ``mine``'s world size by the Rust rules, and the next epoch's start where that leaves no
+    batch of its split (``split_batches(consumed)`` batches)."""
+    if not isinstance(state, Mapping) or "num_records" in state:
+        state = require_state(what, state, "Loader", "num_records")
+    else:
+        state = require_state(what, state, "Loader", "fingerprint")
+    epoch, done, consumed, saved_world = state_ints(
+        what,
+        state,
+        epoch=...,
+        batches_done=...,
+        consumed=0,
+        world_size=state.get("world_size", mine["world_size"]),
+    )
+    check_saved_with(what, state, mine, fingerprint_at(saved_world))
+    try:
+        # The Rust rules check the position against its split and carry it to this world
+        # size (unchanged when it is the same).
+        epoch, done, consumed = _pinfeed.reshard_position(
+            mine["num_records"],
+            mine["batch_size"],
+            drop_last=mine["drop_last"],
+            epoch=epoch,
+            batches_done=done,
+            consumed=consumed,
+            from_world_size=saved_world,
+            to_world_size=mine["world_size"],
+        )
+    except PinfeedValueError as e:
+        raise PinfeedValueError(f"{what}: {e}") from None
+    if done == split_batches(consumed):
+        return epoch + 1, 0, 0
+    return epoch, done, consumed

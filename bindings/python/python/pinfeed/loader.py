@@ -16,9 +16,9 @@ from ._options import SHUFFLE_MODES, device_name, ints, shuffle_arg, warn_if_hos
 from ._passes import _Pass, _stream_batches, track
 from ._resident import ResidentShuffle, check_budget, upload_batch
 from ._sources import open_source, store_args
-from ._states import check_saved_with, merge_states, require_state, state_ints
+from ._states import merge_states, resumed_position
 from ._tables import natural_block, table_columns
-from .errors import PinfeedError, PinfeedValueError
+from .errors import PinfeedError
 from .order import block_args, distributed_defaults, order_kind
 from .transforms import transform_layout
 
@@ -478,40 +478,13 @@ class Loader:
         load :func:`pinfeed.merge_states` of all of them (the one that got least far): the
         records the faster ranks read past it come again, none is lost. A single rank's state is
         correct when all ranks saved at the same step, as after a synchronised checkpoint."""
-        name = self.source_name
-        if not isinstance(state, Mapping) or "num_records" in state:
-            state = require_state(name, state, "Loader", "num_records")
-        else:
-            state = require_state(name, state, "Loader", "fingerprint")
-        epoch, done, consumed, saved_world = state_ints(
-            name,
+        self._next_start = resumed_position(
+            self.source_name,
             state,
-            epoch=...,
-            batches_done=...,
-            consumed=0,
-            world_size=state.get("world_size", self.world_size),
+            self.state_dict(),
+            self._options.fingerprint_at,
+            self._split_batches,
         )
-        check_saved_with(
-            self.source_name, state, self.state_dict(), self._options.fingerprint_at(saved_world)
-        )
-        try:
-            # The Rust rules check the position against its split and carry it to this
-            # world size (unchanged when it is the same).
-            epoch, done, consumed = _pinfeed.reshard_position(
-                self.num_samples,
-                self.batch_size,
-                drop_last=self.drop_last,
-                epoch=epoch,
-                batches_done=done,
-                consumed=consumed,
-                from_world_size=saved_world,
-                to_world_size=self.world_size,
-            )
-        except PinfeedValueError as e:
-            raise PinfeedValueError(f"{name}: {e}") from None
-        if done == self._split_batches(consumed):
-            epoch, done, consumed = epoch + 1, 0, 0
-        self._next_start = (epoch, done, consumed)
         self._len = self._pass_len(self._next_start)
 
     def _received_batch(self, pass_id: int, epoch: int, index: int) -> None:

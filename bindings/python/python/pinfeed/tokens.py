@@ -19,6 +19,7 @@ from ._arrays import torch_module
 from ._deprecation import accepts_old_spellings, warn_once
 from ._epochs import EpochLoader
 from ._frameworks import check_dtype, framework_arg, module
+from ._grouped import GroupedLoader
 from ._mixture import mixture_of, name_of, reblended
 from ._options import int_arg, ints, shuffle_arg
 from ._sources import source_path, store_args
@@ -86,11 +87,11 @@ class TokenLoader(EpochLoader):
     inputs ``x = b[:, :-1]`` and targets ``y = b[:, 1:]`` are widened to ``dtype``
     (``"int64"``, or ``"int32"``) on torch's current stream. Iterating yields ``(x, y)``:
     contiguous CUDA tensors of shape ``(batch_size, seq_len)``, or numpy arrays on the host
-    backend (``device="cpu"``, or ``"auto"`` without a GPU). Random steps travel up to 16 to a
-    pinned slot (about 512 Ki tokens): their ``x`` and ``y`` are widened together, on the
-    stream current when the first of them is taken, and are slices of one tensor that stays
-    alive while any of them does; a step used on another stream needs ``record_stream``, as
-    any torch tensor does.
+    backend (``device="cpu"``, or ``"auto"`` without a GPU). Random steps, and a mixture's,
+    travel up to 16 to a pinned slot (about 512 Ki tokens): their ``x`` and ``y`` are widened
+    together, on the stream current when the first of them is taken, and are slices of one
+    tensor that stays alive while any of them does; a step used on another stream needs
+    ``record_stream``, as any torch tensor does.
 
     ``framework`` (``"torch"``, ``"jax"``, ``"cupy"`` or ``"numpy"``, as for
     :class:`pinfeed.Loader`) picks what ``x``, ``y`` (and ``segment_ids``) are; JAX widens
@@ -234,14 +235,15 @@ class TokenLoader(EpochLoader):
             raw=True,
             framework=framework,
         )
+        self._mixture = mixture_of(source, self, weights, mode, on_exhausted)
         self._group = self._steps_per_batch()
         # Random and document windows are drawn anew each epoch, by a new source; sequential
-        # windows are one source whose epochs the Loader runs.
-        self._per_epoch = self.sample != "sequential"
-        # Each epoch of a mixture is a new blend, one step a batch, in the blend's order.
-        self._mixture = mixture_of(source, self, weights, mode, on_exhausted)
+        # windows are one source whose epochs the Loader runs. Each epoch of a mixture is a new
+        # blend, read in its order by a GroupedLoader, whose batches (positions) are steps.
+        self._per_epoch = self.sample != "sequential" or self._mixture is not None
         if self._mixture is not None:
-            self._group, self._per_epoch, self._loader_args["shuffle"] = 1, True, "none"
+            self._mixed_group, self._group = self._group, 1
+            self._loader_args["shuffle"] = "none"
         self._first_loader()
         #: What ``x`` and ``y`` are: ``"torch"``, ``"jax"``, ``"cupy"`` or ``"numpy"``.
         self.framework: str = framework or ("torch" if self.device.startswith("cuda") else "numpy")
@@ -249,12 +251,13 @@ class TokenLoader(EpochLoader):
         self._steps_done = 0
 
     def _steps_per_batch(self) -> int:
-        """Random steps travel several to a loader batch (about 512 Ki tokens, at most
-        _MAX_GROUP steps): one slot, one copy and one widening for all of them, so the
-        consumer's per-step work is two slices. Each step still gets exactly its own windows
-        (the source numbers them so); other modes take one step a batch."""
+        """Random steps, and a mixture's, travel several to a loader batch (about 512 Ki
+        tokens, at most _MAX_GROUP steps): one slot, one copy and one widening for all of them,
+        so the consumer's per-step work is two slices. Each step still gets exactly its own
+        windows (Rust numbers them so: open_tokens for one source, StepGroups for a mixture);
+        other modes take one step a batch."""
         tokens_per_step = self.batch_size * (self.seq_len + 1)
-        if self.sample != "random":
+        if self.sample != "random" and self._mixture is None:
             return 1
         return max(1, min(_MAX_GROUP, -(-_GROUP_TOKENS // tokens_per_step)))
 
@@ -322,12 +325,14 @@ class TokenLoader(EpochLoader):
         check_dtype(framework, np.dtype(name), self.source)
         return name
 
-    def _make_loader(self, epoch: int) -> Loader:
+    def _make_loader(self, epoch: int) -> Union[Loader, GroupedLoader]:
         if self._mixture is not None:
             source, typestr, num_tokens, fingerprint = self._mixture.open(epoch)
             self._source_fingerprint = fingerprint
             self.token_dtype, self.num_tokens = np.dtype(typestr), int(num_tokens)
-            return Loader(source, self.batch_size, **self._loader_args)
+            return GroupedLoader(
+                source, self.batch_size, self._mixed_group, epoch, self._loader_args
+            )
         source, typestr, num_tokens, self._opened, fingerprint = _pinfeed.open_tokens(
             self.source,
             seq_len=self.seq_len,
@@ -372,6 +377,8 @@ class TokenLoader(EpochLoader):
         batches_done, skip = divmod(start[1], self._group)
         loader.load_state_dict({**state, "epoch": start[0], "batches_done": batches_done})
         self._steps_done = start[1]
+        if self._mixture is not None:
+            return self._mixed_steps(iter(loader))
         if self._text is not None:
             return (packing(step, *self._text) for step in self._batches(iter(loader), skip))
         return self._batches(iter(loader), skip)
@@ -399,6 +406,15 @@ class TokenLoader(EpochLoader):
                 self._steps_done += 1
                 yield x[k * b : (k + 1) * b], y[k * b : (k + 1) * b]
             skip = 0
+
+    def _mixed_steps(self, steps: Iterator[tuple[Any, int, int]]) -> Iterator[tuple[Any, Any]]:
+        """A mixture's steps: each loader batch widened once, then cut into its steps."""
+        held = x = y = None
+        for raw, start, end in steps:
+            if raw is not held:
+                held, (x, y) = raw, self._xy(raw, self.framework)
+            self._steps_done += 1
+            yield x[start:end], y[start:end]
 
     def _xy(self, raw: Any, kind: str) -> tuple[Any, Any]:
         """``x`` and ``y`` of a ``(B, (seq_len + 1) × width)`` uint8 batch, widened."""
@@ -527,7 +543,7 @@ class TokenLoader(EpochLoader):
             self._mixture.adopt(rest.pop("mixture", None))
             self._loader.close()
             self._loader, self._loader_epoch = self._make_loader(epoch), epoch
-            rest = reblended(rest, self._loader)
+            rest = reblended(rest, self._loader, self._loader.fingerprint_at)
         # The Loader checks the order's parameters and the position against its epoch.
         self._loader.load_state_dict(
             {**rest, "epoch": self._loader_epoch, "batches_done": steps_done // self._group}

@@ -1,7 +1,8 @@
 //! The order records are read in: shuffling, sharding across processes, and exact resume.
 //!
 //! [`EpochOrder`] gives the batches of one epoch on one rank, from an [`OrderSpec`]; a
-//! [`Position`] is what a checkpoint keeps to resume mid-epoch. The rules are on [`EpochOrder`]
+//! [`Position`] is what a checkpoint keeps to resume mid-epoch; [`StepGroups`] carries several
+//! of an order's batches (steps) in one loader batch. The rules are on [`EpochOrder`]
 //! (this module is private; its types are re-exported at the crate root).
 //!
 //! **Stability.** The generator (SplitMix64), the bounded draw (Lemire's multiply-and-reject),
@@ -12,12 +13,14 @@
 pub(crate) mod ahead;
 mod global;
 mod random;
+mod steps;
 #[cfg(test)]
 mod tests;
 
 use crate::error::{LoaderError, Result};
 use global::Global;
 use random::hash2;
+pub use steps::StepGroups;
 
 /// How the global order of an epoch is drawn.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

@@ -9,7 +9,7 @@ use super::mixture_error;
 use super::permute::Permutation;
 use super::schedule::EpochBlend;
 use crate::rng::{hash2, mix64};
-use crate::{check_request, Layout, NetworkStats, Result, Source};
+use crate::{check_places, check_request, for_each_run, Layout, NetworkStats, Result, Source};
 
 /// Tags the key of pass orders.
 const PASSES: u64 = 0x7061_7373_6573; // "passes"
@@ -158,6 +158,32 @@ impl Mixture {
             })
             .collect()
     }
+
+    /// Reads the samples `first .. first + count` of each `(first, place, count)` of `runs` into
+    /// places `place ..` of `dst` (records checked to lie in the epoch), each source gathering
+    /// its own, and counts them.
+    fn read_runs(&self, runs: &[(u64, usize, usize)], dst: &mut [u8]) -> Result<()> {
+        let mut places: Vec<Vec<(u64, usize)>> = vec![Vec::new(); self.sources.len()];
+        for &(first, at, count) in runs {
+            let located = self.blend.locate(first, count as u64);
+            for (place, (s, k)) in (at..).zip(located) {
+                let s = usize::from(s);
+                places[s].push((self.record_of(s, k), place));
+            }
+        }
+        let record_bytes = self.layout.record_bytes() as u64;
+        for (s, records) in places.iter().enumerate().filter(|(_, r)| !r.is_empty()) {
+            let start = Instant::now();
+            self.sources[s].gather_at(records, dst)?;
+            let c = &self.counters[s];
+            let n = records.len() as u64;
+            c.samples.fetch_add(n, Ordering::Relaxed);
+            c.bytes.fetch_add(n * record_bytes, Ordering::Relaxed);
+            c.read_nanos
+                .fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        }
+        Ok(())
+    }
 }
 
 impl Source for Mixture {
@@ -175,23 +201,21 @@ impl Source for Mixture {
 
     fn read_records(&self, first: u64, dst: &mut [u8]) -> Result<()> {
         let count = check_request(self, first, dst.len())?;
-        let mut places: Vec<Vec<(u64, usize)>> = vec![Vec::new(); self.sources.len()];
-        for (place, (s, k)) in self.blend.locate(first, count).into_iter().enumerate() {
-            let s = usize::from(s);
-            places[s].push((self.record_of(s, k), place));
-        }
-        let record_bytes = self.layout.record_bytes() as u64;
-        for (s, records) in places.iter().enumerate().filter(|(_, r)| !r.is_empty()) {
-            let start = Instant::now();
-            self.sources[s].gather_at(records, dst)?;
-            let c = &self.counters[s];
-            let n = records.len() as u64;
-            c.samples.fetch_add(n, Ordering::Relaxed);
-            c.bytes.fetch_add(n * record_bytes, Ordering::Relaxed);
-            c.read_nanos
-                .fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
-        }
-        Ok(())
+        self.read_runs(&[(first, 0, count as usize)], dst)
+    }
+
+    /// Each source reads its samples of all the runs at once: a loader batch that carries
+    /// several steps (the loader's `StepGroups`) costs each source one gather, not one a step.
+    fn gather_at(&self, records: &[(u64, usize)], dst: &mut [u8]) -> Result<()> {
+        check_places(self, records, dst.len())?;
+        let record_bytes = self.layout.record_bytes();
+        let mut runs = Vec::new();
+        for_each_run(records.iter().copied(), |first, place, count| {
+            check_request(self, first, count * record_bytes)?;
+            runs.push((first, place, count));
+            Ok(())
+        })?;
+        self.read_runs(&runs, dst)
     }
 
     fn reader_description(&self) -> String {

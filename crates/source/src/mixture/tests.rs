@@ -328,3 +328,47 @@ fn sources_of_another_layout_are_refused_by_name() {
     let err = Mixture::new(names(2), vec![host_source(0, 4), other], blend, false).unwrap_err();
     assert!(err.to_string().contains("\"code\""), "{err}");
 }
+
+#[test]
+fn a_gather_to_places_reads_and_counts_what_reads_of_each_sample_do() {
+    for mode in [BlendMode::Exact, BlendMode::Sampled] {
+        let mut sp = spec(vec![37, 50, 20], mode, 10, vec![0.5, 0.3, 0.2]);
+        sp.samples_per_epoch = Some(200);
+        let blend = |sp: &BlendSpec| Blend::new(sp.clone(), &names(3)).unwrap().epoch(0).unwrap();
+        let sources = || vec![host_source(0, 37), host_source(1, 50), host_source(2, 20)];
+        let one = Mixture::new(names(3), sources(), blend(&sp), true).unwrap();
+        let gathered = Mixture::new(names(3), sources(), blend(&sp), true).unwrap();
+        // Runs of samples, as a loader batch of several steps holds them, and single ones.
+        let records: Vec<(u64, usize)> = (20..30)
+            .chain(60..70)
+            .chain([5, 199, 100])
+            .zip([
+                0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 25, 27, 30,
+            ])
+            .collect();
+        let mut dst = vec![0xeeu8; 31 * 4];
+        gathered.gather_at(&records, &mut dst).unwrap();
+        for (place, got) in dst.chunks(4).enumerate() {
+            match records.iter().find(|r| r.1 == place) {
+                Some(&(i, _)) => {
+                    let mut want = [0u8; 4];
+                    one.read_records(i, &mut want).unwrap();
+                    assert_eq!(got, want, "{mode:?} place {place}");
+                }
+                None => assert_eq!(got, [0xee; 4], "{mode:?} place {place}"),
+            }
+        }
+        let samples = |m: &Mixture| {
+            m.source_stats()
+                .iter()
+                .map(|s| s.samples)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(samples(&gathered), samples(&one), "{mode:?}");
+        let err = gathered.gather_at(&[(200, 0)], &mut dst).unwrap_err();
+        assert!(
+            matches!(err, crate::SourceError::OutOfRange { .. }),
+            "{err}"
+        );
+    }
+}

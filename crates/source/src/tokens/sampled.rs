@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use super::{invalid, TokenStream};
 use crate::rng::{hash2, SplitMix64};
-use crate::{check_request, Layout, Result, Source};
+use crate::{check_places, check_request, Layout, Result, Source, SourceError};
 
 /// Tags the key of random window draws, so they share no stream with other draws of a seed.
 const TAG: u64 = 0x746f_6b65_6e73; // "tokens"
@@ -210,6 +210,26 @@ impl Source for SampledWindows {
         self.stream.read_windows(&starts, dst)
     }
 
+    /// The windows of a gather are read as those of a run ([`TokenStream::read_windows_at`]):
+    /// a mixture hands each source its records of a batch this way.
+    fn gather_at(&self, records: &[(u64, usize)], dst: &mut [u8]) -> Result<()> {
+        check_places(self, records, dst.len())?;
+        let windows = records
+            .iter()
+            .map(|&(v, place)| match v < self.len {
+                true => Ok((self.offset(self.window_of(v)), place)),
+                false => Err(SourceError::OutOfRange {
+                    name: self.name().to_owned(),
+                    first: v,
+                    count: 1,
+                    num_records: self.len,
+                }),
+            })
+            .collect::<Result<Vec<_>>>()?;
+        self.stream
+            .read_windows_at(&windows, self.layout.record_bytes(), dst)
+    }
+
     fn reader_description(&self) -> String {
         match self.stream.network() {
             Some(_) => "object store (ranged GETs of a batch's windows in flight together)".into(),
@@ -287,6 +307,35 @@ mod tests {
         assert!(e.contains("41 tokens is longer than the 40 tokens"), "{e}");
         assert!(SampledWindows::new(s.clone(), 0, 0, 0, 1).is_err());
         assert!(SampledWindows::new(s, 4, 0, 0, 0).is_err());
+    }
+
+    #[test]
+    fn a_gather_to_places_reads_each_window_as_a_read_of_it_does() {
+        let (_dir, s) = three_files();
+        let w = SampledWindows::new(s, 8, 3, 0, 500)
+            .unwrap()
+            .grouped(2, 1, 5)
+            .unwrap();
+        let records: Vec<(u64, usize)> = [7u64, 8, 3, 499, 0, 250]
+            .into_iter()
+            .zip([0usize, 2, 3, 5, 8, 9])
+            .collect();
+        let mut dst = vec![0xaau8; 10 * 18];
+        w.gather_at(&records, &mut dst).unwrap();
+        for (place, got) in dst.chunks_exact(18).enumerate() {
+            match records.iter().find(|r| r.1 == place) {
+                Some(&(v, _)) => {
+                    let mut one = vec![0u8; 18];
+                    w.read_records(v, &mut one).unwrap();
+                    assert_eq!(got, one, "place {place}");
+                }
+                None => assert!(got.iter().all(|&b| b == 0xaa), "place {place}"),
+            }
+        }
+        let e = w.gather_at(&[(500, 0)], &mut dst).unwrap_err();
+        assert!(matches!(e, SourceError::OutOfRange { .. }), "{e}");
+        let e = w.gather_at(&[(1, 10)], &mut dst).unwrap_err();
+        assert!(matches!(e, SourceError::Destination { .. }), "{e}");
     }
 
     #[test]

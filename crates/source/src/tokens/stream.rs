@@ -354,6 +354,37 @@ impl TokenStream {
         self.read_windows_checked(starts, dst, true)
     }
 
+    /// [`TokenStream::read_windows`] to chosen places: windows of `window` bytes, each
+    /// `(first token, place)` of `windows` into bytes `place × window ..` of `dst`, the places
+    /// strictly increasing and inside `dst` ([`SourceError::Destination`] otherwise); places
+    /// not named are left as they are. A mixture's source reads its windows of a batch, spread
+    /// among the other sources', this way.
+    pub fn read_windows_at(
+        &self,
+        windows: &[(u64, usize)],
+        window: usize,
+        dst: &mut [u8],
+    ) -> Result<()> {
+        let increasing = windows.windows(2).all(|w| w[0].1 < w[1].1);
+        let inside = windows
+            .last()
+            .is_none_or(|&(_, place)| (place + 1).saturating_mul(window) <= dst.len());
+        if !increasing || !inside {
+            return Err(SourceError::Destination {
+                name: self.name.clone(),
+                len: dst.len(),
+                expected: format!(
+                    "windows of {window} bytes at places strictly increasing inside it (found {} \
+                     windows for places {:?} .. {:?})",
+                    windows.len(),
+                    windows.first().map(|w| w.1),
+                    windows.last().map(|w| w.1)
+                ),
+            });
+        }
+        self.read_placed(windows, window, dst, true)
+    }
+
     /// [`TokenStream::read_windows`], checking the tokens against the output type or not.
     fn read_windows_checked(&self, starts: &[u64], dst: &mut [u8], check: bool) -> Result<()> {
         let Some(window) = dst.len().checked_div(starts.len()) else {
@@ -366,19 +397,36 @@ impl TokenStream {
                 expected: format!("{} windows of equal length", starts.len()),
             });
         }
+        let placed: Vec<(u64, usize)> = starts.iter().copied().zip(0..).collect();
+        self.read_placed(&placed, window, dst, check)
+    }
+
+    /// Reads each `(first token, place)` of `windows` into bytes `place × window ..` of `dst`
+    /// (checked by the callers to lie inside it, in increasing places).
+    fn read_placed(
+        &self,
+        windows: &[(u64, usize)],
+        window: usize,
+        dst: &mut [u8],
+        check: bool,
+    ) -> Result<()> {
+        if window == 0 {
+            return Ok(());
+        }
         let [Piece {
             backing: Backing::Records(source),
             ..
         }] = self.pieces.as_slice()
         else {
-            for (&first, w) in starts.iter().zip(dst.chunks_exact_mut(window.max(1))) {
+            for &(first, place) in windows {
+                let w = &mut dst[place * window..(place + 1) * window];
                 self.read_tokens_checked(first, w, check)?;
             }
             return Ok(());
         };
         let out = self.output().filter(|_| check);
         let path = &self.pieces[0].path;
-        for &first in starts {
+        for &(first, _) in windows {
             self.check_range(first, window)?;
         }
         // A gather names every token (16 bytes each): windows go in groups of at most
@@ -386,18 +434,16 @@ impl TokenStream {
         let tokens = (window / self.dtype.width()).max(1);
         let per_gather = (GATHER_TOKENS / tokens).max(1);
         let mut records: Vec<(u64, usize)> =
-            Vec::with_capacity(per_gather.min(starts.len()) * tokens);
-        for (group, gathered) in starts
-            .chunks(per_gather)
-            .zip(dst.chunks_mut(per_gather * window))
-        {
+            Vec::with_capacity(per_gather.min(windows.len()) * tokens);
+        for group in windows.chunks(per_gather) {
             records.clear();
-            for (k, &first) in group.iter().enumerate() {
-                records.extend((0..tokens).map(|t| (first + t as u64, k * tokens + t)));
+            for &(first, place) in group {
+                records.extend((0..tokens).map(|t| (first + t as u64, place * tokens + t)));
             }
-            source.gather_at(&records, gathered)?;
+            source.gather_at(&records, dst)?;
             if let Some(out) = out {
-                for (&first, w) in group.iter().zip(gathered.chunks_exact(window.max(1))) {
+                for &(first, place) in group {
+                    let w = &dst[place * window..(place + 1) * window];
                     self.check_output(out, path, first, w)?;
                 }
             }
@@ -676,6 +722,25 @@ mod tests {
         assert!(matches!(e, SourceError::OutOfRange { .. }), "{e}");
         assert!(e.to_string().starts_with("s3://bucket/train.bin"), "{e}");
         let e = s.read_windows(&[0, 1], &mut dst[..259]).unwrap_err();
+        assert!(matches!(e, SourceError::Destination { .. }), "{e}");
+        // To chosen places, in as few gathers; the places not named are left alone.
+        let placed: Vec<(u64, usize)> = starts.iter().copied().zip((0..).step_by(2)).collect();
+        let mut spread = vec![7u8; 2 * starts.len() * 130];
+        s.read_windows_at(&placed, 130, &mut spread).unwrap();
+        for (k, got) in spread.chunks_exact(130).enumerate() {
+            match k % 2 {
+                0 => assert_eq!(got, u16_bytes(starts[k / 2]..starts[k / 2] + 65), "{k}"),
+                _ => assert!(got.iter().all(|&b| b == 7), "{k}"),
+            }
+        }
+        assert_eq!(gathers.load(Ordering::Relaxed), 6);
+        let e = s
+            .read_windows_at(&[(0, 1), (5, 1)], 130, &mut spread)
+            .unwrap_err();
+        assert!(matches!(e, SourceError::Destination { .. }), "{e}");
+        let e = s
+            .read_windows_at(&[(0, 2)], 130, &mut spread[..389])
+            .unwrap_err();
         assert!(matches!(e, SourceError::Destination { .. }), "{e}");
     }
 
