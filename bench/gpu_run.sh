@@ -17,7 +17,8 @@
 #   env: SKIP_DOCTOR=1 (no doctor/copy_path in `rust`), PYBENCH_SECTIONS=seed,loaders,...,sweep,
 #        PYTEST_ARGS (extra arguments of the pytests section, e.g. -k 'not docs'),
 #        PYBENCH_ONLY=1 (no torchrun/tests in `python`), SOAK_SECONDS, LEGACY_SOAK_SECONDS, BIGDIR,
-#        AB_ROUNDS (default 3), TOKENS_ARGS (extra arguments of `tokens.py nanogpt`),
+#        AB_ROUNDS (default 3), AB_ROWS (row groups of `ab`: bus,tokens),
+#        TOKENS_ARGS (extra arguments of `tokens.py nanogpt`),
 #        JAX_BENCH_ARGS (extra arguments of `records.py jax`),
 #        IMAGES_COUNT (JPEGs of the `images` section, default 20000), IMAGES_ARGS,
 #        PROBE_EPOCHS (timed epochs a row of `probe`, default 5), PROBE_THREADS (reader counts
@@ -354,7 +355,7 @@ if want ab && ls $C/*.whl >/dev/null 2>&1; then
     else
         echo "== A/B: the wheels of prepare-ab's revisions against this one (new)"
         install_wheel /tmp/site $C/*.whl
-        timeout 500 python3 bench/records.py ab "${builds[@]}" --build new=/tmp/site --rounds "${AB_ROUNDS:-3}" \
+        timeout 500 python3 bench/records.py ab "${builds[@]}" --build new=/tmp/site --rounds "${AB_ROUNDS:-3}" --rows "${AB_ROWS:-bus,tokens}" \
             --npy "$DATA" --out "$OUT/ab.json" 2>&1 | tail -24
     fi
 fi

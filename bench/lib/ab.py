@@ -124,7 +124,7 @@ def measure(fn):
     return wall, cpu, steal_share(before, cpu_times())
 
 
-def worker(npy, label, device, small):
+def worker(npy, label, device, small, groups=("bus", "tokens")):
     import numpy as np
     import torch
 
@@ -174,60 +174,64 @@ def worker(npy, label, device, small):
             }
         )
 
-    # The seed tensor.
-    a = torch.rand(*size["seed"])
-    want = a.sum(dim=0, dtype=torch.float64)
-    got = torch.as_tensor(pinfeed.to_device(a, device=device))  # numpy on the host backend
-    assert torch.equal(got.sum(dim=0, dtype=torch.float64).cpu(), want), "to_device differs"
-    del got
-    timing = measure(lambda: pinfeed.to_device(a, device=device))
-    stager = pinfeed.staging._shared_stager(device, None)
-    bus = bus_rate(*size["bus_seed"], device)
-    row("seed tensor: to_device(a)", a.numel() * 4, timing, bus, stager)
-    del a
+    if "bus" in groups:  # the rows that are a share of the bus
+        # The seed tensor.
+        a = torch.rand(*size["seed"])
+        want = a.sum(dim=0, dtype=torch.float64)
+        got = torch.as_tensor(pinfeed.to_device(a, device=device))  # numpy on the host backend
+        assert torch.equal(got.sum(dim=0, dtype=torch.float64).cpu(), want), "to_device differs"
+        del got
+        timing = measure(lambda: pinfeed.to_device(a, device=device))
+        stager = pinfeed.staging._shared_stager(device, None)
+        bus = bus_rate(*size["bus_seed"], device)
+        row("seed tensor: to_device(a)", a.numel() * 4, timing, bus, stager)
+        del a
 
-    # The 4 GiB file, in order and shuffled.
-    data = np.load(npy, mmap_mode="r")
-    check = sums_check(data, npy)
-    nbytes = data.nbytes
-    bus = bus_rate(*size["bus_file"], device)
+        # The 4 GiB file, in order and shuffled.
+        data = np.load(npy, mmap_mode="r")
+        check = sums_check(data, npy)
+        nbytes = data.nbytes
+        bus = bus_rate(*size["bus_file"], device)
 
-    for shuffle in ["none", "random"]:
-        loader = pinfeed.Loader(npy, 1024, shuffle=shuffle, seed=1, **loader_kwargs(device))
-        drain(loader, check)
-        timing = measure(lambda loader=loader: drain(loader))
-        row(f"4 GiB .npy, shuffle={shuffle}", nbytes, timing, bus, loader)
+        for shuffle in ["none", "random"]:
+            loader = pinfeed.Loader(npy, 1024, shuffle=shuffle, seed=1, **loader_kwargs(device))
+            drain(loader, check)
+            timing = measure(lambda loader=loader: drain(loader))
+            row(f"4 GiB .npy, shuffle={shuffle}", nbytes, timing, bus, loader)
 
-    # Batches of 1 MiB from a host array.
-    shape = (size["host_rows"], 1024)
-    host = np.random.default_rng(0).integers(0, 255, size=shape, dtype=np.uint8)
-    loader = pinfeed.Loader(host, 1024, **loader_kwargs(device))
-    drain(loader, sums_check(host, "the host array"))
-    timing = measure(lambda: drain(loader))
-    bus = bus_rate(*size["bus_host"], device)
-    row("1 MiB batches from a host array", host.nbytes, timing, bus, loader)
-    del host, loader
+        # Batches of 1 MiB from a host array.
+        shape = (size["host_rows"], 1024)
+        host = np.random.default_rng(0).integers(0, 255, size=shape, dtype=np.uint8)
+        loader = pinfeed.Loader(host, 1024, **loader_kwargs(device))
+        drain(loader, sums_check(host, "the host array"))
+        timing = measure(lambda: drain(loader))
+        bus = bus_rate(*size["bus_host"], device)
+        row("1 MiB batches from a host array", host.nbytes, timing, bus, loader)
+        del host, loader
 
-    # GPU-resident shuffling: the file uploaded once, then epochs gathered on the device.
-    loader = pinfeed.Loader(npy, 65536, shuffle="gpu", seed=1, **loader_kwargs(device))
-    drain(loader, check)  # the upload and a first epoch, checked
-    timing = measure(lambda: drain(loader))
-    row("4 GiB .npy, shuffle=gpu (epochs)", nbytes, timing, bus, loader)
-    del loader
+        # GPU-resident shuffling: the file uploaded once, then epochs gathered on the device.
+        loader = pinfeed.Loader(npy, 65536, shuffle="gpu", seed=1, **loader_kwargs(device))
+        drain(loader, check)  # the upload and a first epoch, checked
+        timing = measure(lambda: drain(loader))
+        row("4 GiB .npy, shuffle=gpu (epochs)", nbytes, timing, bus, loader)
+        del loader
 
-    # Token windows, nanoGPT's shapes, random windows: batches a second.
-    tokens = token_file(npy, size["token_bytes"])
-    corpus = np.memmap(tokens, dtype=np.uint16, mode="r")
-    for b, t, steps in [(12, 1024, 20000), (64, 4096, 4000)]:
-        steps = steps if not small else 200
-        # Positional source and dtype: a spelling every build takes.
-        loader = pinfeed.TokenLoader(tokens, t, b, dtype="uint16", steps=steps, device=device)
-        x, _ = next(iter(loader))
-        start = int(loader.offsets(0, epoch=0)[0])
-        assert np.array_equal(np.asarray(torch.as_tensor(x)[0].cpu()), corpus[start : start + t])
-        timing = measure(lambda loader=loader: sum(1 for _ in loader))
-        row(f"tokens {b}x{t}, random windows", b * (t + 1) * 2 * steps, timing, None, loader)
-        rows[-1]["batches_per_s"] = steps / timing[0]
+    if "tokens" in groups:
+        # Token windows, nanoGPT's shapes, random windows: batches a second.
+        tokens = token_file(npy, size["token_bytes"])
+        corpus = np.memmap(tokens, dtype=np.uint16, mode="r")
+        for b, t, steps in [(12, 1024, 20000), (64, 4096, 4000)]:
+            steps = steps if not small else 200
+            # Positional source and dtype: a spelling every build takes.
+            loader = pinfeed.TokenLoader(tokens, t, b, dtype="uint16", steps=steps, device=device)
+            x, _ = next(iter(loader))
+            start = int(loader.offsets(0, epoch=0)[0])
+            assert np.array_equal(
+                np.asarray(torch.as_tensor(x)[0].cpu()), corpus[start : start + t]
+            )
+            timing = measure(lambda loader=loader: sum(1 for _ in loader))
+            row(f"tokens {b}x{t}, random windows", b * (t + 1) * 2 * steps, timing, None, loader)
+            rows[-1]["batches_per_s"] = steps / timing[0]
     print(json.dumps(rows))
 
 
@@ -280,10 +284,15 @@ def main():
     ap.add_argument("--out", default=None)
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     ap.add_argument("--small", action="store_true", help="small sizes (see above)")
+    ap.add_argument(
+        "--rows",
+        default="bus,tokens",
+        help="row groups: bus (to_device, the file, 1 MiB batches, shuffle=gpu), tokens",
+    )
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
-        return worker(args.npy, args.worker, args.device, args.small)
+        return worker(args.npy, args.worker, args.device, args.small, args.rows.split(","))
     if not os.path.exists(args.npy):
         import numpy as np
 
@@ -298,7 +307,7 @@ def main():
         while f.read(64 << 20):
             pass
     builds = dict(b.split("=", 1) for b in args.build)
-    flags = ["--device", args.device] + (["--small"] if args.small else [])
+    flags = ["--device", args.device, "--rows", args.rows] + (["--small"] if args.small else [])
     runs = [
         (
             label,
