@@ -7,17 +7,18 @@ of 1024 tokens, 12 a batch, from the corpus's Parquet text to the device.
 - `datasets map`: `load_dataset("parquet")`, `.map(tokenize, batched=True, num_proc=cores)` (the
   `tokenizers` package's `encode_batch`, EOS after each document), `.map(group_texts, ...)` into
   1025-token windows as run_clm's `group_texts` does (each map batch of 1,000 documents
-  concatenated and cut, its remainder dropped), `with_format("torch")`, a DataLoader with
-  workers (`pin_memory` on CUDA), `(x, y)` sliced on the device.
+  concatenated and cut, its remainder dropped), a DataLoader with workers whose `collate_fn`
+  makes each batch one tensor (`pin_memory` on CUDA), `(x, y)` sliced on the device.
 - `datasets streaming`: the same with `streaming=True` (an IterableDataset; the DataLoader's
   workers each take whole files).
 - `pre-tokenized`: `pinfeed.TokenLoader` over the reference tokens as a uint16 `.bin`: the
   bound, no tokenizing.
 
 A row times from the loader's making (the `datasets` rows' preprocessing included) to its last
-batch on the device, or to `--row-seconds`/`--row-tokens`: tokens (of `x`) a second, CPU
-seconds of the process tree per million tokens (bench/lib/peers_measure.py's `tree`: threads,
-workers alive and reaped), the first batch's latency. Then it checks a sample of batches (the
+batch on the device, or to `--row-seconds` after its first batch or `--row-tokens`: tokens (of
+`x`) a second, CPU seconds of the process tree per million tokens (bench/lib/peers_measure.py's
+`tree`: threads, workers alive and reaped), the first batch's latency, and tokens a second after
+the first batch (a stream's rate without its start). Then it checks a sample of batches (the
 first two and those numbered 10, 100, 1000, ...) against the reference: pinfeed's windows by
 position (window v is tokens v * 1024 .. v * 1024 + 1024), with the position ids restarting at
 0 at each window's start and after each EOS; the `datasets` windows, which stand where their map
@@ -87,6 +88,14 @@ def group_texts(examples, block_size=T + 1):
     }
 
 
+def collate(examples):
+    """A batch of windows as one int64 tensor, from the examples' Python lists: faster for a
+    stream than `with_format("torch")`, which makes a tensor of each example on its own."""
+    import torch
+
+    return torch.tensor([e["input_ids"] for e in examples])
+
+
 def _datasets(p, a, streaming):
     import datasets
     import torch
@@ -101,13 +110,17 @@ def _datasets(p, a, streaming):
         multi = {} if streaming else {"num_proc": cores}
         tokenize = _tokenize_fn(p["tokenizer"], p["eos_id"])
         ds = ds.map(tokenize, batched=True, remove_columns=["text"], **multi)
-        ds = ds.map(group_texts, batched=True, **multi).with_format("torch")
+        ds = ds.map(group_texts, batched=True, **multi)
         workers = min(a.workers, len(files)) if streaming else a.workers
         loader = torch.utils.data.DataLoader(
-            ds, batch_size=B, num_workers=workers, pin_memory=a.device.startswith("cuda")
+            ds,
+            batch_size=B,
+            num_workers=workers,
+            collate_fn=collate,
+            pin_memory=a.device.startswith("cuda"),
         )
         for batch in loader:
-            yield batch["input_ids"].to(a.device, non_blocking=True)
+            yield batch.to(a.device, non_blocking=True)
     finally:
         shutil.rmtree(cache, ignore_errors=True)
 
@@ -181,6 +194,7 @@ def run(name, p, a):
         if i == 0:
             sync(a.device)
             first_s = time.perf_counter() - t0
+            first_tokens = _tokens(batch)
         if _kept(i):
             kept[i] = host_copy(batch)
         tokens += _tokens(batch)
@@ -188,9 +202,11 @@ def run(name, p, a):
         if a.row_tokens and tokens >= a.row_tokens:
             stopped = "tokens"
             break
-        if a.row_seconds and time.perf_counter() - t0 >= a.row_seconds:
+        if a.row_seconds and time.perf_counter() - t0 - first_s >= a.row_seconds:
             stopped = "seconds"
             break
+    if i == 0:
+        raise RuntimeError("the loader delivered no batch")
     sync(a.device)
     seconds, cpu = time.perf_counter() - t0, tree()[0] - cpu0
     it.close()
@@ -205,6 +221,10 @@ def run(name, p, a):
         "batches": i,
         "seconds": seconds,
         "tokens_per_s": tokens / seconds,
+        # After the first batch: the rate of a stream without its start (None for one batch).
+        "after_first_tokens_per_s": (tokens - first_tokens) / (seconds - first_s)
+        if i > 1
+        else None,
         "cpu_s_per_mtok": 1e6 * cpu / tokens,
         "first_batch_s": first_s,
         "stopped": stopped,

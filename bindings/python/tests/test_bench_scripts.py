@@ -171,7 +171,9 @@ def test_text_mode_runs_pinfeeds_rows_against_the_reference(text_run):
         assert "error" not in r, r
         assert r["tokens"] == windows * 1024 and r["stopped"] is None, r
         assert r["checked_batches"][:2] == [0, 1], r
-        assert r["tokens_per_s"] > 0 and r["cpu_s_per_mtok"] > 0 and r["first_batch_s"] > 0, r
+        assert r["tokens_per_s"] > 0 and r["cpu_s_per_mtok"] >= 0 and r["first_batch_s"] > 0, r
+    # Tokenizing takes CPU time that /proc's clock ticks see; a pass of the .bin may not.
+    assert rows["pinfeed"]["cpu_s_per_mtok"] > 0
     assert result["gpt"]["skipped"].startswith("needs a CUDA device"), result["gpt"]
     assert "target: pinfeed >= 3x datasets streaming" in stdout
     assert "target: GPT step within 1% of its bound: not measured" in stdout
