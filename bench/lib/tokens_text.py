@@ -4,17 +4,17 @@ column beside Hugging Face `datasets`, and a GPT step fed by it.
     python3 bench/tokens.py text [--size-gb 1] [--tokenizer tokenizer.json] [--out text.json]
 
 Writes the corpus once into `--dir` (bench/lib/text_corpus.py: real-looking English from the
-standard library's docstring words, `--files` Parquet files, a `text` column), takes the
-tokenizer (`--tokenizer`, else a 50257-token byte-level BPE trained on the corpus) and its
+standard library's docstring words, `--files` Parquet files, a `text` column), takes the tokenizer
+(`--tokenizer`, else a byte-level BPE of up to 50257 tokens trained on the corpus) and its
 reference tokens, then runs each row in a process of its own (bench/lib/text_rows.py): packed
 windows of 1024 tokens, 12 a batch, to the device, by pinfeed (tokenizing), `datasets` with
-`.map(num_proc=cores)`, `datasets` streaming, and pinfeed over the same tokens pre-tokenized
-(the bound). Each row: tokens a second from the loader's making, CPU seconds of the process tree
-per million tokens, the first batch's latency, and a sample of its windows checked against the
+`.map(num_proc=cores)`, `datasets` streaming, and pinfeed over the same tokens pre-tokenized (the
+bound). Each row: tokens a second from the loader's making, CPU seconds of the process tree per
+million tokens, the first batch's latency, and a sample of its windows checked against the
 reference. A row stops at the end of its pass, `--row-seconds` after its first batch or at
 `--row-tokens`, whichever comes first; the `datasets map` row reads the first `--map-files` files
-(it tokenizes all it reads before its first batch); the table says what each row covered, and
-gives each row's tokens a second after its first batch too.
+(it tokenizes all it reads before its first batch); the table says what each row covered, and gives
+each row's tokens a second after its first batch too.
 
 On CUDA it then times nanoGPT's GPT step (12 x 1024) fed by pinfeed's text loader over the first
 `--train-files` files against the same step on one resident batch; the host backend
