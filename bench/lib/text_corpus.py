@@ -14,8 +14,8 @@ a tokenizer, and the reference tokens.
   pairs to merge).
 - Reference: the `tokenizers` package's `encode_batch` of every document, in file order, the
   end-of-text token after each, as one uint16 file (`tokens-DIGEST-DIGEST.bin`, digests of the
-  tokenizer file and of the corpus's manifest). It is both what every row's windows are checked against and the data of the
-  pre-tokenized row.
+  tokenizer file and of the corpus's manifest), encoded one file a process. It is both what
+  every row's windows are checked against and the data of the pre-tokenized row.
 
 Everything is written once into the cache folder and reused while its arguments match.
 """
