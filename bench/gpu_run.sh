@@ -10,7 +10,7 @@
 #
 # GPU sections: tests rust torch python pytests ab tokens machine probe nvjpeg jax images
 #               weed s3fs store storetokens bigcached bigsweep bigcold legacysoak soakstart soakwait
-#               peers noisy mixture
+#               peers noisy mixture text
 # It checks correctness, times pinfeed beside the torch baselines and writes JSON and text under
 # $OUT for `python3 bench/records.py report`. bench/README.md lists what each section measures.
 #
@@ -27,6 +27,9 @@
 #        MIXTURE_ARGS (extra arguments of `tokens.py mixture`),
 #        PEERS_WORKLOADS (workloads of `peers`, default tokens,images,records: one a call fits
 #        ten minutes), PEERS_ARGS (extra arguments of `peers.py run`), NOISY_ARGS,
+#        TEXT_TOKENIZER (the `text` section's tokenizer.json; default .device-carry/tokenizer.json
+#        where carried, else a BPE trained on the corpus), TEXT_ARGS, PARQUET_ARGS (extra
+#        arguments of `tokens.py text` and `records.py parquet`),
 #        PACK=1 (at the end, everything under $OUT into the one file $OUT/results.tgz, for a
 #        transport that brings back few files, an earlier results.tgz inside it; `tar -xzf
 #        results.tgz -C DIR` before the report)
@@ -79,14 +82,15 @@ prepare() (
     du -sh "$C"/* "$C"/tests/*
 )
 
-# The peers of `bench/peers.py` (issue 52) and what they import that the GPU machine's image lacks,
+# The peers of `bench/peers.py` (issue 52) and of the `text` section (Hugging Face `datasets`), and
+# what they import that the GPU machine's image lacks,
 # built for its Python (3.12), into .device-carry/peer-wheels/ (about 21 MB): carry that folder
 # and the pinfeed wheel. Not carried, and said so in the harness's rows: DALI (a 199 MB wheel)
 # and SPDL (spdl_io, 13 MB, loads FFmpeg's shared libraries, which the image does not hold).
 PEER_WHEELS="litdata==0.2.76 mosaicml-streaming==0.13.0 webdataset==1.0.2 torchdata==0.11.0
     megatron-core==0.19.2 boto3==1.43.11 botocore==1.43.11 s3transfer==0.17.0 jmespath==1.1.0
     braceexpand==0.1.7 brotli==1.2.1 python-snappy==0.7.3 cramjam==2.14.0 zstd==1.5.6.1
-    catalogue==2.0.10"
+    catalogue==2.0.10 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19"
 peer_wheels() (
     set -euo pipefail
     rm -rf "$C/peer-wheels"
@@ -602,6 +606,25 @@ if want noisy && ls $C/*.whl >/dev/null 2>&1; then
     make_data
     PYTHONPATH=/tmp/site timeout 300 python3 bench/peers.py noisy --records "$DATA" \
         --out "$OUT/$(date +%F)-$GPU-noisy.json" ${NOISY_ARGS:-}
+fi
+
+# issue 50: a Parquet text column tokenized on pinfeed's reader threads beside `datasets` (map and
+# streaming; its wheels are among the peers', from prepare or prepare-peers), a GPT step fed by it,
+# then Parquet float32 records against the same bytes as .npy.
+if want text && ls $C/*.whl >/dev/null 2>&1; then
+    echo "== Text: TokenLoader tokenizing Parquet text beside datasets, a GPT step; Parquet records beside .npy"
+    install_wheel /tmp/site $C/*.whl
+    if ls $C/peer-wheels/datasets-*.whl >/dev/null 2>&1; then
+        install_wheel /tmp/text-site $C/peer-wheels/{datasets,dill,multiprocess}-*.whl 2>&1 | tail -3
+    else
+        echo "no datasets wheel in .device-carry/peer-wheels/: its rows say they are skipped"
+    fi
+    tok=${TEXT_TOKENIZER:-$C/tokenizer.json}
+    PYTHONPATH=/tmp/site:/tmp/text-site timeout 420 python3 bench/tokens.py text --device cuda \
+        $([ -f "$tok" ] && echo --tokenizer "$tok") --out "$OUT/$(date +%F)-$GPU-text.json" \
+        ${TEXT_ARGS:-} 2>&1 | grep -v '^{'
+    PYTHONPATH=/tmp/site timeout 150 python3 bench/records.py parquet --device cuda \
+        --out "$OUT/$(date +%F)-$GPU-parquet.json" ${PARQUET_ARGS:-} 2>&1 | tail -8
 fi
 
 if [ -n "${PACK:-}" ]; then

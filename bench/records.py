@@ -18,6 +18,7 @@ MODES = {
     "soak": ("lib.legacy_soak", "the Loader on torch's default stream, every byte checked"),
     "jax": ("lib.jax_feed", "a jitted step fed by device_put and by framework='jax'"),
     "store": ("lib.store_bench", ".npy shards from a loopback S3 server"),
+    "parquet": ("lib.records_parquet", "Parquet float32 columns against the same bytes as .npy"),
     "report": ("lib.report", "a run's $OUT as one JSON, a plot and Markdown tables"),
 }
 

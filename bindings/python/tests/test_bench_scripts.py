@@ -1,9 +1,10 @@
 """The benchmark modes the GPU machine runs for the loader's speed on each host
-(`bench/records.py ab`, `threads` and `pipeline`), run here on the host backend at small sizes
-(``--device cpu``): each gets through every row to its table and result file, the check each row
-makes before it is timed catches a changed byte, and the turns that `ab` runs builds in keep the
-rows of the runs that finished. The workload scripts refuse a mode they do not have. The figures
-are the GPU machine's to take (docs/BENCHMARKS.md); these tests read none of them."""
+(`bench/records.py ab`, `threads`, `pipeline` and `parquet`, `bench/tokens.py text`), run here on
+the host backend at small sizes (``--device cpu``): each gets through every row to its table and
+result file, the check each row makes before it is timed catches a changed byte, and the turns
+that `ab` runs builds in keep the rows of the runs that finished. The workload scripts refuse a
+mode they do not have. The figures are the GPU machine's to take (docs/BENCHMARKS.md); these
+tests read none of them."""
 
 import importlib.util
 import json
@@ -145,6 +146,93 @@ def test_in_turns_keeps_the_rows_of_the_runs_that_finished(tmp_path, capsys):
     assert json.loads(out.read_text()) == rows
     printed = capsys.readouterr().out
     assert "round 1 failed: FAILED" in printed and "worker broke" in printed
+
+
+@pytest.fixture(scope="module")
+def text_run(tmp_path_factory):
+    """`tokens.py text` at 2 MB of text in two files, on the host backend: (result, stdout)."""
+    work = tmp_path_factory.mktemp("text")
+    out = work / "text.json"
+    args = ["--dir", str(work / "cache"), "--size-gb", "0.002", "--files", "2"]
+    args += ["--device", "cpu", "--workers", "1", "--out", str(out)]
+    done = script("tokens.py", "text", *args, cwd=work)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(out.read_text()), done.stdout
+
+
+def test_text_mode_runs_pinfeeds_rows_against_the_reference(text_run):
+    result, stdout = text_run
+    rows = {r["row"]: r for r in result["rows"]}
+    assert list(rows) == ["pinfeed", "datasets map", "datasets streaming", "pre-tokenized"]
+    # Sequential windows of 1024 tokens, each with the next token as its last target.
+    windows = (result["corpus"]["reference_tokens"] - 1) // 1024
+    for name in ["pinfeed", "pre-tokenized"]:
+        r = rows[name]
+        assert "error" not in r, r
+        assert r["tokens"] == windows * 1024 and r["stopped"] is None, r
+        assert r["checked_batches"][:2] == [0, 1], r
+        assert r["tokens_per_s"] > 0 and r["cpu_s_per_mtok"] >= 0 and r["first_batch_s"] > 0, r
+    # Tokenizing takes CPU time that /proc's clock ticks see; a pass of the .bin may not.
+    assert rows["pinfeed"]["cpu_s_per_mtok"] > 0
+    assert result["gpt"]["skipped"].startswith("needs a CUDA device"), result["gpt"]
+    assert "target: pinfeed >= 3x datasets streaming" in stdout
+    assert "target: GPT step within 1% of its bound: not measured" in stdout
+
+
+def test_text_mode_runs_or_skips_the_datasets_rows(text_run):
+    result, _ = text_run
+    rows = {r["row"]: r for r in result["rows"]}
+    hf = [rows["datasets map"], rows["datasets streaming"]]
+    if importlib.util.find_spec("datasets") is None:
+        for r in hf:
+            assert r["skipped"].startswith("datasets does not import here"), r
+        pytest.skip("`datasets` is not installed: its rows said they were skipped")
+    for r in hf:
+        assert "error" not in r and "skipped" not in r, r
+        # run_clm's group_texts drops each map batch's remainder: fewer windows than pinfeed's.
+        assert 0 < r["tokens"] <= rows["pinfeed"]["tokens"], r
+        assert r["checked_batches"][:2] == [0, 1], r
+
+
+def test_the_text_rows_check_catches_a_changed_token(monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCH))
+    from lib import text_rows
+
+    eos, t = 7, text_rows.T
+    reference = np.random.default_rng(2).integers(8, 500, 3 * 12 * t + 1).astype(np.uint16)
+    reference[::97] = eos
+    k = 1  # the second batch: windows 12 .. 23
+    w = np.stack([reference[v * t : v * t + t + 1] for v in range(12, 24)]).astype(np.int64)
+    x, y = w[:, :-1], w[:, 1:]
+    starts = np.zeros_like(x, dtype=bool)
+    starts[:, 0] = True
+    starts[:, 1:] = x[:, :-1] == eos
+    first = np.maximum.accumulate(np.where(starts, np.arange(t), 0), axis=1)
+    positions = np.arange(t) - first
+    text_rows.check_by_position(reference, k, (x, y, None, positions, None), eos)
+    text_rows.check_found(reference, k, w)
+    changed = x.copy()
+    changed[5, 300] += 1
+    with pytest.raises(AssertionError, match="batch 1, window 17: not the reference's tokens"):
+        text_rows.check_by_position(reference, k, (changed, y), eos)
+    with pytest.raises(AssertionError, match="position ids do not restart at EOS"):
+        text_rows.check_by_position(reference, k, (x, y, None, positions + 1, None), eos)
+    w[-1, 9] += 1
+    with pytest.raises(AssertionError, match="batch 1, window 11: not in the reference"):
+        text_rows.check_found(reference, k, w)
+
+
+def test_parquet_mode_checks_both_rows(tmp_path):
+    out = tmp_path / "parquet.json"
+    args = ["--dir", str(tmp_path / "cache"), "--size-gb", "0.004", "--columns", "8"]
+    args += ["--batch", "1000", "--rounds", "1", "--passes", "1", "--device", "cpu"]
+    stdout = run("parquet", *args, "--out", str(out), cwd=tmp_path)
+    result = json.loads(out.read_text())
+    assert result["rows"] == 4_000_000 // 32
+    assert result["checked"] == {"parquet": [0, 1, 10, 100], "npy": [0, 1, 10, 100]}
+    for kind in ["parquet", "npy"]:
+        assert result["median"][kind]["gbps"] > 0, result
+    assert "target: Parquet within 80% of .npy" in stdout
 
 
 @pytest.mark.parametrize("workload", ["records.py", "tokens.py", "images.py", "peers.py"])
