@@ -1,36 +1,87 @@
-//! Tables (Parquet, Arrow IPC, JSON lines) opened as record sources of the columns asked for.
+//! Tables (Parquet, Arrow IPC, JSON lines) opened as record sources of the columns asked for,
+//! from local files or object storage.
 
-use std::path::PathBuf;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use pinfeed_source::ReadOptions;
 use pyo3::prelude::*;
 
 use crate::errors::{value_error, ToPy};
 use crate::loader::Source;
 
+/// The object-storage arguments of a table's opener, as on `Source.open`.
+pub(crate) struct StoreArgs<'py> {
+    pairs: Option<BTreeMap<String, String>>,
+    cache_dir: Option<PathBuf>,
+    cache_limit: Option<Bound<'py, PyAny>>,
+    queue_depth: Option<u32>,
+}
+
+/// Opens `path` as `read` asks: a URL (`s3://`, `gs://`, `az://`, `https://`) from object
+/// storage as `store` says, where each table is read by ranges; a local path from its files,
+/// where `store` is refused (it would change nothing).
+fn open_path_or_url(
+    py: Python<'_>,
+    path: &Path,
+    mut read: ReadOptions,
+    store: StoreArgs<'_>,
+) -> PyResult<Box<dyn pinfeed_source::Source>> {
+    let url = path.to_str().filter(|p| pinfeed_store::is_url(p));
+    let options = crate::store::store_options(
+        py,
+        url.is_some(),
+        store.pairs,
+        store.cache_dir,
+        store.cache_limit.as_ref(),
+    )?;
+    let Some(url) = url else {
+        if store.queue_depth.is_some() {
+            return Err(value_error(
+                py,
+                "Config",
+                format!(
+                    "{}: queue_depth applies to tables in object storage (s3://, gs://, az://, \
+                     https://) only",
+                    path.display()
+                ),
+            ));
+        }
+        return py
+            .detach(|| pinfeed_source::open_with(path, None, &read))
+            .py_err(py);
+    };
+    read.queue_depth = store
+        .queue_depth
+        .unwrap_or(pinfeed_source::DEFAULT_QUEUE_DEPTH);
+    let opened = py.detach(|| pinfeed_store::open(url, None, &read, &options));
+    Ok(Box::new(opened.py_err(py)?))
+}
+
 /// Opens a Parquet file, an Arrow IPC file or stream, JSON lines (plain, gzip or zstd), or a
 /// directory or glob of them, as records of ``columns`` (all when None), in that order; each
 /// column at an offset aligned to its element size. ``on_error`` is ``"raise"`` or ``"skip"``
-/// (malformed JSON lines skipped and counted).
+/// (malformed JSON lines skipped and counted). A URL (``s3://bucket/tables/``, a glob of
+/// objects, one object; ``gs://``, ``az://``, ``https://``) is read from object storage as
+/// ``storage_options``, ``cache_dir``, ``cache_limit`` and ``queue_depth`` say (as for
+/// :meth:`Source.open`): a Parquet object by its footer and the chunks of the columns asked
+/// for, an Arrow IPC file by its footer and those columns' buffers, an Arrow stream or JSON
+/// lines whole.
 #[pyfunction]
-#[pyo3(signature = (path, columns=None, *, on_error="raise", reader="auto"))]
+#[pyo3(signature = (path, columns=None, *, on_error="raise", reader="auto", storage_options=None, cache_dir=None, cache_limit=None, queue_depth=None))]
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn open_table(
     py: Python<'_>,
     path: PathBuf,
     columns: Option<Vec<String>>,
     on_error: &str,
     reader: &str,
+    storage_options: Option<BTreeMap<String, String>>,
+    cache_dir: Option<PathBuf>,
+    cache_limit: Option<Bound<'_, PyAny>>,
+    queue_depth: Option<u32>,
 ) -> PyResult<Source> {
-    if path.to_str().is_some_and(pinfeed_store::is_url) {
-        return Err(value_error(
-            py,
-            "Table",
-            format!(
-                "{}: tables are read from local files only so far; copy them to local disk",
-                path.display()
-            ),
-        ));
-    }
     let reader: pinfeed_source::Reader = reader
         .parse()
         .map_err(|e: pinfeed_source::UnknownReader| value_error(py, "Config", e.to_string()))?;
@@ -42,14 +93,22 @@ pub(crate) fn open_table(
     if on_error != "raise" {
         format.set(pinfeed_source::table::ON_ERROR, on_error);
     }
-    let read = pinfeed_source::ReadOptions {
-        reader: py.detach(|| reader.resolve(&path).0),
+    let is_url = path.to_str().is_some_and(pinfeed_store::is_url);
+    let read = ReadOptions {
+        reader: match is_url {
+            true => pinfeed_source::Reader::Pread,
+            false => py.detach(|| reader.resolve(&path).0),
+        },
         format,
         ..Default::default()
     };
-    let inner = py
-        .detach(|| pinfeed_source::open_with(&path, None, &read))
-        .py_err(py)?;
+    let store = StoreArgs {
+        pairs: storage_options,
+        cache_dir,
+        cache_limit,
+        queue_depth,
+    };
+    let inner = open_path_or_url(py, &path, read, store)?;
     Ok(Source {
         inner: Arc::from(inner),
         gpu_images: None,
@@ -65,15 +124,21 @@ pub(crate) fn natural_block(source: &Source) -> Option<u64> {
 /// Opens the token column ``column`` (a list of integers per row, a document) of a Parquet file,
 /// an Arrow IPC file or stream, or JSON lines, or of a directory or glob of them, as one stream
 /// of tokens: the rows' lists concatenated in order, for ``open_tokens(opened=...)``. With
-/// ``documents``, the stream keeps where each row starts, for ``sample="documents"``.
+/// ``documents``, the stream keeps where each row starts, for ``sample="documents"``. A URL is
+/// read from object storage as for :func:`open_table`.
 #[pyfunction]
-#[pyo3(signature = (path, column, *, dtype=None, documents=false))]
+#[pyo3(signature = (path, column, *, dtype=None, documents=false, storage_options=None, cache_dir=None, cache_limit=None, queue_depth=None))]
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn open_token_column(
     py: Python<'_>,
     path: PathBuf,
     column: String,
     dtype: Option<&str>,
     documents: bool,
+    storage_options: Option<BTreeMap<String, String>>,
+    cache_dir: Option<PathBuf>,
+    cache_limit: Option<Bound<'_, PyAny>>,
+    queue_depth: Option<u32>,
 ) -> PyResult<crate::tokens::TokenStream> {
     let dtype = dtype
         .map(pinfeed_source::tokens::TokenDType::parse)
@@ -84,15 +149,27 @@ pub(crate) fn open_token_column(
     if documents {
         format.set(pinfeed_source::table::DOCUMENTS, "true");
     }
-    let read = pinfeed_source::ReadOptions {
+    let read = ReadOptions {
         format,
         ..Default::default()
     };
+    let store = StoreArgs {
+        pairs: storage_options,
+        cache_dir,
+        cache_limit,
+        queue_depth,
+    };
+    token_stream(py, open_path_or_url(py, &path, read, store)?, dtype)
+}
+
+/// The tokens of `source` (a token or text column's) as one stream.
+fn token_stream(
+    py: Python<'_>,
+    source: Box<dyn pinfeed_source::Source>,
+    dtype: Option<pinfeed_source::tokens::TokenDType>,
+) -> PyResult<crate::tokens::TokenStream> {
     let stream = py
-        .detach(|| {
-            let source = pinfeed_source::open_with(&path, None, &read)?;
-            pinfeed_source::tokens::TokenStream::from_source(source, dtype)
-        })
+        .detach(|| pinfeed_source::tokens::TokenStream::from_source(source, dtype))
         .py_err(py)?;
     Ok(crate::tokens::TokenStream {
         inner: Arc::new(stream),
@@ -101,11 +178,13 @@ pub(crate) fn open_token_column(
 
 /// Opens the text column ``column`` of a Parquet file, an Arrow IPC file or stream, or JSON
 /// lines (or a directory or glob of them), tokenized on the reader threads with ``tokenizer``
-/// (a ``tokenizer.json``), ``bos`` before and ``eos`` after each document (tokens or ids), as
-/// one stream of uint32 tokens; returns it with the ids of ``bos`` and ``eos``. With
-/// ``documents``, the stream keeps where each row starts, for ``sample="documents"``.
+/// (a local ``tokenizer.json``), ``bos`` before and ``eos`` after each document (tokens or
+/// ids), as one stream of uint32 tokens; returns it with the ids of ``bos`` and ``eos``. With
+/// ``documents``, the stream keeps where each row starts, for ``sample="documents"``. A URL is
+/// read from object storage as for :func:`open_table`.
 #[pyfunction]
-#[pyo3(signature = (path, column, tokenizer, *, bos=None, eos=None, documents=false))]
+#[pyo3(signature = (path, column, tokenizer, *, bos=None, eos=None, documents=false, storage_options=None, cache_dir=None, cache_limit=None, queue_depth=None))]
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn open_text_column(
     py: Python<'_>,
     path: PathBuf,
@@ -114,6 +193,10 @@ pub(crate) fn open_text_column(
     bos: Option<Bound<'_, PyAny>>,
     eos: Option<Bound<'_, PyAny>>,
     documents: bool,
+    storage_options: Option<BTreeMap<String, String>>,
+    cache_dir: Option<PathBuf>,
+    cache_limit: Option<Bound<'_, PyAny>>,
+    queue_depth: Option<u32>,
 ) -> PyResult<(crate::tokens::TokenStream, Option<u32>, Option<u32>)> {
     use pinfeed_source::table;
     let plain = py
@@ -150,18 +233,16 @@ pub(crate) fn open_text_column(
     if documents {
         format.set(table::DOCUMENTS, "true");
     }
-    let read = pinfeed_source::ReadOptions {
+    let read = ReadOptions {
         format,
         ..Default::default()
     };
-    let stream = py
-        .detach(|| {
-            let source = pinfeed_source::open_with(&path, None, &read)?;
-            pinfeed_source::tokens::TokenStream::from_source(source, None)
-        })
-        .py_err(py)?;
-    let stream = crate::tokens::TokenStream {
-        inner: Arc::new(stream),
+    let store = StoreArgs {
+        pairs: storage_options,
+        cache_dir,
+        cache_limit,
+        queue_depth,
     };
+    let stream = token_stream(py, open_path_or_url(py, &path, read, store)?, None)?;
     Ok((stream, text.bos, text.eos))
 }

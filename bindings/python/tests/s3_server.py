@@ -287,6 +287,21 @@ def request_kind(head):
     return None
 
 
+def request_seen(head):
+    """``(kind, path, range)`` of a request: its :func:`request_kind`, the path of its request
+    line (query left out), and the byte range a ranged GET asks for as ``(start, end)``, end
+    exclusive (``None`` for any other request)."""
+    line, _, rest = head.partition(b"\r\n")
+    path = line.split(b" ")[1].split(b"?")[0].decode() if line.count(b" ") >= 2 else ""
+    asked = None
+    for header in rest.split(b"\r\n"):
+        name, _, value = header.partition(b":")
+        if name.strip().lower() == b"range":
+            first, _, last = value.strip().removeprefix(b"bytes=").partition(b"-")
+            asked = (int(first), int(last) + 1)
+    return request_kind(head), path, asked
+
+
 def endless(body):
     """A ListObjectsV2 reply rewritten to say it is truncated, with the same continuation
     token every time: a listing that never ends."""
@@ -314,7 +329,7 @@ class FaultProxy:
     continuation token each time; while ``down`` is set, a connection is closed as soon as a
     request arrives on it, as by a server that is not there. :meth:`close_idle` closes the
     connections waiting for their next request, as a server closes idle keep-alive
-    connections."""
+    connections. ``seen`` holds every request received, as :func:`request_seen` tells it."""
 
     def __init__(self, upstream_port):
         self.upstream = (HOST, upstream_port)
@@ -327,6 +342,7 @@ class FaultProxy:
         self.waiting = set()  # connections between requests
         self.open = set()
         self.injected = 0
+        self.seen = []
         self.lock = threading.Lock()
         self.server = socket.create_server((HOST, 0))
         self.port = self.server.getsockname()[1]
@@ -392,6 +408,8 @@ class FaultProxy:
                     if head is None:
                         return
                     body = read_exact(conn, rest, content_length(head))
+                    with self.lock:
+                        self.seen.append(request_seen(head))
                     fault = self._next_fault(head)
                     if fault == "503":
                         conn.sendall(SLOW_DOWN)

@@ -290,7 +290,7 @@ def test_missing_objects_buckets_and_wrong_credentials_are_one_line_errors(serve
     cases = {
         f"s3://{BUCKET}/train/absent.npy": "absent.npy",
         "s3://no-such-bucket-here/train/": "no-such-bucket-here",
-        f"s3://{BUCKET}/nothing-here/": "no .npy object under this prefix",
+        f"s3://{BUCKET}/nothing-here/": ".parquet, .arrow or .jsonl object under this prefix",
         f"s3://{BUCKET}/train/zz-*.npy": "no object matches this pattern",
     }
     for url, words in cases.items():

@@ -134,7 +134,7 @@ def test_stats_count_the_network_and_name_it(server, authority):
 def test_missing_objects_and_empty_prefixes_are_one_line_errors(server, authority):
     cases = {
         "train/absent.npy": url(server, "train/absent.npy"),
-        "nothing-here/": "no .npy object under this prefix",
+        "nothing-here/": ".parquet, .arrow or .jsonl object under this prefix",
         "train/zz-*.npy": "no object matches this pattern",
     }
     for key, words in cases.items():

@@ -297,7 +297,12 @@ def make_texts(n=70, seed=3):
 
 @pytest.fixture(scope="module")
 def trained_tokenizer(tmp_path_factory):
-    """A byte-level BPE trained here by the Python tokenizers package, saved as JSON."""
+    return train_tokenizer(tmp_path_factory.mktemp("tok") / "tokenizer.json")
+
+
+def train_tokenizer(path):
+    """A byte-level BPE trained here by the Python tokenizers package, saved as JSON at
+    ``path``; returns it and ``path``."""
     tk = pytest.importorskip("tokenizers")
     tok = tk.Tokenizer(tk.models.BPE())
     tok.pre_tokenizer = tk.pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -308,7 +313,6 @@ def trained_tokenizer(tmp_path_factory):
         initial_alphabet=tk.pre_tokenizers.ByteLevel.alphabet(),
     )
     tok.train_from_iterator(make_texts(200, seed=9), trainer)
-    path = tmp_path_factory.mktemp("tok") / "tokenizer.json"
     tok.save(str(path))
     return tok, path
 
@@ -476,9 +480,9 @@ def test_table_arguments_of_the_wrong_type_or_place_are_refused(parquet_file, tm
         pinfeed.Loader(
             path, 8, device="cpu", columns=["id"], transform=pinfeed.transforms.ToFloat()
         )
-    with pytest.raises(pinfeed.PinfeedValueError, match="cache_dir apply to object-storage"):
+    with pytest.raises(pinfeed.PinfeedValueError, match="cache_dir given for a local path"):
         pinfeed.Loader(path, 8, device="cpu", columns=["id"], cache_dir=tmp_path)
-    with pytest.raises(pinfeed.PinfeedValueError, match="cache_dir apply to object-storage"):
+    with pytest.raises(pinfeed.PinfeedValueError, match="cache_dir given for a local path"):
         pinfeed.TokenLoader(path, 8, 1, column="id", cache_dir=tmp_path, device="cpu")
     with pytest.raises(pinfeed.PinfeedValueError, match="bos_token and eos_token apply"):
         pinfeed.TokenLoader(path, 8, 1, column="id", eos_token=0, device="cpu")

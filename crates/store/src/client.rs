@@ -412,10 +412,21 @@ impl Client {
     /// depth. An error names the object and the range that failed; the parts are then partly
     /// written and must not be used.
     pub(crate) fn fetch(&self, object: &Object, parts: Vec<Part<'_>>) -> Result<()> {
+        self.fetch_with_gap(object, parts, self.coalesce_gap)
+    }
+
+    /// [`Client::fetch`] coalescing ranges at most `gap` bytes apart (the cache's blocks are
+    /// its own).
+    pub(crate) fn fetch_with_gap(
+        &self,
+        object: &Object,
+        parts: Vec<Part<'_>>,
+        gap: u64,
+    ) -> Result<()> {
         if let Some(cache) = &self.cache {
             return cache.fetch(self, object, parts);
         }
-        let mut requests = plan(parts, self.request_size, self.coalesce_gap);
+        let mut requests = plan(parts, self.request_size, gap);
         self.get_all(object, &mut requests)
     }
 

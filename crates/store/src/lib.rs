@@ -1,11 +1,13 @@
-//! Object storage for pinfeed: `.npy` shards and raw record files in S3 (or any S3-compatible
-//! store), Google Cloud Storage, Azure Blob Storage or over HTTP(S), read by ranged GETs
-//! straight into the caller's memory (in pinfeed, a slot of the pinned ring).
+//! Object storage for pinfeed: `.npy` shards, raw record files and tables in S3 (or any
+//! S3-compatible store), Google Cloud Storage, Azure Blob Storage or over HTTP(S), read by
+//! ranged GETs straight into the caller's memory (in pinfeed, a slot of the pinned ring).
 //!
 //! [`open`] takes a URL (`s3://bucket/prefix/`, `s3://bucket/prefix/part-*.npy`,
 //! `s3://bucket/data.npy`, `gs://...`, `az://...`, `https://host/data.npy`) and returns a
 //! [`RemoteDataset`], a [`Source`] like a local file: the objects are listed and their `.npy`
-//! headers read once, at open; after that each read is ranged GETs of the records asked for,
+//! headers read once, at open (a table's format reads what it needs through the same client:
+//! a Parquet object's footer, then the chunks of the columns asked for, as its row groups are
+//! decoded); after that each read is ranged GETs of the records asked for,
 //! neighbouring ranges coalesced ([`StoreOptions::coalesce_gap`]), long ranges cut
 //! ([`StoreOptions::request_size`]), every request of a read in flight at once up to the queue
 //! depth (over all reading threads), and each body copied into its place in the caller's
@@ -66,13 +68,17 @@ pub use options::{
 
 use client::{Client, Object};
 use location::{Location, Selection};
-use object::ObjectRecords;
+use object::open_object;
 
-/// Opens the dataset at `url`: one object, the `.npy` objects directly under a prefix (a URL
-/// ending in `/`), or the objects whose last name component matches a glob pattern
-/// (`*`, `?`, `[a-z]`, matched as local shard patterns are); several objects are shards,
-/// taken in byte order of their keys. Objects that are not `.npy` are raw records of
-/// `raw_layout`. `read.queue_depth` bounds the requests in flight over all reading threads.
+/// Opens the dataset at `url`: one object, the objects directly under a prefix (a URL ending
+/// in `/`) named with a format's extension (`.npy`, `.parquet`, ...), or the objects whose last
+/// name component matches a glob pattern (`*`, `?`, `[a-z]`, matched as local shard patterns
+/// are); several objects are shards, taken in byte order of their keys. Objects that are not
+/// `.npy` and that no format claims by name or first bytes are raw records of `raw_layout`.
+/// Tables (Parquet, Arrow IPC, JSON lines) are read by ranges, as their formats ask, with the
+/// format options of `read` (`columns`, ...); their ranges are coalesced only across gaps of
+/// at most [`TABLE_COALESCE_GAP`] unless `store` sets `coalesce_gap`. `read.queue_depth`
+/// bounds the requests in flight over all reading threads.
 pub fn open(
     url: &str,
     raw_layout: Option<Layout>,
@@ -80,38 +86,52 @@ pub fn open(
     store: &StoreOptions,
 ) -> Result<RemoteDataset> {
     read.check()?;
+    read.format.check()?;
     let location = Location::parse(url)?;
     let client = Arc::new(Client::connect(&location, store, read.queue_depth)?);
     let objects = objects(&client, &location, url)?;
-    let mut shards = open_all(&client, &objects, raw_layout.as_ref())?;
+    let gap = match store.get("coalesce_gap") {
+        Some(_) => store.coalesce_gap(),
+        None => TABLE_COALESCE_GAP,
+    };
+    let opened = open_all(&client, &objects, raw_layout.as_ref(), read, gap)?;
+    let by_ranges = opened.iter().any(|o| o.1);
+    let mut shards: Vec<Box<dyn Source>> = opened.into_iter().map(|o| o.0).collect();
     let inner: Box<dyn Source> = match shards.len() {
         1 => shards.pop().expect("one shard"),
         _ => Box::new(ShardedSource::from_sources(url, shards)?),
     };
-    Ok(RemoteDataset::new(inner, client, &location.base))
+    Ok(RemoteDataset::new(inner, client, &location.base, by_ranges))
 }
+
+/// [`StoreOptions::coalesce_gap`] of tables unless one is given: ranges are coalesced only
+/// where they touch, since what lies between two column chunks asked for is a column not
+/// asked for.
+pub const TABLE_COALESCE_GAP: u64 = 0;
 
 /// Objects whose headers are read at once when a dataset is opened.
 const OPEN_THREADS: usize = 16;
 
-/// Opens every object of `objects` in order (a `.npy` object's header is one GET), up to
-/// [`OPEN_THREADS`] at once: a prefix of a thousand shards is a thousand round trips, which one
-/// after another would add seconds to the start. The error of the first object that fails,
-/// in their order, is returned.
+/// Opens every object of `objects` in order (a `.npy` object's header is one GET, a Parquet
+/// object's footer two), up to [`OPEN_THREADS`] at once: a prefix of a thousand shards is a
+/// thousand round trips, which one after another would add seconds to the start. The error of
+/// the first object that fails, in their order, is returned.
 fn open_all(
     client: &Arc<Client>,
     objects: &[Object],
     raw_layout: Option<&Layout>,
-) -> Result<Vec<Box<dyn Source>>> {
+    read: &ReadOptions,
+    gap: u64,
+) -> Result<Vec<(Box<dyn Source>, bool)>> {
     let next = AtomicUsize::new(0);
-    let opened: Vec<Mutex<Option<Result<ObjectRecords>>>> =
-        objects.iter().map(|_| Mutex::new(None)).collect();
+    type Opened = Result<(Box<dyn Source>, bool)>;
+    let opened: Vec<Mutex<Option<Opened>>> = objects.iter().map(|_| Mutex::new(None)).collect();
     std::thread::scope(|s| {
         for _ in 0..OPEN_THREADS.min(objects.len()) {
             s.spawn(|| loop {
                 let i = next.fetch_add(1, Ordering::Relaxed);
                 let Some(object) = objects.get(i) else { break };
-                let result = ObjectRecords::open(client.clone(), object.clone(), raw_layout);
+                let result = open_object(client.clone(), object.clone(), raw_layout, read, gap);
                 *opened[i].lock().unwrap_or_else(|p| p.into_inner()) = Some(result);
             });
         }
@@ -122,7 +142,6 @@ fn open_all(
             let result = m.into_inner().unwrap_or_else(|p| p.into_inner());
             result.expect("every object was taken by a thread")
         })
-        .map(|r| r.map(|o| Box::new(o) as Box<dyn Source>))
         .collect()
 }
 
@@ -218,12 +237,15 @@ fn objects(client: &Client, location: &Location, url: &str) -> Result<Vec<Object
     found.sort_by(|a, b| a.url.cmp(&b.url));
     if found.is_empty() {
         let reason = match location.selection {
-            Selection::Prefix(_) => "no .npy object under this prefix",
-            _ => "no object matches this pattern",
+            Selection::Prefix(_) => format!(
+                "no {} object under this prefix",
+                pinfeed_source::formats::shard_extensions()
+            ),
+            _ => "no object matches this pattern".to_owned(),
         };
         return Err(SourceError::NoShards {
             dataset: url.to_owned(),
-            reason: reason.to_owned(),
+            reason,
         });
     }
     Ok(found)

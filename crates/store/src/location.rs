@@ -1,5 +1,6 @@
 //! Dataset URLs: which store, and which objects of it (one, a prefix, or a glob pattern).
 
+use pinfeed_source::formats::is_shard_name;
 use pinfeed_source::{glob_match, Result, SourceError};
 
 /// URL schemes read from object storage, as `object_store` names them: S3 (and S3-compatible
@@ -37,13 +38,14 @@ pub(crate) struct Location {
 
 impl Selection {
     /// Whether a listed object named `name` (its last key component) is a shard: under a
-    /// prefix, `.npy` objects, hidden ones skipped (as a local directory's shards are taken);
-    /// for a pattern, the names it matches, hidden ones only when the pattern starts with `.`.
+    /// prefix, objects named with a format's extension (`.npy`, `.parquet`, ...), hidden ones
+    /// skipped, as a local directory's shards are taken; for a pattern, the names it matches,
+    /// hidden ones only when the pattern starts with `.`.
     pub(crate) fn keeps(&self, name: &str) -> bool {
         match self {
             Selection::Object(key) => key.rsplit('/').next() == Some(name),
             Selection::Prefix(_) => {
-                !name.starts_with('.') && name.to_ascii_lowercase().ends_with(".npy")
+                !name.starts_with('.') && is_shard_name(std::path::Path::new(name))
             }
             Selection::Pattern { pattern, .. } => {
                 (pattern.starts_with('.') || !name.starts_with('.'))
@@ -136,6 +138,7 @@ mod tests {
         assert!(pattern.keeps("part-1.npy") && !pattern.keeps("x.npy"));
         let prefix = sel("s3://b/p/");
         assert!(prefix.keeps("a.NPY") && !prefix.keeps(".a.npy") && !prefix.keeps("a.bin"));
+        assert!(prefix.keeps("part-0.parquet") && prefix.keeps("b.jsonl.gz"));
         let e = Location::parse("s3://b/p*/x.npy").unwrap_err().to_string();
         assert!(e.contains("last name component"), "{e}");
     }

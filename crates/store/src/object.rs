@@ -1,13 +1,17 @@
-//! Objects as sources: an `.npy` object or a raw record object, read by ranged GETs, and the
+//! Objects as sources: an `.npy` object or a raw record object, read by ranged GETs; an
+//! object of a format that reads by ranges (a table), read through [`ObjectBytes`]; and the
 //! dataset of all of them that carries the client's counters.
 
+use std::ops::Range;
 use std::path::Path;
 use std::sync::Arc;
 
-use pinfeed_source::formats::ALL;
-use pinfeed_source::npy::{self, Header, MAX_HEADER_LEN};
+use pinfeed_source::formats::ranges::check_range;
+use pinfeed_source::formats::{self, ByteRanges, Format, OpenRanges, SNIFF_BYTES};
+use pinfeed_source::npy::{Header, MAX_HEADER_LEN};
 use pinfeed_source::{
-    check_request, gather_runs, gather_runs_at, Layout, NetworkStats, Result, Source, SourceError,
+    check_request, gather_runs, gather_runs_at, Layout, NetworkStats, ReadOptions, Result, Source,
+    SourceError,
 };
 
 use crate::client::{Client, Object};
@@ -27,53 +31,98 @@ pub(crate) struct ObjectRecords {
     data_offset: u64,
 }
 
-impl ObjectRecords {
-    /// Opens `object` as `.npy` (by its name or its magic) or as raw records of
-    /// `raw_layout`; other formats are refused by name.
-    pub(crate) fn open(
-        client: Arc<Client>,
-        object: Object,
-        raw_layout: Option<&Layout>,
-    ) -> Result<ObjectRecords> {
-        let path = Path::new(&object.url);
-        let by_name = ALL
-            .iter()
-            .find(|f| f.extensions().iter().any(|e| has_extension(&object.url, e)))
-            .map(|f| f.name());
-        let head = client.fetch_vec(&object, 0..object.size.min(HEAD_BYTES))?;
-        let (layout, num_records, data_offset) = match by_name {
-            Some("npy") => npy_layout(&client, &object, head)?,
-            None | Some("raw") if npy::has_magic(&head) => npy_layout(&client, &object, head)?,
-            None | Some("raw") => raw_layout_of(&object, raw_layout)?,
-            Some(other) => {
-                return Err(SourceError::Open {
-                    path: path.to_path_buf(),
-                    source: std::io::Error::new(
-                        std::io::ErrorKind::Unsupported,
-                        format!(
-                            "{other} files are not read from object storage yet; .npy and raw \
-                             record files are"
-                        ),
-                    ),
-                })
-            }
-        };
-        if num_records == 0 {
-            return Err(SourceError::Empty { name: object.url });
-        }
-        Ok(ObjectRecords {
+/// Opens `object`: `.npy` (by its name or its magic) or raw records of `raw_layout` as
+/// [`ObjectRecords`]; a format that reads by ranges (a table, by its name or its first bytes)
+/// through [`ObjectBytes`], its ranges coalesced across at most `ranges_gap` bytes; any other
+/// format is refused by name. Says too whether a format read it by ranges.
+pub(crate) fn open_object(
+    client: Arc<Client>,
+    object: Object,
+    raw_layout: Option<&Layout>,
+    read: &ReadOptions,
+    ranges_gap: u64,
+) -> Result<(Box<dyn Source>, bool)> {
+    let url = object.url.clone();
+    let path = Path::new(&url);
+    let by_name = formats::by_extension(path);
+    let by_ranges = |format: &dyn Format, client: Arc<Client>, object: Object| {
+        read.format.check_for(format, path)?;
+        let bytes = Arc::new(ObjectBytes {
             client,
             object,
-            layout,
-            num_records,
-            data_offset,
-        })
+            gap: ranges_gap,
+        });
+        let source = format.open_ranges(OpenRanges {
+            bytes,
+            options: read,
+        })?;
+        Ok((source, true))
+    };
+    // A table is not asked for its first bytes: they are a column's, perhaps not one asked for.
+    if let Some(format) = by_name.filter(|f| !matches!(f.name(), "npy" | "raw")) {
+        return by_ranges(format, client, object);
     }
+    let head = client.fetch_vec(&object, 0..object.size.min(HEAD_BYTES))?;
+    let format =
+        by_name.unwrap_or_else(|| formats::claim(path, &head[..head.len().min(SNIFF_BYTES)]));
+    if !matches!(format.name(), "npy" | "raw") {
+        return by_ranges(format, client, object);
+    }
+    read.format.check_for(format, path)?;
+    let (layout, num_records, data_offset) = match format.name() {
+        "npy" => npy_layout(&client, &object, head)?,
+        _ => raw_layout_of(&object, raw_layout)?,
+    };
+    if num_records == 0 {
+        return Err(SourceError::Empty { name: object.url });
+    }
+    let records = ObjectRecords {
+        client,
+        object,
+        layout,
+        num_records,
+        data_offset,
+    };
+    Ok((Box::new(records), false))
 }
 
-fn has_extension(url: &str, ext: &str) -> bool {
-    url.rsplit_once('.')
-        .is_some_and(|(_, e)| e.eq_ignore_ascii_case(ext))
+/// An object read by ranges, for formats that read parts of it ([`Format::open_ranges`]).
+#[derive(Debug)]
+pub(crate) struct ObjectBytes {
+    client: Arc<Client>,
+    object: Object,
+    /// Ranges at most this far apart are fetched as one request.
+    gap: u64,
+}
+
+impl ByteRanges for ObjectBytes {
+    fn name(&self) -> &str {
+        &self.object.url
+    }
+
+    fn size(&self) -> u64 {
+        self.object.size
+    }
+
+    fn read_ranges(&self, ranges: &[Range<u64>]) -> Result<Vec<Vec<u8>>> {
+        for r in ranges {
+            check_range(&self.object.url, self.object.size, r)?;
+        }
+        let mut buffers: Vec<Vec<u8>> = ranges
+            .iter()
+            .map(|r| vec![0u8; (r.end - r.start) as usize])
+            .collect();
+        let parts = ranges
+            .iter()
+            .zip(buffers.iter_mut())
+            .map(|(r, dst)| Part {
+                offset: r.start,
+                dst,
+            })
+            .collect();
+        self.client.fetch_with_gap(&self.object, parts, self.gap)?;
+        Ok(buffers)
+    }
 }
 
 /// The layout, record count and data offset of an `.npy` object from the first bytes fetched
@@ -165,8 +214,18 @@ pub struct RemoteDataset {
 }
 
 impl RemoteDataset {
-    pub(crate) fn new(inner: Box<dyn Source>, client: Arc<Client>, base: &str) -> RemoteDataset {
-        let description = client.describe(base);
+    /// `inner` read through `client` from the store `base`; `by_ranges` when a format read its
+    /// objects by ranges (tables), whose own description is then said too.
+    pub(crate) fn new(
+        inner: Box<dyn Source>,
+        client: Arc<Client>,
+        base: &str,
+        by_ranges: bool,
+    ) -> RemoteDataset {
+        let mut description = client.describe(base);
+        if by_ranges {
+            description = format!("{description}; {}", inner.reader_description());
+        }
         RemoteDataset {
             inner,
             client,
@@ -202,6 +261,18 @@ impl Source for RemoteDataset {
 
     fn reader_description(&self) -> String {
         self.description.clone()
+    }
+
+    fn natural_block(&self) -> Option<u64> {
+        self.inner.natural_block()
+    }
+
+    fn document_lengths(&self) -> Option<Vec<u64>> {
+        self.inner.document_lengths()
+    }
+
+    fn columns(&self) -> Option<&[pinfeed_source::table::Column]> {
+        self.inner.columns()
     }
 
     fn network(&self) -> Option<NetworkStats> {

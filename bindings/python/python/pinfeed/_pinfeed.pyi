@@ -298,6 +298,10 @@ def open_table(
     *,
     on_error: str = "raise",
     reader: str = "auto",
+    storage_options: dict[str, str] | None = None,
+    cache_dir: str | PathLike[str] | None = None,
+    cache_limit: int | str | None = None,
+    queue_depth: int | None = None,
 ) -> Source: ...
 def natural_block(source: Source) -> int | None: ...
 def open_text_column(
@@ -308,9 +312,21 @@ def open_text_column(
     bos: str | int | None = None,
     eos: str | int | None = None,
     documents: bool = False,
+    storage_options: dict[str, str] | None = None,
+    cache_dir: str | PathLike[str] | None = None,
+    cache_limit: int | str | None = None,
+    queue_depth: int | None = None,
 ) -> tuple[TokenStream, int | None, int | None]: ...
 def open_token_column(
-    path: str | PathLike[str], column: str, *, dtype: str | None = None, documents: bool = False
+    path: str | PathLike[str],
+    column: str,
+    *,
+    dtype: str | None = None,
+    documents: bool = False,
+    storage_options: dict[str, str] | None = None,
+    cache_dir: str | PathLike[str] | None = None,
+    cache_limit: int | str | None = None,
+    queue_depth: int | None = None,
 ) -> TokenStream: ...
 def reshard_position(
     num_records: int,

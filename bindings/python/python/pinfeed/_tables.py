@@ -27,8 +27,8 @@ class ColumnView(NamedTuple):
 def open_table(
     path: str, columns: Any, on_error: Any, reader: str, store: dict[str, Any]
 ) -> "_pinfeed.Source":
-    """Opens ``path`` (a file, directory or glob of tables) as records of ``columns`` (None:
-    all of the table's)."""
+    """Opens ``path`` (a file, directory or glob of tables, or a URL of them in object storage,
+    read as ``store`` says) as records of ``columns`` (None: all of the table's)."""
     if isinstance(columns, str):
         columns = [columns]
     if columns is not None and (
@@ -39,13 +39,8 @@ def open_table(
         )
     if on_error not in ("raise", "skip"):
         raise PinfeedValueError(f'{path}: on_error={on_error!r}: expected "raise" or "skip"')
-    if store:
-        raise PinfeedValueError(
-            f"{path}: {', '.join(sorted(store))} apply to object-storage URLs; tables are read "
-            "from local files so far"
-        )
     names = None if columns is None else list(columns)
-    return _pinfeed.open_table(path, names, on_error=on_error, reader=reader)
+    return _pinfeed.open_table(path, names, on_error=on_error, reader=reader, **store)
 
 
 def natural_block(source: "_pinfeed.Source", shuffle: str, block_size: Optional[int]) -> Any:
@@ -114,11 +109,12 @@ def open_column(
     bos_eos: tuple[Any, Any],
     token_dtype: Optional[str],
     documents: bool,
+    store: dict[str, Any],
 ) -> tuple["_pinfeed.TokenStream", Optional[tuple[Optional[int], Optional[int]]]]:
     """A table's ``column`` as a token stream: integer lists as they are, or text tokenized
     with ``tokenizer`` (a ``tokenizer.json``); then also the ids of ``bos_eos`` (tokens or
     ids; None when not given), else None. With ``documents`` the stream keeps where each row
-    starts (``sample="documents"``)."""
+    starts (``sample="documents"``). A URL is read from object storage as ``store`` says."""
     if not isinstance(column, str):
         raise PinfeedTypeError(
             f"{path}: column must name a table's column (str), not {type(column).__name__}"
@@ -130,7 +126,9 @@ def open_column(
             raise PinfeedValueError(
                 f"{path}: bos_token and eos_token apply to text tokenized with tokenizer="
             )
-        opened = _pinfeed.open_token_column(path, column, dtype=token_dtype, documents=documents)
+        opened = _pinfeed.open_token_column(
+            path, column, dtype=token_dtype, documents=documents, **store
+        )
         return opened, None
     if token_dtype is not None:
         raise PinfeedValueError(
@@ -142,7 +140,7 @@ def open_column(
             f"{type(tokenizer).__name__}"
         )
     stream, bos_id, eos_id = _pinfeed.open_text_column(
-        path, column, os.fspath(tokenizer), bos=bos, eos=eos, documents=documents
+        path, column, os.fspath(tokenizer), bos=bos, eos=eos, documents=documents, **store
     )
     return stream, (bos_id, eos_id)
 

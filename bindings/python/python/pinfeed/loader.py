@@ -67,8 +67,8 @@ class Loader:
     cold one. A dict of name to source, with ``weights={name: share}``, is a mixture (as
     :class:`pinfeed.TokenLoader`'s) of sources whose records agree in shape and dtype.
 
-    ``source`` may also be a URL in object storage: ``s3://bucket/prefix/`` (its ``.npy`` objects
-    as shards), a glob such as ``s3://bucket/train/part-*.npy``, one object, or ``gs://``,
+    ``source`` may also be a URL in object storage: ``s3://bucket/prefix/`` (its ``.npy`` objects,
+    or its tables, as shards), a glob such as ``s3://bucket/train/part-*.npy``, one object, or ``gs://``,
     ``az://``, ``https://``. Records are fetched by ranged GETs straight into the pinned slots,
     neighbouring ranges coalesced, at most ``queue_depth`` (default 32) requests in flight over all
     reader threads. ``storage_options`` (a dict) sets the store's ``endpoint``, ``region``,
@@ -80,14 +80,16 @@ class Loader:
     fetches records one small range at a time: slow over a network; ``"block"`` reads large ranges.
 
     ``source`` may also be a table (Parquet, Arrow IPC file or stream, JSON lines plain or
-    ``.gz``/``.zst``; a file, directory or glob) read as records of ``columns``: every batch is
-    then a dict of arrays, one per column (numbers, fixed-size lists of numbers). Without
-    ``columns`` every column is read, in the file's order (a JSON line's keys in name order);
-    a column no record can hold (text, a variable-size list) is then refused, naming it and
-    the ones that can be read. A malformed JSON line is refused, or skipped and counted with
-    ``on_error="skip"``. ``shuffle="block"`` takes a Parquet row group as its block, decoding
-    each once an epoch; ``"random"`` decodes a row group for nearly every record once those
-    touched outgrow the cache of decoded ones.
+    ``.gz``/``.zst``; a file, directory or glob, locally or in object storage) read as records of
+    ``columns``: every batch is then a dict of arrays, one per column (numbers, fixed-size lists
+    of numbers). Without ``columns`` every column is read, in the file's order (a JSON line's
+    keys in name order); a column no record can hold (text, a variable-size list) is then
+    refused, naming it and the ones that can be read. From object storage a Parquet object's
+    footer and then only the chunks of the columns read are fetched, an Arrow IPC file's footer
+    and those columns' buffers, an Arrow stream or JSON lines whole. A malformed JSON line is
+    refused, or skipped and counted with ``on_error="skip"``. ``shuffle="block"`` takes a
+    Parquet row group as its block, decoding each once an epoch; ``"random"`` decodes a row
+    group for nearly every record once those touched outgrow the cache of decoded ones.
 
     ``transform`` is run by the reader threads on each batch: ``transforms.ToFloat()``,
     ``transforms.Normalize(mean, std)`` (Rust, no GIL), or a Python callable ``f(raw, out)`` whose

@@ -132,12 +132,13 @@ class TokenLoader(EpochLoader):
     refused, as there, for a local path). The objects are listed and their headers read once,
     when the loader is made; every epoch's windows are cut from what was opened. Random and
     sequential windows both work over a network: a batch's random windows are ranged GETs in
-    flight together (neighbours coalesced), sequential ones consecutive ranges; a Megatron index is read from local disk only, so
-    ``"documents"`` is refused for a URL (its ``.bin`` reads as a raw token object).
+    flight together (neighbours coalesced), sequential ones consecutive ranges; a Megatron index
+    is read from local disk only, so ``"documents"`` over a URL takes a table's ``column``
+    (a raw ``.bin`` object has no documents).
     ``stats()["network"]`` counts the current pass's fetches.
 
     ``source`` may also be a table (Parquet, Arrow IPC or JSON lines, or a directory or glob of
-    them) with ``column``: a column of integer lists (``"input_ids"``) is read as one stream,
+    them, locally or in object storage; the ``tokenizer.json`` is a local file) with ``column``: a column of integer lists (``"input_ids"``) is read as one stream,
     the rows' lists concatenated in order; a text column with ``tokenizer`` (a
     ``tokenizer.json``) is tokenized on the reader threads (as the Python ``tokenizers``
     package's ``encode`` does, ``bos_token`` before and ``eos_token`` after each document; a
@@ -296,13 +297,9 @@ class TokenLoader(EpochLoader):
                 f"{self.source}: column= and tokenizer= read one table; the sources of a "
                 "mixture are token data so far"
             )
-        if self._store:
-            raise PinfeedValueError(
-                f"{self.source}: {', '.join(sorted(self._store))} apply to object-storage "
-                "URLs; tables are read from local files so far"
-            )
+        documents = self.sample == "documents"
         opened, self._text = open_column(
-            self.source, column, tokenizer, bos_eos, self._token_dtype, self.sample == "documents"
+            self.source, column, tokenizer, bos_eos, self._token_dtype, documents, self._store
         )
         if self._text is not None and framework in ("jax", "cupy"):
             raise PinfeedValueError(

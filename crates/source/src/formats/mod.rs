@@ -5,15 +5,19 @@
 //! docs/ARCHITECTURE.md). A format names its file extensions (which shard discovery in a
 //! directory collects), may recognise files by their first bytes ([`Format::sniff`]), may
 //! name companion files it opens itself ([`Format::companions`], skipped by shard discovery),
-//! and owns the [`FormatOptions`] keys it lists in [`Format::option_keys`].
+//! and owns the [`FormatOptions`] keys it lists in [`Format::option_keys`]. A format that reads
+//! parts of a file rather than records at a stride may also open bytes read by ranges
+//! ([`Format::open_ranges`], [`ranges::ByteRanges`]): an object in object storage.
 
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::path::Path;
 
 use crate::{Layout, ReadOptions, Result, Source, SourceError};
+pub use ranges::{ByteRanges, FileRanges, OpenRanges};
 
 pub mod npy;
+pub mod ranges;
 pub(crate) mod raw;
 pub mod safetensors;
 pub(crate) mod text;
@@ -79,6 +83,22 @@ pub trait Format: Sync {
 
     /// Opens the file as a source of records, read as `open.options` ask.
     fn open(&self, open: OpenFile<'_>) -> Result<Box<dyn Source>>;
+
+    /// Opens bytes read by ranges (an object in object storage) as a source of records. A
+    /// format that reads whole local files only refuses, as this default does, naming itself.
+    fn open_ranges(&self, open: OpenRanges<'_>) -> Result<Box<dyn Source>> {
+        Err(SourceError::Open {
+            path: open.bytes.name().into(),
+            source: std::io::Error::new(
+                std::io::ErrorKind::Unsupported,
+                format!(
+                    "{} files are read from local disk only; from object storage, .npy and raw \
+                     records, Parquet, Arrow IPC and JSON lines are",
+                    self.name()
+                ),
+            ),
+        })
+    }
 }
 
 /// Options of source formats as `key=value` strings, each key owned by the formats that list
@@ -147,7 +167,7 @@ impl FormatOptions {
 
     /// Checks that `format`, which opened `path`, takes every key set: an option no opened
     /// file understands is a mistake worth a message, not something to ignore.
-    pub(crate) fn check_for(&self, format: &dyn Format, path: &Path) -> Result<()> {
+    pub fn check_for(&self, format: &dyn Format, path: &Path) -> Result<()> {
         match self.keys().find(|k| !format.option_keys().contains(k)) {
             Some(key) => Err(SourceError::Options {
                 reason: format!(
@@ -186,24 +206,30 @@ pub(crate) fn has_extension(path: &Path, ext: &str) -> bool {
 }
 
 /// The format that claims `path`: by extension, else by its first bytes `head`.
-pub(crate) fn claim(path: &Path, head: &[u8]) -> &'static dyn Format {
-    let by_name = ALL
-        .iter()
-        .find(|f| f.extensions().iter().any(|e| has_extension(path, e)));
-    let by_bytes = || ALL.iter().find(|f| f.sniff(head));
-    *by_name.or_else(by_bytes).unwrap_or(&ALL[ALL.len() - 1])
+pub fn claim(path: &Path, head: &[u8]) -> &'static dyn Format {
+    let by_bytes = || ALL.iter().copied().find(|f| f.sniff(head));
+    by_extension(path)
+        .or_else(by_bytes)
+        .unwrap_or(ALL[ALL.len() - 1])
 }
 
-/// Whether shard discovery takes a directory entry named `path`: some format's extension, and
-/// not a companion file.
-pub(crate) fn is_shard_name(path: &Path) -> bool {
+/// The format whose extension `path` has, if any.
+pub fn by_extension(path: &Path) -> Option<&'static dyn Format> {
+    ALL.iter()
+        .copied()
+        .find(|f| f.extensions().iter().any(|e| has_extension(path, e)))
+}
+
+/// Whether shard discovery (of a directory, or of a prefix in object storage) takes an entry
+/// named `path`: some format's extension.
+pub fn is_shard_name(path: &Path) -> bool {
     ALL.iter()
         .any(|f| f.extensions().iter().any(|e| has_extension(path, e)))
 }
 
-/// "the directory holds no .npy, .safetensors or ... files", for shard discovery: each
-/// format's first extension.
-pub(crate) fn shard_extensions() -> String {
+/// ".npy, .safetensors, ... or .jsonl", for shard discovery's errors: each format's first
+/// extension.
+pub fn shard_extensions() -> String {
     let exts: Vec<String> = ALL
         .iter()
         .filter_map(|f| f.extensions().first().map(|e| format!(".{e}")))

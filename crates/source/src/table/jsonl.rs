@@ -1,7 +1,8 @@
 //! JSON lines (`*.jsonl`, `*.ndjson`, plain or compressed with gzip or zstd): one object a
-//! line, whose values for the columns asked for become records. The file is parsed whole at
-//! open; a column's type is the one every line agrees on (booleans; integers; numbers, any of
-//! them with a fraction or exponent making the column float64; lists of one shape of those).
+//! line, whose values for the columns asked for become records. The file (or object) is read
+//! whole and parsed at open; a column's type is the one every line agrees on (booleans;
+//! integers; numbers, any of them with a fraction or exponent making the column float64; lists
+//! of one shape of those).
 
 use std::io::Read;
 use std::sync::Arc;
@@ -16,8 +17,8 @@ use serde_json::Value;
 use super::columns::table_error;
 use super::ipc::InMemory;
 use super::{columns_option, TableSource, ON_ERROR};
-use crate::formats::{Format, OpenFile};
-use crate::{escape_path, Result, Source, SourceError};
+use crate::formats::{ByteRanges, FileRanges, Format, OpenFile, OpenRanges};
+use crate::{ReadOptions, Result, Source, SourceError};
 
 /// JSON lines; options `columns` and `on_error` (`raise` or `skip`).
 #[derive(Debug)]
@@ -54,86 +55,95 @@ impl Format for Jsonl {
     }
 
     fn open(&self, open: OpenFile<'_>) -> Result<Box<dyn Source>> {
-        let name = escape_path(open.path);
-        let skip = match open.options.format.get(ON_ERROR) {
-            None | Some("raise") => false,
-            Some("skip") => true,
-            Some(other) => {
-                return Err(SourceError::Options {
-                    reason: format!("on_error {other:?}: expected \"raise\" or \"skip\""),
-                })
-            }
-        };
-        let text = read_text(&open, &name)?;
-        let lines = parse_lines(&text, &name, skip)?;
-        let wanted = match columns_option(&open)? {
-            Some(w) => w,
-            None => match lines.rows.first() {
-                Some((_, first)) => first.keys().cloned().collect(),
-                None => return Err(SourceError::Empty { name }),
-            },
-        };
-        let mut fields = Vec::with_capacity(wanted.len());
-        let mut arrays = Vec::with_capacity(wanted.len());
-        let format = &open.options.format;
-        // Without the columns option every key is read; the first that records cannot hold
-        // is refused once the others are known, naming them.
-        let all = [super::COLUMNS, super::TOKENS, super::TEXT]
-            .iter()
-            .all(|k| format.get(k).is_none());
-        let mut refused = None;
-        for column in &wanted {
-            let made = if format.get(super::TEXT).is_some() {
-                text_array(&lines.rows, column, &name)
-            } else if format.get(super::TOKENS).is_some() {
-                token_array(&lines.rows, column, &name)
-            } else {
-                column_array(&lines.rows, column, &name)
-            };
-            match made {
-                Ok((field, array)) => {
-                    fields.push(field);
-                    arrays.push(array);
-                }
-                Err(e) if all => refused = refused.or(Some(e)),
-                Err(e) => return Err(e),
-            }
-        }
-        if let Some(e) = refused {
-            let readable: Vec<&str> = fields.iter().map(|f| f.name().as_str()).collect();
-            return Err(super::columns::name_the_columns(e, &readable));
-        }
-        let field_refs: Vec<&Field> = fields.iter().collect();
-        let (layout, columns) = super::layout_for(&open, &name, &field_refs)?;
-        let schema = Arc::new(Schema::new(fields.clone()));
-        let batch =
-            RecordBatch::try_new(schema, arrays).map_err(|e| table_error(&name, e.to_string()))?;
-        let description = match lines.skipped {
-            0 => "json lines, parsed at open".to_owned(),
-            n => format!("json lines, parsed at open ({n} malformed lines skipped)"),
-        };
-        let chunks = InMemory::new(name.clone(), vec![batch]);
-        let table = TableSource::new(name, layout, columns, Box::new(chunks), description)?;
-        Ok(Box::new(table))
+        let bytes = FileRanges::new(open.file, open.path, open.size);
+        open_jsonl(&bytes, open.options)
+    }
+
+    fn open_ranges(&self, open: OpenRanges<'_>) -> Result<Box<dyn Source>> {
+        open_jsonl(&*open.bytes, open.options)
     }
 }
 
-/// The file's text, decompressed when it starts with gzip's or zstd's magic.
-fn read_text(open: &OpenFile<'_>, name: &str) -> Result<String> {
-    let mut head = [0u8; 4];
-    let n = (open.size as usize).min(4);
-    crate::read::read_exact_at(&open.file, open.path, 0, &mut head[..n])?;
-    let file = &open.file;
-    let mut bytes = Vec::new();
-    let read = if head[..2] == [0x1f, 0x8b] {
-        flate2::read::MultiGzDecoder::new(file).read_to_end(&mut bytes)
-    } else if head == [0x28, 0xb5, 0x2f, 0xfd] {
-        zstd::stream::read::Decoder::new(file).and_then(|mut d| d.read_to_end(&mut bytes))
-    } else {
-        std::io::BufReader::new(file).read_to_end(&mut bytes)
+/// Parses every line of `bytes` and opens the columns asked for as records.
+fn open_jsonl(bytes: &dyn ByteRanges, options: &ReadOptions) -> Result<Box<dyn Source>> {
+    let name = bytes.name().to_owned();
+    let format = &options.format;
+    let skip = match format.get(ON_ERROR) {
+        None | Some("raise") => false,
+        Some("skip") => true,
+        Some(other) => {
+            return Err(SourceError::Options {
+                reason: format!("on_error {other:?}: expected \"raise\" or \"skip\""),
+            })
+        }
     };
-    read.map_err(|e| table_error(name, format!("cannot read or decompress: {e}")))?;
-    String::from_utf8(bytes).map_err(|e| {
+    let text = read_text(bytes)?;
+    let lines = parse_lines(&text, &name, skip)?;
+    let wanted = match columns_option(format)? {
+        Some(w) => w,
+        None => match lines.rows.first() {
+            Some((_, first)) => first.keys().cloned().collect(),
+            None => return Err(SourceError::Empty { name }),
+        },
+    };
+    let mut fields = Vec::with_capacity(wanted.len());
+    let mut arrays = Vec::with_capacity(wanted.len());
+    // Without the columns option every key is read; the first that records cannot hold is
+    // refused once the others are known, naming them.
+    let all = [super::COLUMNS, super::TOKENS, super::TEXT]
+        .iter()
+        .all(|k| format.get(k).is_none());
+    let mut refused = None;
+    for column in &wanted {
+        let made = if format.get(super::TEXT).is_some() {
+            text_array(&lines.rows, column, &name)
+        } else if format.get(super::TOKENS).is_some() {
+            token_array(&lines.rows, column, &name)
+        } else {
+            column_array(&lines.rows, column, &name)
+        };
+        match made {
+            Ok((field, array)) => {
+                fields.push(field);
+                arrays.push(array);
+            }
+            Err(e) if all => refused = refused.or(Some(e)),
+            Err(e) => return Err(e),
+        }
+    }
+    if let Some(e) = refused {
+        let readable: Vec<&str> = fields.iter().map(|f| f.name().as_str()).collect();
+        return Err(super::columns::name_the_columns(e, &readable));
+    }
+    let field_refs: Vec<&Field> = fields.iter().collect();
+    let (layout, columns) = super::layout_for(format, &name, &field_refs)?;
+    let schema = Arc::new(Schema::new(fields.clone()));
+    let batch =
+        RecordBatch::try_new(schema, arrays).map_err(|e| table_error(&name, e.to_string()))?;
+    let description = match lines.skipped {
+        0 => "json lines, parsed at open".to_owned(),
+        n => format!("json lines, parsed at open ({n} malformed lines skipped)"),
+    };
+    let chunks = InMemory::new(name.clone(), vec![batch]);
+    let table = TableSource::new(name, layout, columns, Box::new(chunks), description)?;
+    Ok(Box::new(table))
+}
+
+/// The whole text, decompressed when it starts with gzip's or zstd's magic.
+fn read_text(bytes: &dyn ByteRanges) -> Result<String> {
+    let name = bytes.name();
+    let raw = bytes.read_range(0..bytes.size())?;
+    let mut text = Vec::new();
+    let read = if raw.starts_with(&[0x1f, 0x8b]) {
+        flate2::read::MultiGzDecoder::new(&raw[..]).read_to_end(&mut text)
+    } else if raw.starts_with(&[0x28, 0xb5, 0x2f, 0xfd]) {
+        zstd::stream::read::Decoder::new(&raw[..]).and_then(|mut d| d.read_to_end(&mut text))
+    } else {
+        text = raw;
+        Ok(0)
+    };
+    read.map_err(|e| table_error(name, format!("cannot decompress: {e}")))?;
+    String::from_utf8(text).map_err(|e| {
         let line = 1 + e.as_bytes()[..e.utf8_error().valid_up_to()]
             .iter()
             .filter(|&&b| b == b'\n')

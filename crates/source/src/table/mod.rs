@@ -7,6 +7,10 @@
 //! cache for the process ([`cache`]), so that reading a range decodes each chunk once, while
 //! reading records in random order decodes a chunk for nearly every record once the chunks
 //! outgrow the cache (`shuffle="block"` with blocks of a row group reads each once an epoch).
+//!
+//! Each format reads its file through [`crate::formats::ByteRanges`]: a local file by `pread`,
+//! an object in object storage by ranged GETs (`Format::open_ranges`), so that only what the
+//! columns asked for need is read, wherever the table lies.
 
 mod cache;
 pub mod columns;
@@ -17,7 +21,7 @@ mod text;
 
 use std::sync::Arc;
 
-use crate::formats::{Format, OpenFile};
+use crate::formats::{Format, FormatOptions};
 use crate::{check_request, Layout, Result, Source};
 pub use columns::Column;
 pub use text::Text;
@@ -54,16 +58,11 @@ pub(crate) const OPTION_KEYS: &[&str] = &[COLUMNS, TOKENS, TEXT, TOKENIZER, BOS,
 
 /// The columns asked for with [`COLUMNS`], in order (or the token column of [`TOKENS`], the
 /// text column of [`TEXT`]); `None` for all of them.
-pub(crate) fn columns_option(open: &OpenFile<'_>) -> Result<Option<Vec<String>>> {
-    if let Some(column) = open
-        .options
-        .format
-        .get(TOKENS)
-        .or(open.options.format.get(TEXT))
-    {
+pub(crate) fn columns_option(format: &FormatOptions) -> Result<Option<Vec<String>>> {
+    if let Some(column) = format.get(TOKENS).or(format.get(TEXT)) {
         return Ok(Some(vec![column.to_owned()]));
     }
-    let Some(value) = open.options.format.get(COLUMNS) else {
+    let Some(value) = format.get(COLUMNS) else {
         return Ok(None);
     };
     let names: Vec<String> = if value.trim_start().starts_with('[') {
@@ -91,11 +90,10 @@ pub(crate) fn columns_option(open: &OpenFile<'_>) -> Result<Option<Vec<String>>>
 /// The layout of records of `fields` as the format options ask: columns as records, a token
 /// column, or a text column tokenized.
 pub(crate) fn layout_for(
-    open: &OpenFile<'_>,
+    format: &FormatOptions,
     name: &str,
     fields: &[&arrow_schema::Field],
 ) -> Result<(Layout, Vec<Column>)> {
-    let format = &open.options.format;
     let documents = match format.get(DOCUMENTS) {
         None | Some("false") => false,
         Some("true") => true,

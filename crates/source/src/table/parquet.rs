@@ -1,17 +1,24 @@
-//! Parquet files: each row group a chunk, only the columns asked for read and decoded.
+//! Parquet files: each row group a chunk, only the columns asked for read and decoded. A file
+//! is read by ranges ([`ByteRanges`]), locally or from object storage alike: the footer's
+//! 8-byte tail, then the footer, at open; then for each row group decoded, the byte ranges of
+//! the chunks of the columns asked for, all at once, and nothing else.
 
-use std::fs::File;
+use std::ops::Range;
+use std::sync::Arc;
 
+use bytes::{Buf, Bytes};
 use parquet::arrow::arrow_reader::{
     ArrowReaderMetadata, ArrowReaderOptions, ParquetRecordBatchReaderBuilder,
 };
 use parquet::arrow::ProjectionMask;
+use parquet::file::metadata::{FooterTail, ParquetMetaData, ParquetMetaDataReader};
 use parquet::file::reader::{ChunkReader, Length};
+use parquet::file::FOOTER_SIZE;
 
 use super::columns::{pack, table_error, Column};
 use super::{columns_option, Chunks, TableSource};
-use crate::formats::{Format, OpenFile};
-use crate::{escape_path, Result, Source};
+use crate::formats::{ByteRanges, FileRanges, Format, OpenFile, OpenRanges};
+use crate::{ReadOptions, Result, Source};
 
 /// Parquet (`*.parquet`, or a file starting with `PAR1`); options `columns`.
 #[derive(Debug)]
@@ -35,25 +42,59 @@ impl Format for Parquet {
     }
 
     fn open(&self, open: OpenFile<'_>) -> Result<Box<dyn Source>> {
-        Ok(Box::new(open_parquet(&open)?))
+        let bytes = Arc::new(FileRanges::new(open.file, open.path, open.size));
+        Ok(Box::new(open_parquet(bytes, open.options)?))
+    }
+
+    fn open_ranges(&self, open: OpenRanges<'_>) -> Result<Box<dyn Source>> {
+        Ok(Box::new(open_parquet(open.bytes, open.options)?))
     }
 }
 
+/// The footer of a Parquet file: its last 8 bytes say how long the metadata before them is.
+fn read_footer(bytes: &dyn ByteRanges) -> Result<ParquetMetaData> {
+    let name = bytes.name();
+    let corrupt =
+        |e: &dyn std::fmt::Display| table_error(name, format!("not a readable Parquet file: {e}"));
+    let size = bytes.size();
+    let tail_at = FOOTER_SIZE as u64;
+    if size < tail_at + 4 {
+        return Err(corrupt(&format!(
+            "{size} bytes, fewer than a magic number and a footer"
+        )));
+    }
+    let tail = bytes.read_range(size - tail_at..size)?;
+    let tail = FooterTail::try_from(&tail[..]).map_err(|e| corrupt(&e))?;
+    if tail.is_encrypted_footer() {
+        return Err(corrupt(
+            &"its footer is encrypted, which pinfeed does not read",
+        ));
+    }
+    let len = tail.metadata_length() as u64;
+    if len + tail_at + 4 > size {
+        return Err(corrupt(&format!(
+            "the footer says its metadata is {len} bytes, more than the file holds before it"
+        )));
+    }
+    let metadata = bytes.read_range(size - tail_at - len..size - tail_at)?;
+    ParquetMetaDataReader::decode_metadata(&metadata).map_err(|e| corrupt(&e))
+}
+
 /// Opens a Parquet file's columns (all when none are asked for) as records.
-pub(crate) fn open_parquet(open: &OpenFile<'_>) -> Result<TableSource> {
-    let name = escape_path(open.path);
-    let file = open
-        .file
-        .try_clone()
-        .map_err(|e| table_error(&name, format!("cannot reopen: {e}")))?;
-    let file = PreadFile(std::sync::Arc::new(file));
-    let metadata = ArrowReaderMetadata::load(&file, ArrowReaderOptions::new())
-        .map_err(|e| table_error(&name, format!("not a readable Parquet file: {e}")))?;
+pub(crate) fn open_parquet(
+    bytes: Arc<dyn ByteRanges>,
+    options: &ReadOptions,
+) -> Result<TableSource> {
+    let name = bytes.name().to_owned();
+    let metadata =
+        ArrowReaderMetadata::try_new(Arc::new(read_footer(&*bytes)?), ArrowReaderOptions::new())
+            .map_err(|e| table_error(&name, format!("not a readable Parquet file: {e}")))?;
     let schema = metadata.schema().clone();
-    let wanted = columns_option(open)?;
+    let format = &options.format;
+    let wanted = columns_option(format)?;
     let indices = super::ipc::resolve(&name, &schema, wanted.as_deref())?;
     let fields: Vec<_> = indices.iter().map(|&i| schema.field(i)).collect();
-    let (layout, columns) = super::layout_for(open, &name, &fields)?;
+    let (layout, columns) = super::layout_for(format, &name, &fields)?;
     let meta = metadata.metadata();
     // Nulls are refused at open where the writer kept counts (pyarrow does), else when the
     // row group is decoded.
@@ -81,11 +122,15 @@ pub(crate) fn open_parquet(open: &OpenFile<'_>) -> Result<TableSource> {
         .map(|g| g.num_rows().max(0) as u64)
         .collect();
     let mask = ProjectionMask::roots(metadata.parquet_schema(), indices.iter().copied());
+    let leaves = (0..metadata.parquet_schema().num_columns())
+        .filter(|&c| mask.leaf_included(c))
+        .collect();
     let chunks = RowGroups {
         name: name.clone(),
-        file,
+        bytes,
         metadata,
         mask,
+        leaves,
         rows,
     };
     TableSource::new(
@@ -100,9 +145,11 @@ pub(crate) fn open_parquet(open: &OpenFile<'_>) -> Result<TableSource> {
 /// A Parquet file's row groups.
 struct RowGroups {
     name: String,
-    file: PreadFile,
+    bytes: Arc<dyn ByteRanges>,
     metadata: ArrowReaderMetadata,
     mask: ProjectionMask,
+    /// The leaf columns `mask` takes: the column chunks read of each row group.
+    leaves: Vec<usize>,
     rows: Vec<u64>,
 }
 
@@ -112,6 +159,37 @@ impl std::fmt::Debug for RowGroups {
             .field("name", &self.name)
             .field("rows", &self.rows)
             .finish()
+    }
+}
+
+impl RowGroups {
+    /// The chunks of the columns asked for in row group `i`, read together.
+    fn fetch(&self, i: usize, at: &str) -> Result<Fetched> {
+        let group = self.metadata.metadata().row_group(i);
+        let size = self.bytes.size();
+        let mut ranges: Vec<Range<u64>> = Vec::with_capacity(self.leaves.len());
+        for &c in &self.leaves {
+            let (start, len) = group.column(c).byte_range();
+            let range = start..start.saturating_add(len);
+            if range.end > size {
+                return Err(table_error(
+                    at,
+                    format!(
+                        "the footer puts column chunk {c} at bytes {}..{}, past the end of the \
+                         file ({size} bytes)",
+                        range.start, range.end
+                    ),
+                ));
+            }
+            ranges.push(range);
+        }
+        let buffers = self.bytes.read_ranges(&ranges)?;
+        let parts = ranges
+            .iter()
+            .zip(buffers)
+            .map(|(r, b)| (r.start, Bytes::from(b)))
+            .collect();
+        Ok(Fetched { parts, size })
     }
 }
 
@@ -129,15 +207,14 @@ impl Chunks for RowGroups {
     ) -> Result<Vec<u8>> {
         let at = format!("{}, row group {i}", self.name);
         let fail = |e: &dyn std::fmt::Display| table_error(&at, format!("cannot decode: {e}"));
-        let reader = ParquetRecordBatchReaderBuilder::new_with_metadata(
-            self.file.clone(),
-            self.metadata.clone(),
-        )
-        .with_projection(self.mask.clone())
-        .with_row_groups(vec![i])
-        .with_batch_size(self.rows[i].clamp(1, 1 << 20) as usize)
-        .build()
-        .map_err(|e| fail(&e))?;
+        let fetched = self.fetch(i, &at)?;
+        let reader =
+            ParquetRecordBatchReaderBuilder::new_with_metadata(fetched, self.metadata.clone())
+                .with_projection(self.mask.clone())
+                .with_row_groups(vec![i])
+                .with_batch_size(self.rows[i].clamp(1, 1 << 20) as usize)
+                .build()
+                .map_err(|e| fail(&e))?;
         let mut out = Vec::with_capacity(self.rows[i] as usize * record_bytes);
         for batch in reader {
             let batch = batch.map_err(|e| fail(&e))?;
@@ -165,45 +242,74 @@ impl Chunks for RowGroups {
     }
 }
 
-/// The file read with positioned reads: a `File` as parquet's `ChunkReader` seeks one offset
-/// shared by every clone, which reader threads decoding row groups at once would race on.
-#[derive(Clone, Debug)]
-struct PreadFile(std::sync::Arc<File>);
-
-/// A reader from an offset of a [`PreadFile`], by positioned reads.
-struct PreadAt {
-    file: std::sync::Arc<File>,
-    at: u64,
+/// A row group's column chunks in memory, as parquet's reader asks for them: every page it
+/// reads lies inside the chunk of its column.
+struct Fetched {
+    /// Each chunk's first byte in the file, and its bytes.
+    parts: Vec<(u64, Bytes)>,
+    /// The file's size.
+    size: u64,
 }
 
-impl std::io::Read for PreadAt {
-    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        let n = std::os::unix::fs::FileExt::read_at(&*self.file, buf, self.at)?;
-        self.at += n as u64;
-        Ok(n)
-    }
-}
-
-impl Length for PreadFile {
-    fn len(&self) -> u64 {
-        self.0.metadata().map(|m| m.len()).unwrap_or(0)
-    }
-}
-
-impl ChunkReader for PreadFile {
-    type T = PreadAt;
-
-    fn get_read(&self, start: u64) -> parquet::errors::Result<PreadAt> {
-        Ok(PreadAt {
-            file: self.0.clone(),
-            at: start,
+impl Fetched {
+    /// Bytes `start .. start + len`, or from `start` to the end of the chunk it lies in when
+    /// `len` is `None` (chunks may touch: the byte at `start` is then the next chunk's).
+    fn slice(&self, start: u64, len: Option<usize>) -> parquet::errors::Result<Bytes> {
+        let within = self.parts.iter().find_map(|(at, b)| {
+            let from = usize::try_from(start.checked_sub(*at)?).ok()?;
+            let to = match len {
+                Some(n) => from.checked_add(n)?,
+                None if from < b.len() => b.len(),
+                None => return None,
+            };
+            (to <= b.len()).then(|| b.slice(from..to))
+        });
+        within.ok_or_else(|| {
+            parquet::errors::ParquetError::General(format!(
+                "bytes from {start} asked for lie outside the column chunks read"
+            ))
         })
     }
+}
 
-    fn get_bytes(&self, start: u64, length: usize) -> parquet::errors::Result<bytes::Bytes> {
-        let mut buf = vec![0u8; length];
-        std::os::unix::fs::FileExt::read_exact_at(&*self.0, &mut buf, start)
-            .map_err(|e| parquet::errors::ParquetError::External(Box::new(e)))?;
-        Ok(buf.into())
+impl Length for Fetched {
+    fn len(&self) -> u64 {
+        self.size
+    }
+}
+
+impl ChunkReader for Fetched {
+    type T = bytes::buf::Reader<Bytes>;
+
+    fn get_read(&self, start: u64) -> parquet::errors::Result<Self::T> {
+        Ok(self.slice(start, None)?.reader())
+    }
+
+    fn get_bytes(&self, start: u64, length: usize) -> parquet::errors::Result<Bytes> {
+        self.slice(start, Some(length))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_read_where_two_chunks_touch_starts_in_the_second() {
+        let fetched = Fetched {
+            parts: vec![
+                (10, Bytes::from_static(b"abcd")),
+                (14, Bytes::from_static(b"efg")),
+            ],
+            size: 100,
+        };
+        assert_eq!(&fetched.get_bytes(12, 2).unwrap()[..], b"cd");
+        assert_eq!(&fetched.get_bytes(14, 0).unwrap()[..], b"");
+        let mut rest = String::new();
+        std::io::Read::read_to_string(&mut fetched.get_read(14).unwrap(), &mut rest).unwrap();
+        assert_eq!(rest, "efg");
+        let e = fetched.get_bytes(12, 4).unwrap_err().to_string();
+        assert!(e.contains("bytes from 12 asked for lie outside"), "{e}");
+        assert!(fetched.get_read(17).is_err() && fetched.get_bytes(9, 1).is_err());
     }
 }

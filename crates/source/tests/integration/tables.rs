@@ -1,5 +1,6 @@
-//! JSON-lines tables as records (Parquet and Arrow files, written by pyarrow, are tested from
-//! Python: bindings/python/tests/test_tables.py).
+//! Tables as records: JSON lines, and what Parquet and Arrow IPC files read by ranges (files
+//! written by pyarrow are tested from Python: bindings/python/tests/test_tables.py, and in
+//! object storage test_store_tables.py).
 
 use std::io::Write;
 
@@ -345,4 +346,179 @@ fn a_table_without_columns_names_the_ones_records_can_hold() {
     let s = open_with(&path, None, &ReadOptions::default()).unwrap();
     let names: Vec<&str> = s.columns().unwrap().iter().map(|c| &*c.name).collect();
     assert_eq!(names, ["v", "x"]);
+}
+
+/// A local file whose ranges read are kept, to see what a format asks for.
+#[derive(Debug)]
+struct Recorded {
+    file: pinfeed_source::formats::FileRanges,
+    asked: std::sync::Mutex<Vec<std::ops::Range<u64>>>,
+}
+
+impl pinfeed_source::formats::ByteRanges for Recorded {
+    fn name(&self) -> &str {
+        self.file.name()
+    }
+
+    fn size(&self) -> u64 {
+        self.file.size()
+    }
+
+    fn read_ranges(&self, ranges: &[std::ops::Range<u64>]) -> pinfeed_source::Result<Vec<Vec<u8>>> {
+        self.asked.lock().unwrap().extend(ranges.iter().cloned());
+        self.file.read_ranges(ranges)
+    }
+}
+
+/// Opens `path` by ranges with the format named `format`, reads every record, and returns
+/// them with the ranges read.
+fn by_ranges(
+    path: &std::path::Path,
+    format: &str,
+    columns: &str,
+) -> (Vec<u8>, Vec<std::ops::Range<u64>>) {
+    use pinfeed_source::formats::{ByteRanges, FileRanges, OpenRanges, ALL};
+    let (file, size) = pinfeed_source::open_regular(path).unwrap();
+    let bytes = std::sync::Arc::new(Recorded {
+        file: FileRanges::new(file, path, size),
+        asked: Default::default(),
+    });
+    let read = options(&[("columns", columns)]);
+    let format = ALL.iter().find(|f| f.name() == format).unwrap();
+    let source = format
+        .open_ranges(OpenRanges {
+            bytes: bytes.clone(),
+            options: &read,
+        })
+        .unwrap();
+    let mut all = vec![0u8; source.num_records() as usize * source.layout().record_bytes()];
+    source.read_records(0, &mut all).unwrap();
+    let asked = bytes.asked.lock().unwrap().clone();
+    assert!(asked.iter().all(|r| r.end <= bytes.size()));
+    (all, asked)
+}
+
+/// A table of `id` (0..rows) after a wide column `pad` whose every byte is 0xA5.
+fn padded(rows: usize) -> arrow_array::RecordBatch {
+    use arrow_array::{FixedSizeListArray, Int64Array, UInt8Array};
+    use std::sync::Arc;
+    let item = Arc::new(arrow_schema::Field::new(
+        "item",
+        arrow_schema::DataType::UInt8,
+        false,
+    ));
+    let pad = FixedSizeListArray::new(
+        item,
+        32,
+        Arc::new(UInt8Array::from(vec![0xa5; rows * 32])),
+        None,
+    );
+    arrow_array::RecordBatch::try_from_iter([
+        ("pad", Arc::new(pad) as _),
+        (
+            "id",
+            Arc::new(Int64Array::from_iter_values(0..rows as i64)) as _,
+        ),
+    ])
+    .unwrap()
+}
+
+fn ids(records: &[u8]) -> Vec<i64> {
+    records
+        .chunks_exact(8)
+        .map(|b| i64::from_le_bytes(b.try_into().unwrap()))
+        .collect()
+}
+
+fn overlaps(a: &std::ops::Range<u64>, b: &std::ops::Range<u64>) -> bool {
+    a.start < b.end && b.start < a.end
+}
+
+#[test]
+fn parquet_by_ranges_reads_its_footer_and_the_chunks_asked_for_only() {
+    use parquet::arrow::ArrowWriter;
+    use parquet::file::properties::WriterProperties;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("p.parquet");
+    let props = WriterProperties::builder()
+        .set_max_row_group_row_count(Some(100))
+        .build();
+    let batch = padded(450);
+    let mut w = ArrowWriter::try_new(
+        std::fs::File::create(&path).unwrap(),
+        batch.schema(),
+        Some(props),
+    )
+    .unwrap();
+    w.write(&batch).unwrap();
+    w.close().unwrap();
+    let (records, asked) = by_ranges(&path, "parquet", "id");
+    assert_eq!(ids(&records), (0..450).collect::<Vec<_>>());
+    let file = std::fs::File::open(&path).unwrap();
+    let meta = parquet::file::reader::FileReader::metadata(
+        &parquet::file::serialized_reader::SerializedFileReader::new(file).unwrap(),
+    )
+    .clone();
+    let size = std::fs::metadata(&path).unwrap().len();
+    let footer_len = u32::from_le_bytes(
+        std::fs::read(&path).unwrap()[size as usize - 8..][..4]
+            .try_into()
+            .unwrap(),
+    ) as u64;
+    let footer = size - 8 - footer_len..size;
+    let chunk = |g: usize, c: usize| {
+        let (start, len) = meta.row_group(g).column(c).byte_range();
+        start..start + len
+    };
+    for g in 0..meta.num_row_groups() {
+        let (pad, id) = (chunk(g, 0), chunk(g, 1));
+        assert!(asked.contains(&id), "row group {g}: {asked:?}");
+        assert!(
+            !asked.iter().any(|r| overlaps(r, &pad)),
+            "row group {g}: {asked:?}"
+        );
+    }
+    let is_chunk = |r: &std::ops::Range<u64>| (0..meta.num_row_groups()).any(|g| *r == chunk(g, 1));
+    assert!(asked
+        .iter()
+        .all(|r| is_chunk(r) || (r.start >= footer.start && r.end <= footer.end)));
+}
+
+#[test]
+fn an_arrow_file_by_ranges_reads_the_buffers_asked_for_only() {
+    use arrow_ipc::writer::{FileWriter, IpcWriteOptions};
+    let dir = tempfile::tempdir().unwrap();
+    for compression in [None, Some(arrow_ipc::CompressionType::LZ4_FRAME)] {
+        let path = dir.path().join("a.arrow");
+        let batch = padded(300);
+        let write = IpcWriteOptions::default()
+            .try_with_compression(compression)
+            .unwrap();
+        let file = std::fs::File::create(&path).unwrap();
+        let mut w = FileWriter::try_new_with_options(file, &batch.schema(), write).unwrap();
+        for start in (0..300).step_by(70) {
+            w.write(&batch.slice(start, 70.min(300 - start))).unwrap();
+        }
+        w.finish().unwrap();
+        let (records, asked) = by_ranges(&path, "arrow", "id");
+        assert_eq!(ids(&records), (0..300).collect::<Vec<_>>());
+        if compression.is_none() {
+            // Every run of the pad column's bytes is left unread.
+            let bytes = std::fs::read(&path).unwrap();
+            let mut at = 0;
+            while let Some(n) = bytes[at..]
+                .windows(64)
+                .position(|w| w.iter().all(|&b| b == 0xa5))
+            {
+                let start = (at + n) as u64;
+                let end = start + bytes[at + n..].iter().take_while(|&&b| b == 0xa5).count() as u64;
+                assert!(
+                    !asked.iter().any(|r| overlaps(r, &(start..end))),
+                    "{start}..{end}: {asked:?}"
+                );
+                at = end as usize;
+            }
+            assert!(at > 0, "no pad bytes found");
+        }
+    }
 }
