@@ -22,7 +22,7 @@ from ._frameworks import check_dtype, framework_arg, module
 from ._mixture import mixture_of, name_of, reblended
 from ._options import int_arg, ints, shuffle_arg
 from ._sources import source_path, store_args
-from ._tables import open_column, packing
+from ._tables import decodes_of, open_column, packing, token_shuffle, with_decodes
 from .errors import PinfeedTypeError, PinfeedValueError
 from .loader import Loader
 
@@ -110,8 +110,9 @@ class TokenLoader(EpochLoader):
       target is the next one's first input), every window once an epoch, split across ranks as
       :class:`pinfeed.Loader` splits records; ``shuffle=True`` permutes the windows each epoch.
     - ``"documents"`` (a Megatron dataset, or a table's ``column``, a document a row): the
-      documents in a shuffled order of ``(seed, epoch)`` (a Fisher-Yates shuffle, empty ones
-      left out), concatenated and cut as ``"sequential"``; yields ``(x, y, segment_ids)``,
+      documents in a shuffled order of ``(seed, epoch)`` (a Fisher-Yates shuffle, or a table's
+      row-group-aware order, below; empty ones left out), concatenated and cut as
+      ``"sequential"``; yields ``(x, y, segment_ids)``,
       ``segment_ids`` int32 ``(batch_size, seq_len)`` aligned with ``x``: the ordinal of each
       input token's document within its window (``0, 0, 0, 1, 1, 2, ...``), for document
       masking. The ids travel in the same slot as the tokens. ``seq_len + 1`` is at most 65535.
@@ -146,8 +147,15 @@ class TokenLoader(EpochLoader):
     documents' bounds in the flattened batch. Each file's text is tokenized once when the
     loader is made, to count its tokens, and again when read once outside the cache. With
     ``sample="documents"`` each row is a document: ``segment_ids`` (and for text the
-    ``position_ids`` and ``cu_seqlens``) follow the rows. Its reads land all over the table,
-    each decoding (or tokenizing) its row group unless the 1 GiB cache of decoded ones holds it.
+    ``position_ids`` and ``cu_seqlens``) follow the rows. A read decodes (or tokenizes) its
+    whole row group unless the 1 GiB cache of decoded ones holds it, so a table's shuffled
+    orders are row-group aware: ``shuffle=True`` (``"block"``) puts the row groups in a
+    shuffled order of ``(seed, epoch)``, takes them a few at a time (as many as decode to half
+    the cache) and permutes the windows of each few among themselves; ``"documents"`` orders
+    its rows so (``shuffle=True`` permutes each few's windows too). Each row group is then
+    decoded about once an epoch. ``shuffle="random"`` asks for the global permutation (of the
+    documents too), which decodes a row group for nearly every window once the column outgrows
+    the cache, as random windows do. ``stats()["chunk_decodes"]`` counts a pass's decodes.
 
     **Mixtures**: ``source`` may be a dict of name to source (a path, a URL, or
     :class:`pinfeed.Source` with its own ``token_dtype`` and object-store options), with
@@ -205,9 +213,8 @@ class TokenLoader(EpochLoader):
         self.source = name_of(source) if mixed else source_path(source, "TokenLoader")
         self._store = store_args(storage_options, cache_dir, cache_limit, queue_depth, self.source)
         framework = framework_arg(framework)
-        #: ``"none"`` or ``"random"`` (sequential and document windows, permuted each epoch).
-        self.shuffle: str = shuffle_arg(shuffle, ("none", "random"), "TokenLoader")
-        self.sample = self._sample_arg(sample, self.shuffle, None if mixed else steps)
+        asked = shuffle_arg(shuffle, ("none", "random", "block"), "TokenLoader")
+        self.sample = self._sample_arg(sample, asked, None if mixed else steps)
         self.seq_len, self.batch_size, self.seed = ints(
             self.source, seq_len=seq_len, batch_size=batch_size, seed=seed
         )
@@ -221,12 +228,15 @@ class TokenLoader(EpochLoader):
         self._opened = self._open_column(
             column, tokenizer, (bos_token, eos_token), framework, mixed
         )
+        #: ``"none"``, ``"random"`` (windows permuted each epoch) or ``"block"`` (a table's
+        #: column, row group by row group; its ``shuffle=True``).
+        self.shuffle: str = token_shuffle(shuffle, asked, column is not None)
         self._shared(
             rank,
             world_size,
             device=device,
             drop_last=drop_last,
-            shuffle=self.shuffle,
+            shuffle="random" if self.shuffle == "random" else "none",  # "block": the source's
             seed=self.seed,
             pinned_budget=pinned_budget,
             num_threads=num_threads,
@@ -237,7 +247,7 @@ class TokenLoader(EpochLoader):
         self._group = self._steps_per_batch()
         # Random and document windows are drawn anew each epoch, by a new source; sequential
         # windows are one source whose epochs the Loader runs.
-        self._per_epoch = self.sample != "sequential"
+        self._per_epoch = self.sample != "sequential" or self.shuffle == "block"
         # Each epoch of a mixture is a new blend, one step a batch, in the blend's order.
         self._mixture = mixture_of(source, self, weights, mode, on_exhausted)
         if self._mixture is not None:
@@ -325,10 +335,10 @@ class TokenLoader(EpochLoader):
     def _make_loader(self, epoch: int) -> Loader:
         if self._mixture is not None:
             source, typestr, num_tokens, fingerprint = self._mixture.open(epoch)
-            self._source_fingerprint = fingerprint
+            self._source_fingerprint, self._order_fingerprint = fingerprint, None
             self.token_dtype, self.num_tokens = np.dtype(typestr), int(num_tokens)
             return Loader(source, self.batch_size, **self._loader_args)
-        source, typestr, num_tokens, self._opened, fingerprint = _pinfeed.open_tokens(
+        source, typestr, num_tokens, self._opened, fingerprint, order = _pinfeed.open_tokens(
             self.source,
             seq_len=self.seq_len,
             batch_size=self.batch_size,
@@ -342,10 +352,13 @@ class TokenLoader(EpochLoader):
             opened=self._opened,
             # Tokens the output type cannot hold fail on the reader threads (Rust).
             output=self.dtype,
+            shuffle=self.shuffle,
             **self._store,
         )
-        # The data's own hash (Rust): a state is not resumed on other tokens of the same size.
+        # The data's own hash (Rust): a state is not resumed on other tokens of the same size;
+        # nor under another row-group-aware rule (None where the order is not one).
         self._source_fingerprint: int = fingerprint
+        self._order_fingerprint: Optional[int] = order
         #: numpy dtype of the tokens as stored.
         self.token_dtype: np.dtype = np.dtype(typestr)
         #: Tokens in the data.
@@ -372,6 +385,7 @@ class TokenLoader(EpochLoader):
         batches_done, skip = divmod(start[1], self._group)
         loader.load_state_dict({**state, "epoch": start[0], "batches_done": batches_done})
         self._steps_done = start[1]
+        self._decodes_before = decodes_of(self._opened)
         if self._text is not None:
             return (packing(step, *self._text) for step in self._batches(iter(loader), skip))
         return self._batches(iter(loader), skip)
@@ -494,6 +508,7 @@ class TokenLoader(EpochLoader):
             "token_dtype": self.token_dtype.str,
             "steps": self.steps,
             "source_fingerprint": self._source_fingerprint,
+            "order_fingerprint": self._order_fingerprint,
         }
 
     def state_dict(self) -> dict[str, Any]:
@@ -541,9 +556,12 @@ class TokenLoader(EpochLoader):
 
     def stats(self) -> dict[str, Any]:
         """The counters of the current (or last) pass: :meth:`pinfeed.Loader.stats`; for a
-        mixture, each source's in ``"sources"``."""
+        mixture, each source's in ``"sources"``; for a table's column, the row groups its reads
+        decoded in ``"chunk_decodes"``."""
         stats = self._loader.stats()
-        return stats if self._mixture is None else self._mixture.stats(stats)
+        if self._mixture is not None:
+            return self._mixture.stats(stats)
+        return with_decodes(stats, self._opened, getattr(self, "_decodes_before", None))
 
     def set_weights(self, weights: Mapping[str, float], from_step: Optional[int] = None) -> None:
         """A mixture's weights from global step ``from_step`` on (default: the next step),
