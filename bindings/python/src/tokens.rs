@@ -4,7 +4,9 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use pinfeed_source::tokens::{self, sampled_offset, Sample, TokenDType, TokenOptions};
+use pinfeed_source::tokens::{
+    self, sampled_offset, ChunkOrder, Sample, TokenDType, TokenOptions, TokenShuffle,
+};
 use pinfeed_source::{ReadOptions, SourceError};
 use pyo3::prelude::*;
 
@@ -18,7 +20,9 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<TokenStream>()?;
     m.add_function(wrap_pyfunction!(open_tokens, m)?)?;
     m.add_function(wrap_pyfunction!(token_offsets, m)?)?;
-    m.add_function(wrap_pyfunction!(document_order, m)?)
+    m.add_function(wrap_pyfunction!(document_order, m)?)?;
+    m.add_function(wrap_pyfunction!(chunk_order, m)?)?;
+    m.add_function(wrap_pyfunction!(table_cache_limit, m)?)
 }
 
 /// Token data in object storage as :func:`open_tokens` opened it: the objects listed and their
@@ -38,6 +42,13 @@ impl TokenStream {
             self.inner.dtype(),
             self.inner.num_tokens()
         )
+    }
+
+    /// Chunks (a table's row groups, record batches, JSON-lines files) that reads of this
+    /// stream have decoded so far; ``None`` for a stream without chunks.
+    #[getter]
+    fn chunk_decodes(&self) -> Option<u64> {
+        self.inner.chunk_decodes()
     }
 }
 
@@ -72,14 +83,23 @@ impl TokenStream {
 ///   is the next one's first).
 /// - ``"documents"`` (a Megatron dataset, or ``opened`` from a table's column with
 ///   ``documents=True``): the documents in the order :func:`document_order` gives for
-///   ``(seed, epoch)``, empty ones left out, concatenated and cut as ``"sequential"``; each
-///   record is the window's tokens followed by ``seq_len + 1`` uint16 segment ids (the ordinal
-///   of each token's document in the window), as uint8 bytes.
+///   ``(seed, epoch)`` (for a table's column, unless ``shuffle="random"``, the order
+///   :func:`chunk_order` gives its rows), empty ones left out, concatenated and cut as
+///   ``"sequential"``; each record is the window's tokens followed by ``seq_len + 1`` uint16
+///   segment ids (the ordinal of each token's document in the window), as uint8 bytes.
+///
+/// ``shuffle`` (``"none"``, ``"random"`` or ``"block"``) is ``TokenLoader``'s mode as far as it
+/// concerns the source: ``"random"`` leaves the permutation to the loader; ``"block"`` (a
+/// table's column) puts sequential windows in the row-group-aware order of :func:`chunk_order`
+/// (each window counted in the chunk its first token lies in), and shuffles the windows cut
+/// from each group of documents among themselves. The last item returned is then the
+/// fingerprint of that rule (``None`` for orders that are not row-group aware), which a saved
+/// position is checked against.
 #[pyfunction]
 #[pyo3(signature = (
     path, *, seq_len, batch_size, dtype=None, sample="random", seed=0, steps=None,
     world_size=1, epoch=0, steps_per_batch=1, storage_options=None, cache_dir=None,
-    cache_limit=None, queue_depth=None, opened=None, output=None
+    cache_limit=None, queue_depth=None, opened=None, output=None, shuffle="none"
 ))]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn open_tokens(
@@ -100,13 +120,14 @@ pub(crate) fn open_tokens(
     queue_depth: Option<u32>,
     opened: Option<Bound<'_, TokenStream>>,
     output: Option<&str>,
-) -> PyResult<(Source, String, u64, Option<TokenStream>, u64)> {
+    shuffle: &str,
+) -> PyResult<Opened> {
     let name = path.display().to_string();
     let named = |e: SourceError| with_name(&name, e);
     let dtype = token_dtype(py, &name, dtype)?;
-    let sample = sample
-        .parse::<Sample>()
-        .map_err(|message| value_error(py, "Config", format!("{name}: {message}")))?;
+    let config = |message: String| value_error(py, "Config", format!("{name}: {message}"));
+    let sample = sample.parse::<Sample>().map_err(config)?;
+    let shuffle = shuffle.parse::<TokenShuffle>().map_err(config)?;
     let options = TokenOptions {
         dtype,
         seq_len,
@@ -117,6 +138,7 @@ pub(crate) fn open_tokens(
         batch_size,
         world_size,
         steps_per_batch,
+        shuffle,
     };
     let url = path.to_str().filter(|p| pinfeed_store::is_url(p));
     let store = store_options(
@@ -131,14 +153,15 @@ pub(crate) fn open_tokens(
         (None, url) => remote_stream(py, url, &name, dtype, &store, queue_depth)?,
     };
     let output = token_dtype(py, &name, output)?;
-    let (windows, fingerprint) = py
+    let (windows, fingerprint, order) = py
         .detach(|| -> Result<_, SourceError> {
             let windows = match &remote {
                 Some(stream) => pinfeed_store::token_windows(Arc::clone(stream), &options),
                 None => tokens::open(&path, &options),
             }?;
             let fingerprint = windows.stream().fingerprint()?;
-            Ok((windows, fingerprint))
+            let order = tokens::order_fingerprint(windows.stream(), &options)?;
+            Ok((windows, fingerprint, order))
         })
         .map_err(&named)
         .py_err(py)?;
@@ -156,8 +179,13 @@ pub(crate) fn open_tokens(
         info.1,
         remote.map(|inner| TokenStream { inner }),
         fingerprint,
+        order,
     ))
 }
+
+/// What :func:`open_tokens` returns: the source, the token dtype's typestring, the number of
+/// tokens, the stream of token data in object storage, the data's fingerprint and the order's.
+type Opened = (Source, String, u64, Option<TokenStream>, u64, Option<u64>);
 
 /// A token type named in Python (`"uint16"`, `"<u4"`), or a `ValueError` naming the source.
 fn token_dtype(py: Python<'_>, name: &str, dtype: Option<&str>) -> PyResult<Option<TokenDType>> {
@@ -244,4 +272,47 @@ pub(crate) fn token_offsets(
 #[pyo3(signature = (seed, epoch, num_documents))]
 pub(crate) fn document_order(seed: u64, epoch: u64, num_documents: u64) -> Vec<u64> {
     tokens::document_order(seed, epoch, num_documents)
+}
+
+/// The items ``0 .. sum(counts)`` (windows or documents of a table's column, numbered chunk by
+/// chunk: chunk ``c`` holds ``counts[c]`` and decodes to ``bytes[c]`` bytes) in the
+/// row-group-aware order of ``(seed, epoch)``: the chunks shuffled, cut into groups of
+/// consecutive chunks of at most ``budget`` decoded bytes, and each group's items shuffled
+/// among themselves. ``open_tokens`` orders a table column's sequential windows
+/// (``shuffle="block"``) and its rows (``sample="documents"``) so, with half of
+/// :func:`table_cache_limit` as the budget. For checks.
+#[pyfunction]
+#[pyo3(signature = (seed, epoch, counts, bytes, budget))]
+pub(crate) fn chunk_order(
+    py: Python<'_>,
+    seed: u64,
+    epoch: u64,
+    counts: Vec<u64>,
+    bytes: Vec<u64>,
+    budget: u64,
+) -> PyResult<Vec<u64>> {
+    if counts.len() != bytes.len() {
+        return Err(value_error(
+            py,
+            "Config",
+            format!(
+                "chunk_order: {} counts and {} sizes; give one of each a chunk",
+                counts.len(),
+                bytes.len()
+            ),
+        ));
+    }
+    Ok(ChunkOrder::new(seed, epoch, &counts, &bytes, budget).into_items())
+}
+
+/// The bytes of decoded table chunks (row groups) that the process keeps at most, 1 GiB to
+/// begin with; with ``limit``, sets it first (letting go of chunks down to it) and returns the
+/// limit it had. Row-group-aware orders opened later take their chunks by half this much.
+#[pyfunction]
+#[pyo3(signature = (limit=None))]
+pub(crate) fn table_cache_limit(limit: Option<usize>) -> usize {
+    match limit {
+        Some(bytes) => pinfeed_source::table::set_cache_limit(bytes),
+        None => pinfeed_source::table::cache_limit(),
+    }
 }

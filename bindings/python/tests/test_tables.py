@@ -559,11 +559,34 @@ def write_token_table(tmp_path, docs, kind):
     return path, read.column("input_ids").to_pylist()
 
 
-def documents_reference(docs, seed, epoch, seq_len):
-    """``sample="documents"`` built from the documents as read: those with tokens in the order
-    of ``(seed, epoch)``, back to back, cut every ``seq_len`` tokens; each window's ``x``,
-    ``y`` and the segment ids of its inputs (the ordinal of their document in the window)."""
-    order = [d for d in _pinfeed.document_order(seed, epoch, len(docs)) if docs[d]]
+def chunk_rows(path):
+    """Rows in each chunk of a table as pinfeed cuts it: Parquet row groups and Arrow record
+    batches, the files of a directory in name order."""
+    rows = []
+    for f in sorted(path.iterdir()) if path.is_dir() else [path]:
+        if f.suffix == ".parquet":
+            meta = pq.ParquetFile(f).metadata
+            rows += [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
+        else:
+            rows += [b.num_rows for b in pa.ipc.open_stream(f)]
+    return rows
+
+
+def row_group_order(docs, rows, seed, epoch, width=4):
+    """The rows (documents) of chunks of ``rows`` rows in their row-group-aware order of
+    ``(seed, epoch)``: groups of shuffled chunks within half the chunk cache, decoded at
+    ``width`` bytes a token (Rust's rule, ``_pinfeed.chunk_order``)."""
+    ends = np.cumsum(rows)
+    tokens = [sum(len(d) for d in docs[e - n : e]) for n, e in zip(rows, ends)]
+    budget = _pinfeed.table_cache_limit() // 2
+    return _pinfeed.chunk_order(seed, epoch, rows, [t * width for t in tokens], budget)
+
+
+def documents_reference(docs, order, seq_len):
+    """``sample="documents"`` built from the documents as read: those with tokens in ``order``,
+    back to back, cut every ``seq_len`` tokens; each window's ``x``, ``y`` and the segment ids
+    of its inputs (the ordinal of their document in the window)."""
+    order = [d for d in order if docs[d]]
     stream = np.concatenate([np.asarray(docs[d], dtype=np.int64) for d in order])
     owner = np.concatenate([np.full(len(docs[d]), d) for d in order])
     n = (len(stream) - 1) // seq_len
@@ -586,7 +609,8 @@ def test_token_column_documents_equal_the_reference_concatenation(tmp_path, kind
             path, seq_len, 4, column="input_ids", sample="documents", seed=seed, device="cpu"
         )
         for epoch in (0, 1):  # each iteration runs the next epoch, in its own order
-            order, x, y, segment_ids = documents_reference(read, seed, epoch, seq_len)
+            rows = row_group_order(read, chunk_rows(path), seed, epoch)
+            order, x, y, segment_ids = documents_reference(read, rows, seq_len)
             assert sorted(order) == [d for d in range(len(read)) if read[d]]
             steps = list(loader)
             assert all(len(step) == 3 for step in steps)
@@ -662,7 +686,7 @@ def test_token_column_documents_resume_elastically(tmp_path, w_from, w_to):
     for ld in rest:
         ld.load_state_dict(first[0].state_dict())
     tail = windows(rest)
-    n = len(documents_reference(read, 1, 0, 4)[1]) - len(head)  # before the last step's pad
+    n = (sum(map(len, read)) - 1) // 4 - len(head)  # windows before the last step's pad
     assert head + tail[:n] == whole[: len(head) + n]
 
 
@@ -675,7 +699,8 @@ def test_text_column_documents_follow_the_rows(tmp_path, trained_tokenizer):
     encoded = [e.ids + [eos] for e in tok.encode_batch(pq.read_table(path)["text"].to_pylist())]
     loader = text_loader(path, tok_path, sample="documents", seed=5)
     steps = list(loader)
-    _, x, y, segment_ids = documents_reference(encoded, 5, 0, 16)
+    order = row_group_order(encoded, chunk_rows(path), 5, 0)
+    _, x, y, segment_ids = documents_reference(encoded, order, 16)
     got = [np.concatenate([step[k] for step in steps]) for k in range(3)]
     for have, want in zip(got, (x, y, segment_ids)):
         np.testing.assert_array_equal(have, want)

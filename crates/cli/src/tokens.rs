@@ -54,6 +54,7 @@ pub fn open(args: &StreamArgs, seq_len: u64, world_size: u64) -> Result<TokenSou
         batch_size: args.batch_size as u64,
         world_size,
         steps_per_batch: 1,
+        shuffle: Default::default(),
     };
     let url = path.to_str().filter(|p| pinfeed_store::is_url(p));
     let opened = match url {

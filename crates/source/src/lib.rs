@@ -263,6 +263,20 @@ pub trait Source: Send + Sync + std::fmt::Debug {
         None
     }
 
+    /// Records in each chunk that a read decodes whole (a table's row group, record batch or
+    /// JSON-lines file; for a token or text column, its tokens), in order, empty chunks
+    /// included; they add up to [`num_records`](Source::num_records). `None` for sources whose
+    /// records cost the same read in any order.
+    fn chunk_lengths(&self) -> Option<Vec<u64>> {
+        None
+    }
+
+    /// Chunks (see [`chunk_lengths`](Source::chunk_lengths)) that reads have decoded so far,
+    /// each decode counted once, however many reads it served; `None` for other sources.
+    fn chunk_decodes(&self) -> Option<u64> {
+        None
+    }
+
     /// The columns of a table's records ([`table::TableSource`], or shards of tables), in
     /// record order; `None` for any other source.
     fn columns(&self) -> Option<&[table::Column]> {

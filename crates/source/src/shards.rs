@@ -287,6 +287,18 @@ impl Source for ShardedSource {
         Some(all)
     }
 
+    fn chunk_lengths(&self) -> Option<Vec<u64>> {
+        let mut all = Vec::new();
+        for shard in &self.shards {
+            all.extend(shard.chunk_lengths()?);
+        }
+        Some(all)
+    }
+
+    fn chunk_decodes(&self) -> Option<u64> {
+        self.shards.iter().map(|s| s.chunk_decodes()).sum()
+    }
+
     fn columns(&self) -> Option<&[crate::table::Column]> {
         // Every shard has the layout of the first, so the same columns.
         self.shards[0].columns()

@@ -291,7 +291,7 @@ class TokenMixture(Mixture):
         own = {key: options.get(key) for key in _STORE_OPTIONS}
         store = {**self._store, **store_args(**own, what=path)}
         token_dtype = options.get("token_dtype", self._token_dtype)
-        source, typestr, num_tokens, self._opened[k], fingerprint = _pinfeed.open_tokens(
+        source, typestr, num_tokens, self._opened[k], fingerprint, _ = _pinfeed.open_tokens(
             path,
             seq_len=self._seq_len,
             batch_size=1,

@@ -29,6 +29,7 @@ __all__ = [
     "byte_size",
     "channel_triple",
     "check_ints",
+    "chunk_order",
     "crop_params",
     "cli_main",
     "combined_stats",
@@ -51,6 +52,7 @@ __all__ = [
     "pinned_allocations",
     "reshard_position",
     "streams_with_exports",
+    "table_cache_limit",
     "token_offsets",
     "widen_tokens",
 ]
@@ -400,6 +402,9 @@ def epoch_order(
 class TokenStream:
     """Token data in object storage as open_tokens opened it (listed, headers read)."""
 
+    @property
+    def chunk_decodes(self) -> int | None: ...
+
 def open_tokens(
     path: Union[str, PathLike[str]],
     *,
@@ -418,9 +423,14 @@ def open_tokens(
     queue_depth: int | None = None,
     opened: TokenStream | None = None,
     output: str | None = None,
-) -> tuple[Source, str, int, TokenStream | None, int]: ...
+    shuffle: str = "none",
+) -> tuple[Source, str, int, TokenStream | None, int, int | None]: ...
 def token_offsets(seed: int, epoch: int, num_offsets: int, first: int, count: int) -> list[int]: ...
 def document_order(seed: int, epoch: int, num_documents: int) -> list[int]: ...
+def chunk_order(
+    seed: int, epoch: int, counts: list[int], bytes: list[int], budget: int
+) -> list[int]: ...
+def table_cache_limit(limit: int | None = None) -> int: ...
 
 # Data mixtures (pinfeed.TokenLoader's mixtures' Rust half).
 @final

@@ -11,6 +11,7 @@ import numpy as np
 
 from . import _pinfeed
 from ._arrays import dtype_of
+from ._options import shuffle_arg
 from .errors import PinfeedTypeError, PinfeedValueError
 
 
@@ -143,6 +144,32 @@ def open_column(
         path, column, os.fspath(tokenizer), bos=bos, eos=eos, documents=documents, **store
     )
     return stream, (bos_id, eos_id)
+
+
+def token_shuffle(shuffle: Any, mode: str, table: bool) -> str:
+    """``TokenLoader``'s shuffle mode, ``mode`` as :func:`shuffle_arg` read ``shuffle``: for a
+    table's column ``True`` is ``"block"`` (row group by row group); token files cannot shuffle
+    ``"block"``, and are refused naming the modes they can."""
+    if table and isinstance(shuffle, (bool, np.bool_)) and shuffle:
+        return "block"
+    if not table and mode == "block":
+        shuffle_arg(shuffle, ("none", "random"), "TokenLoader of token files")
+    return mode
+
+
+def decodes_of(opened: Optional["_pinfeed.TokenStream"]) -> Optional[int]:
+    """Row groups that reads of a table's column (``opened``) have decoded so far; None for
+    other token data."""
+    return None if opened is None else opened.chunk_decodes
+
+
+def with_decodes(stats: dict[str, Any], opened: Any, before: Optional[int]) -> dict[str, Any]:
+    """``stats`` with, for a table's column, the row groups decoded since ``before`` (a
+    :func:`decodes_of`) in ``"chunk_decodes"``."""
+    now = decodes_of(opened)
+    if now is not None:
+        stats["chunk_decodes"] = now - (before or 0)
+    return stats
 
 
 def packing(step: tuple[Any, ...], bos: Optional[int], eos: Optional[int]) -> tuple[Any, ...]:

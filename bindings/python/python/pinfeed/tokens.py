@@ -7,7 +7,6 @@ nanoGPT's ``get_batch`` in two lines::
         ...
 """
 
-import functools
 import os
 from collections.abc import Iterator, Mapping
 from typing import Any, Optional, Union
@@ -15,7 +14,6 @@ from typing import Any, Optional, Union
 import numpy as np
 
 from . import _pinfeed
-from ._arrays import torch_module
 from ._deprecation import accepts_old_spellings, warn_once
 from ._epochs import EpochLoader
 from ._frameworks import check_dtype, framework_arg, module
@@ -23,7 +21,8 @@ from ._grouped import GroupedLoader
 from ._mixture import mixture_of, name_of, reblended
 from ._options import int_arg, ints, shuffle_arg
 from ._sources import source_path, store_args
-from ._tables import open_column, packing
+from ._tables import decodes_of, open_column, packing, token_shuffle, with_decodes
+from ._widen import segment_ids, widen_xy
 from .errors import PinfeedTypeError, PinfeedValueError
 from .loader import Loader
 
@@ -111,8 +110,9 @@ class TokenLoader(EpochLoader):
       target is the next one's first input), every window once an epoch, split across ranks as
       :class:`pinfeed.Loader` splits records; ``shuffle=True`` permutes the windows each epoch.
     - ``"documents"`` (a Megatron dataset, or a table's ``column``, a document a row): the
-      documents in a shuffled order of ``(seed, epoch)`` (a Fisher-Yates shuffle, empty ones
-      left out), concatenated and cut as ``"sequential"``; yields ``(x, y, segment_ids)``,
+      documents in a shuffled order of ``(seed, epoch)`` (a Fisher-Yates shuffle, or a table's
+      row-group-aware order, below; empty ones left out), concatenated and cut as
+      ``"sequential"``; yields ``(x, y, segment_ids)``,
       ``segment_ids`` int32 ``(batch_size, seq_len)`` aligned with ``x``: the ordinal of each
       input token's document within its window (``0, 0, 0, 1, 1, 2, ...``), for document
       masking. The ids travel in the same slot as the tokens. ``seq_len + 1`` is at most 65535.
@@ -148,8 +148,15 @@ class TokenLoader(EpochLoader):
     documents' bounds in the flattened batch. Each file's text is tokenized once when the
     loader is made, to count its tokens, and again when read once outside the cache. With
     ``sample="documents"`` each row is a document: ``segment_ids`` (and for text the
-    ``position_ids`` and ``cu_seqlens``) follow the rows. Its reads land all over the table,
-    each decoding (or tokenizing) its row group unless the 1 GiB cache of decoded ones holds it.
+    ``position_ids`` and ``cu_seqlens``) follow the rows. A read decodes (or tokenizes) its
+    whole row group unless the 1 GiB cache of decoded ones holds it, so a table's shuffled
+    orders are row-group aware: ``shuffle=True`` (``"block"``) puts the row groups in a
+    shuffled order of ``(seed, epoch)``, takes them a few at a time (as many as decode to half
+    the cache) and permutes the windows of each few among themselves; ``"documents"`` orders
+    its rows so (``shuffle=True`` permutes each few's windows too). Each row group is then
+    decoded about once an epoch. ``shuffle="random"`` asks for the global permutation (of the
+    documents too), which decodes a row group for nearly every window once the column outgrows
+    the cache, as random windows do. ``stats()["chunk_decodes"]`` counts a pass's decodes.
 
     **Mixtures**: ``source`` may be a dict of name to source (a path, a URL, or
     :class:`pinfeed.Source` with its own ``token_dtype`` and object-store options), with
@@ -207,9 +214,8 @@ class TokenLoader(EpochLoader):
         self.source = name_of(source) if mixed else source_path(source, "TokenLoader")
         self._store = store_args(storage_options, cache_dir, cache_limit, queue_depth, self.source)
         framework = framework_arg(framework)
-        #: ``"none"`` or ``"random"`` (sequential and document windows, permuted each epoch).
-        self.shuffle: str = shuffle_arg(shuffle, ("none", "random"), "TokenLoader")
-        self.sample = self._sample_arg(sample, self.shuffle, None if mixed else steps)
+        asked = shuffle_arg(shuffle, ("none", "random", "block"), "TokenLoader")
+        self.sample = self._sample_arg(sample, asked, None if mixed else steps)
         self.seq_len, self.batch_size, self.seed = ints(
             self.source, seq_len=seq_len, batch_size=batch_size, seed=seed
         )
@@ -223,12 +229,15 @@ class TokenLoader(EpochLoader):
         self._opened = self._open_column(
             column, tokenizer, (bos_token, eos_token), framework, mixed
         )
+        #: ``"none"``, ``"random"`` (windows permuted each epoch) or ``"block"`` (a table's
+        #: column, row group by row group; its ``shuffle=True``).
+        self.shuffle: str = token_shuffle(shuffle, asked, column is not None)
         self._shared(
             rank,
             world_size,
             device=device,
             drop_last=drop_last,
-            shuffle=self.shuffle,
+            shuffle="random" if self.shuffle == "random" else "none",  # "block": the source's
             seed=self.seed,
             pinned_budget=pinned_budget,
             num_threads=num_threads,
@@ -239,9 +248,12 @@ class TokenLoader(EpochLoader):
         self._mixture = mixture_of(source, self, weights, mode, on_exhausted)
         self._group = self._steps_per_batch()
         # Random and document windows are drawn anew each epoch, by a new source; sequential
-        # windows are one source whose epochs the Loader runs. Each epoch of a mixture is a new
-        # blend, read in its order by a GroupedLoader, whose batches (positions) are steps.
-        self._per_epoch = self.sample != "sequential" or self._mixture is not None
+        # windows are one source whose epochs the Loader runs, but for a table's block shuffle,
+        # whose order is drawn each epoch. Each epoch of a mixture is a new blend, read in its
+        # order by a GroupedLoader, whose batches (positions) are steps.
+        self._per_epoch = (
+            self.sample != "sequential" or self.shuffle == "block" or self._mixture is not None
+        )
         if self._mixture is not None:
             self._mixed_group, self._group = self._group, 1
             self._loader_args["shuffle"] = "none"
@@ -325,12 +337,12 @@ class TokenLoader(EpochLoader):
     def _make_loader(self, epoch: int) -> Union[Loader, GroupedLoader]:
         if self._mixture is not None:
             source, typestr, num_tokens, fingerprint = self._mixture.open(epoch)
-            self._source_fingerprint = fingerprint
+            self._source_fingerprint, self._order_fingerprint = fingerprint, None
             self.token_dtype, self.num_tokens = np.dtype(typestr), int(num_tokens)
             return GroupedLoader(
                 source, self.batch_size, self._mixed_group, epoch, self._loader_args
             )
-        source, typestr, num_tokens, self._opened, fingerprint = _pinfeed.open_tokens(
+        source, typestr, num_tokens, self._opened, fingerprint, order = _pinfeed.open_tokens(
             self.source,
             seq_len=self.seq_len,
             batch_size=self.batch_size,
@@ -344,10 +356,13 @@ class TokenLoader(EpochLoader):
             opened=self._opened,
             # Tokens the output type cannot hold fail on the reader threads (Rust).
             output=self.dtype,
+            shuffle=self.shuffle,
             **self._store,
         )
-        # The data's own hash (Rust): a state is not resumed on other tokens of the same size.
+        # The data's own hash (Rust): a state is not resumed on other tokens of the same size;
+        # nor under another row-group-aware rule (None where the order is not one).
         self._source_fingerprint: int = fingerprint
+        self._order_fingerprint: Optional[int] = order
         #: numpy dtype of the tokens as stored.
         self.token_dtype: np.dtype = np.dtype(typestr)
         #: Tokens in the data.
@@ -376,6 +391,7 @@ class TokenLoader(EpochLoader):
         self._steps_done = start[1]
         if self._mixture is not None:
             return self._mixed_steps(iter(loader))
+        self._decodes_before = decodes_of(self._opened)
         if self._text is not None:
             return (packing(step, *self._text) for step in self._batches(iter(loader), skip))
         return self._batches(iter(loader), skip)
@@ -415,61 +431,11 @@ class TokenLoader(EpochLoader):
 
     def _xy(self, raw: Any, kind: str) -> tuple[Any, Any]:
         """``x`` and ``y`` of a ``(B, (seq_len + 1) × width)`` uint8 batch, widened."""
-        b, t = int(raw.shape[0]), self.seq_len
-        if kind == "numpy":
-            tok = np.ascontiguousarray(raw).view(self.token_dtype)
-            return tok[:, :-1].astype(self.dtype), tok[:, 1:].astype(self.dtype)
-        if kind == "jax":
-            return _jax_widen(self.token_dtype.str, self.dtype, t)(raw)
-        if kind == "cupy":
-            # Ordered on CuPy's current stream, as the batch was handed over.
-            tok = module("cupy").ascontiguousarray(raw).view(self.token_dtype.newbyteorder("="))
-            return tok[:, :-1].astype(self.dtype), tok[:, 1:].astype(self.dtype)
-        torch = torch_module()
-        dt = self.token_dtype
-        out = getattr(torch, self.dtype)
-        if not raw.is_contiguous():
-            raw = raw.contiguous()
-        native = {1: "uint8", 2: "uint16", 4: "uint32", 8: "uint64"} if dt.kind == "u" else {}
-        native_dtype = getattr(torch, native.get(dt.itemsize, ""), None)
-        if native_dtype is not None or dt.kind == "i":
-            # torch reads its unsigned types (uint16, uint32) since 2.3.
-            signed = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
-            tok = raw.view(native_dtype if dt.kind == "u" else signed[dt.itemsize])
-            # x and y in one widening copy: a (2, B, T) view whose [k, b, t] is token t + k of
-            # row b, copied into one contiguous tensor, of which x and y are the two halves.
-            # Every torch call costs the consumer's thread microseconds: one copy, not two.
-            pair = tok.as_strided((2, b, t), (1, t + 1, 1))
-            xy = pair.to(dtype=out, memory_format=torch.contiguous_format)
-            return xy[0], xy[1]
-        # An older torch without uint16/uint32: the signed type of the width, widened, and
-        # unsigned values masked back.
-        signed = {2: torch.int16, 4: torch.int32}[dt.itemsize]
-        tok = raw.view(signed)
-        mask = (1 << (8 * dt.itemsize)) - 1 if (dt.itemsize == 2 or out == torch.int64) else None
-        pair = []
-        for part in (tok[:, :-1], tok[:, 1:]):
-            wide = torch.empty((b, t), dtype=out, device=raw.device)
-            wide.copy_(part)
-            if mask is not None:
-                wide.bitwise_and_(mask)
-            pair.append(wide)
-        return pair[0], pair[1]
+        return widen_xy(raw, self.token_dtype, self.dtype, self.seq_len, kind)
 
     def _segment_ids(self, raw: Any, kind: str) -> Any:
         """The int32 ``(B, seq_len)`` segment ids of the inputs, from their uint16 bytes."""
-        if kind == "numpy":
-            return np.ascontiguousarray(raw).view("<u2")[:, :-1].astype(np.int32)
-        if kind == "jax":
-            return _jax_widen("<u2", "int32", self.seq_len)(raw)[0]
-        if kind == "cupy":
-            ids = module("cupy").ascontiguousarray(raw).view(np.uint16)
-            return ids[:, :-1].astype(np.int32)
-        torch = torch_module()
-        ids = raw.contiguous().view(torch.int16)[:, :-1]
-        out = torch.empty(ids.shape, dtype=torch.int32, device=raw.device)
-        out.copy_(ids)
-        return out.bitwise_and_(0xFFFF)
+        return segment_ids(raw, self.seq_len, kind)
 
     def offsets(self, step: int, epoch: int = 0) -> np.ndarray:
         """The token offsets of this rank's windows at ``step`` of ``epoch`` (random sampling
@@ -507,6 +473,7 @@ class TokenLoader(EpochLoader):
             "token_dtype": self.token_dtype.str,
             "steps": self.steps,
             "source_fingerprint": self._source_fingerprint,
+            "order_fingerprint": self._order_fingerprint,
         }
 
     def state_dict(self) -> dict[str, Any]:
@@ -554,9 +521,12 @@ class TokenLoader(EpochLoader):
 
     def stats(self) -> dict[str, Any]:
         """The counters of the current (or last) pass: :meth:`pinfeed.Loader.stats`; for a
-        mixture, each source's in ``"sources"``."""
+        mixture, each source's in ``"sources"``; for a table's column, the row groups its reads
+        decoded in ``"chunk_decodes"``."""
         stats = self._loader.stats()
-        return stats if self._mixture is None else self._mixture.stats(stats)
+        if self._mixture is not None:
+            return self._mixture.stats(stats)
+        return with_decodes(stats, self._opened, getattr(self, "_decodes_before", None))
 
     def set_weights(self, weights: Mapping[str, float], from_step: Optional[int] = None) -> None:
         """A mixture's weights from global step ``from_step`` on (default: the next step),
@@ -572,23 +542,3 @@ class TokenLoader(EpochLoader):
             f"sample={self.sample!r}, token_dtype={self.token_dtype}, dtype={self.dtype}, "
             f"device={self.device!r}, rank={self.rank}, world_size={self.world_size})"
         )
-
-
-@functools.cache
-def _jax_widen(token_typestr: str, int_dtype: str, seq_len: int) -> Any:
-    """A jitted function from a ``(B, (seq_len + 1) × width)`` uint8 ``jax.Array`` of
-    little-endian tokens to ``x`` and ``y``, ``(B, seq_len)`` of ``int_dtype``."""
-    jax = module("jax")
-    width = np.dtype(token_typestr).itemsize
-    token = np.dtype(token_typestr).newbyteorder("=")
-
-    def widen(raw: Any) -> tuple[Any, Any]:
-        b = raw.shape[0]
-        if width == 1:
-            tok = jax.lax.bitcast_convert_type(raw.reshape(b, seq_len + 1), token)
-        else:
-            # The last axis of `width` bytes becomes one token (XLA reads them little-endian).
-            tok = jax.lax.bitcast_convert_type(raw.reshape(b, seq_len + 1, width), token)
-        return tok[:, :-1].astype(int_dtype), tok[:, 1:].astype(int_dtype)
-
-    return jax.jit(widen)

@@ -168,6 +168,7 @@ fn a_batch_larger_than_the_device_memory_is_refused_before_anything_is_allocated
             batch_size,
             world_size: 1,
             steps_per_batch: 1,
+            shuffle: Default::default(),
         },
     )
     .unwrap();

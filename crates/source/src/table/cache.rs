@@ -8,9 +8,13 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use crate::Result;
 
-/// Bytes of decoded records the cache keeps at most (the chunks being read are kept beyond
-/// it by their readers): 16 row groups of 64 MiB, a block shuffle's default window.
+/// Bytes of decoded records the cache keeps at most unless [`set_limit`] says otherwise (the
+/// chunks being read are kept beyond it by their readers): 16 row groups of 64 MiB, a block
+/// shuffle's default window.
 pub(crate) const CACHE_BYTES: usize = 1 << 30;
+
+/// The cache's limit now, in bytes.
+static LIMIT: AtomicUsize = AtomicUsize::new(CACHE_BYTES);
 
 /// (table id, chunk index).
 type Key = (u64, usize);
@@ -87,10 +91,24 @@ pub(crate) fn get(
     Ok(loaded)
 }
 
+/// The bytes of decoded records the cache keeps at most.
+pub(crate) fn limit() -> usize {
+    LIMIT.load(Ordering::Relaxed)
+}
+
+/// Sets the cache's limit to `bytes`, lets go of chunks down to it, and returns the limit it
+/// had.
+pub(crate) fn set_limit(bytes: usize) -> usize {
+    let old = LIMIT.swap(bytes, Ordering::Relaxed);
+    let mut c = cache().lock().unwrap_or_else(|e| e.into_inner());
+    evict(&mut c, (u64::MAX, usize::MAX));
+    old
+}
+
 /// Lets go of the least recently asked-for chunks (not `keep`) until the cache holds at most
-/// [`CACHE_BYTES`].
+/// its [`limit`].
 fn evict(c: &mut Cache, keep: Key) {
-    while c.bytes > CACHE_BYTES {
+    while c.bytes > limit() {
         let oldest = c
             .slots
             .iter()

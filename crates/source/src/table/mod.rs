@@ -6,7 +6,10 @@
 //! A chunk's records are decoded whole, packed as [`columns`] lays them out, and kept in one
 //! cache for the process ([`cache`]), so that reading a range decodes each chunk once, while
 //! reading records in random order decodes a chunk for nearly every record once the chunks
-//! outgrow the cache (`shuffle="block"` with blocks of a row group reads each once an epoch).
+//! outgrow the cache (`shuffle="block"` with blocks of a row group reads each once an epoch;
+//! a token column's shuffled orders take the chunks a few at a time,
+//! [`ChunkOrder`](crate::tokens::ChunkOrder)). The cache holds [`cache_limit`] bytes
+//! (1 GiB unless [`set_cache_limit`] says otherwise).
 //!
 //! Each format reads its file through [`crate::formats::ByteRanges`]: a local file by `pread`,
 //! an object in object storage by ranged GETs (`Format::open_ranges`), so that only what the
@@ -52,6 +55,18 @@ pub const EOS: &str = "eos";
 /// The format option (`true`) that makes a [`TOKENS`] or [`TEXT`] column keep each row's
 /// token count, for [`Source::document_lengths`]: 8 bytes a row, counted when the tokens are.
 pub const DOCUMENTS: &str = "documents";
+
+/// Bytes of decoded chunks the process's cache keeps at most.
+pub fn cache_limit() -> usize {
+    cache::limit()
+}
+
+/// Sets the limit of the process's cache of decoded chunks (1 GiB to begin with), lets go of
+/// chunks down to it, and returns the limit it had. Row-group-aware orders opened after it
+/// take their chunks by half this much.
+pub fn set_cache_limit(bytes: usize) -> usize {
+    cache::set_limit(bytes)
+}
 
 /// The format options every table format reads.
 pub(crate) const OPTION_KEYS: &[&str] = &[COLUMNS, TOKENS, TEXT, TOKENIZER, BOS, EOS, DOCUMENTS];
@@ -249,6 +264,8 @@ pub struct TableSource {
     index: Vec<usize>,
     /// This table's key in the chunk cache.
     id: u64,
+    /// Chunks decoded by reads (not by the count at open), for statistics.
+    decodes: std::sync::atomic::AtomicU64,
     /// What reading this table says for statistics (malformed lines skipped).
     description: String,
 }
@@ -285,6 +302,7 @@ impl TableSource {
             starts,
             index,
             id,
+            decodes: Default::default(),
             description,
         })
     }
@@ -303,6 +321,8 @@ impl TableSource {
         let i = self.index[k];
         let record_bytes = self.layout.record_bytes();
         cache::get(self.id, i, || {
+            self.decodes
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             self.chunks.pack(i, &self.columns, record_bytes, None)
         })
     }
@@ -355,6 +375,14 @@ impl Source for TableSource {
 
     fn document_lengths(&self) -> Option<Vec<u64>> {
         self.chunks.documents().map(<[u64]>::to_vec)
+    }
+
+    fn chunk_lengths(&self) -> Option<Vec<u64>> {
+        Some(self.chunks.rows().to_vec())
+    }
+
+    fn chunk_decodes(&self) -> Option<u64> {
+        Some(self.decodes.load(std::sync::atomic::Ordering::Relaxed))
     }
 
     fn columns(&self) -> Option<&[Column]> {

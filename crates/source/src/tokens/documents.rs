@@ -130,7 +130,8 @@ pub struct Segment {
 }
 
 /// The [`Documents`] of a Megatron dataset or a table's column in the shuffled order of
-/// `(seed, epoch)` ([`document_order`]), concatenated into one virtual stream and cut into
+/// `(seed, epoch)` ([`document_order`], or for a table's column by default its row-group-aware
+/// [`ChunkOrder`](super::ChunkOrder)), concatenated into one virtual stream and cut into
 /// windows of `seq_len + 1` tokens: window
 /// `w` holds stream tokens `w * seq_len ..= (w + 1) * seq_len`, so consecutive windows share one
 /// token, as Megatron's GPT dataset samples do, and there are `(T - 1) / seq_len` windows of
@@ -160,11 +161,22 @@ impl DocumentPlan {
         epoch: u64,
     ) -> Result<DocumentPlan> {
         let documents = documents.into();
+        let order = document_order(seed, epoch, documents.num_documents());
+        DocumentPlan::from_order(documents, seq_len, order)
+    }
+
+    /// The plan of the documents in `order` (a permutation of them, such as a
+    /// [`ChunkOrder`](super::ChunkOrder)'s), empty ones left out.
+    pub(crate) fn from_order(
+        documents: Documents,
+        seq_len: u64,
+        mut order: Vec<u64>,
+    ) -> Result<DocumentPlan> {
         let name = documents.name();
+        debug_assert_eq!(order.len() as u64, documents.num_documents());
         if seq_len == 0 {
             return Err(invalid(name, "seq_len must be at least 1"));
         }
-        let mut order = document_order(seed, epoch, documents.num_documents());
         order.retain(|&d| documents.document_len(d) > 0);
         let mut starts = Vec::with_capacity(order.len() + 1);
         let mut total = 0u64;
@@ -210,6 +222,12 @@ impl DocumentPlan {
     /// The documents in stream order (those with tokens).
     pub fn order(&self) -> &[u64] {
         &self.order
+    }
+
+    /// Where each document of [`DocumentPlan::order`] starts in the plan's stream, its length
+    /// last.
+    pub fn starts(&self) -> &[u64] {
+        &self.starts
     }
 
     /// The runs of documents window `w` holds, in order; their lengths add up to
@@ -275,11 +293,17 @@ impl DocumentPlan {
 /// ...`), so the ids travel with the tokens in the same slot and reach the device in the same
 /// copy. The layout is bytes (`uint8`, `(seq_len + 1) × (width + 2)` of them): the consumer
 /// views the two parts. Requires `seq_len + 1 <= 65535`.
+///
+/// [`DocumentWindows::in_order`] numbers the windows in another order (the windows of each
+/// group of a table column's [`ChunkOrder`](super::ChunkOrder) shuffled among themselves):
+/// record `v` is then window [`window_of(v)`](DocumentWindows::window_of) of the plan.
 #[derive(Debug)]
 pub struct DocumentWindows {
     plan: DocumentPlan,
     layout: Layout,
     name: String,
+    /// The plan's window each record holds, when not its own: a permutation of the windows.
+    order: Option<Vec<u64>>,
 }
 
 /// The largest window whose segment ordinals fit in uint16.
@@ -302,7 +326,25 @@ impl DocumentWindows {
         let bytes = window * (plan.documents.dtype().width() as u64 + 2);
         let layout = Layout::new(super::TokenDType::U8.dtype(), vec![bytes])
             .map_err(|_| invalid(&name, format!("seq_len {} is too large", plan.seq_len)))?;
-        Ok(DocumentWindows { plan, layout, name })
+        Ok(DocumentWindows {
+            plan,
+            layout,
+            name,
+            order: None,
+        })
+    }
+
+    /// The same windows, record `v` holding the plan's window `order[v]`; `order` must be a
+    /// permutation of the windows.
+    pub(crate) fn in_order(mut self, order: Vec<u64>) -> DocumentWindows {
+        debug_assert_eq!(order.len() as u64, self.plan.num_windows);
+        self.order = Some(order);
+        self
+    }
+
+    /// The plan's window record `v` holds: `v` unless the windows were put in another order.
+    pub fn window_of(&self, v: u64) -> u64 {
+        self.order.as_ref().map_or(v, |order| order[v as usize])
     }
 
     /// The plan: segments, document ids and `cu_seqlens` of each window.
@@ -333,7 +375,7 @@ impl Source for DocumentWindows {
         check_request(self, first, dst.len())?;
         let (bytes, tokens) = (self.layout.record_bytes(), self.token_bytes());
         for (k, record) in dst.chunks_exact_mut(bytes).enumerate() {
-            let w = first + k as u64;
+            let w = self.window_of(first + k as u64);
             let (window, ids) = record.split_at_mut(tokens);
             self.plan.read_window(w, window)?;
             let mut out = ids.chunks_exact_mut(2);

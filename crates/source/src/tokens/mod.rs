@@ -19,6 +19,9 @@
 //!   ([`document_order`]), concatenated and cut into windows, with the documents each window holds
 //!   ([`DocumentPlan::document_ids`], [`DocumentPlan::cu_seqlens`]) for document masking;
 //!   [`DocumentWindows`] records carry each token's segment id after the tokens.
+//! - [`ChunkOrder`]: the row-group-aware order of a table's column ([`TokenShuffle`]): its
+//!   chunks (row groups) shuffled and taken a few at a time, the windows or documents of each
+//!   few shuffled among themselves, so that a shuffled epoch decodes each chunk about once.
 //! - [`open`]: any of these from a path and [`TokenOptions`], as the Python bindings and the
 //!   command line open them.
 //!
@@ -43,6 +46,7 @@
 //! # Ok::<(), pinfeed_source::SourceError>(())
 //! ```
 
+mod chunks;
 mod documents;
 mod dtype;
 mod megatron;
@@ -54,10 +58,14 @@ mod testing;
 mod widen;
 mod windows;
 
+pub use chunks::ChunkOrder;
 pub use documents::{document_order, DocumentPlan, DocumentWindows, Documents, Segment};
 pub use dtype::TokenDType;
 pub use megatron::IndexedDataset;
-pub use open::{from_stream, is_indexed, open, Sample, TokenOptions, TokenSource};
+pub use open::{
+    from_stream, is_indexed, open, order_fingerprint, Sample, TokenOptions, TokenShuffle,
+    TokenSource,
+};
 pub use sampled::{sampled_offset, SampledWindows};
 pub use stream::TokenStream;
 pub use widen::Widened;

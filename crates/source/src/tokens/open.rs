@@ -5,10 +5,12 @@ use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::sync::Arc;
 
+use super::chunks::{chunk_bytes, documents_per_chunk, windows_per_chunk};
 use super::{
-    invalid, DocumentPlan, DocumentWindows, Documents, IndexedDataset, SampledWindows, TokenDType,
-    TokenStream, TokenWindows,
+    invalid, ChunkOrder, DocumentPlan, DocumentWindows, Documents, IndexedDataset, SampledWindows,
+    TokenDType, TokenStream, TokenWindows,
 };
+use crate::rng::hash2;
 use crate::{Result, Source};
 
 /// How the windows of a token dataset are picked.
@@ -49,6 +51,52 @@ impl FromStr for Sample {
     }
 }
 
+/// How the windows of an epoch are shuffled beyond what [`Sample`] draws: the `shuffle`
+/// modes of `TokenLoader` that concern the source.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum TokenShuffle {
+    /// Sequential windows in stream order. Documents in their shuffled order, windows in order:
+    /// a Megatron dataset's by [`document_order`](super::document_order), a table column's rows
+    /// by their row-group-aware [`ChunkOrder`].
+    #[default]
+    None,
+    /// The loader permutes the windows (its own shuffle): the source gives them as `None`
+    /// does, but a table column's documents in [`document_order`](super::document_order), so
+    /// that nothing of the order depends on row groups.
+    Random,
+    /// A table's column only: sequential windows in the row-group-aware [`ChunkOrder`] of the
+    /// windows (each counted in the chunk its first token lies in), documents in that of the
+    /// rows with the windows cut from each group's documents shuffled among themselves; the
+    /// loader reads them in order.
+    Block,
+}
+
+impl TokenShuffle {
+    /// The name users type: `none`, `random` or `block`.
+    pub fn name(self) -> &'static str {
+        match self {
+            TokenShuffle::None => "none",
+            TokenShuffle::Random => "random",
+            TokenShuffle::Block => "block",
+        }
+    }
+}
+
+impl FromStr for TokenShuffle {
+    type Err = String;
+
+    fn from_str(s: &str) -> std::result::Result<TokenShuffle, String> {
+        match s {
+            "none" => Ok(TokenShuffle::None),
+            "random" => Ok(TokenShuffle::Random),
+            "block" => Ok(TokenShuffle::Block),
+            _ => Err(format!(
+                "unknown shuffle {s:?}: expected \"none\", \"random\" or \"block\""
+            )),
+        }
+    }
+}
+
 /// What [`open`] builds: the windows, their rule, and the steps of a random run.
 #[derive(Clone, Debug)]
 pub struct TokenOptions {
@@ -73,6 +121,8 @@ pub struct TokenOptions {
     /// Random only: steps a loader batch carries ([`SampledWindows::grouped`]); 1 for one
     /// step a batch. The record count is rounded up to whole loader batches.
     pub steps_per_batch: u64,
+    /// How sequential and document windows are shuffled; `None` for random windows.
+    pub shuffle: TokenShuffle,
 }
 
 /// A token dataset opened as windows, by the rule that picks them.
@@ -205,6 +255,8 @@ fn windows(
 ) -> Result<TokenSource> {
     let len = random_len(stream.name(), options)?;
     let (seq_len, seed, epoch) = (options.seq_len, options.seed, options.epoch);
+    let chunked = chunk_rule(&stream, options)?.is_some();
+    let budget = chunk_budget();
     Ok(match (options.sample, dataset) {
         (Sample::Random, _) => TokenSource::Random(Arc::new(
             SampledWindows::new(stream, seq_len, seed, epoch, len)?.grouped(
@@ -213,19 +265,117 @@ fn windows(
                 options.steps_per_batch.max(1),
             )?,
         )),
-        (Sample::Sequential, _) => TokenSource::Sequential(Arc::new(TokenWindows::new(
-            stream,
-            seq_len,
-            seq_len.max(1),
-        )?)),
+        (Sample::Sequential, _) => {
+            let windows = TokenWindows::new(stream, seq_len, seq_len.max(1))?;
+            let Some(chunks) = windows.stream().chunk_starts().filter(|_| chunked) else {
+                return Ok(TokenSource::Sequential(Arc::new(windows)));
+            };
+            let counts = windows_per_chunk(chunks, seq_len.max(1), windows.num_records());
+            let bytes = chunk_bytes(chunks, windows.stream().dtype().width());
+            let order = ChunkOrder::new(seed, epoch, &counts, &bytes, budget).into_items();
+            TokenSource::Sequential(Arc::new(windows.in_order(order)?))
+        }
         (Sample::Documents, dataset) => {
             let name = stream.name().to_owned();
             let documents = match dataset {
                 Some(ds) => Documents::Indexed(Arc::new(ds)),
                 None => Documents::of_stream(stream).ok_or_else(|| not_indexed(&name))?,
             };
-            let plan = DocumentPlan::new(documents, seq_len, seed, epoch)?;
-            TokenSource::Documents(Arc::new(DocumentWindows::new(plan)?))
+            TokenSource::Documents(Arc::new(match chunked {
+                false => DocumentWindows::new(DocumentPlan::new(documents, seq_len, seed, epoch)?)?,
+                true => chunked_documents(documents, options, budget)?,
+            }))
         }
     })
+}
+
+/// The document windows of a table's column in the row-group-aware order of its rows, and
+/// with [`TokenShuffle::Block`] the windows of each group shuffled among themselves.
+fn chunked_documents(
+    documents: Documents,
+    options: &TokenOptions,
+    budget: u64,
+) -> Result<DocumentWindows> {
+    let stream = Arc::clone(documents.tokens());
+    let (Some(chunks), Some(rows)) = (stream.chunk_starts(), stream.document_starts()) else {
+        return Err(not_indexed(stream.name()));
+    };
+    let counts = documents_per_chunk(chunks, rows);
+    let bytes = chunk_bytes(chunks, stream.dtype().width());
+    let order = ChunkOrder::new(options.seed, options.epoch, &counts, &bytes, budget);
+    let plan = DocumentPlan::from_order(documents, options.seq_len, order.items().to_vec())?;
+    if options.shuffle != TokenShuffle::Block {
+        return DocumentWindows::new(plan);
+    }
+    // The first window that starts in each group's documents: those before it hold tokens of
+    // earlier groups' documents (the window that runs from one group into the next counts in
+    // the first).
+    let (seq_len, windows) = (options.seq_len, plan.num_windows());
+    let mut bounds = vec![0u64];
+    let mut tokens = 0u64;
+    for group in order.groups().windows(2) {
+        tokens += order.items()[group[0]..group[1]]
+            .iter()
+            .map(|&d| plan.documents().document_len(d))
+            .sum::<u64>();
+        bounds.push(tokens.div_ceil(seq_len).min(windows));
+    }
+    let within = order.windows_within(&bounds);
+    Ok(DocumentWindows::new(plan)?.in_order(within))
+}
+
+/// Bytes of decoded chunks a row-group-aware order takes at a time: half the chunk cache, so
+/// that the group being read and the chunks decoded next fit in it together.
+fn chunk_budget() -> u64 {
+    crate::table::cache_limit() as u64 / 2
+}
+
+/// Which row-group-aware rule orders the windows that `options` pick of `stream`, if any: 1
+/// for sequential windows, 2 for documents (their rows), 3 for documents with their windows
+/// shuffled too. Errors for [`TokenShuffle::Block`] where there are no chunks, or for a
+/// shuffle of random windows.
+fn chunk_rule(stream: &TokenStream, options: &TokenOptions) -> Result<Option<u64>> {
+    let chunks = stream.chunk_starts().is_some();
+    Ok(match (options.sample, options.shuffle) {
+        (Sample::Random, TokenShuffle::None) => None,
+        (Sample::Random, shuffle) => {
+            return Err(invalid(
+                stream.name(),
+                format!(
+                    "shuffle {:?} applies to sequential or document windows; random windows \
+                     are drawn at random already",
+                    shuffle.name()
+                ),
+            ))
+        }
+        (_, TokenShuffle::Block) if !chunks => {
+            return Err(invalid(
+                stream.name(),
+                "shuffle \"block\" orders a table's column by its row groups; token files \
+                 take \"none\" or \"random\"",
+            ))
+        }
+        (Sample::Sequential, TokenShuffle::Block) => Some(1),
+        (Sample::Documents, TokenShuffle::None) if chunks => Some(2),
+        (Sample::Documents, TokenShuffle::Block) => Some(3),
+        _ => None,
+    })
+}
+
+/// A hash of the rule that orders the windows `options` pick of `stream` beyond what the
+/// seed and the epoch decide: `Some` for a table column's row-group-aware orders, covering the
+/// rule, the chunks' sizes and the bytes taken at a time (all of which change the order), so
+/// that a position saved under one is not resumed under another; `None` where the order is
+/// not row-group aware.
+pub fn order_fingerprint(stream: &TokenStream, options: &TokenOptions) -> Result<Option<u64>> {
+    let Some(rule) = chunk_rule(stream, options)? else {
+        return Ok(None);
+    };
+    let chunks = stream.chunk_starts().unwrap_or(&[]);
+    let head = [rule, chunk_budget(), stream.dtype().width() as u64];
+    Ok(Some(
+        head.into_iter()
+            .chain(chunks.iter().copied())
+            .fold(0x6368_756e_6b73, hash2),
+    ))
 }

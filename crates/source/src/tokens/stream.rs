@@ -53,6 +53,11 @@ pub struct TokenStream {
     /// text column, one document a row): `documents[d] .. documents[d + 1]` are document `d`'s
     /// tokens; non-decreasing, from 0 to `num_tokens`. `None` for other streams.
     documents: Option<Vec<u64>>,
+    /// Where each chunk decoded whole starts (a table's row groups: [`Source::chunk_lengths`]),
+    /// the last entry `num_tokens`; non-decreasing. `None` for streams read token by token.
+    ///
+    /// [`Source::chunk_lengths`]: crate::Source::chunk_lengths
+    chunks: Option<Vec<u64>>,
 }
 
 impl TokenStream {
@@ -112,6 +117,7 @@ impl TokenStream {
             output: AtomicU8::new(0),
             fingerprint: OnceLock::new(),
             documents: None,
+            chunks: None,
         })
     }
 
@@ -153,6 +159,10 @@ impl TokenStream {
             Some(lengths) => Some(starts_of(&name, &lengths, tokens)?),
             None => None,
         };
+        let chunks = match source.chunk_lengths() {
+            Some(lengths) => Some(starts_of(&name, &lengths, tokens)?),
+            None => None,
+        };
         Ok(TokenStream {
             name: name.clone(),
             dtype: found,
@@ -166,6 +176,7 @@ impl TokenStream {
             output: AtomicU8::new(0),
             fingerprint: OnceLock::new(),
             documents,
+            chunks,
         })
     }
 
@@ -198,6 +209,23 @@ impl TokenStream {
     /// `None` for a stream that does not know its documents.
     pub fn document_starts(&self) -> Option<&[u64]> {
         self.documents.as_deref()
+    }
+
+    /// Where each chunk that a read decodes whole starts (a table's row groups, record batches
+    /// or JSON-lines files), the last entry `num_tokens`: chunk `c` is tokens
+    /// `starts[c] .. starts[c + 1]`. `None` for a stream whose tokens cost the same read in any
+    /// order (token files, object storage).
+    pub fn chunk_starts(&self) -> Option<&[u64]> {
+        self.chunks.as_deref()
+    }
+
+    /// Chunks (see [`TokenStream::chunk_starts`]) decoded by reads so far; `None` for a stream
+    /// without chunks.
+    pub fn chunk_decodes(&self) -> Option<u64> {
+        self.pieces.iter().find_map(|p| match &p.backing {
+            Backing::Records(source) => source.chunk_decodes(),
+            Backing::File { .. } => None,
+        })
     }
 
     /// The files, in stream order, with the number of tokens each holds.
@@ -326,7 +354,8 @@ impl TokenStream {
     }
 }
 
-/// Where each document of `lengths` starts, and their total last, checked to be `tokens`.
+/// Where each document (or chunk) of `lengths` starts, and their total last, checked to be
+/// `tokens`.
 fn starts_of(name: &str, lengths: &[u64], tokens: u64) -> Result<Vec<u64>> {
     let mut starts = Vec::with_capacity(lengths.len() + 1);
     let mut total = 0u64;

@@ -14,6 +14,10 @@ use crate::{check_gather_len, check_request, for_each_run, Layout, Result, Sourc
 /// `num_tokens - seq_len` of them); with `stride = seq_len` windows follow each other, sharing
 /// one token. [`read_records`](Source::read_records) of overlapping windows reads the span they
 /// cover once and spreads it in place; a gather of scattered windows reads each once.
+///
+/// [`TokenWindows::in_order`] numbers the windows in another order (a table column's
+/// row-group-aware shuffle, [`ChunkOrder`](super::ChunkOrder)): record `v` is then window
+/// [`window_of(v)`](TokenWindows::window_of).
 #[derive(Debug)]
 pub struct TokenWindows {
     stream: Arc<TokenStream>,
@@ -24,6 +28,8 @@ pub struct TokenWindows {
     stride: u64,
     /// `(num_tokens - window) / stride + 1`: every window lies inside the stream.
     num_windows: u64,
+    /// The window each record holds, when not its own: a permutation of `0 .. num_windows`.
+    order: Option<Vec<u64>>,
 }
 
 impl TokenWindows {
@@ -56,7 +62,35 @@ impl TokenWindows {
             layout,
             window,
             stride,
+            order: None,
         })
+    }
+
+    /// The same windows, record `v` holding window `order[v]`; `order` must be a permutation
+    /// of the windows (checked).
+    pub fn in_order(mut self, order: Vec<u64>) -> Result<TokenWindows> {
+        let mut seen = vec![false; order.len()];
+        let is_permutation = order.len() as u64 == self.num_windows
+            && order.iter().all(|&w| {
+                (w as usize) < seen.len() && !std::mem::replace(&mut seen[w as usize], true)
+            });
+        if !is_permutation {
+            return Err(invalid(
+                self.stream.name(),
+                format!(
+                    "an order of {} windows that is not a permutation of the {}",
+                    order.len(),
+                    self.num_windows
+                ),
+            ));
+        }
+        self.order = Some(order);
+        Ok(self)
+    }
+
+    /// The window record `v` holds: `v` unless [`TokenWindows::in_order`] set another order.
+    pub fn window_of(&self, v: u64) -> u64 {
+        self.order.as_ref().map_or(v, |order| order[v as usize])
     }
 
     /// The stream the windows are cut from.
@@ -75,21 +109,9 @@ impl TokenWindows {
     }
 }
 
-impl Source for TokenWindows {
-    fn name(&self) -> &str {
-        self.stream.name()
-    }
-
-    fn layout(&self) -> &Layout {
-        &self.layout
-    }
-
-    fn num_records(&self) -> u64 {
-        self.num_windows
-    }
-
-    fn read_records(&self, first: u64, dst: &mut [u8]) -> Result<()> {
-        let count = check_request(self, first, dst.len())?;
+impl TokenWindows {
+    /// Reads windows `first .. first + count`, checked to lie inside the stream, into `dst`.
+    fn read_span(&self, first: u64, count: u64, dst: &mut [u8]) -> Result<()> {
         if count == 0 {
             return Ok(());
         }
@@ -125,21 +147,52 @@ impl Source for TokenWindows {
         Ok(())
     }
 
+    /// Reads `windows` (each below `num_windows`) into `dst` in that order: from object storage
+    /// all together ([`TokenStream::read_windows`]), otherwise a span for each run of
+    /// consecutive windows.
+    fn read_windows(&self, windows: &[u64], dst: &mut [u8]) -> Result<()> {
+        if self.stream.network().is_none() {
+            let bytes = self.layout.record_bytes();
+            return for_each_run(windows.iter().copied().zip(0..), |first, place, count| {
+                let part = &mut dst[place * bytes..(place + count) * bytes];
+                self.read_span(first, count as u64, part)
+            });
+        }
+        let starts: Vec<u64> = windows.iter().map(|&w| w * self.stride).collect();
+        self.stream.read_windows(&starts, dst)
+    }
+}
+
+impl Source for TokenWindows {
+    fn name(&self) -> &str {
+        self.stream.name()
+    }
+
+    fn layout(&self) -> &Layout {
+        &self.layout
+    }
+
+    fn num_records(&self) -> u64 {
+        self.num_windows
+    }
+
+    fn read_records(&self, first: u64, dst: &mut [u8]) -> Result<()> {
+        let count = check_request(self, first, dst.len())?;
+        match &self.order {
+            None => self.read_span(first, count, dst),
+            Some(order) => self.read_windows(&order[first as usize..(first + count) as usize], dst),
+        }
+    }
+
     /// Scattered windows of token data in object storage are fetched together
     /// ([`TokenStream::read_windows`]); a local file's runs of consecutive windows are read as
     /// one span each, as any source's gather.
     fn gather(&self, indices: &[u64], dst: &mut [u8]) -> Result<()> {
         check_gather_len(self, indices.len(), dst.len())?;
-        if self.stream.network().is_none() {
-            let bytes = self.layout.record_bytes();
-            return for_each_run(indices.iter().copied().zip(0..), |first, place, count| {
-                self.read_records(first, &mut dst[place * bytes..(place + count) * bytes])
-            });
-        }
-        let starts = indices
+        let windows = indices
             .iter()
             .map(|&v| match v < self.num_windows {
-                true => Ok(v * self.stride),
+                true => Ok(self.window_of(v)),
                 false => Err(SourceError::OutOfRange {
                     name: self.name().to_owned(),
                     first: v,
@@ -148,7 +201,7 @@ impl Source for TokenWindows {
                 }),
             })
             .collect::<Result<Vec<u64>>>()?;
-        self.stream.read_windows(&starts, dst)
+        self.read_windows(&windows, dst)
     }
 
     fn reader_description(&self) -> String {
@@ -197,6 +250,31 @@ mod tests {
                 let mut one = vec![0u8; w.layout().record_bytes()];
                 assert!(w.read_records(n, &mut one).is_err());
             }
+        }
+    }
+
+    #[test]
+    fn windows_in_another_order_are_read_in_it() {
+        let (_dir, s) = three_files();
+        let w = TokenWindows::new(s.clone(), 4, 4)
+            .unwrap()
+            .in_order(vec![8, 0, 3, 4, 1, 2, 7, 5, 6]);
+        let w = w.unwrap();
+        let order = [8u64, 0, 3, 4, 1, 2, 7, 5, 6];
+        let mut dst = vec![0u8; 9 * 10];
+        w.read_records(0, &mut dst).unwrap();
+        let want: Vec<u8> = order.iter().flat_map(|&v| expected(4, 4, v, 1)).collect();
+        assert_eq!(dst, want);
+        let mut two = vec![0u8; 2 * 10];
+        w.gather(&[6, 2], &mut two).unwrap();
+        assert_eq!(two, [expected(4, 4, 7, 1), expected(4, 4, 3, 1)].concat());
+        assert!(w.gather(&[9], &mut two[..10]).is_err());
+        for bad in [vec![0u64; 9], vec![0, 1, 2], (1..10).collect()] {
+            let e = TokenWindows::new(s.clone(), 4, 4)
+                .unwrap()
+                .in_order(bad)
+                .unwrap_err();
+            assert!(e.to_string().contains("not a permutation"), "{e}");
         }
     }
 

@@ -193,6 +193,7 @@ fn a_token_file_in_a_bucket_streams_as_windows() {
         batch_size: 8,
         world_size: 1,
         steps_per_batch: 1,
+        shuffle: Default::default(),
     };
     let stream = Arc::new(stream);
     let documents = TokenOptions {
