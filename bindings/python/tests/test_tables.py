@@ -123,6 +123,21 @@ def test_parquet_columns_in_order_equal_pyarrows_read(parquet_file):
     check_equal(read_all(pinfeed.Loader(path, 8, device="cpu", columns=NAMES)), table)
 
 
+@pytest.mark.parametrize("names", [["vec"], ["f64"], ["img"], ["f32", "u8", "vec", "f64"]])
+def test_parquet_one_column_and_blocks_of_many_equal_pyarrows_read(tmp_path, names):
+    # One column filling the record is copied whole; several are packed a block of records
+    # at a time: row groups of several decoded batches, and blocks cut mid-group.
+    rows = 70_000
+    table, _ = make_table(rows, seed=4)
+    path = tmp_path / "big.parquet"
+    pq.write_table(table.select(names), path, row_group_size=50_000)
+    loader = pinfeed.Loader(path, 4096, device="cpu", columns=names, num_threads=3)
+    got = read_all(loader)
+    for name, _, dtype, shape in (t for t in TAKEN if t[0] in names):
+        want = pyarrow_read(table, name, dtype, shape)
+        np.testing.assert_array_equal(got[name], want, err_msg=name)
+
+
 @pytest.mark.parametrize("shuffle", [True, "block"])
 def test_parquet_shuffled_gives_every_row_once(parquet_file, shuffle):
     path, table = parquet_file

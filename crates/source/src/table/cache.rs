@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, TryLockError};
 
 use crate::Result;
 
@@ -19,11 +19,15 @@ static LIMIT: AtomicUsize = AtomicUsize::new(CACHE_BYTES);
 /// (table id, chunk index).
 type Key = (u64, usize);
 
+/// A decoded chunk's records, shared by the cache and its readers (a `Vec` behind the `Arc`,
+/// as `pack` made it: an `Arc<[u8]>` would copy it once more).
+pub(crate) type Chunk = Arc<Vec<u8>>;
+
 #[derive(Default)]
 struct Slot {
     /// The records, once decoded; its lock is held while one thread decodes, so the others
     /// asking for the chunk wait for that decode instead of doing their own.
-    data: Mutex<Option<Arc<[u8]>>>,
+    data: Mutex<Option<Chunk>>,
     /// When it was last asked for (the cache's clock).
     used: AtomicU64,
     /// Its bytes once decoded; 0 before.
@@ -50,11 +54,7 @@ pub(crate) fn new_id() -> u64 {
 
 /// Chunk `chunk` of table `id`, from the cache or from `load` (whose failure is returned and
 /// not kept).
-pub(crate) fn get(
-    id: u64,
-    chunk: usize,
-    load: impl FnOnce() -> Result<Vec<u8>>,
-) -> Result<Arc<[u8]>> {
+pub(crate) fn get(id: u64, chunk: usize, load: impl FnOnce() -> Result<Vec<u8>>) -> Result<Chunk> {
     let key = (id, chunk);
     let slot = {
         let mut c = cache().lock().unwrap_or_else(|e| e.into_inner());
@@ -64,16 +64,63 @@ pub(crate) fn get(
         slot.used.store(clock, Ordering::Relaxed);
         slot
     };
-    let mut data = slot.data.lock().unwrap_or_else(|e| e.into_inner());
+    let data = slot.data.lock().unwrap_or_else(|e| e.into_inner());
     if let Some(d) = &*data {
         return Ok(d.clone());
     }
-    let loaded: Arc<[u8]> = match load() {
-        Ok(v) => v.into(),
+    fill(key, &slot, data, load)
+}
+
+/// Whether chunk `chunk` of table `id` is being decoded by another thread now.
+pub(crate) fn decoding(id: u64, chunk: usize) -> bool {
+    let c = cache().lock().unwrap_or_else(|e| e.into_inner());
+    c.slots
+        .get(&(id, chunk))
+        .is_some_and(|s| matches!(s.data.try_lock(), Err(TryLockError::WouldBlock)))
+}
+
+/// Whether chunk `chunk` of table `id` is decoded or being decoded.
+pub(crate) fn asked(id: u64, chunk: usize) -> bool {
+    let c = cache().lock().unwrap_or_else(|e| e.into_inner());
+    c.slots.contains_key(&(id, chunk))
+}
+
+/// Decodes chunk `chunk` of table `id` with `load` and keeps it, unless a thread has asked
+/// for it already; a failure is not kept (the reader that needs the chunk meets it again).
+pub(crate) fn load_ahead(id: u64, chunk: usize, load: impl FnOnce() -> Result<Vec<u8>>) {
+    let key = (id, chunk);
+    let slot = {
+        let mut c = cache().lock().unwrap_or_else(|e| e.into_inner());
+        if c.slots.contains_key(&key) {
+            return;
+        }
+        c.clock += 1;
+        let clock = c.clock;
+        let slot = c.slots.entry(key).or_default().clone();
+        slot.used.store(clock, Ordering::Relaxed);
+        slot
+    };
+    // Another thread may have found the new slot and locked it first: that one decodes.
+    let Ok(data) = slot.data.try_lock() else {
+        return;
+    };
+    let _ = fill(key, &slot, data, load);
+}
+
+/// Fills `slot` (locked as `data`, empty) with what `load` returns, and counts its bytes;
+/// a failure removes the slot.
+fn fill(
+    key: Key,
+    slot: &Arc<Slot>,
+    mut data: MutexGuard<'_, Option<Chunk>>,
+    load: impl FnOnce() -> Result<Vec<u8>>,
+) -> Result<Chunk> {
+    let loaded: Chunk = match load() {
+        Ok(v) => Arc::new(v),
         Err(e) => {
             drop(data);
             let mut c = cache().lock().unwrap_or_else(|e| e.into_inner());
-            if c.slots.get(&key).is_some_and(|s| Arc::ptr_eq(s, &slot)) {
+            if c.slots.get(&key).is_some_and(|s| Arc::ptr_eq(s, slot)) {
                 c.slots.remove(&key);
             }
             return Err(e);
@@ -83,7 +130,7 @@ pub(crate) fn get(
     drop(data);
     // Sizes are set and summed under the cache's lock only, so evictions subtract what was added.
     let mut c = cache().lock().unwrap_or_else(|e| e.into_inner());
-    if c.slots.get(&key).is_some_and(|s| Arc::ptr_eq(s, &slot)) {
+    if c.slots.get(&key).is_some_and(|s| Arc::ptr_eq(s, slot)) {
         slot.bytes.store(loaded.len(), Ordering::Relaxed);
         c.bytes += loaded.len();
     }

@@ -317,14 +317,32 @@ impl TableSource {
         self.chunks.rows()
     }
 
-    fn chunk(&self, k: usize) -> Result<Arc<[u8]>> {
+    fn chunk(&self, k: usize) -> Result<cache::Chunk> {
         let i = self.index[k];
         let record_bytes = self.layout.record_bytes();
-        cache::get(self.id, i, || {
-            self.decodes
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            self.chunks.pack(i, &self.columns, record_bytes, None)
-        })
+        let load = |i: usize| {
+            move || {
+                self.decodes
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                self.chunks.pack(i, &self.columns, record_bytes, None)
+            }
+        };
+        // Readers in file order all want the chunk one of them is decoding: rather than wait,
+        // each decodes a later chunk nobody has asked for yet, so that decoding runs on every
+        // reader thread. Within half the cache, so that the chunk being read stays in it; and
+        // only where the chunk before was read (in order), not for records in random order.
+        let in_order = k == 0 || cache::asked(self.id, self.index[k - 1]);
+        let (mut ahead, mut bytes) = (k + 1, 0u64);
+        while in_order && ahead < self.index.len() && cache::decoding(self.id, i) {
+            bytes += (self.starts[ahead + 1] - self.starts[ahead]) * record_bytes as u64;
+            if bytes > cache::limit() as u64 / 2 {
+                break;
+            }
+            let j = self.index[ahead];
+            cache::load_ahead(self.id, j, load(j));
+            ahead += 1;
+        }
+        cache::get(self.id, i, load(i))
     }
 }
 

@@ -212,7 +212,7 @@ impl Chunks for RowGroups {
             ParquetRecordBatchReaderBuilder::new_with_metadata(fetched, self.metadata.clone())
                 .with_projection(self.mask.clone())
                 .with_row_groups(vec![i])
-                .with_batch_size(self.rows[i].clamp(1, 1 << 20) as usize)
+                .with_batch_size(batch_rows(columns, record_bytes, self.rows[i]))
                 .build()
                 .map_err(|e| fail(&e))?;
         let mut out = Vec::with_capacity(self.rows[i] as usize * record_bytes);
@@ -241,6 +241,21 @@ impl Chunks for RowGroups {
         Ok(out)
     }
 }
+
+/// Rows a record batch decodes: for records, a batch's arrays small enough to be packed
+/// while they are still in the cache (a whole row group's would go out to memory and back);
+/// a token or text column's rows (documents) as they come, up to a row group.
+fn batch_rows(columns: &[Column], record_bytes: usize, rows: u64) -> usize {
+    let most = if columns.first().is_some_and(|c| c.tokens) {
+        1 << 20
+    } else {
+        (BATCH_BYTES / record_bytes.max(1)).max(1)
+    };
+    rows.clamp(1, most as u64) as usize
+}
+
+/// Bytes of records a decoded record batch holds at most.
+const BATCH_BYTES: usize = 1 << 20;
 
 /// A row group's column chunks in memory, as parquet's reader asks for them: every page it
 /// reads lies inside the chunk of its column.
