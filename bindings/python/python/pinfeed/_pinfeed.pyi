@@ -52,6 +52,7 @@ __all__ = [
     "reshard_position",
     "streams_with_exports",
     "token_offsets",
+    "tokenized_rows",
     "widen_tokens",
 ]
 __version__: str
@@ -312,6 +313,7 @@ def open_text_column(
 def open_token_column(
     path: str | PathLike[str], column: str, *, dtype: str | None = None, documents: bool = False
 ) -> TokenStream: ...
+def tokenized_rows() -> int: ...
 def reshard_position(
     num_records: int,
     batch_size: int,

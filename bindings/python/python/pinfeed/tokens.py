@@ -144,11 +144,12 @@ class TokenLoader(EpochLoader):
     str is a token, an int an id) into uint32 tokens, and each step is ``(x, y, segment_ids,
     position_ids, cu_seqlens)``: a document starts at a window's start, at ``bos_token`` and
     after ``eos_token``, ``position_ids`` restart at each, and ``cu_seqlens`` (int32) are the
-    documents' bounds in the flattened batch. Each file's text is tokenized once when the
-    loader is made, to count its tokens, and again when read once outside the cache. With
-    ``sample="documents"`` each row is a document: ``segment_ids`` (and for text the
-    ``position_ids`` and ``cu_seqlens``) follow the rows. Its reads land all over the table,
-    each decoding (or tokenizing) its row group unless the 1 GiB cache of decoded ones holds it.
+    documents' bounds in the flattened batch. Making the loader tokenizes each file once, on
+    idle cores, to count its tokens, and keeps them on local disk (``text-tokens`` in
+    ``$PINFEED_CACHE_DIR`` or ``~/.cache/pinfeed``, keyed by the file's path, size, mtime and
+    the tokenizer; at most ``$PINFEED_TEXT_CACHE_BYTES``, by default half the free space),
+    whence every later read of an unchanged file comes. With ``sample="documents"`` each row is
+    a document: ``segment_ids`` (and ``position_ids``, ``cu_seqlens``) follow the rows.
 
     **Mixtures**: ``source`` may be a dict of name to source (a path, a URL, or
     :class:`pinfeed.Source` with its own ``token_dtype`` and object-store options), with
@@ -556,9 +557,11 @@ class TokenLoader(EpochLoader):
             self._next = (int(moved["epoch"]), int(moved["batches_done"]))
 
     def stats(self) -> dict[str, Any]:
-        """The counters of the current (or last) pass: :meth:`pinfeed.Loader.stats`; for a
-        mixture, each source's in ``"sources"``."""
+        """The counters of the current (or last) pass: :meth:`pinfeed.Loader.stats`; a
+        mixture's sources' in ``"sources"``; for text, ``"tokenized_rows"`` (by the process)."""
         stats = self._loader.stats()
+        if self._text is not None:
+            stats = {**stats, "tokenized_rows": _pinfeed.tokenized_rows()}
         return stats if self._mixture is None else self._mixture.stats(stats)
 
     def set_weights(self, weights: Mapping[str, float], from_step: Optional[int] = None) -> None:

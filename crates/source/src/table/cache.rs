@@ -12,6 +12,18 @@ use crate::Result;
 /// it by their readers): 16 row groups of 64 MiB, a block shuffle's default window.
 pub(crate) const CACHE_BYTES: usize = 1 << 30;
 
+/// The variable that sets the cache's bound in bytes instead of [`CACHE_BYTES`].
+pub const LIMIT_VAR: &str = "PINFEED_CHUNK_CACHE_BYTES";
+
+/// The cache's bound: [`LIMIT_VAR`] when set, else [`CACHE_BYTES`]; read at each eviction,
+/// so a test can shrink it.
+fn limit() -> usize {
+    std::env::var(LIMIT_VAR)
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(CACHE_BYTES)
+}
+
 /// (table id, chunk index).
 type Key = (u64, usize);
 
@@ -88,9 +100,10 @@ pub(crate) fn get(
 }
 
 /// Lets go of the least recently asked-for chunks (not `keep`) until the cache holds at most
-/// [`CACHE_BYTES`].
+/// [`limit`].
 fn evict(c: &mut Cache, keep: Key) {
-    while c.bytes > CACHE_BYTES {
+    let limit = limit();
+    while c.bytes > limit {
         let oldest = c
             .slots
             .iter()
