@@ -117,6 +117,7 @@ fn _pinfeed(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(tables::natural_block, m)?)?;
     m.add_function(wrap_pyfunction!(tables::open_token_column, m)?)?;
     m.add_function(wrap_pyfunction!(tables::open_text_column, m)?)?;
+    m.add_function(wrap_pyfunction!(tables::tokenized_rows, m)?)?;
     m.add_function(wrap_pyfunction!(order::epoch_order, m)?)?;
     m.add_function(wrap_pyfunction!(order::epoch_size, m)?)?;
     m.add_function(wrap_pyfunction!(order::reshard_position, m)?)?;

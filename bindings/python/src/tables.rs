@@ -246,3 +246,10 @@ pub(crate) fn open_text_column(
     let stream = token_stream(py, open_path_or_url(py, &path, read, store)?, None)?;
     Ok((stream, text.bos, text.eos))
 }
+
+/// Rows of text this process has tokenized so far, in every table (rows read back from the
+/// token cache on disk or the chunk cache are not counted again).
+#[pyfunction]
+pub(crate) fn tokenized_rows() -> u64 {
+    pinfeed_source::table::tokenized_rows()
+}

@@ -18,6 +18,13 @@ pq = pytest.importorskip("pyarrow.parquet")
 
 ROWS = 50
 
+
+@pytest.fixture(autouse=True)
+def _cache_dir(tmp_path, monkeypatch):
+    """Text tokens are kept in each test's folder, not the user's cache."""
+    monkeypatch.setenv("PINFEED_CACHE_DIR", str(tmp_path / "cache"))
+
+
 # Every column type records take: (name, arrow type, numpy dtype, row shape).
 TAKEN = [
     ("id", pa.int64(), np.int64, ()),
@@ -725,3 +732,86 @@ def test_text_column_documents_follow_the_rows(tmp_path, trained_tokenizer):
         np.testing.assert_array_equal(pos, np.arange(16) - first)
         flat = pos.reshape(-1)
         np.testing.assert_array_equal(cu, np.append(np.flatnonzero(flat == 0), flat.size))
+
+
+@pytest.fixture
+def token_cache(tmp_path, monkeypatch):
+    """A chunk cache that keeps no chunk but the one being read: every read after the count
+    comes from the text tokens kept on disk (the folder returned) or a new tokenization."""
+    monkeypatch.setenv("PINFEED_CHUNK_CACHE_BYTES", "1")
+    return tmp_path / "cache" / "text-tokens"
+
+
+def text_reference(tok, texts):
+    eos = tok.token_to_id("<|endoftext|>")
+    return np.concatenate([e.ids + [eos] for e in tok.encode_batch(texts)]).astype(np.int64)
+
+
+def assert_windows(loader, flat):
+    x = np.concatenate([s[0] for s in loader])
+    want = np.lib.stride_tricks.sliding_window_view(flat[:-1], 16)[::16][: len(x)]
+    assert len(x) == (len(flat) - 1) // 16
+    np.testing.assert_array_equal(x, want)
+
+
+def test_text_larger_than_the_chunk_cache_is_tokenized_once(
+    tmp_path, trained_tokenizer, token_cache
+):
+    tok, tok_path = trained_tokenizer
+    texts = make_texts(300, seed=11)
+    path = tmp_path / "text.parquet"
+    pq.write_table(pa.table({"text": texts}), path, row_group_size=20)
+    flat = text_reference(tok, texts)
+    before = _pinfeed.tokenized_rows()
+    loader = text_loader(path, tok_path, sample="sequential", shuffle=True, seed=1)
+    want = sorted(map(tuple, np.lib.stride_tricks.sliding_window_view(flat[:-1], 16)[::16]))
+    for _ in range(2):  # two epochs, each in its own order
+        x = np.concatenate([s[0] for s in loader])
+        assert sorted(map(tuple, x)) == want
+    assert loader.stats()["tokenized_rows"] - before == len(texts)
+    # A later loader of the unchanged file reads every token from disk.
+    assert_windows(text_loader(path, tok_path, sample="sequential"), flat)
+    assert _pinfeed.tokenized_rows() - before == len(texts)
+    assert len(list(token_cache.iterdir())) == 1
+
+
+def test_a_changed_text_file_is_tokenized_again(tmp_path, trained_tokenizer, token_cache):
+    tok, tok_path = trained_tokenizer
+    path = tmp_path / "text.parquet"
+    pq.write_table(pa.table({"text": make_texts(100, seed=1)}), path, row_group_size=30)
+    assert_windows(
+        text_loader(path, tok_path, sample="sequential"),
+        text_reference(tok, make_texts(100, seed=1)),
+    )
+    texts = make_texts(90, seed=2)
+    pq.write_table(pa.table({"text": texts}), path, row_group_size=30)
+    before = _pinfeed.tokenized_rows()
+    assert_windows(text_loader(path, tok_path, sample="sequential"), text_reference(tok, texts))
+    assert _pinfeed.tokenized_rows() - before == len(texts)
+
+
+def test_text_without_the_token_cache_is_tokenized_again_alike(
+    tmp_path, trained_tokenizer, token_cache, monkeypatch
+):
+    monkeypatch.setenv("PINFEED_TEXT_CACHE_BYTES", "0")
+    tok, tok_path = trained_tokenizer
+    texts = make_texts(200, seed=5)
+    path = tmp_path / "text.parquet"
+    pq.write_table(pa.table({"text": texts}), path, row_group_size=25)
+    before = _pinfeed.tokenized_rows()
+    assert_windows(text_loader(path, tok_path, sample="sequential"), text_reference(tok, texts))
+    # The count, then a row group again each time a read finds the one-chunk cache without it.
+    assert _pinfeed.tokenized_rows() - before > len(texts)
+    assert not token_cache.exists()
+
+
+def test_a_large_row_group_split_among_threads_equals_encode_batch(
+    tmp_path, trained_tokenizer, token_cache
+):
+    """A row group of more text than one thread tokenizes (256 KiB) is split by rows."""
+    tok, tok_path = trained_tokenizer
+    texts = make_texts(8000, seed=6)
+    assert sum(len(t.encode()) for t in texts) > 256 << 10
+    path = tmp_path / "text.parquet"
+    pq.write_table(pa.table({"text": texts}), path, row_group_size=len(texts))
+    assert_windows(text_loader(path, tok_path, sample="sequential"), text_reference(tok, texts))

@@ -206,17 +206,9 @@ pub fn machine_rates(ctx: &Arc<Context>, may_measure: bool) -> Result<Option<Mac
     Ok(Some(rates))
 }
 
-/// Where the per-boot file lives: `$PINFEED_CACHE_DIR`, else `$XDG_CACHE_HOME/pinfeed`, else
-/// `~/.cache/pinfeed`.
+/// Where the per-boot file lives: [`pinfeed_source::system::cache_dir`].
 pub fn cache_dir() -> Option<PathBuf> {
-    let env = |k: &str| {
-        std::env::var_os(k)
-            .filter(|v| !v.is_empty())
-            .map(PathBuf::from)
-    };
-    env("PINFEED_CACHE_DIR")
-        .or_else(|| env("XDG_CACHE_HOME").map(|d| d.join("pinfeed")))
-        .or_else(|| env("HOME").map(|d| d.join(".cache").join("pinfeed")))
+    pinfeed_source::system::cache_dir()
 }
 
 /// The file for device `ordinal` in this boot.

@@ -13,6 +13,19 @@ pub fn cores() -> usize {
     std::thread::available_parallelism().map_or(4, |n| n.get())
 }
 
+/// Where pinfeed keeps what it caches on this machine: `$PINFEED_CACHE_DIR`, else
+/// `$XDG_CACHE_HOME/pinfeed`, else `~/.cache/pinfeed`.
+pub fn cache_dir() -> Option<std::path::PathBuf> {
+    let env = |k: &str| {
+        std::env::var_os(k)
+            .filter(|v| !v.is_empty())
+            .map(std::path::PathBuf::from)
+    };
+    env("PINFEED_CACHE_DIR")
+        .or_else(|| env("XDG_CACHE_HOME").map(|d| d.join("pinfeed")))
+        .or_else(|| env("HOME").map(|d| d.join(".cache").join("pinfeed")))
+}
+
 /// Bytes of memory the machine has (`MemTotal`).
 pub fn mem_total() -> Option<u64> {
     meminfo("MemTotal")

@@ -54,6 +54,7 @@ __all__ = [
     "streams_with_exports",
     "table_cache_limit",
     "token_offsets",
+    "tokenized_rows",
     "widen_tokens",
 ]
 __version__: str
@@ -330,6 +331,7 @@ def open_token_column(
     cache_limit: int | str | None = None,
     queue_depth: int | None = None,
 ) -> TokenStream: ...
+def tokenized_rows() -> int: ...
 def reshard_position(
     num_records: int,
     batch_size: int,

@@ -145,18 +145,21 @@ class TokenLoader(EpochLoader):
     str is a token, an int an id) into uint32 tokens, and each step is ``(x, y, segment_ids,
     position_ids, cu_seqlens)``: a document starts at a window's start, at ``bos_token`` and
     after ``eos_token``, ``position_ids`` restart at each, and ``cu_seqlens`` (int32) are the
-    documents' bounds in the flattened batch. Each file's text is tokenized once when the
-    loader is made, to count its tokens, and again when read once outside the cache. With
-    ``sample="documents"`` each row is a document: ``segment_ids`` (and for text the
-    ``position_ids`` and ``cu_seqlens``) follow the rows. A read decodes (or tokenizes) its
-    whole row group unless the 1 GiB cache of decoded ones holds it, so a table's shuffled
-    orders are row-group aware: ``shuffle=True`` (``"block"``) puts the row groups in a
-    shuffled order of ``(seed, epoch)``, takes them a few at a time (as many as decode to half
-    the cache) and permutes the windows of each few among themselves; ``"documents"`` orders
-    its rows so (``shuffle=True`` permutes each few's windows too). Each row group is then
-    decoded about once an epoch. ``shuffle="random"`` asks for the global permutation (of the
-    documents too), which decodes a row group for nearly every window once the column outgrows
-    the cache, as random windows do. ``stats()["chunk_decodes"]`` counts a pass's decodes.
+    documents' bounds in the flattened batch. Making the loader tokenizes each file once, on
+    idle cores, to count its tokens, and keeps them on local disk (``text-tokens`` in
+    ``$PINFEED_CACHE_DIR`` or ``~/.cache/pinfeed``, keyed by the file's path, size, mtime and
+    the tokenizer; at most ``$PINFEED_TEXT_CACHE_BYTES``, by default half the free space),
+    whence every later read of an unchanged file comes. With ``sample="documents"`` each row is
+    a document: ``segment_ids`` (and for text the ``position_ids`` and ``cu_seqlens``) follow
+    the rows. A read decodes (or reads back) its whole row group unless the 1 GiB cache of
+    decoded ones holds it, so a table's shuffled orders are row-group aware: ``shuffle=True``
+    (``"block"``) puts the row groups in a shuffled order of ``(seed, epoch)``, takes them a
+    few at a time (as many as decode to half the cache) and permutes the windows of each few
+    among themselves; ``"documents"`` orders its rows so (``shuffle=True`` permutes each few's
+    windows too). Each row group is then decoded about once an epoch. ``shuffle="random"``
+    asks for the global permutation (of the documents too), which decodes a row group for
+    nearly every window once the column outgrows the cache, as random windows do.
+    ``stats()["chunk_decodes"]`` counts a pass's decodes.
 
     **Mixtures**: ``source`` may be a dict of name to source (a path, a URL, or
     :class:`pinfeed.Source` with its own ``token_dtype`` and object-store options), with
@@ -522,8 +525,10 @@ class TokenLoader(EpochLoader):
     def stats(self) -> dict[str, Any]:
         """The counters of the current (or last) pass: :meth:`pinfeed.Loader.stats`; for a
         mixture, each source's in ``"sources"``; for a table's column, the row groups its reads
-        decoded in ``"chunk_decodes"``."""
+        decoded in ``"chunk_decodes"``; for text, ``"tokenized_rows"`` (by the process)."""
         stats = self._loader.stats()
+        if self._text is not None:
+            stats = {**stats, "tokenized_rows": _pinfeed.tokenized_rows()}
         if self._mixture is not None:
             return self._mixture.stats(stats)
         return with_decodes(stats, self._opened, getattr(self, "_decodes_before", None))

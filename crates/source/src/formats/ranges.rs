@@ -28,6 +28,12 @@ pub trait ByteRanges: Send + Sync + std::fmt::Debug {
         let mut one = self.read_ranges(std::slice::from_ref(&range))?;
         Ok(one.pop().unwrap_or_default())
     }
+
+    /// The local file and its path, where these bytes are one (what keys a cache on disk of
+    /// what was derived from them); `None` for an object in object storage.
+    fn local_file(&self) -> Option<(&Path, &File)> {
+        None
+    }
 }
 
 /// Bytes to open as a source, as [`super::Format::open_ranges`] receives them.
@@ -67,6 +73,10 @@ impl ByteRanges for FileRanges {
 
     fn size(&self) -> u64 {
         self.size
+    }
+
+    fn local_file(&self) -> Option<(&Path, &File)> {
+        Some((&self.path, &self.file))
     }
 
     fn read_ranges(&self, ranges: &[Range<u64>]) -> Result<Vec<Vec<u8>>> {

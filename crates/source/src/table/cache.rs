@@ -13,8 +13,12 @@ use crate::Result;
 /// shuffle's default window.
 pub(crate) const CACHE_BYTES: usize = 1 << 30;
 
-/// The cache's limit now, in bytes.
-static LIMIT: AtomicUsize = AtomicUsize::new(CACHE_BYTES);
+/// The variable that sets the cache's bound in bytes instead of [`CACHE_BYTES`].
+pub const LIMIT_VAR: &str = "PINFEED_CHUNK_CACHE_BYTES";
+
+/// The limit [`set_limit`] set; 0 until then (or after `set_limit(0)`), when [`LIMIT_VAR`] or
+/// else [`CACHE_BYTES`] rules, read at each eviction so that a test can shrink it.
+static LIMIT: AtomicUsize = AtomicUsize::new(0);
 
 /// (table id, chunk index).
 type Key = (u64, usize);
@@ -140,13 +144,20 @@ fn fill(
 
 /// The bytes of decoded records the cache keeps at most.
 pub(crate) fn limit() -> usize {
-    LIMIT.load(Ordering::Relaxed)
+    match LIMIT.load(Ordering::Relaxed) {
+        0 => std::env::var(LIMIT_VAR)
+            .ok()
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(CACHE_BYTES),
+        set => set,
+    }
 }
 
-/// Sets the cache's limit to `bytes`, lets go of chunks down to it, and returns the limit it
-/// had.
+/// Sets the cache's limit to `bytes` (0: back to [`LIMIT_VAR`] or [`CACHE_BYTES`]), lets go of
+/// chunks down to it, and returns the limit it had.
 pub(crate) fn set_limit(bytes: usize) -> usize {
-    let old = LIMIT.swap(bytes, Ordering::Relaxed);
+    let old = limit();
+    LIMIT.store(bytes, Ordering::Relaxed);
     let mut c = cache().lock().unwrap_or_else(|e| e.into_inner());
     evict(&mut c, (u64::MAX, usize::MAX));
     old
@@ -155,7 +166,8 @@ pub(crate) fn set_limit(bytes: usize) -> usize {
 /// Lets go of the least recently asked-for chunks (not `keep`) until the cache holds at most
 /// its [`limit`].
 fn evict(c: &mut Cache, keep: Key) {
-    while c.bytes > limit() {
+    let limit = limit();
+    while c.bytes > limit {
         let oldest = c
             .slots
             .iter()

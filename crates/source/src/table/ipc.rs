@@ -111,7 +111,7 @@ fn open_ipc(bytes: Arc<dyn ByteRanges>, options: &ReadOptions) -> Result<TableSo
     let wanted = columns_option(&options.format)?;
     let indices = resolve(&name, &schema, wanted.as_deref())?;
     let fields: Vec<_> = indices.iter().map(|&i| schema.field(i)).collect();
-    let (layout, columns) = super::layout_for(&options.format, &name, &fields)?;
+    let (layout, columns) = super::layout_for(&options.format, &name, &fields, &*bytes)?;
     let decoded = match batches {
         Batches::File(file) => file.decode(&*bytes, &indices)?,
         Batches::Stream(whole) => stream(&name, &whole, Some(indices.clone()))?

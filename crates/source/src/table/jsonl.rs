@@ -116,7 +116,7 @@ fn open_jsonl(bytes: &dyn ByteRanges, options: &ReadOptions) -> Result<Box<dyn S
         return Err(super::columns::name_the_columns(e, &readable));
     }
     let field_refs: Vec<&Field> = fields.iter().collect();
-    let (layout, columns) = super::layout_for(format, &name, &field_refs)?;
+    let (layout, columns) = super::layout_for(format, &name, &field_refs, bytes)?;
     let schema = Arc::new(Schema::new(fields.clone()));
     let batch =
         RecordBatch::try_new(schema, arrays).map_err(|e| table_error(&name, e.to_string()))?;

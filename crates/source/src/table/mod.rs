@@ -20,14 +20,17 @@ pub mod columns;
 mod ipc;
 mod jsonl;
 mod parquet;
+mod spill;
 mod text;
 
 use std::sync::Arc;
 
 use crate::formats::{Format, FormatOptions};
 use crate::{check_request, Layout, Result, Source};
+pub use cache::LIMIT_VAR as CHUNK_CACHE_LIMIT_VAR;
 pub use columns::Column;
-pub use text::Text;
+pub use spill::LIMIT_VAR as TEXT_CACHE_LIMIT_VAR;
+pub use text::{tokenized_rows, Text};
 
 pub(crate) use ipc::Arrow;
 pub(crate) use jsonl::Jsonl;
@@ -102,12 +105,14 @@ pub(crate) fn columns_option(format: &FormatOptions) -> Result<Option<Vec<String
     Ok(Some(names))
 }
 
-/// The layout of records of `fields` as the format options ask: columns as records, a token
-/// column, or a text column tokenized.
+/// The layout of records of `fields` of the table in `bytes` as the format options ask: columns
+/// as records, a token column, or a text column tokenized (its tokens kept on local disk for a
+/// local file, `spill`).
 pub(crate) fn layout_for(
     format: &FormatOptions,
     name: &str,
     fields: &[&arrow_schema::Field],
+    bytes: &dyn crate::formats::ByteRanges,
 ) -> Result<(Layout, Vec<Column>)> {
     let documents = match format.get(DOCUMENTS) {
         None | Some("false") => false,
@@ -124,7 +129,11 @@ pub(crate) fn layout_for(
                 reason: format!("{name}: a text column needs a tokenizer (a tokenizer.json)"),
             });
         };
-        let text = Text::load(tokenizer, format.get(BOS), format.get(EOS))?;
+        let mut text = Text::load(tokenizer, format.get(BOS), format.get(EOS))?;
+        let column = format.get(TEXT).unwrap_or_default();
+        text.spill = bytes
+            .local_file()
+            .and_then(|(path, file)| spill::Spill::for_file(path, file, column, text.fingerprint));
         columns::text_layout(name, fields[0], Arc::new(text))?
     } else if format.get(TOKENS).is_some() {
         columns::token_layout(name, fields[0])?
@@ -165,13 +174,16 @@ pub(crate) trait Chunks: Send + Sync + std::fmt::Debug {
 }
 
 /// A token column's chunks, counted in tokens: each chunk decoded once at open to count them
-/// (Parquet's footer counts rows, not the integers of their lists).
+/// (Parquet's footer counts rows, not the integers of their lists). A text column's tokens are
+/// kept on disk as they are counted ([`spill`]), and read back from there later.
 #[derive(Debug)]
 struct TokenChunks {
     inner: Box<dyn Chunks>,
     tokens: Vec<u64>,
     /// Tokens in each row, all chunks in order, when the column was opened with [`DOCUMENTS`].
     documents: Option<Vec<u64>>,
+    /// The text column's tokens on disk.
+    spill: Option<Arc<Text>>,
 }
 
 /// A chunk's token count, and its rows' when they are kept.
@@ -179,8 +191,9 @@ type Counted = Option<Result<(u64, Vec<u64>)>>;
 
 impl TokenChunks {
     /// Counts the tokens of every chunk (and of each row, for [`DOCUMENTS`]), on as many
-    /// threads as there are cores; the chunks go into the cache under `id` (for text, so that
-    /// the first reads do not tokenize again).
+    /// threads as there are cores; the chunks go into the cache under `id` and, for text, to
+    /// disk, so that no read tokenizes them again. Text kept on disk before is not
+    /// tokenized: its counts are read.
     fn count(
         inner: Box<dyn Chunks>,
         columns: &[Column],
@@ -189,11 +202,26 @@ impl TokenChunks {
     ) -> Result<TokenChunks> {
         let n = inner.rows().len();
         let keep = columns[0].documents;
+        let spill = columns[0].text.clone().filter(|t| t.spill.is_some());
         let next = std::sync::atomic::AtomicUsize::new(0);
         let counts: Vec<std::sync::Mutex<Counted>> = (0..n).map(|_| Default::default()).collect();
         let threads = std::thread::available_parallelism()
             .map_or(1, |p| p.get())
             .min(n.max(1));
+        let count_one = |i: usize| -> Result<(u64, Vec<u64>)> {
+            let disk = spill.as_ref().and_then(|t| t.spill.as_ref());
+            if let Some(kept) = disk.and_then(|d| d.counts(i)) {
+                return Ok(kept);
+            }
+            let mut rows = Vec::new();
+            let wanted = (keep || disk.is_some()).then_some(&mut rows);
+            // The table's id is new: nothing is cached under it yet, so `pack` runs.
+            let chunk = cache::get(id, i, || inner.pack(i, columns, itemsize, wanted))?;
+            if let Some(disk) = disk {
+                disk.write(i, &chunk, &rows);
+            }
+            Ok(((chunk.len() / itemsize) as u64, rows))
+        };
         std::thread::scope(|scope| {
             for _ in 0..threads {
                 scope.spawn(|| loop {
@@ -201,11 +229,7 @@ impl TokenChunks {
                     if i >= n {
                         break;
                     }
-                    let mut rows = Vec::new();
-                    let wanted = keep.then_some(&mut rows);
-                    // The table's id is new: nothing is cached under it yet, so `pack` runs.
-                    let got = cache::get(id, i, || inner.pack(i, columns, itemsize, wanted))
-                        .map(|c| ((c.len() / itemsize) as u64, rows));
+                    let got = count_one(i);
                     *counts[i].lock().unwrap_or_else(|e| e.into_inner()) = Some(got);
                 });
             }
@@ -217,7 +241,7 @@ impl TokenChunks {
                 .into_inner()
                 .unwrap_or_else(|e| e.into_inner())
                 .unwrap_or(Ok((0, Vec::new())))?;
-            debug_assert!(!keep || rows.iter().sum::<u64>() == count);
+            debug_assert!(rows.is_empty() || rows.iter().sum::<u64>() == count);
             tokens.push(count);
             if let Some(documents) = &mut documents {
                 documents.extend(rows);
@@ -227,6 +251,7 @@ impl TokenChunks {
             inner,
             tokens,
             documents,
+            spill,
         })
     }
 }
@@ -243,6 +268,13 @@ impl Chunks for TokenChunks {
         record_bytes: usize,
         documents: Option<&mut Vec<u64>>,
     ) -> Result<Vec<u8>> {
+        // Only the count asks for the rows' counts, and it reads them from disk itself.
+        if documents.is_none() {
+            let disk = self.spill.as_ref().and_then(|t| t.spill.as_ref());
+            if let Some(kept) = disk.and_then(|d| d.read(i, self.tokens[i])) {
+                return Ok(kept);
+            }
+        }
         self.inner.pack(i, columns, record_bytes, documents)
     }
 

@@ -94,7 +94,7 @@ pub(crate) fn open_parquet(
     let wanted = columns_option(format)?;
     let indices = super::ipc::resolve(&name, &schema, wanted.as_deref())?;
     let fields: Vec<_> = indices.iter().map(|&i| schema.field(i)).collect();
-    let (layout, columns) = super::layout_for(format, &name, &fields)?;
+    let (layout, columns) = super::layout_for(format, &name, &fields, &*bytes)?;
     let meta = metadata.metadata();
     // Nulls are refused at open where the writer kept counts (pyarrow does), else when the
     // row group is decoded.

@@ -1,7 +1,10 @@
 //! Text columns tokenized on the reader threads: each row a document, encoded with a
 //! `tokenizer.json` (the Rust library under the Python `tokenizers` package, so the ids are
 //! `Tokenizer.encode`'s), led by `bos` and followed by `eos` when given, the documents' ids
-//! concatenated into one stream of uint32 tokens.
+//! concatenated into one stream of uint32 tokens. A chunk's rows are split among idle cores,
+//! so a file of one row group is not tokenized on one thread.
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use arrow_array::cast::AsArray;
 use arrow_array::{Array, ArrayRef};
@@ -9,6 +12,7 @@ use arrow_schema::DataType;
 use tokenizers::Tokenizer;
 
 use super::columns::table_error;
+use crate::rng::hash2;
 use crate::Result;
 
 /// A loaded tokenizer and the special tokens put around each document.
@@ -20,6 +24,24 @@ pub struct Text {
     pub bos: Option<u32>,
     /// The token put after each document.
     pub eos: Option<u32>,
+    /// A hash of the tokenizer file's bytes and the special tokens: what the ids depend on.
+    pub(crate) fingerprint: u64,
+    /// Where this file's tokens are kept on disk, if they are.
+    pub(crate) spill: Option<super::spill::Spill>,
+}
+
+/// Rows tokenized by this process, for [`tokenized_rows`].
+static TOKENIZED_ROWS: AtomicU64 = AtomicU64::new(0);
+/// Threads tokenizing now, in every table of the process: a chunk takes helpers only while
+/// this is below the cores, so chunks tokenized together do not multiply the threads.
+static BUSY: AtomicUsize = AtomicUsize::new(0);
+/// Text bytes of a chunk below which it is tokenized on its caller's thread alone.
+const SPLIT_BYTES: usize = 256 << 10;
+
+/// Rows of text this process has tokenized so far, in every table: a row read from the
+/// token cache (or the chunk cache) is not counted again.
+pub fn tokenized_rows() -> u64 {
+    TOKENIZED_ROWS.load(Ordering::Relaxed)
 }
 
 impl std::fmt::Debug for Text {
@@ -36,7 +58,13 @@ impl Text {
     /// Loads `path` (a `tokenizer.json`); `bos` and `eos` are tokens of its vocabulary
     /// (`<|endoftext|>`), or, when no token is so written, ids.
     pub fn load(path: &str, bos: Option<&str>, eos: Option<&str>) -> Result<Text> {
-        let tokenizer = Tokenizer::from_file(path).map_err(|e| {
+        let bytes = std::fs::read(path).map_err(|e| {
+            table_error(
+                path,
+                format!("cannot load the tokenizer: {}", one_line(&e.to_string())),
+            )
+        })?;
+        let tokenizer = Tokenizer::from_bytes(&bytes).map_err(|e| {
             table_error(
                 path,
                 format!("cannot load the tokenizer: {}", one_line(&e.to_string())),
@@ -59,10 +87,19 @@ impl Text {
                 )),
             }
         };
+        let (bos, eos) = (special("bos_token", bos)?, special("eos_token", eos)?);
+        let id = |t: Option<u32>| t.map_or(u64::MAX, u64::from);
+        let fingerprint = bytes.chunks(8).fold(hash2(id(bos), id(eos)), |h, w| {
+            let mut word = [0u8; 8];
+            word[..w.len()].copy_from_slice(w);
+            hash2(h, u64::from_le_bytes(word))
+        });
         Ok(Text {
-            bos: special("bos_token", bos)?,
-            eos: special("eos_token", eos)?,
+            bos,
+            eos,
+            fingerprint: hash2(fingerprint, bytes.len() as u64),
             path: path.to_owned(),
+            spill: None,
             tokenizer,
         })
     }
@@ -85,7 +122,7 @@ impl Text {
         column: &str,
         at: &str,
         out: &mut Vec<u8>,
-        mut documents: Option<&mut Vec<u64>>,
+        documents: Option<&mut Vec<u64>>,
     ) -> Result<()> {
         if array.null_count() > 0 {
             return Err(table_error(
@@ -96,8 +133,97 @@ impl Text {
                 ),
             ));
         }
-        let mut each = |text: &str| -> Result<()> {
-            let encoding = self.tokenizer.encode(text, true).map_err(|e| {
+        let texts: Vec<&str> = match array.data_type() {
+            DataType::Utf8 => array
+                .as_string::<i32>()
+                .iter()
+                .map(Option::unwrap_or_default)
+                .collect(),
+            DataType::LargeUtf8 => array
+                .as_string::<i64>()
+                .iter()
+                .map(Option::unwrap_or_default)
+                .collect(),
+            DataType::Utf8View => array
+                .as_string_view()
+                .iter()
+                .map(Option::unwrap_or_default)
+                .collect(),
+            t => {
+                return Err(table_error(
+                    at,
+                    format!("column {column:?} changed type to {t} in this chunk"),
+                ))
+            }
+        };
+        let bytes: usize = texts.iter().map(|t| t.len()).sum();
+        BUSY.fetch_add(1, Ordering::Relaxed);
+        let helpers = if bytes < SPLIT_BYTES {
+            0
+        } else {
+            take_helpers(texts.len().saturating_sub(1))
+        };
+        let result = self.encode_split(&texts, helpers + 1, column, at, out, documents);
+        BUSY.fetch_sub(helpers + 1, Ordering::Relaxed);
+        result
+    }
+
+    /// [`Text::encode_into`] of `texts`, cut into `parts` runs of rows, each encoded on a
+    /// thread of its own and appended in order.
+    fn encode_split(
+        &self,
+        texts: &[&str],
+        parts: usize,
+        column: &str,
+        at: &str,
+        out: &mut Vec<u8>,
+        documents: Option<&mut Vec<u64>>,
+    ) -> Result<()> {
+        if parts <= 1 {
+            return self.encode_rows(texts, column, at, out, documents);
+        }
+        let per = texts.len().div_ceil(parts);
+        let want = documents.is_some();
+        let pieces: Vec<Result<(Vec<u8>, Vec<u64>)>> = std::thread::scope(|scope| {
+            let handles: Vec<_> = texts
+                .chunks(per)
+                .map(|rows| {
+                    scope.spawn(move || {
+                        let (mut bytes, mut counts) = (Vec::new(), Vec::new());
+                        let counted = want.then_some(&mut counts);
+                        self.encode_rows(rows, column, at, &mut bytes, counted)
+                            .map(|()| (bytes, counts))
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+                .collect()
+        });
+        let mut documents = documents;
+        for piece in pieces {
+            let (bytes, counts) = piece?;
+            out.extend_from_slice(&bytes);
+            if let Some(documents) = documents.as_deref_mut() {
+                documents.extend(counts);
+            }
+        }
+        Ok(())
+    }
+
+    /// Appends the tokens of `texts` to `out`, and each one's count to `documents`.
+    fn encode_rows(
+        &self,
+        texts: &[&str],
+        column: &str,
+        at: &str,
+        out: &mut Vec<u8>,
+        mut documents: Option<&mut Vec<u64>>,
+    ) -> Result<()> {
+        for text in texts {
+            // `encode_fast` leaves the offsets out; the ids are `encode`'s.
+            let encoding = self.tokenizer.encode_fast(*text, true).map_err(|e| {
                 table_error(at, format!("column {column:?}: cannot tokenize a row: {e}"))
             })?;
             let ids = self
@@ -112,25 +238,25 @@ impl Text {
             if let Some(documents) = documents.as_deref_mut() {
                 documents.push(((out.len() - before) / 4) as u64);
             }
-            Ok(())
-        };
-        match array.data_type() {
-            DataType::Utf8 => array
-                .as_string::<i32>()
-                .iter()
-                .try_for_each(|t| each(t.unwrap_or(""))),
-            DataType::LargeUtf8 => array
-                .as_string::<i64>()
-                .iter()
-                .try_for_each(|t| each(t.unwrap_or(""))),
-            DataType::Utf8View => array
-                .as_string_view()
-                .iter()
-                .try_for_each(|t| each(t.unwrap_or(""))),
-            t => Err(table_error(
-                at,
-                format!("column {column:?} changed type to {t} in this chunk"),
-            )),
+        }
+        TOKENIZED_ROWS.fetch_add(texts.len() as u64, Ordering::Relaxed);
+        Ok(())
+    }
+}
+
+/// Up to `wanted` helper threads, as many as the cores no thread is tokenizing on now (the
+/// caller counted in [`BUSY`] already); the caller gives them back by subtracting the count.
+fn take_helpers(wanted: usize) -> usize {
+    let cores = crate::system::cores();
+    let mut busy = BUSY.load(Ordering::Relaxed);
+    loop {
+        let take = wanted.min(cores.saturating_sub(busy));
+        if take == 0 {
+            return 0;
+        }
+        match BUSY.compare_exchange_weak(busy, busy + take, Ordering::Relaxed, Ordering::Relaxed) {
+            Ok(_) => return take,
+            Err(now) => busy = now,
         }
     }
 }
