@@ -43,30 +43,31 @@ def find(corpus, window, chunk=1 << 26):
 
 
 def runs_in(corpus, window, piece):
-    """The corpus offset where `window` starts, its tokens found as runs of the corpus that
-    break only at multiples of `piece` tokens (a writer's documents or pieces, which the peer
-    may concatenate in another order), or -1. Without `piece`, one run."""
+    """The corpus offset where `window` starts, its tokens found as runs of the corpus: one run
+    without `piece`; with `piece` (a peer that joins its writer's documents, pieces or chunks in
+    its own order) at most `piece` runs, each as long as the corpus agrees. -1 if not found."""
     if piece is None:
         return find(corpus, window)
     first, pos = -1, 0
-    while pos < len(window):
+    for _ in range(piece):
         rest = window[pos:]
         at = find(corpus, rest[: min(len(rest), 8)])
-        if at < 0 or (pos and at % piece):
+        if at < 0:
             return -1
-        n = min(len(rest), piece - at % piece)
-        if not np.array_equal(corpus[at : at + n], rest[:n]):
-            return -1
+        n = min(len(rest), len(corpus) - at)
+        same = corpus[at : at + n] == rest[:n]
+        n = n if same.all() else int(np.argmin(same))
         first = at if pos == 0 else first
         pos += n
-    return first
+        if pos == len(window):
+            return first
+    return -1
 
 
 def checker(corpus_path, order, windows=3, piece=None):
     """A check of a host (x, y) batch: targets shifted by one, the first `windows` windows found
-    in the corpus (as runs broken only at multiples of `piece` tokens, for a peer that
-    concatenates its writer's documents in its own order), and, in document order, each at a
-    constant stride from the one before."""
+    in the corpus (as at most `piece` runs of it, for a peer that joins its writer's documents
+    in its own order), and, in document order, each at a constant stride from the one before."""
 
     def check(batch):
         x, y = batch[0], batch[1]
@@ -198,7 +199,7 @@ def litdata_peer(a):
     return Peer(
         batches,
         a.batch,
-        checker(a.corpus, a.order, piece=1 << 22),
+        checker(a.corpus, a.order, piece=4),
         {
             "writer": "optimize(TokensLoader(), chunk_bytes=64MB, int32 tokens)",
             "reader": "StreamingDataset(TokensLoader(block_size=T+1)) + StreamingDataLoader",
@@ -318,7 +319,7 @@ def megatron_peer(a):
     return Peer(
         batches,
         a.batch,
-        checker(a.corpus, a.order, piece=8192),
+        checker(a.corpus, a.order, piece=4),
         {
             "writer": "IndexedDatasetBuilder, documents of 8192 tokens",
             "reader": "GPTDataset (BlendedMegatronDatasetBuilder) + DataLoader",
