@@ -249,22 +249,25 @@ class TokenLoader(EpochLoader):
             framework=framework,
         )
         self._mixture = mixture_of(source, self, weights, mode, on_exhausted)
-        self._group = self._steps_per_batch()
-        # Random and document windows are drawn anew each epoch, by a new source; sequential
-        # windows are one source whose epochs the Loader runs, but for a table's block shuffle,
-        # whose order is drawn each epoch. Each epoch of a mixture is a new blend, read in its
-        # order by a GroupedLoader, whose batches (positions) are steps.
-        self._per_epoch = (
-            self.sample != "sequential" or self.shuffle == "block" or self._mixture is not None
-        )
-        if self._mixture is not None:
-            self._mixed_group, self._group = self._group, 1
-            self._loader_args["shuffle"] = "none"
+        self._plan_epochs()
         self._first_loader()
         #: What ``x`` and ``y`` are: ``"torch"``, ``"jax"``, ``"cupy"`` or ``"numpy"``.
         self.framework: str = framework or ("torch" if self.device.startswith("cuda") else "numpy")
         # Steps the consumer took in the current pass's epoch (its position, in steps).
         self._steps_done = 0
+
+    def _plan_epochs(self) -> None:
+        """Steps a loader batch, and whether each epoch has a Loader of its own: random and
+        document windows are drawn anew each epoch, by a new source; sequential windows are one
+        source whose epochs the Loader runs, but for a table's block shuffle, whose order is
+        drawn each epoch. Each epoch of a mixture is a new blend, read in its order by a
+        GroupedLoader, whose batches (positions) are steps."""
+        self._group = self._steps_per_batch()
+        mixed = self._mixture is not None
+        self._per_epoch = self.sample != "sequential" or self.shuffle == "block" or mixed
+        if mixed:
+            self._mixed_group, self._group = self._group, 1
+            self._loader_args["shuffle"] = "none"
 
     def _steps_per_batch(self) -> int:
         """Random steps, and a mixture's, travel several to a loader batch (about 512 Ki
