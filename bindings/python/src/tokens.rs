@@ -306,8 +306,9 @@ pub(crate) fn chunk_order(
 }
 
 /// The bytes of decoded table chunks (row groups) that the process keeps at most, 1 GiB to
-/// begin with; with ``limit``, sets it first (letting go of chunks down to it) and returns the
-/// limit it had. Row-group-aware orders opened later take their chunks by half this much.
+/// begin with (or ``$PINFEED_CHUNK_CACHE_BYTES``); with ``limit``, sets it (0 restores that
+/// rule), lets go of chunks down to it and returns the setting it had (0 when none was set).
+/// Row-group-aware orders opened later take their chunks by half this much.
 #[pyfunction]
 #[pyo3(signature = (limit=None))]
 pub(crate) fn table_cache_limit(limit: Option<usize>) -> usize {

@@ -271,6 +271,14 @@ impl Source for RemoteDataset {
         self.inner.document_lengths()
     }
 
+    fn chunk_lengths(&self) -> Option<Vec<u64>> {
+        self.inner.chunk_lengths()
+    }
+
+    fn chunk_decodes(&self) -> Option<u64> {
+        self.inner.chunk_decodes()
+    }
+
     fn columns(&self) -> Option<&[pinfeed_source::table::Column]> {
         self.inner.columns()
     }

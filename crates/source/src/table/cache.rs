@@ -154,10 +154,10 @@ pub(crate) fn limit() -> usize {
 }
 
 /// Sets the cache's limit to `bytes` (0: back to [`LIMIT_VAR`] or [`CACHE_BYTES`]), lets go of
-/// chunks down to it, and returns the limit it had.
+/// chunks down to it, and returns the setting it had (0 when none was set), so that setting
+/// that back restores the rule that held.
 pub(crate) fn set_limit(bytes: usize) -> usize {
-    let old = limit();
-    LIMIT.store(bytes, Ordering::Relaxed);
+    let old = LIMIT.swap(bytes, Ordering::Relaxed);
     let mut c = cache().lock().unwrap_or_else(|e| e.into_inner());
     evict(&mut c, (u64::MAX, usize::MAX));
     old

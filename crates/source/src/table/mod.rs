@@ -64,8 +64,9 @@ pub fn cache_limit() -> usize {
     cache::limit()
 }
 
-/// Sets the limit of the process's cache of decoded chunks (1 GiB to begin with), lets go of
-/// chunks down to it, and returns the limit it had. Row-group-aware orders opened after it
+/// Sets the limit of the process's cache of decoded chunks (1 GiB to begin with, or
+/// `$PINFEED_CHUNK_CACHE_BYTES`; 0 restores that rule), lets go of chunks down to it, and
+/// returns the setting it had (0 when none was set). Row-group-aware orders opened after it
 /// take their chunks by half this much.
 pub fn set_cache_limit(bytes: usize) -> usize {
     cache::set_limit(bytes)
