@@ -121,6 +121,26 @@ pub(crate) fn natural_block(source: &Source) -> Option<u64> {
     source.inner.natural_block()
 }
 
+/// The table(s) at `path` (a path or a URL) opened with the column's `format` options (and,
+/// with `documents`, each row's start kept) as one token stream.
+fn column_stream(
+    py: Python<'_>,
+    path: &Path,
+    mut format: pinfeed_source::FormatOptions,
+    documents: bool,
+    store: StoreArgs<'_>,
+    dtype: Option<pinfeed_source::tokens::TokenDType>,
+) -> PyResult<crate::tokens::TokenStream> {
+    if documents {
+        format.set(pinfeed_source::table::DOCUMENTS, "true");
+    }
+    let read = ReadOptions {
+        format,
+        ..Default::default()
+    };
+    token_stream(py, open_path_or_url(py, path, read, store)?, dtype)
+}
+
 /// Opens the token column ``column`` (a list of integers per row, a document) of a Parquet file,
 /// an Arrow IPC file or stream, or JSON lines, or of a directory or glob of them, as one stream
 /// of tokens: the rows' lists concatenated in order, for ``open_tokens(opened=...)``. With
@@ -144,22 +164,14 @@ pub(crate) fn open_token_column(
         .map(pinfeed_source::tokens::TokenDType::parse)
         .transpose()
         .py_err(py)?;
-    let mut format =
-        pinfeed_source::FormatOptions::new().with(pinfeed_source::table::TOKENS, column);
-    if documents {
-        format.set(pinfeed_source::table::DOCUMENTS, "true");
-    }
-    let read = ReadOptions {
-        format,
-        ..Default::default()
-    };
+    let format = pinfeed_source::FormatOptions::new().with(pinfeed_source::table::TOKENS, column);
     let store = StoreArgs {
         pairs: storage_options,
         cache_dir,
         cache_limit,
         queue_depth,
     };
-    token_stream(py, open_path_or_url(py, &path, read, store)?, dtype)
+    column_stream(py, &path, format, documents, store, dtype)
 }
 
 /// The tokens of `source` (a token or text column's) as one stream.
@@ -230,20 +242,13 @@ pub(crate) fn open_text_column(
     if let Some(eos) = eos {
         format.set(table::EOS, eos);
     }
-    if documents {
-        format.set(table::DOCUMENTS, "true");
-    }
-    let read = ReadOptions {
-        format,
-        ..Default::default()
-    };
     let store = StoreArgs {
         pairs: storage_options,
         cache_dir,
         cache_limit,
         queue_depth,
     };
-    let stream = token_stream(py, open_path_or_url(py, &path, read, store)?, None)?;
+    let stream = column_stream(py, &path, format, documents, store, None)?;
     Ok((stream, text.bos, text.eos))
 }
 
