@@ -17,6 +17,7 @@
 
 mod cache;
 pub mod columns;
+mod cores;
 mod ipc;
 mod jsonl;
 mod parquet;

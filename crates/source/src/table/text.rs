@@ -4,7 +4,8 @@
 //! concatenated into one stream of uint32 tokens. A chunk's rows are split among idle cores,
 //! so a file of one row group is not tokenized on one thread.
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
 
 use arrow_array::cast::AsArray;
 use arrow_array::{Array, ArrayRef};
@@ -12,12 +13,17 @@ use arrow_schema::DataType;
 use tokenizers::Tokenizer;
 
 use super::columns::table_error;
+use super::cores::Busy;
 use crate::rng::hash2;
 use crate::Result;
 
 /// A loaded tokenizer and the special tokens put around each document.
 pub struct Text {
     tokenizer: Tokenizer,
+    /// Copies of `tokenizer` for the threads encoding now, taken and given back by
+    /// [`Text::encode_rows`]: a BPE model keeps its cache of words behind one lock, which
+    /// threads sharing one model would all take for every word they encode.
+    spares: Mutex<Vec<Tokenizer>>,
     /// The tokenizer file, for errors.
     path: String,
     /// The token put before each document.
@@ -32,9 +38,6 @@ pub struct Text {
 
 /// Rows tokenized by this process, for [`tokenized_rows`].
 static TOKENIZED_ROWS: AtomicU64 = AtomicU64::new(0);
-/// Threads tokenizing now, in every table of the process: a chunk takes helpers only while
-/// this is below the cores, so chunks tokenized together do not multiply the threads.
-static BUSY: AtomicUsize = AtomicUsize::new(0);
 /// Text bytes of a chunk below which it is tokenized on its caller's thread alone.
 const SPLIT_BYTES: usize = 256 << 10;
 
@@ -101,6 +104,7 @@ impl Text {
             path: path.to_owned(),
             spill: None,
             tokenizer,
+            spares: Mutex::new(Vec::new()),
         })
     }
 
@@ -157,15 +161,12 @@ impl Text {
             }
         };
         let bytes: usize = texts.iter().map(|t| t.len()).sum();
-        BUSY.fetch_add(1, Ordering::Relaxed);
-        let helpers = if bytes < SPLIT_BYTES {
+        let busy = Busy::take(if bytes < SPLIT_BYTES {
             0
         } else {
-            take_helpers(texts.len().saturating_sub(1))
-        };
-        let result = self.encode_split(&texts, helpers + 1, column, at, out, documents);
-        BUSY.fetch_sub(helpers + 1, Ordering::Relaxed);
-        result
+            texts.len().saturating_sub(1)
+        });
+        self.encode_split(&texts, busy.threads(), column, at, out, documents)
     }
 
     /// [`Text::encode_into`] of `texts`, cut into `parts` runs of rows, each encoded on a
@@ -219,11 +220,31 @@ impl Text {
         column: &str,
         at: &str,
         out: &mut Vec<u8>,
+        documents: Option<&mut Vec<u64>>,
+    ) -> Result<()> {
+        let spare = self.spares.lock().unwrap_or_else(|e| e.into_inner()).pop();
+        let tokenizer = spare.unwrap_or_else(|| self.tokenizer.clone());
+        let encoded = self.encode_with(&tokenizer, texts, column, at, out, documents);
+        self.spares
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(tokenizer);
+        encoded
+    }
+
+    /// [`Text::encode_rows`] with `tokenizer`, a copy of this one's.
+    fn encode_with(
+        &self,
+        tokenizer: &Tokenizer,
+        texts: &[&str],
+        column: &str,
+        at: &str,
+        out: &mut Vec<u8>,
         mut documents: Option<&mut Vec<u64>>,
     ) -> Result<()> {
         for text in texts {
             // `encode_fast` leaves the offsets out; the ids are `encode`'s.
-            let encoding = self.tokenizer.encode_fast(*text, true).map_err(|e| {
+            let encoding = tokenizer.encode_fast(*text, true).map_err(|e| {
                 table_error(at, format!("column {column:?}: cannot tokenize a row: {e}"))
             })?;
             let ids = self
@@ -241,23 +262,6 @@ impl Text {
         }
         TOKENIZED_ROWS.fetch_add(texts.len() as u64, Ordering::Relaxed);
         Ok(())
-    }
-}
-
-/// Up to `wanted` helper threads, as many as the cores no thread is tokenizing on now (the
-/// caller counted in [`BUSY`] already); the caller gives them back by subtracting the count.
-fn take_helpers(wanted: usize) -> usize {
-    let cores = crate::system::cores();
-    let mut busy = BUSY.load(Ordering::Relaxed);
-    loop {
-        let take = wanted.min(cores.saturating_sub(busy));
-        if take == 0 {
-            return 0;
-        }
-        match BUSY.compare_exchange_weak(busy, busy + take, Ordering::Relaxed, Ordering::Relaxed) {
-            Ok(_) => return take,
-            Err(now) => busy = now,
-        }
     }
 }
 
