@@ -384,6 +384,24 @@ def test_text_windows_equal_encode_batch_with_eos(tmp_path, trained_tokenizer, k
         assert cu.dtype == np.int32
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("sample", ["sequential", "documents"])
+def test_text_steps_on_cuda_equal_the_host_steps(tmp_path, trained_tokenizer, torch, sample):
+    # Packed on a stream of pinfeed's, which the consumer's stream waits for: each step's
+    # tensors equal the host's, read on the consumer's stream after more work is queued there.
+    _, tok_path = trained_tokenizer
+    path = tmp_path / "text.parquet"
+    pq.write_table(pa.table({"text": make_texts(60)}), path, row_group_size=7)
+    host = list(text_loader(path, tok_path, sample=sample))
+    busy = torch.randn(2048, 2048, device="cuda")
+    for want, got in zip(host, text_loader(path, tok_path, sample=sample, device="cuda")):
+        busy = busy @ busy / 2048  # work on the consumer's stream between steps
+        assert [t.device.type for t in got] == ["cuda"] * 5
+        for w, g in zip(want, got):
+            np.testing.assert_array_equal(g.cpu().numpy(), w)
+    assert len(host) == len(list(text_loader(path, tok_path, sample=sample, device="cuda")))
+
+
 def test_text_resume_is_exact(tmp_path, trained_tokenizer):
     _, tok_path = trained_tokenizer
     path = tmp_path / "text.parquet"

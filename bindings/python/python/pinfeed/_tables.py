@@ -4,13 +4,13 @@ column at an offset aligned to its element size); this module only names the col
 each one's bytes of a raw batch in place."""
 
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, NamedTuple, Optional
 
 import numpy as np
 
 from . import _pinfeed
-from ._arrays import dtype_of
+from ._arrays import dtype_of, torch_module
 from ._options import shuffle_arg
 from .errors import PinfeedTypeError, PinfeedValueError
 
@@ -170,6 +170,32 @@ def with_decodes(stats: dict[str, Any], opened: Any, before: Optional[int]) -> d
     if now is not None:
         stats["chunk_decodes"] = now - (before or 0)
     return stats
+
+
+def packed(steps: Iterator[tuple[Any, ...]], text: tuple[Any, Any], device: str) -> Iterator[Any]:
+    """:func:`packing` of each of ``steps`` (``text`` is ``(bos, eos)``). On a CUDA device
+    each step is taken (its batch handed over), widened and packed on a stream of pinfeed's,
+    which the consumer's stream then waits for: ``cu_seqlens`` has as many entries as the
+    step has documents, so the host waits for that count, and on its own stream it waits
+    for the step's own kernels alone, not for the training step queued before it."""
+    if not device.startswith("cuda"):
+        yield from (packing(step, *text) for step in steps)
+        return
+    torch = torch_module()
+    side = torch.cuda.Stream(device=device)
+    while True:
+        with torch.cuda.stream(side):
+            step = next(steps, None)
+            if step is None:
+                return
+            out = packing(step, *text)
+        consumer = torch.cuda.current_stream(device)
+        consumer.wait_stream(side)
+        for t in out:
+            # Made on `side`: the allocator must not hand their memory to `side` again
+            # before the consumer's reads of them are done.
+            t.record_stream(consumer)
+        yield out
 
 
 def packing(step: tuple[Any, ...], bos: Optional[int], eos: Optional[int]) -> tuple[Any, ...]:

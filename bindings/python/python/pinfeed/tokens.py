@@ -21,7 +21,7 @@ from ._grouped import GroupedLoader
 from ._mixture import mixture_of, name_of, reblended
 from ._options import int_arg, ints, shuffle_arg
 from ._sources import source_path, store_args
-from ._tables import decodes_of, open_column, packing, token_shuffle, with_decodes
+from ._tables import decodes_of, open_column, packed, token_shuffle, with_decodes
 from ._widen import segment_ids, widen_xy
 from .errors import PinfeedTypeError, PinfeedValueError
 from .loader import Loader
@@ -399,7 +399,7 @@ class TokenLoader(EpochLoader):
             return self._mixed_steps(iter(loader))
         self._decodes_before = decodes_of(self._opened)
         if self._text is not None:
-            return (packing(step, *self._text) for step in self._batches(iter(loader), skip))
+            return packed(self._batches(iter(loader), skip), self._text, self.device)
         return self._batches(iter(loader), skip)
 
     def _batches(self, batches: Iterator[Any], skip: int) -> Iterator[tuple[Any, ...]]:
