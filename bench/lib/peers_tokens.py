@@ -7,8 +7,9 @@ dataset written by its IndexedDatasetBuilder (documents of 8,192 tokens); LitDat
 written by `optimize` with its TokensLoader; Mosaic reads MDS shards of T+1-token samples (it can
 only return whole samples, so its random windows are a shuffle of fixed windows, as LitData's
 and Megatron's are). A window is checked against the corpus: it must occur there (found by
-search, since no peer hands out offsets), with its targets shifted by one, and a batch in
-document order must be consecutive windows.
+search, since no peer hands out offsets; Megatron's and LitData's as runs that break only at
+their writer's document or item bounds, as they join these in their own order), with its
+targets shifted by one, and a batch in document order must be consecutive windows.
 """
 
 import os
@@ -19,6 +20,9 @@ import numpy as np
 from lib.peers_measure import Peer, Skip, converted, mark_converted
 
 VOCAB = 50257
+# The writers' pieces (tokens): Megatron's documents, LitData's items (optimize's inputs).
+MEGATRON_DOC = 8192
+LITDATA_ITEM = 1 << 22
 
 
 def make_corpus(path, size_bytes):
@@ -43,31 +47,50 @@ def find(corpus, window, chunk=1 << 26):
 
 
 def runs_in(corpus, window, piece):
-    """The corpus offset where `window` starts, its tokens found as runs of the corpus: one run
-    without `piece`; with `piece` (a peer that joins its writer's documents, pieces or chunks in
-    its own order) at most `piece` runs, each as long as the corpus agrees. -1 if not found."""
+    """The corpus offset where `window` starts, or -1. Without `piece`, the window is one run of
+    the corpus. With `piece` (a peer that joins its writer's pieces of `piece` tokens in its own
+    order: Megatron's documents, LitData's items), it is runs that break only at piece bounds: a
+    run to the end of a piece, whole pieces, then a run from a piece's start. A run may be a
+    single token (a window that ends one token into a document, or a LitData block that starts
+    4 tokens before an item's end), so runs are matched at the bounds, not by a search key."""
     if piece is None:
         return find(corpus, window)
-    first, pos = -1, 0
-    for _ in range(piece):
-        rest = window[pos:]
-        at = find(corpus, rest[: min(len(rest), 8)])
-        if at < 0:
-            return -1
-        n = min(len(rest), len(corpus) - at)
-        same = corpus[at : at + n] == rest[:n]
-        n = n if same.all() else int(np.argmin(same))
-        first = at if pos == 0 else first
-        pos += n
-        if pos == len(window):
-            return first
+    starts = np.arange(0, len(corpus), piece)
+    ends = np.minimum(starts + piece, len(corpus))
+    heads = np.asarray(corpus[starts])
+
+    def from_starts(rest):
+        # `rest` as pieces read from their starts: whole ones, then the head of one.
+        while len(rest):
+            for s, e in zip(starts[heads == rest[0]], ends[heads == rest[0]]):
+                n = min(len(rest), int(e - s))
+                if np.array_equal(corpus[s : s + n], rest[:n]):
+                    break
+            else:
+                return False
+            rest = rest[n:]
+        return True
+
+    at = find(corpus, window[: min(len(window), 8)])
+    if at >= 0:
+        n = min(len(window), int(ends[at // piece]) - at)
+        ok = np.array_equal(corpus[at : at + n], window[:n]) and from_starts(window[n:])
+        return at if ok else -1
+    # A first run shorter than 8 tokens: the last n tokens of a piece.
+    for n in range(1, min(8, len(window))):
+        tail = ends - n >= starts
+        for j in range(n):
+            tail &= corpus[np.maximum(ends - n + j, 0)] == window[j]
+        if tail.any() and from_starts(window[n:]):
+            return int(ends[np.argmax(tail)]) - n
     return -1
 
 
 def checker(corpus_path, order, windows=3, piece=None):
     """A check of a host (x, y) batch: targets shifted by one, the first `windows` windows found
-    in the corpus (as at most `piece` runs of it, for a peer that joins its writer's documents
-    in its own order), and, in document order, each at a constant stride from the one before."""
+    in the corpus (as runs broken only at the bounds of its writer's pieces of `piece` tokens,
+    for a peer that joins them in its own order), and, in document order, each at a constant
+    stride from the one before."""
 
     def check(batch):
         x, y = batch[0], batch[1]
@@ -87,9 +110,10 @@ def checker(corpus_path, order, windows=3, piece=None):
         # windows share a token, pinfeed's) or T + 1 (fixed samples, LitData's and Mosaic's);
         # a peer that reorders its writer's pieces keeps that stride only within a piece.
         t = x.shape[1]
-        strides = {b - a for a, b in zip(at, at[1:])}
-        consecutive = len(strides) == 1 and strides <= {t, t + 1}
-        if order == "documents" and not consecutive and piece is None:
+        pairs = [(a, b) for a, b in zip(at, at[1:]) if piece is None or a // piece == b // piece]
+        strides = {b - a for a, b in pairs}
+        consecutive = len(strides) <= 1 and strides <= {t, t + 1}
+        if order == "documents" and not consecutive:
             raise AssertionError(f"windows at {at} are not consecutive")
 
     return check
@@ -175,7 +199,7 @@ def litdata_peer(a):
     if not converted(out):
         litdata.optimize(
             fn=_litdata_piece,
-            inputs=[(a.corpus, s, e) for s, e in _pieces(a.corpus, 1 << 22)],
+            inputs=[(a.corpus, s, e) for s, e in _pieces(a.corpus, LITDATA_ITEM)],
             output_dir=out,
             chunk_bytes="64MB",
             item_loader=TokensLoader(),
@@ -199,7 +223,7 @@ def litdata_peer(a):
     return Peer(
         batches,
         a.batch,
-        checker(a.corpus, a.order, piece=4),
+        checker(a.corpus, a.order, piece=LITDATA_ITEM),
         {
             "writer": "optimize(TokensLoader(), chunk_bytes=64MB, int32 tokens)",
             "reader": "StreamingDataset(TokensLoader(block_size=T+1)) + StreamingDataLoader",
@@ -279,7 +303,7 @@ def megatron_peer(a):
         os.makedirs(os.path.dirname(prefix), exist_ok=True)
         corpus = np.memmap(a.corpus, dtype=np.uint16, mode="r")
         builder = IndexedDatasetBuilder(prefix + ".bin", dtype=np.uint16)
-        for s, e in _pieces(a.corpus, 8192):
+        for s, e in _pieces(a.corpus, MEGATRON_DOC):
             builder.add_document(torch.from_numpy(np.asarray(corpus[s:e])), [e - s])
         builder.finalize(prefix + ".idx")
         mark_converted(os.path.dirname(prefix))
@@ -319,9 +343,9 @@ def megatron_peer(a):
     return Peer(
         batches,
         a.batch,
-        checker(a.corpus, a.order, piece=4),
+        checker(a.corpus, a.order, piece=MEGATRON_DOC),
         {
-            "writer": "IndexedDatasetBuilder, documents of 8192 tokens",
+            "writer": f"IndexedDatasetBuilder, documents of {MEGATRON_DOC} tokens",
             "reader": "GPTDataset (BlendedMegatronDatasetBuilder) + DataLoader",
             "num_workers": a.workers,
             "pin_memory": True,
