@@ -4,10 +4,10 @@ Records hold their own index, so every batch says which records it holds.
 """
 
 import collections
-import itertools
 
 import numpy as np
 import pytest
+from resume_helpers import elastic_resume
 
 import pinfeed
 
@@ -307,19 +307,9 @@ def test_sequential_token_windows_resume_elastically(tmp_path, w_from, w_to):
             pinfeed.TokenLoader(path, 4, 3, rank=r, world_size=world, **opts) for r in range(world)
         ]
 
-    def firsts(loaders, steps=None):
-        per_rank = []
-        for ld in loaders:
-            batches = itertools.islice(ld, steps)  # no batch past `steps` is received
-            per_rank.append([[int(v) for v in np.asarray(x)[:, 0]] for x, _ in batches])
-        return [v for step in zip(*per_rank) for b in step for v in b]
+    def firsts(step):
+        return [int(v) for v in np.asarray(step[0])[:, 0]]
 
-    whole = firsts(ranks(w_from))
-    first = ranks(w_from)
-    head = firsts(first, 5)
-    rest = ranks(w_to)
-    for ld in rest:
-        ld.load_state_dict(first[0].state_dict())
-    tail = firsts(rest)
+    head, tail, whole = elastic_resume(ranks, firsts, w_from, w_to)
     n = 999 - len(head)  # the epoch's windows, before what pads its last step
     assert head + tail[:n] == whole[: len(head) + n]

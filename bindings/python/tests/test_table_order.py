@@ -7,6 +7,7 @@ import itertools
 
 import numpy as np
 import pytest
+from resume_helpers import elastic_resume
 
 import pinfeed
 from pinfeed import _pinfeed
@@ -189,17 +190,7 @@ def test_elastic_resume_delivers_the_rest_of_the_epoch(tmp_path, budget, sample,
             for r in range(world)
         ]
 
-    def windows(loaders, steps=None):
-        per_rank = [run(ld, steps) for ld in loaders]
-        return [w for step in zip(*per_rank) for batch in step for w in batch]
-
-    whole = windows(ranks(w_from))
-    first = ranks(w_from)
-    head = windows(first, 5)
-    rest = ranks(w_to)
-    for ld in rest:
-        ld.load_state_dict(first[0].state_dict())
-    tail = windows(rest)
+    head, tail, whole = elastic_resume(ranks, lambda step: run([step])[0], w_from, w_to)
     n = (sum(map(len, docs)) - 1) // 4 - len(head)  # windows before the last step's pad
     assert head + tail[:n] == whole[: len(head) + n]
 

@@ -4,11 +4,11 @@ batches, one array per column; token and text columns read by ``TokenLoader(colu
 rows as documents with ``sample="documents"``."""
 
 import gzip
-import itertools
 import json
 
 import numpy as np
 import pytest
+from resume_helpers import elastic_resume
 
 import pinfeed
 from pinfeed import _pinfeed
@@ -710,22 +710,10 @@ def test_token_column_documents_resume_elastically(tmp_path, w_from, w_to):
             for r in range(world)
         ]
 
-    def windows(loaders, steps=None):
-        per_rank = []
-        for ld in loaders:
-            batches = itertools.islice(ld, steps)  # no batch past `steps` is received
-            per_rank.append(
-                [[(*x, *s) for x, s in zip(b[0].tolist(), b[2].tolist())] for b in batches]
-            )
-        return [w for step in zip(*per_rank) for b in step for w in b]
+    def windows(b):
+        return [(*x, *s) for x, s in zip(b[0].tolist(), b[2].tolist())]
 
-    whole = windows(ranks(w_from))
-    first = ranks(w_from)
-    head = windows(first, 5)
-    rest = ranks(w_to)
-    for ld in rest:
-        ld.load_state_dict(first[0].state_dict())
-    tail = windows(rest)
+    head, tail, whole = elastic_resume(ranks, windows, w_from, w_to)
     n = (sum(map(len, read)) - 1) // 4 - len(head)  # windows before the last step's pad
     assert head + tail[:n] == whole[: len(head) + n]
 

@@ -49,14 +49,12 @@ mod tests {
     use super::*;
 
     #[test]
-    fn helpers_stop_at_the_cores_and_come_back_when_dropped() {
+    fn a_caller_gets_at_most_the_helpers_it_wants_and_the_cores() {
+        // Other tests may hold cores meanwhile: only bounds that hold whatever they do.
         let cores = crate::system::cores();
+        assert_eq!(Busy::take(0).threads(), 1);
         let all = Busy::take(usize::MAX);
         assert!(all.threads() >= 1 && all.threads() <= cores.max(1));
-        let more = Busy::take(4);
-        // Other tests may hold cores too; the count never passes the cores but for callers.
-        assert!(more.threads() == 1 || cores > all.threads());
-        drop((all, more));
-        assert!(Busy::take(0).threads() == 1);
+        assert!(Busy::take(2).threads() <= 3);
     }
 }

@@ -40,14 +40,12 @@ impl FromStr for Sample {
     type Err = String;
 
     fn from_str(s: &str) -> std::result::Result<Sample, String> {
-        match s {
-            "random" => Ok(Sample::Random),
-            "sequential" => Ok(Sample::Sequential),
-            "documents" => Ok(Sample::Documents),
-            _ => Err(format!(
-                "unknown sample {s:?}: expected \"random\", \"sequential\" or \"documents\""
-            )),
-        }
+        by_name(
+            s,
+            "sample",
+            &[Sample::Random, Sample::Sequential, Sample::Documents],
+            Sample::name,
+        )
     }
 }
 
@@ -86,15 +84,31 @@ impl FromStr for TokenShuffle {
     type Err = String;
 
     fn from_str(s: &str) -> std::result::Result<TokenShuffle, String> {
-        match s {
-            "none" => Ok(TokenShuffle::None),
-            "random" => Ok(TokenShuffle::Random),
-            "block" => Ok(TokenShuffle::Block),
-            _ => Err(format!(
-                "unknown shuffle {s:?}: expected \"none\", \"random\" or \"block\""
-            )),
-        }
+        let all = [
+            TokenShuffle::None,
+            TokenShuffle::Random,
+            TokenShuffle::Block,
+        ];
+        by_name(s, "shuffle", &all, TokenShuffle::name)
     }
+}
+
+/// The one of `all` whose [`name`](Sample::name) is `s`, or an error naming `what` and every
+/// name it could be.
+fn by_name<T: Copy>(
+    s: &str,
+    what: &str,
+    all: &[T],
+    name: fn(T) -> &'static str,
+) -> std::result::Result<T, String> {
+    all.iter().copied().find(|&v| name(v) == s).ok_or_else(|| {
+        let names: Vec<String> = all.iter().map(|&v| format!("{:?}", name(v))).collect();
+        let (last, rest) = names.split_last().expect("at least one name");
+        format!(
+            "unknown {what} {s:?}: expected {} or {last}",
+            rest.join(", ")
+        )
+    })
 }
 
 /// What [`open`] builds: the windows, their rule, and the steps of a random run.
@@ -378,4 +392,34 @@ pub fn order_fingerprint(stream: &TokenStream, options: &TokenOptions) -> Result
             .chain(chunks.iter().copied())
             .fold(0x6368_756e_6b73, hash2),
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_parse_back_and_an_unknown_one_lists_them_all() {
+        for s in [Sample::Random, Sample::Sequential, Sample::Documents] {
+            assert_eq!(s.name().parse::<Sample>(), Ok(s));
+        }
+        for s in [
+            TokenShuffle::None,
+            TokenShuffle::Random,
+            TokenShuffle::Block,
+        ] {
+            assert_eq!(s.name().parse::<TokenShuffle>(), Ok(s));
+        }
+        assert_eq!(
+            "shuffled".parse::<Sample>(),
+            Err(
+                r#"unknown sample "shuffled": expected "random", "sequential" or "documents""#
+                    .to_owned()
+            )
+        );
+        assert_eq!(
+            "gpu".parse::<TokenShuffle>(),
+            Err(r#"unknown shuffle "gpu": expected "none", "random" or "block""#.to_owned())
+        );
+    }
 }
