@@ -91,20 +91,24 @@ prepare() (
 
 # The peers of `bench/peers.py` (issue 52) and of the `text` section (Hugging Face `datasets`), and
 # what they import that the GPU machine's image lacks,
-# built for its Python (3.12), into .device-carry/peer-wheels/ (about 21 MB): carry that folder
-# and the pinfeed wheel. Not carried, and said so in the harness's rows: DALI (a 199 MB wheel)
-# and SPDL (spdl_io, 13 MB, loads FFmpeg's shared libraries, which the image does not hold).
+# built for its Python (3.12), into .device-carry/peer-wheels/ (about 37 MB): carry that folder
+# and the pinfeed wheel. SPDL: spdl_core (its pipeline) and spdl_io (its decoders, 13 MB,
+# manylinux_2_27), whose decode loads FFmpeg's shared libraries; where the image lacks them the
+# SPDL row decodes with Pillow in SPDL's pipeline and says why. Not carried, and said so in the
+# harness's rows: DALI (a 199 MB wheel).
 PEER_WHEELS="litdata==0.2.76 mosaicml-streaming==0.13.0 webdataset==1.0.2 torchdata==0.11.0
     megatron-core==0.19.2 boto3==1.43.11 botocore==1.43.11 s3transfer==0.17.0 jmespath==1.1.0
     braceexpand==0.1.7 brotli==1.2.1 python-snappy==0.7.3 cramjam==2.14.0 zstd==1.5.6.1
-    catalogue==2.0.10 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19"
+    catalogue==2.0.10 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19
+    spdl==0.8.0 spdl_core==0.8.0 spdl_io==0.8.0"
 peer_wheels() (
     set -euo pipefail
     rm -rf "$C/peer-wheels"
     # shellcheck disable=SC2086
     python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
-        --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
-        --platform manylinux2014_x86_64 -d "$C/peer-wheels" $PEER_WHEELS
+        --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 \
+        --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+        -d "$C/peer-wheels" $PEER_WHEELS
     du -sh "$C/peer-wheels"
 )
 
@@ -576,7 +580,7 @@ fi
 # issue 52: every peer on its own ground, in turns, each in a process of its own; the peers'
 # wheels (prepare, or prepare-peers) installed into a folder of their own.
 if want peers && ls $C/*.whl >/dev/null 2>&1; then
-    echo "== Peers (${PEERS_WORKLOADS:-tokens,images,records}): LitData, Mosaic, WebDataset, Megatron, torchdata.nodes, DataLoader, nanoGPT, torchvision beside pinfeed"
+    echo "== Peers (${PEERS_WORKLOADS:-tokens,images,records}): LitData, Mosaic, WebDataset, Megatron, torchdata.nodes, DataLoader, nanoGPT, torchvision, SPDL beside pinfeed"
     install_wheel /tmp/site $C/*.whl
     if ls $C/peer-wheels/*.whl >/dev/null 2>&1; then
         install_wheel /tmp/peers-site $C/peer-wheels/*.whl 2>&1 | tail -3

@@ -6,9 +6,10 @@ The CPU peers decode with Pillow and crop with torchvision's v2 transforms in wo
 DataLoader(ImageFolder); WebDataset's WebLoader over tar shards its ShardWriter wrote; LitData
 over chunks `optimize` wrote (the JPEG bytes; it decodes them with torchvision); Mosaic over MDS
 shards (`jpeg` column, the files' bytes). torchvision's GPU decode reads the files' bytes in
-DataLoader workers and decodes a batch with nvJPEG. pinfeed's ImageLoader decodes on the CPU
-(`pinfeed`) or with nvJPEG (`pinfeed-gpu`). A checked batch must have the shape, dtype, value
-range and labels of the tree.
+DataLoader workers and decodes a batch with nvJPEG. SPDL's pipeline (peers_spdl.py) runs in
+threads of this process and decodes with spdl.io's nvJPEG where it loads, else with Pillow.
+pinfeed's ImageLoader decodes on the CPU (`pinfeed`) or with nvJPEG (`pinfeed-gpu`). A checked
+batch must have the shape, dtype, value range and labels of the tree.
 """
 
 import os
@@ -282,14 +283,9 @@ def torchvision_gpu(a):
 
 
 def spdl_peer(a):
-    try:
-        import spdl.io  # noqa: F401
-    except Exception as e:
-        raise Skip(
-            "SPDL not carried: spdl_io (13 MB) loads FFmpeg's shared libraries (libavcodec "
-            f"4-8), which are not here ({type(e).__name__}: {e})"
-        ) from None
-    raise Skip("spdl.io imports here, but this harness has no SPDL pipeline yet")
+    from lib.peers_spdl import spdl_peer as make
+
+    return make(a)
 
 
 def dali_peer(a):

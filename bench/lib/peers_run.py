@@ -37,7 +37,7 @@ BENCH = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def rows_to_run(a):
     """(workload, peer, extra arguments of `peers.py one`) of every row, in the order run."""
     todo = []
-    want = set(a.peers.split(",")) if a.peers else None
+    want = a.peers.split(",") if a.peers else None
     for workload in a.workloads.split(","):
         peers = {"tokens": TOKEN_PEERS, "images": IMAGE_PEERS, "records": RECORD_PEERS}[workload]
         if workload == "tokens":
@@ -53,8 +53,9 @@ def rows_to_run(a):
         else:
             configs = [["--batch", str(a.record_batch)]]
         for config in configs:
-            for peer in peers:
-                if want is None or peer in want:
+            # The peers asked for run in the order asked (a call's time may end first).
+            for peer in want or peers:
+                if peer in peers:
                     todo.append((workload, peer, config))
     return todo
 
@@ -155,7 +156,7 @@ def parser():
     p.add_argument("--device", default="cuda", help="cuda, or cpu for the host backend (CI)")
     p.add_argument("--data", default="/tmp/pinfeed-peers")
     p.add_argument("--workloads", default="tokens,images,records")
-    p.add_argument("--peers", help="only these peers (comma-separated names)")
+    p.add_argument("--peers", help="only these peers (comma-separated names), in this order")
     p.add_argument("--tokens-gb", type=float, default=2.0)
     p.add_argument("--shapes", default="12x1024,64x4096", type=lambda s: s.split(","))
     p.add_argument(
