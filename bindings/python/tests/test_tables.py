@@ -467,6 +467,31 @@ def test_columns_as_torch_tensors_view_the_batch(parquet_file):
     check_equal(got, table)
 
 
+@pytest.mark.parametrize("column", ["input_ids", "text"])
+def test_one_window_torch_batches_of_documents_equal_numpys(tmp_path, trained_tokenizer, column):
+    # A documents record is its tokens then its segment ids (65 × 8 + 65 × 2 = 650 bytes for
+    # int64 ids): the last batch holds one window, which torch calls contiguous whatever its
+    # row stride, and viewing its bytes as int64 must still work.
+    pytest.importorskip("torch")
+    tok, tok_path = trained_tokenizer
+    texts = make_texts(40)
+    ids = [e.ids for e in tok.encode_batch(texts)]
+    path = tmp_path / "docs.parquet"
+    pq.write_table(pa.table({"text": texts, "input_ids": ids}), path, row_group_size=9)
+    kw = dict(column=column, sample="documents", device="cpu")
+    if column == "text":
+        kw.update(tokenizer=tok_path, eos_token="<|endoftext|>")
+    windows = sum(len(x) for x, *_ in pinfeed.TokenLoader(path, 64, 4, **kw))
+    assert windows >= 3
+    want = list(pinfeed.TokenLoader(path, 64, windows - 1, **kw))
+    got = list(pinfeed.TokenLoader(path, 64, windows - 1, framework="torch", **kw))
+    assert [len(w[0]) for w in want] == [windows - 1, 1]
+    assert len(got) == len(want)
+    for w, g in zip(want, got):
+        for a, b in zip(w, g):
+            np.testing.assert_array_equal(b.numpy(), a)
+
+
 @pytest.mark.gpu
 def test_columns_on_cuda_equal_pyarrows_read(parquet_file, torch):
     path, table = parquet_file

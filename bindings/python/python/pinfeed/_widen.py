@@ -32,8 +32,7 @@ def widen_xy(
     torch = torch_module()
     dt = token_dtype
     out = getattr(torch, dtype)
-    if not raw.is_contiguous():
-        raw = raw.contiguous()
+    raw = _dense(raw)
     native = {1: "uint8", 2: "uint16", 4: "uint32", 8: "uint64"} if dt.kind == "u" else {}
     native_dtype = getattr(torch, native.get(dt.itemsize, ""), None)
     if native_dtype is not None or dt.kind == "i":
@@ -71,10 +70,19 @@ def segment_ids(raw: Any, seq_len: int, kind: str) -> Any:
         ids = module("cupy").ascontiguousarray(raw).view(np.uint16)
         return ids[:, :-1].astype(np.int32)
     torch = torch_module()
-    ids = raw.contiguous().view(torch.int16)[:, :-1]
+    ids = _dense(raw).view(torch.int16)[:, :-1]
     out = torch.empty(ids.shape, dtype=torch.int32, device=raw.device)
     out.copy_(ids)
     return out.bitwise_and_(0xFFFF)
+
+
+def _dense(raw: Any) -> Any:
+    """A ``(B, N)`` torch tensor's rows back to back, as a view of another dtype needs them:
+    the token or segment part of a wider record is copied, and a one-row batch (which torch
+    calls contiguous whatever its row stride) is viewed afresh."""
+    if int(raw.shape[0]) == 1:
+        return raw[0].unsqueeze(0)
+    return raw if raw.is_contiguous() else raw.contiguous()
 
 
 @functools.cache
