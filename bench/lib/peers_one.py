@@ -7,6 +7,7 @@ not import, or cannot do what the row asks), or `error`.
 """
 
 import argparse
+import faulthandler
 import importlib
 import json
 import os
@@ -39,6 +40,12 @@ def parser():
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--min-seconds", type=float, default=3.0)
     p.add_argument("--model-steps", type=int, default=0, help="steps of the workload's model")
+    p.add_argument(
+        "--stacks-after",
+        type=float,
+        default=0,
+        help="seconds after which every thread's stack goes to stderr (0: never)",
+    )
     return p
 
 
@@ -82,6 +89,9 @@ def run(a):
 
 def main():
     a = parser().parse_args()
+    if a.stacks_after > 0:
+        # A row that hangs says where: `peers.py run` kills it at its timeout, shortly after.
+        faulthandler.dump_traceback_later(a.stacks_after, exit=False)
     row = run(a)
     print(json.dumps(row), flush=True)
     # Worker processes and pools of some peers outlive their loaders; the row is out.

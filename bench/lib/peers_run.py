@@ -111,13 +111,17 @@ def one(a, workload, peer, config):
         str(a.min_seconds),
         "--model-steps",
         str(a.model_steps),
+        "--stacks-after",
+        str(max(1, a.timeout - 5)),
         *config,
     ]
     t0 = time.perf_counter()
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout)
-    except subprocess.TimeoutExpired:
-        return {"workload": workload, "peer": peer, "error": f"no row within {a.timeout} s"}
+    except subprocess.TimeoutExpired as e:
+        row = {"workload": workload, "peer": peer, "error": f"no row within {a.timeout} s"}
+        row["stacks"] = stacks(e.stderr)
+        return row
     lines = [ln for ln in p.stdout.splitlines() if ln.startswith("{")]
     if not lines:
         tail = (p.stderr or p.stdout).strip().splitlines()[-3:]
@@ -125,6 +129,24 @@ def one(a, workload, peer, config):
     row = json.loads(lines[-1])
     row["process_s"] = time.perf_counter() - t0
     return row
+
+
+def stacks(stderr):
+    """Where a timed-out row's process was, from the stacks `peers.py one --stacks-after`
+    wrote: the main thread's innermost frames, and each other thread's innermost one."""
+    text = stderr.decode(errors="replace") if isinstance(stderr, bytes) else stderr or ""
+    if "Timeout (" not in text:
+        return {}
+    threads = []
+    for block in text.split("Timeout (")[-1].split("\n\n"):
+        frames = [ln.strip() for ln in block.splitlines() if ln.strip().startswith("File ")]
+        if frames:
+            threads.append(frames)
+    main = [t for t in threads if t[-1].endswith("in <module>")]
+    return {
+        "main": main[0][:6] if main else [],
+        "others": [t[0] for t in threads if not main or t is not main[0]][:16],
+    }
 
 
 def label(row):

@@ -125,3 +125,29 @@ def test_a_row_whose_batches_are_wrong_fails_its_check(tmp_path):
     changed[1, 2, 30, 30] ^= 1
     with pytest.raises(AssertionError, match="record 1"):
         check(changed)
+
+
+def test_a_row_that_hangs_says_where(tmp_path):
+    # `peers.py one --stacks-after` dumps every thread's stack before `run`'s timeout kills
+    # it; the timed-out row keeps the main thread's frames and the others' innermost.
+    sys.path.insert(0, str(BENCH))
+    try:
+        from lib.peers_run import stacks
+    finally:
+        sys.path.remove(str(BENCH))
+    script = tmp_path / "hangs.py"
+    script.write_text(
+        "import faulthandler, threading, time\n"
+        "faulthandler.dump_traceback_later(0.5, exit=False)\n"
+        "def waits_in_a_worker():\n    time.sleep(30)\n"
+        "threading.Thread(target=waits_in_a_worker, daemon=True).start()\n"
+        "def waits_for_a_batch():\n    time.sleep(30)\n"
+        "waits_for_a_batch()\n"
+    )
+    with pytest.raises(subprocess.TimeoutExpired) as e:
+        subprocess.run([sys.executable, str(script)], capture_output=True, timeout=3)
+    where = stacks(e.value.stderr)
+    assert where["main"][0].endswith("in waits_for_a_batch"), where
+    assert where["main"][-1].endswith("in <module>")
+    assert [f for f in where["others"] if f.endswith("in waits_in_a_worker")], where
+    assert stacks(b"a row that printed nothing") == {}
