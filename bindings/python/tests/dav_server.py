@@ -42,7 +42,7 @@ class SeaweedDav(Seaweed):
     def __init__(self, tls=None):
         self.tls = tls
         self.dav_port = free_port()
-        super().__init__(anonymous=True)
+        super().__init__(anonymous=True, taken={self.dav_port})
 
     @property
     def dav(self) -> str:

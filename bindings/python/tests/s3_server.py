@@ -50,8 +50,10 @@ class Server:
 
     def start(self):
         env = dict(os.environ, **(self.env or {}))
+        # Its last words, should it exit before it answers (a port taken, a flag refused).
+        stderr = tempfile.TemporaryFile()
         self.proc = subprocess.Popen(
-            self.command(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env
+            self.command(), stdout=subprocess.DEVNULL, stderr=stderr, env=env
         )
         deadline = time.monotonic() + 60
         while True:
@@ -62,9 +64,11 @@ class Server:
                 return  # it answered (an anonymous request refused is an answer)
             except OSError:
                 if self.proc.poll() is not None:
+                    stderr.seek(0)
+                    said = stderr.read().decode(errors="replace").strip().splitlines()[-3:]
                     raise RuntimeError(
-                        f"{self.name} exited with {self.proc.returncode}: "
-                        "pip install -r requirements-dev.txt"
+                        f"{self.name} exited with {self.proc.returncode} ({' / '.join(said)}); "
+                        "is requirements-dev.txt installed?"
                     ) from None
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"{self.name} did not answer within 60 s") from None
@@ -113,12 +117,16 @@ class Seaweed(Server):
     name = "weed mini"
     ROLES = ("master", "volume", "filer", "s3", "admin")
 
-    def __init__(self, key="test", secret="test", anonymous=False, env=None):
+    def __init__(self, key="test", secret="test", anonymous=False, env=None, taken=()):
         self.root = tempfile.mkdtemp(prefix="pinfeed-seaweed-")
         names = [f"{r}.port{g}" for r in self.ROLES for g in ("", ".grpc")]
         ports = set()
-        while len(ports) < len(names):  # ten distinct ports: one taken twice would not bind
-            ports.add(free_port())
+        # Ten distinct ports, none of `taken` (another listener's of the same process): a port
+        # asked for twice would not bind, and the kernel may hand out a released port again.
+        while len(ports) < len(names):
+            port = free_port()
+            if port not in taken:
+                ports.add(port)
         self.ports = dict(zip(names, sorted(ports)))
         self.key, self.secret, self.config = key, secret, None
         if not anonymous:
