@@ -99,13 +99,18 @@ def test_every_installed_peer_runs_its_rows_and_checks_them(tmp_path):
     assert run.stdout.count("\n") >= len(rows)
 
 
-def test_a_row_whose_batches_are_wrong_fails_its_check(tmp_path):
+def bench_lib(name):
+    """bench/lib/``name``, imported with bench/ on the path as `peers.py` imports it."""
     sys.path.insert(0, str(BENCH))
     try:
-        from lib.peers_records import checker as record_checker
-        from lib.peers_tokens import checker as token_checker
+        return importlib.import_module(f"lib.{name}")
     finally:
         sys.path.remove(str(BENCH))
+
+
+def test_a_row_whose_batches_are_wrong_fails_its_check(tmp_path):
+    record_checker = bench_lib("peers_records").checker
+    token_checker = bench_lib("peers_tokens").checker
     corpus = tmp_path / "train.bin"
     tokens = np.random.default_rng(0).integers(0, 50257, 20000, dtype=np.uint16)
     tokens.tofile(corpus)
@@ -130,11 +135,7 @@ def test_a_row_whose_batches_are_wrong_fails_its_check(tmp_path):
 def test_a_row_that_hangs_says_where(tmp_path):
     # `peers.py one --stacks-after` dumps every thread's stack before `run`'s timeout kills
     # it; the timed-out row keeps the main thread's frames and the others' innermost.
-    sys.path.insert(0, str(BENCH))
-    try:
-        from lib.peers_run import stacks
-    finally:
-        sys.path.remove(str(BENCH))
+    stacks = bench_lib("peers_run").stacks
     script = tmp_path / "hangs.py"
     script.write_text(
         "import faulthandler, threading, time\n"

@@ -1,6 +1,6 @@
-//! Tokens per second of a `tokenizer.json` on many threads, all sharing one tokenizer or each
-//! with a copy of its own: the reader threads of a text column take copies (`table::text`),
-//! because a BPE model's cache of words sits behind one lock that shared threads contend on.
+//! Tokens per second of a `tokenizer.json` on many threads, all sharing one tokenizer (as the
+//! reader threads of a text column do, `table::text`) or each with a copy of its own: whether
+//! the lock in front of a BPE model's cache of words holds shared threads back.
 //!
 //!     cargo run --release -p pinfeed-source --example tokenize_threads -- \
 //!         tokenizer.json documents.txt 1,4,16

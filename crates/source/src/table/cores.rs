@@ -1,6 +1,6 @@
-//! Threads that work on one chunk beside its reader (tokenizing its rows, decoding its
-//! columns), taken only from cores no such thread is busy on: chunks worked on together do
-//! not multiply the threads past the cores.
+//! Threads that work on one chunk beside its reader (tokenizing its rows), taken only from
+//! cores no such thread is busy on: chunks worked on together do not multiply the threads
+//! past the cores.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 

@@ -5,7 +5,6 @@
 //! so a file of one row group is not tokenized on one thread.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
 
 use arrow_array::cast::AsArray;
 use arrow_array::{Array, ArrayRef};
@@ -20,10 +19,6 @@ use crate::Result;
 /// A loaded tokenizer and the special tokens put around each document.
 pub struct Text {
     tokenizer: Tokenizer,
-    /// Copies of `tokenizer` for the threads encoding now, taken and given back by
-    /// [`Text::encode_rows`]: a BPE model keeps its cache of words behind one lock, which
-    /// threads sharing one model would all take for every word they encode.
-    spares: Mutex<Vec<Tokenizer>>,
     /// The tokenizer file, for errors.
     path: String,
     /// The token put before each document.
@@ -104,7 +99,6 @@ impl Text {
             path: path.to_owned(),
             spill: None,
             tokenizer,
-            spares: Mutex::new(Vec::new()),
         })
     }
 
@@ -220,31 +214,11 @@ impl Text {
         column: &str,
         at: &str,
         out: &mut Vec<u8>,
-        documents: Option<&mut Vec<u64>>,
-    ) -> Result<()> {
-        let spare = self.spares.lock().unwrap_or_else(|e| e.into_inner()).pop();
-        let tokenizer = spare.unwrap_or_else(|| self.tokenizer.clone());
-        let encoded = self.encode_with(&tokenizer, texts, column, at, out, documents);
-        self.spares
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(tokenizer);
-        encoded
-    }
-
-    /// [`Text::encode_rows`] with `tokenizer`, a copy of this one's.
-    fn encode_with(
-        &self,
-        tokenizer: &Tokenizer,
-        texts: &[&str],
-        column: &str,
-        at: &str,
-        out: &mut Vec<u8>,
         mut documents: Option<&mut Vec<u64>>,
     ) -> Result<()> {
         for text in texts {
             // `encode_fast` leaves the offsets out; the ids are `encode`'s.
-            let encoding = tokenizer.encode_fast(*text, true).map_err(|e| {
+            let encoding = self.tokenizer.encode_fast(*text, true).map_err(|e| {
                 table_error(at, format!("column {column:?}: cannot tokenize a row: {e}"))
             })?;
             let ids = self
