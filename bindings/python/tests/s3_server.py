@@ -108,6 +108,30 @@ class Moto(Server):
         return [*cmd, "-H", HOST, "-p", str(self.port)]
 
 
+def seaweed_parent() -> str:
+    """Where ``weed mini`` keeps its data: the temporary folder, unless its disk is nearly full.
+    SeaweedFS marks every volume read-only once less than 1% of the disk is free (a write is
+    then an InternalError); /dev/shm, memory, then takes the tests' few megabytes."""
+
+    def room(path):
+        st = os.statvfs(path)
+        return st.f_bavail * st.f_frsize, st.f_blocks * st.f_frsize
+
+    tmp = tempfile.gettempdir()
+    free, size = room(tmp)
+    if free >= max(size // 50, 2 << 30):
+        return tmp
+    shm = "/dev/shm"
+    if os.path.isdir(shm) and os.access(shm, os.W_OK):
+        shm_free, shm_size = room(shm)
+        if shm_free >= max(shm_size // 50, 512 << 20):
+            return shm
+    raise RuntimeError(
+        f"weed mini refuses writes on a disk less than 1% free: {tmp} has {free / 2**30:.1f} "
+        f"GiB free of {size / 2**30:.0f}, and /dev/shm has no room either"
+    )
+
+
 class Seaweed(Server):
     """SeaweedFS (``weed mini``: its master, volume, filer and S3 gateway in one process) over a
     temporary folder, removed at :meth:`stop`; a restart on the same ports finds its objects
@@ -118,7 +142,7 @@ class Seaweed(Server):
     ROLES = ("master", "volume", "filer", "s3", "admin")
 
     def __init__(self, key="test", secret="test", anonymous=False, env=None, taken=()):
-        self.root = tempfile.mkdtemp(prefix="pinfeed-seaweed-")
+        self.root = tempfile.mkdtemp(prefix="pinfeed-seaweed-", dir=seaweed_parent())
         names = [f"{r}.port{g}" for r in self.ROLES for g in ("", ".grpc")]
         ports = set()
         # Ten distinct ports, none of `taken` (another listener's of the same process): a port
