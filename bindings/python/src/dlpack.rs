@@ -89,6 +89,8 @@ pub(crate) struct BatchInfo {
     pub(crate) epoch: u64,
     pub(crate) index: u64,
     pub(crate) first_record: u64,
+    /// The documents its windows pack, where the source counts them.
+    pub(crate) documents: Option<u64>,
 }
 
 /// Device memory (a loader batch, or an array uploaded by a stager) exportable once through
@@ -464,6 +466,13 @@ impl DeviceBuffer {
     #[getter]
     fn first_record(&self) -> Option<u64> {
         self.info.map(|i| i.first_record)
+    }
+
+    /// The documents a loader batch of token windows packs, counted on the reader threads
+    /// (``None`` for other batches): known while the copy may still run.
+    #[getter]
+    fn documents(&self) -> Option<u64> {
+        self.info.and_then(|i| i.documents)
     }
 
     /// Blocks (without the GIL) until the copy filling the buffer has finished.

@@ -465,6 +465,7 @@ impl Stream {
                     epoch: batch.epoch(),
                     index: batch.index(),
                     first_record: batch.first_record(),
+                    documents: batch.documents(),
                 };
                 let mut shape = Vec::with_capacity(self.record_shape.len() + 1);
                 shape.push(batch.num_records() as i64);

@@ -249,6 +249,13 @@ pub(crate) fn open_text_column(
         queue_depth,
     };
     let stream = column_stream(py, &path, format, documents, store, None)?;
+    // Windows of the text count the documents they pack by the ids that bound them.
+    stream
+        .inner
+        .set_boundaries(pinfeed_source::tokens::Boundaries {
+            bos: text.bos,
+            eos: text.eos,
+        });
     Ok((stream, text.bos, text.eos))
 }
 

@@ -263,6 +263,15 @@ pub trait Source: Send + Sync + std::fmt::Debug {
         None
     }
 
+    /// Documents packed into `records` (records of this source, back to back, as read):
+    /// summed over their windows, those that each window's inputs start or continue, by the
+    /// rule of [`tokens::Boundaries`]. `None` for records that are not windows of documents, or
+    /// where the stream does not say where its documents start.
+    fn documents_in(&self, records: &[u8]) -> Option<u64> {
+        let _ = records;
+        None
+    }
+
     /// Records in each chunk that a read decodes whole (a table's row group, record batch or
     /// JSON-lines file; for a token or text column, its tokens), in order, empty chunks
     /// included; they add up to [`num_records`](Source::num_records). `None` for sources whose

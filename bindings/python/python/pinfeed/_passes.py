@@ -39,11 +39,13 @@ def _close_live_streams() -> None:
             pass
 
 
-def _stream_batches(loader: "Loader", stream: "_pinfeed.Stream") -> Iterator[tuple[int, int, Any]]:
+def _stream_batches(
+    loader: "Loader", stream: "_pinfeed.Stream"
+) -> Iterator[tuple[int, int, Any, Optional[int]]]:
     view, framework = loader._export.view, loader.framework
     for buf in stream:
-        epoch, index = buf.epoch, buf.index
-        yield epoch, index, deliver(buf, view, framework)
+        epoch, index, documents = buf.epoch, buf.index, buf.documents
+        yield epoch, index, deliver(buf, view, framework), documents
 
 
 class _Pass(Iterator[Any]):
@@ -53,7 +55,7 @@ class _Pass(Iterator[Any]):
         self,
         loader: "Loader",
         pass_id: int,
-        batches: Iterator[tuple[int, int, Any]],
+        batches: Iterator[tuple[int, int, Any, Optional[int]]],
         stream: Optional["_pinfeed.Stream"],
     ) -> None:
         self._loader = loader
@@ -61,6 +63,9 @@ class _Pass(Iterator[Any]):
         self._batches = batches
         self._stream = stream
         self._finished = False
+        #: The documents the last batch handed out packs, counted on the reader threads
+        #: (``Batch::documents`` in Rust); None for batches of other records.
+        self.documents: Optional[int] = None
 
     def __iter__(self) -> "_Pass":
         return self
@@ -72,7 +77,7 @@ class _Pass(Iterator[Any]):
             raise StopIteration
         self.check_not_cut()
         try:
-            epoch, index, batch = next(self._batches)
+            epoch, index, batch, self.documents = next(self._batches)
         except StopIteration:
             self._finished = True
             if self._id == loader._pass_id:

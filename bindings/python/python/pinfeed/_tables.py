@@ -4,7 +4,7 @@ column at an offset aligned to its element size); this module only names the col
 each one's bytes of a raw batch in place."""
 
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NamedTuple, Optional
 
 import numpy as np
@@ -12,7 +12,7 @@ import numpy as np
 from . import _pinfeed
 from ._arrays import dtype_of, torch_module
 from ._options import shuffle_arg
-from .errors import PinfeedTypeError, PinfeedValueError
+from .errors import PinfeedError, PinfeedTypeError, PinfeedValueError
 
 
 class ColumnView(NamedTuple):
@@ -172,14 +172,21 @@ def with_decodes(stats: dict[str, Any], opened: Any, before: Optional[int]) -> d
     return stats
 
 
-def packed(steps: Iterator[tuple[Any, ...]], text: tuple[Any, Any], device: str) -> Iterator[Any]:
-    """:func:`packing` of each of ``steps`` (``text`` is ``(bos, eos)``). On a CUDA device
-    each step is taken (its batch handed over), widened and packed on a stream of pinfeed's,
-    which the consumer's stream then waits for: ``cu_seqlens`` has as many entries as the
-    step has documents, so the host waits for that count, and on its own stream it waits
-    for the step's own kernels alone, not for the training step queued before it."""
+def packed(
+    steps: Iterator[tuple[Any, ...]],
+    text: tuple[Any, Any],
+    device: str,
+    documents: Callable[[], Optional[int]],
+) -> Iterator[Any]:
+    """:func:`packing` of each of ``steps`` (``text`` is ``(bos, eos)``; ``documents()`` the
+    count of the step just taken, or None). On a CUDA device each step is taken (its batch
+    handed over), widened and packed on a stream of pinfeed's, which the consumer's stream
+    then waits for. With the count, nothing on the host waits for the device; without it,
+    ``cu_seqlens`` waits for the step's own kernels on that stream alone, not for the
+    training step queued before it."""
     if not device.startswith("cuda"):
-        yield from (packing(step, *text) for step in steps)
+        for step in steps:
+            yield packing(step, *text, documents())
         return
     torch = torch_module()
     side = torch.cuda.Stream(device=device)
@@ -188,7 +195,7 @@ def packed(steps: Iterator[tuple[Any, ...]], text: tuple[Any, Any], device: str)
             step = next(steps, None)
             if step is None:
                 return
-            out = packing(step, *text)
+            out = packing(step, *text, documents())
         consumer = torch.cuda.current_stream(device)
         consumer.wait_stream(side)
         for t in out:
@@ -198,13 +205,18 @@ def packed(steps: Iterator[tuple[Any, ...]], text: tuple[Any, Any], device: str)
         yield out
 
 
-def packing(step: tuple[Any, ...], bos: Optional[int], eos: Optional[int]) -> tuple[Any, ...]:
+def packing(
+    step: tuple[Any, ...], bos: Optional[int], eos: Optional[int], documents: Optional[int] = None
+) -> tuple[Any, ...]:
     """``(x, y, segment_ids, position_ids, cu_seqlens)`` of a step of packed documents, from
     ``(x, y)`` or, for document windows, ``(x, y, segment_ids)``: a document starts at each
     window's start, and where the segment ids change or else at ``bos`` and after ``eos``;
     ``segment_ids`` are each input token's document ordinal in its window, ``position_ids``
     restart at 0 at each document, and ``cu_seqlens`` (int32) are the documents' boundaries in
-    the flattened batch, as variable-length attention kernels take them."""
+    the flattened batch, as variable-length attention kernels take them. ``documents``, the
+    reader threads' count of the step's documents by the same rule (``Source::documents_in``),
+    sizes ``cu_seqlens`` without reading the starts back from the device; on the host the
+    two are checked to agree."""
     x, y = step[:2]
     if isinstance(x, np.ndarray):
         xp, accumulate = np, lambda a: np.maximum.accumulate(a, axis=1)
@@ -237,7 +249,36 @@ def packing(step: tuple[Any, ...], bos: Optional[int], eos: Optional[int]) -> tu
     flat = starts.reshape(-1)
     if xp is np:
         cu = np.append(np.flatnonzero(flat), rows * length).astype(np.int32)
-    else:
+        _check_count(len(cu) - 1, documents)
+    elif documents is None:
         end = xp.tensor([rows * length], device=x.device)
         cu = xp.cat([xp.nonzero(flat).reshape(-1), end]).int()
+    else:
+        if x.device.type == "cpu":
+            _check_count(int(flat.sum()), documents)
+        cu = _cut_at_starts(xp, flat, documents)
     return x, y, segment_ids, position_ids, cu
+
+
+def _cut_at_starts(torch: Any, flat: Any, count: int) -> Any:
+    """The positions of the ``count`` True entries of ``flat``, then its length, as int32:
+    what ``nonzero`` gives, made without reading ``count`` back from the device."""
+    n = flat.numel()
+    positions = torch.arange(n, device=flat.device)
+    # Each start to its rank among the starts, every other position to a slot of its own past
+    # them: no two writes meet, so the scatter is deterministic.
+    target = torch.where(flat, flat.cumsum(0) - 1, count + 1 + positions)
+    out = torch.empty(count + 1 + n, dtype=torch.int64, device=flat.device)
+    out.scatter_(0, target, positions)
+    out[count] = n
+    return out[: count + 1].int()
+
+
+def _check_count(found: int, documents: Optional[int]) -> None:
+    """Fails where the reader threads' count of a step's documents is not what the host
+    found: the two apply one rule (``Source::documents_in``), so this is a bug."""
+    if documents is not None and found != documents:
+        raise PinfeedError(
+            f"a step of {found} documents was counted as {documents} on the reader threads; "
+            "this is a bug in pinfeed: please report it"
+        )

@@ -515,7 +515,8 @@ class Loader:
         torch = (
             torch_module() if cuda else torch_module(wanted) if self.framework == "torch" else None
         )
-        return resident.batches(start, self.epochs, torch)
+        # A resident batch is records, not windows of documents: no count.
+        return ((*b, None) for b in resident.batches(start, self.epochs, torch))
 
     def close(self) -> None:
         """Stops the current pass and frees its pinned memory (batches already out stay valid);

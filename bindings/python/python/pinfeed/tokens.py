@@ -274,9 +274,10 @@ class TokenLoader(EpochLoader):
         tokens, at most _MAX_GROUP steps): one slot, one copy and one widening for all of them,
         so the consumer's per-step work is two slices. Each step still gets exactly its own
         windows (Rust numbers them so: open_tokens for one source, StepGroups for a mixture);
-        other modes take one step a batch."""
+        other modes take one step a batch, and so does text, whose steps are cut by their
+        batch's document count."""
         tokens_per_step = self.batch_size * (self.seq_len + 1)
-        if self.sample != "random" and self._mixture is None:
+        if (self.sample != "random" and self._mixture is None) or self._text is not None:
             return 1
         return max(1, min(_MAX_GROUP, -(-_GROUP_TOKENS // tokens_per_step)))
 
@@ -398,9 +399,14 @@ class TokenLoader(EpochLoader):
         if self._mixture is not None:
             return self._mixed_steps(iter(loader))
         self._decodes_before = decodes_of(self._opened)
+        passed = iter(loader)
         if self._text is not None:
-            return packed(self._batches(iter(loader), skip), self._text, self.device)
-        return self._batches(iter(loader), skip)
+            # A step a batch: the batch's document count (the reader threads') is the step's.
+            def documents() -> Optional[int]:
+                return getattr(passed, "documents", None) if self._group == 1 else None
+
+            return packed(self._batches(passed, skip), self._text, self.device, documents)
+        return self._batches(passed, skip)
 
     def _batches(self, batches: Iterator[Any], skip: int) -> Iterator[tuple[Any, ...]]:
         width = self.token_dtype.itemsize

@@ -17,6 +17,8 @@ pub struct Batch {
     pub(super) seq: u64,
     pub(super) spec: Arc<BatchSpec>,
     pub(super) len: usize,
+    /// The documents its records pack, where the source counts them.
+    pub(super) documents: Option<u64>,
     /// Which of the loader's devices it is on (0 for a loader of one device).
     pub(super) target: usize,
     pub(super) landed: Landed,
@@ -68,6 +70,15 @@ impl Batch {
             batches_done: self.spec.index + 1,
             consumed: self.spec.consumed,
         }
+    }
+    /// Documents packed into the batch's windows, as [`Source::documents_in`] counts them off
+    /// the pinned slots on the reader threads; `None` for records that are not windows of
+    /// documents. Known on the host while the copy may still run: a consumer sizes what it cuts
+    /// at document bounds by it without waiting for the device.
+    ///
+    /// [`Source::documents_in`]: pinfeed_source::Source::documents_in
+    pub fn documents(&self) -> Option<u64> {
+        self.documents
     }
     /// Bytes in this batch.
     pub fn len_bytes(&self) -> usize {

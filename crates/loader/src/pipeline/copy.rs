@@ -42,6 +42,7 @@ fn deliver(
     batches: &SyncSender<Result<Batch>>,
     target: usize,
     (seq, spec, len): (u64, Arc<BatchSpec>, usize),
+    documents: Option<u64>,
     memory: DeviceMemory,
     ready: CopyFence,
 ) -> bool {
@@ -49,6 +50,7 @@ fn deliver(
         seq,
         spec,
         len,
+        documents,
         target,
         landed: Landed {
             ready,
@@ -70,6 +72,8 @@ struct Assembling {
     spec: Arc<BatchSpec>,
     on: Vec<OnDevice>,
     pieces_left: u64,
+    /// The documents of the pieces issued so far (`None` once one had no count).
+    documents: Option<u64>,
 }
 
 /// Delivers filled slots in the order they were filled, within `Shared::copy_window` pieces of
@@ -118,7 +122,10 @@ fn copy_slots(shared: &Arc<Shared>, pool: &PinnedPool, batches: &SyncSender<Resu
             Ok(contents)
         });
         let SlotContents {
-            records, offset, ..
+            records,
+            offset,
+            documents,
+            ..
         } = match opened {
             Ok(contents) => contents,
             // Nothing reads the slot, and no later piece is taken from the ring from now on.
@@ -153,6 +160,7 @@ fn copy_slots(shared: &Arc<Shared>, pool: &PinnedPool, batches: &SyncSender<Resu
             return;
         }
         batch.pieces_left -= 1;
+        batch.documents = batch.documents.zip(documents).map(|(a, b)| a + b);
         add(&shared.counters.copy_issue_ns, started.elapsed());
     }
     if let Some((_, e)) = failed_at {
@@ -190,6 +198,7 @@ impl Assembling {
             spec,
             on,
             pieces_left: shared.pieces.per_batch,
+            documents: Some(0),
         })
     }
 }
@@ -220,7 +229,15 @@ fn deliver_assembled(
             },
         };
         let place = (seq, Arc::clone(&batch.spec), len);
-        if !deliver(shared, batches, target, place, memory, ready) {
+        if !deliver(
+            shared,
+            batches,
+            target,
+            place,
+            batch.documents,
+            memory,
+            ready,
+        ) {
             return false;
         }
     }
@@ -274,6 +291,7 @@ fn copy_windows(
                 batches,
                 0,
                 (seq, Arc::new(spec), len),
+                None, // the registered file's records are not windows of documents
                 memory,
                 fence,
             ) {

@@ -56,6 +56,11 @@ struct SlotContents {
     /// end).
     records: std::ops::Range<usize>,
     offset: usize,
+    /// The documents the piece's records pack ([`Source::documents_in`]), `None` for records
+    /// that are not windows of documents.
+    ///
+    /// [`Source::documents_in`]: pinfeed_source::Source::documents_in
+    documents: Option<u64>,
 }
 
 /// A device the loader copies batches to.

@@ -75,9 +75,12 @@ fn fill(
     // SAFETY: the claim gives this thread the slot alone until `fill_done`.
     let slot = unsafe { pool.slot_mut(claim.slot(), pool.slot_bytes()) };
     let started = Instant::now();
-    let offset = match &shared.transform {
-        None if count == 0 => 0,
-        None => read_batch(source, &spec.records, records.clone(), slot)?,
+    let (offset, documents) = match &shared.transform {
+        None if count == 0 => (0, source.documents_in(&[])),
+        None => {
+            let at = read_batch(source, &spec.records, records.clone(), slot)?;
+            (at, source.documents_in(&slot[at..at + raw_len]))
+        }
         Some(transform) => {
             let span = source.aligned_span(shared.plan.largest_batch).max(raw_len);
             let buf = match scratch {
@@ -98,7 +101,7 @@ fn fill(
                 message,
             })?;
             add(&shared.counters.transform_ns, read_done.elapsed());
-            0
+            (0, source.documents_in(&buf[at..at + raw_len]))
         }
     };
     if shared.transform.is_none() {
@@ -112,6 +115,7 @@ fn fill(
         spec,
         records,
         offset,
+        documents,
     })
 }
 

@@ -2,6 +2,7 @@
 
 mod common;
 mod delivery;
+mod documents;
 mod faults;
 mod gpu;
 mod gpu_formula;

@@ -371,6 +371,19 @@ impl Source for DocumentWindows {
         self.plan.num_windows
     }
 
+    /// Counted off the segment ordinals the records carry, for windows of a text stream (whose
+    /// steps are cut by the count) alone: a read of other documents costs nothing more.
+    fn documents_in(&self, records: &[u8]) -> Option<u64> {
+        self.plan.documents.tokens().boundaries()?;
+        let (bytes, window) = (self.layout.record_bytes(), self.plan.seq_len as usize + 1);
+        Some(super::starts::segmented(
+            records,
+            bytes,
+            self.token_bytes(),
+            window,
+        ))
+    }
+
     fn read_records(&self, first: u64, dst: &mut [u8]) -> Result<()> {
         check_request(self, first, dst.len())?;
         let (bytes, tokens) = (self.layout.record_bytes(), self.token_bytes());
@@ -423,6 +436,14 @@ mod tests {
     fn windows_are_the_shuffled_documents_cut_with_their_ids() {
         let dir = tempfile::tempdir().unwrap();
         let ds = dataset(dir.path());
+        // Windows count their documents where the stream names its boundaries (text) alone.
+        let windows =
+            DocumentWindows::new(DocumentPlan::new(ds.clone(), 3, 5, 0).unwrap()).unwrap();
+        let mut dst = vec![0u8; windows.layout().record_bytes()];
+        windows.read_records(0, &mut dst).unwrap();
+        assert_eq!(windows.documents_in(&dst), None);
+        ds.tokens()
+            .set_boundaries(super::super::Boundaries::default());
         for seq_len in [1u64, 3, 7, 30] {
             let plan = DocumentPlan::new(ds.clone(), seq_len, 5, 0).unwrap();
             // The stream by hand: the documents of the order, back to back.
@@ -453,6 +474,10 @@ mod tests {
                 }
                 let want: Vec<u8> = ordinals.iter().flat_map(|o| o.to_le_bytes()).collect();
                 assert_eq!(segment_ids, want, "{seq_len} {w}");
+                // The documents the inputs (all but the last token) touch.
+                let inputs = &ids[..seq_len as usize];
+                let touched = 1 + inputs.windows(2).filter(|p| p[0] != p[1]).count() as u64;
+                assert_eq!(windows.documents_in(&dst), Some(touched), "{seq_len} {w}");
                 assert_eq!(plan.document_ids(w), ids);
                 let cu = plan.cu_seqlens(w);
                 assert_eq!((cu[0], *cu.last().unwrap()), (0, seq_len + 1));

@@ -52,6 +52,7 @@ mod dtype;
 mod megatron;
 mod open;
 mod sampled;
+mod starts;
 mod stream;
 #[cfg(test)]
 mod testing;
@@ -67,6 +68,7 @@ pub use open::{
     TokenSource,
 };
 pub use sampled::{sampled_offset, SampledWindows};
+pub use starts::Boundaries;
 pub use stream::TokenStream;
 pub use widen::Widened;
 pub use windows::TokenWindows;

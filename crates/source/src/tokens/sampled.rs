@@ -230,6 +230,11 @@ impl Source for SampledWindows {
             .read_windows_at(&windows, self.layout.record_bytes(), dst)
     }
 
+    fn documents_in(&self, records: &[u8]) -> Option<u64> {
+        let b = self.stream.boundaries()?;
+        Some(b.documents(self.stream.dtype(), records, self.window as usize))
+    }
+
     fn reader_description(&self) -> String {
         match self.stream.network() {
             Some(_) => "object store (ranged GETs of a batch's windows in flight together)".into(),

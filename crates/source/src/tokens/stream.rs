@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::OnceLock;
 
-use super::{invalid, TokenDType};
+use super::{invalid, Boundaries, TokenDType};
 use crate::read::{open_regular, read_exact_at};
 use crate::shards::{glob_match, is_pattern};
 use crate::{npy, Result, SourceError};
@@ -58,6 +58,8 @@ pub struct TokenStream {
     ///
     /// [`Source::chunk_lengths`]: crate::Source::chunk_lengths
     chunks: Option<Vec<u64>>,
+    /// The ids that open and close each document of tokenized text ([`TokenStream::set_boundaries`]).
+    boundaries: OnceLock<Boundaries>,
 }
 
 impl TokenStream {
@@ -116,6 +118,7 @@ impl TokenStream {
             num_tokens,
             output: AtomicU8::new(0),
             fingerprint: OnceLock::new(),
+            boundaries: OnceLock::new(),
             documents: None,
             chunks: None,
         })
@@ -175,6 +178,7 @@ impl TokenStream {
             num_tokens: tokens,
             output: AtomicU8::new(0),
             fingerprint: OnceLock::new(),
+            boundaries: OnceLock::new(),
             documents,
             chunks,
         })
@@ -245,6 +249,18 @@ impl TokenStream {
             out.code()
         };
         self.output.store(code, Ordering::Relaxed);
+    }
+
+    /// Says which ids open and close each document (text tokenized with `bos`/`eos` tokens), so
+    /// that windows cut from the stream count the documents they pack
+    /// ([`Source::documents_in`](crate::Source::documents_in)); the first call holds.
+    pub fn set_boundaries(&self, boundaries: Boundaries) {
+        let _ = self.boundaries.set(boundaries);
+    }
+
+    /// The ids that open and close each document, where [`TokenStream::set_boundaries`] said.
+    pub fn boundaries(&self) -> Option<Boundaries> {
+        self.boundaries.get().copied()
     }
 
     /// The output type reads check their tokens against (see [`TokenStream::set_output`]).

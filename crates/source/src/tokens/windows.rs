@@ -176,6 +176,11 @@ impl Source for TokenWindows {
         self.num_windows
     }
 
+    fn documents_in(&self, records: &[u8]) -> Option<u64> {
+        let b = self.stream.boundaries()?;
+        Some(b.documents(self.stream.dtype(), records, self.window as usize))
+    }
+
     fn read_records(&self, first: u64, dst: &mut [u8]) -> Result<()> {
         let count = check_request(self, first, dst.len())?;
         match &self.order {
