@@ -84,3 +84,26 @@ def test_a_count_that_disagrees_with_the_starts_is_a_loud_bug():
         _tables.packing(step, None, 9, documents=3)
     with pytest.raises(pinfeed.PinfeedError, match="a step of 2 documents was counted as 1"):
         _tables.packing((torch.from_numpy(x), torch.from_numpy(x)), None, 9, documents=1)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("sample", ["sequential", "documents"])
+def test_cuda_text_steps_never_make_the_host_wait(table, tokenizer, sample):
+    # torch raises on any operation that waits for the device (nonzero, item, a copy to the
+    # host): past the first step (streams and caches made), packing a step waits for nothing.
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    _, tok_path = tokenizer
+    args = dict(column="text", tokenizer=tok_path, eos_token="<|endoftext|>", sample=sample)
+    host = list(pinfeed.TokenLoader(table, 16, 3, device="cpu", **args))
+    steps = iter(pinfeed.TokenLoader(table, 16, 3, device="cuda", **args))
+    got = [next(steps)]
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        got.extend(steps)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    assert len(got) == len(host)
+    for want, step in zip(host, got):
+        for w, g in zip(want, step):
+            np.testing.assert_array_equal(g.cpu().numpy(), w)
