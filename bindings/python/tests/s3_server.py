@@ -175,6 +175,11 @@ class Seaweed(Server):
         # Iceberg's and Lance's listeners would take fixed ports, on which the servers of
         # parallel test runs collide.
         cmd += ["-s3.port.iceberg=0", "-s3.port.lance=0", *self.webdav()]
+        # By default the volumes are as many as the free disk holds at the volume size (up to
+        # 1 GiB), and each bucket takes several: on a disk with a few GiB free, writes to the
+        # third bucket were InternalErrors. Volumes are not preallocated: a count reserves
+        # nothing.
+        cmd += ["-volume.max=100"]
         return cmd + ([f"-s3.config={self.config}"] if self.config else [])
 
     def start(self):
