@@ -1,9 +1,9 @@
 //! `pinfeed._pinfeed`: the Rust half of the `pinfeed` Python package.
 //!
-//! Thin wrappers: [`loader::Source`] and [`loader::Stream`] (one pass of a `pinfeed::Loader`), the
+//! Thin wrappers: `loader::Source` and `loader::Stream` (one pass of a `pinfeed::Loader`), the
 //! record order (`order::epoch_order` and its sizes, `order::StepGroups`),
-//! [`stage::Stager`] and [`stage::PinnedRegion`], and
-//! [`dlpack::DeviceBuffer`], the DLPack object every batch and upload comes out as. Anything
+//! `stage::Stager` and `stage::PinnedRegion`, and
+//! `dlpack::DeviceBuffer`, the DLPack object every batch and upload comes out as. Anything
 //! that blocks runs without the GIL; errors become the classes of `pinfeed.errors`. The
 //! Python-facing API (`pinfeed.Loader`, `pinfeed.prefetch`, ...) is in `python/pinfeed`.
 #![deny(unsafe_op_in_unsafe_fn)]

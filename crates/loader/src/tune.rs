@@ -152,7 +152,7 @@ pub(crate) fn choose(ctx: Option<&Arc<Context>>, pinned_budget: usize) -> Thread
     }
 }
 
-/// [`choose`] for a device: what a loader or stager on `ctx` starts unless told otherwise.
+/// `choose` for a device: what a loader or stager on `ctx` starts unless told otherwise.
 pub fn choose_for(ctx: &Arc<Context>) -> ThreadChoice {
     choose_within(ctx, true)
 }

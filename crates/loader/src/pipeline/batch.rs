@@ -88,8 +88,8 @@ impl Batch {
     pub fn address(&self) -> u64 {
         self.landed.memory.address()
     }
-    /// Which of the loader's devices it is on: its place in [`Loader::devices`] (0 for a loader
-    /// of one device).
+    /// Which of the loader's devices it is on: its place in
+    /// [`Loader::devices`](crate::Loader::devices) (0 for a loader of one device).
     pub fn target(&self) -> usize {
         self.target
     }

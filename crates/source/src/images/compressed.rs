@@ -122,7 +122,7 @@ impl RecordHeader {
     }
 }
 
-/// An image dataset as records for GPU decoding: see the [module](self) documentation.
+/// An image dataset as records for GPU decoding (the module's documentation says how).
 /// Record `i` carries sample `i` drawn as the wrapped [`ImageSource`] draws it, whose
 /// [`read_records`](Source::read_records) is the CPU path for the same record.
 #[derive(Debug)]

@@ -13,7 +13,7 @@ use crate::Result;
 /// shuffle's default window.
 pub(crate) const CACHE_BYTES: usize = 1 << 30;
 
-/// The variable that sets the cache's bound in bytes instead of [`CACHE_BYTES`].
+/// The variable that sets the cache's bound in bytes instead of `CACHE_BYTES`.
 pub const LIMIT_VAR: &str = "PINFEED_CHUNK_CACHE_BYTES";
 
 /// The limit [`set_limit`] set; 0 until then (or after `set_limit(0)`), when [`LIMIT_VAR`] or

@@ -4,7 +4,7 @@
 //!
 //! A table is cut into chunks: a Parquet row group, an Arrow record batch, a JSON-lines file.
 //! A chunk's records are decoded whole, packed as [`columns`] lays them out, and kept in one
-//! cache for the process ([`cache`]), so that reading a range decodes each chunk once, while
+//! cache for the process (`cache`), so that reading a range decodes each chunk once, while
 //! reading records in random order decodes a chunk for nearly every record once the chunks
 //! outgrow the cache (`shuffle="block"` with blocks of a row group reads each once an epoch;
 //! a token column's shuffled orders take the chunks a few at a time,

@@ -294,7 +294,7 @@ impl DocumentPlan {
 /// copy. The layout is bytes (`uint8`, `(seq_len + 1) × (width + 2)` of them): the consumer
 /// views the two parts. Requires `seq_len + 1 <= 65535`.
 ///
-/// [`DocumentWindows::in_order`] numbers the windows in another order (the windows of each
+/// `DocumentWindows::in_order` numbers the windows in another order (the windows of each
 /// group of a table column's [`ChunkOrder`](super::ChunkOrder) shuffled among themselves):
 /// record `v` is then window [`window_of(v)`](DocumentWindows::window_of) of the plan.
 #[derive(Debug)]

@@ -297,8 +297,8 @@ impl TokenStream {
         ))
     }
 
-    /// A hash of the stream's dtype, its number of tokens and up to [`FINGERPRINT_WINDOWS`]
-    /// windows of [`FINGERPRINT_TOKENS`] tokens spread evenly over it (all of it when it is no
+    /// A hash of the stream's dtype, its number of tokens and up to `FINGERPRINT_WINDOWS`
+    /// windows of `FINGERPRINT_TOKENS` tokens spread evenly over it (all of it when it is no
     /// longer): the same for a copy of the data anywhere, under any name or split into other
     /// files, and different for other data of the same size, so that a saved position is not
     /// resumed on other tokens; a stream that knows its documents hashes where each starts too.
