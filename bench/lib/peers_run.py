@@ -53,7 +53,7 @@ def rows_to_run(a):
         else:
             configs = [["--batch", str(a.record_batch)]]
         for config in configs:
-            # The peers asked for run in the order asked (a call's time may end first).
+            # The peers asked for run in the order asked (a time limit may cut the last ones).
             for peer in want or peers:
                 if peer in peers:
                     todo.append((workload, peer, config))

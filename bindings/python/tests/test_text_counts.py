@@ -84,6 +84,8 @@ def test_a_count_that_disagrees_with_the_starts_is_a_loud_bug():
         _tables.packing(step, None, 9, documents=3)
     with pytest.raises(pinfeed.PinfeedError, match="a step of 2 documents was counted as 1"):
         _tables.packing((torch.from_numpy(x), torch.from_numpy(x)), None, 9, documents=1)
+    with pytest.raises(pinfeed.PinfeedError, match="without the reader threads' count"):
+        _tables.packing(step, None, 9, documents=None)
 
 
 @pytest.mark.gpu

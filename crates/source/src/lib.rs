@@ -267,8 +267,7 @@ pub trait Source: Send + Sync + std::fmt::Debug {
     /// summed over their windows, those that each window's inputs start or continue, by the
     /// rule of [`tokens::Boundaries`]. `None` for records that are not windows of documents, or
     /// where the stream does not say where its documents start.
-    fn documents_in(&self, records: &[u8]) -> Option<u64> {
-        let _ = records;
+    fn documents_in(&self, _records: &[u8]) -> Option<u64> {
         None
     }
 

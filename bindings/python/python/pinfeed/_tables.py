@@ -179,11 +179,9 @@ def packed(
     documents: Callable[[], Optional[int]],
 ) -> Iterator[Any]:
     """:func:`packing` of each of ``steps`` (``text`` is ``(bos, eos)``; ``documents()`` the
-    count of the step just taken, or None). On a CUDA device each step is taken (its batch
-    handed over), widened and packed on a stream of pinfeed's, which the consumer's stream
-    then waits for. With the count, nothing on the host waits for the device; without it,
-    ``cu_seqlens`` waits for the step's own kernels on that stream alone, not for the
-    training step queued before it."""
+    reader threads' count of the step just taken). On a CUDA device each step is taken (its
+    batch handed over), widened and packed on a stream of pinfeed's, which the consumer's
+    stream then waits for; nothing on the host waits for the device."""
     if not device.startswith("cuda"):
         for step in steps:
             yield packing(step, *text, documents())
@@ -206,7 +204,7 @@ def packed(
 
 
 def packing(
-    step: tuple[Any, ...], bos: Optional[int], eos: Optional[int], documents: Optional[int] = None
+    step: tuple[Any, ...], bos: Optional[int], eos: Optional[int], documents: Optional[int]
 ) -> tuple[Any, ...]:
     """``(x, y, segment_ids, position_ids, cu_seqlens)`` of a step of packed documents, from
     ``(x, y)`` or, for document windows, ``(x, y, segment_ids)``: a document starts at each
@@ -227,6 +225,11 @@ def packing(
             return xp.cummax(a, dim=1).values
     else:
         raise PinfeedValueError("text columns deliver torch tensors or numpy arrays so far")
+    if documents is None:
+        raise PinfeedError(
+            "a text step came without the reader threads' count of its documents; this is a "
+            "bug in pinfeed: please report it"
+        )
     rows, length = int(x.shape[0]), int(x.shape[1])
     if xp is np:
         starts = np.zeros(x.shape, dtype=bool)
@@ -250,9 +253,6 @@ def packing(
     if xp is np:
         cu = np.append(np.flatnonzero(flat), rows * length).astype(np.int32)
         _check_count(len(cu) - 1, documents)
-    elif documents is None:
-        end = xp.tensor([rows * length], device=x.device)
-        cu = xp.cat([xp.nonzero(flat).reshape(-1), end]).int()
     else:
         if x.device.type == "cpu":
             _check_count(int(flat.sum()), documents)
@@ -274,10 +274,10 @@ def _cut_at_starts(torch: Any, flat: Any, count: int) -> Any:
     return out[: count + 1].int()
 
 
-def _check_count(found: int, documents: Optional[int]) -> None:
+def _check_count(found: int, documents: int) -> None:
     """Fails where the reader threads' count of a step's documents is not what the host
     found: the two apply one rule (``Source::documents_in``), so this is a bug."""
-    if documents is not None and found != documents:
+    if found != documents:
         raise PinfeedError(
             f"a step of {found} documents was counted as {documents} on the reader threads; "
             "this is a bug in pinfeed: please report it"

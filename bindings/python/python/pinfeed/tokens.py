@@ -401,11 +401,9 @@ class TokenLoader(EpochLoader):
         self._decodes_before = decodes_of(self._opened)
         passed = iter(loader)
         if self._text is not None:
-            # A step a batch: the batch's document count (the reader threads') is the step's.
-            def documents() -> Optional[int]:
-                return getattr(passed, "documents", None) if self._group == 1 else None
-
-            return packed(self._batches(passed, skip), self._text, self.device, documents)
+            # A text step is a batch (`_steps_per_batch`): the batch's count is the step's.
+            steps = self._batches(passed, skip)
+            return packed(steps, self._text, self.device, lambda: passed.documents)
         return self._batches(passed, skip)
 
     def _batches(self, batches: Iterator[Any], skip: int) -> Iterator[tuple[Any, ...]]:

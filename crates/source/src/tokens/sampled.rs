@@ -231,8 +231,7 @@ impl Source for SampledWindows {
     }
 
     fn documents_in(&self, records: &[u8]) -> Option<u64> {
-        let b = self.stream.boundaries()?;
-        Some(b.documents(self.stream.dtype(), records, self.window as usize))
+        self.stream.documents_in(records, self.window as usize)
     }
 
     fn reader_description(&self) -> String {

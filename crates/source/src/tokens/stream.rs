@@ -263,6 +263,12 @@ impl TokenStream {
         self.boundaries.get().copied()
     }
 
+    /// The documents packed into `records`, windows of `window` of this stream's tokens back to
+    /// back ([`Boundaries::documents`]); `None` where no boundaries were set.
+    pub fn documents_in(&self, records: &[u8], window: usize) -> Option<u64> {
+        Some(self.boundaries()?.documents(self.dtype, records, window))
+    }
+
     /// The output type reads check their tokens against (see [`TokenStream::set_output`]).
     fn output(&self) -> Option<TokenDType> {
         TokenDType::from_code(self.output.load(Ordering::Relaxed))

@@ -177,8 +177,7 @@ impl Source for TokenWindows {
     }
 
     fn documents_in(&self, records: &[u8]) -> Option<u64> {
-        let b = self.stream.boundaries()?;
-        Some(b.documents(self.stream.dtype(), records, self.window as usize))
+        self.stream.documents_in(records, self.window as usize)
     }
 
     fn read_records(&self, first: u64, dst: &mut [u8]) -> Result<()> {
