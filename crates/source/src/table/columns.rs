@@ -279,24 +279,65 @@ pub(crate) fn pack(
     out: &mut Vec<u8>,
     documents: Option<&mut Vec<u64>>,
 ) -> Result<()> {
-    let rows = batch.num_rows();
-    let start = out.len();
-    let mut parts = Vec::with_capacity(columns.len());
-    for column in columns {
+    if let Some(column) = columns.first().filter(|c| c.tokens) {
+        // The one column of a token or text table.
         let Some(array) = batch.column_by_name(&column.name) else {
             return Err(table_error(at, format!("no column {:?}", column.name)));
         };
         if let Some(text) = &column.text {
             return text.encode_into(array, &column.name, at, out, documents);
         }
-        if column.tokens {
-            // The one column of a token table: the rows' lists, back to back.
-            let tokens = token_values(array, column, at, documents)?;
-            if let Values::Bytes(bytes) = flatten(&tokens, column, at)? {
-                out.extend_from_slice(bytes);
-            }
-            return Ok(());
+        // The rows' lists, back to back.
+        let tokens = token_values(array, column, at, documents)?;
+        if let Values::Bytes(bytes) = flatten(&tokens, column, at)? {
+            out.extend_from_slice(bytes);
         }
+        return Ok(());
+    }
+    let rows = batch.num_rows();
+    let parts = record_parts(batch, columns, rows, at)?;
+    if let Some(values) = whole(&parts, record_bytes) {
+        out.extend_from_slice(values);
+        return Ok(());
+    }
+    let start = out.len();
+    out.resize(start + rows * record_bytes, 0);
+    scatter_rows(&parts, &mut out[start..], record_bytes);
+    Ok(())
+}
+
+/// Packs the rows of `batch` (of record columns) into `records`, which holds as many
+/// records of `record_bytes`, zeroed: [`pack`] into a buffer made beforehand (the padding
+/// between columns is left as it is). `at` names the chunk for errors.
+pub(crate) fn pack_into(
+    batch: &RecordBatch,
+    columns: &[Column],
+    record_bytes: usize,
+    at: &str,
+    records: &mut [u8],
+) -> Result<()> {
+    debug_assert_eq!(records.len(), batch.num_rows() * record_bytes);
+    let parts = record_parts(batch, columns, batch.num_rows(), at)?;
+    match whole(&parts, record_bytes) {
+        Some(values) => records.copy_from_slice(values),
+        None => scatter_rows(&parts, records, record_bytes),
+    }
+    Ok(())
+}
+
+/// Each record column's values in `batch`, `rows` rows of them, checked free of nulls and of
+/// its width.
+fn record_parts<'a, 'c>(
+    batch: &'a RecordBatch,
+    columns: &'c [Column],
+    rows: usize,
+    at: &str,
+) -> Result<Vec<(Values<'a>, &'c Column)>> {
+    let mut parts = Vec::with_capacity(columns.len());
+    for column in columns {
+        let Some(array) = batch.column_by_name(&column.name) else {
+            return Err(table_error(at, format!("no column {:?}", column.name)));
+        };
         let values = flatten(array, column, at)?;
         let width = column.bytes();
         if values.bytes().len() != rows * width {
@@ -311,16 +352,22 @@ pub(crate) fn pack(
         }
         parts.push((values, column));
     }
-    if let [(values, column)] = &parts[..] {
-        if column.offset == 0 && column.bytes() == record_bytes {
-            // One column filling the record (a fixed-size list, or one primitive): its
-            // values, row after row, are the records already.
-            out.extend_from_slice(values.bytes());
-            return Ok(());
+    Ok(parts)
+}
+
+/// The records already, where one column fills the record (a fixed-size list, or one
+/// primitive): its values, row after row.
+fn whole<'p>(parts: &'p [(Values<'_>, &Column)], record_bytes: usize) -> Option<&'p [u8]> {
+    match parts {
+        [(values, column)] if column.offset == 0 && column.bytes() == record_bytes => {
+            Some(values.bytes())
         }
+        _ => None,
     }
-    out.resize(start + rows * record_bytes, 0);
-    let records = &mut out[start..];
+}
+
+/// Writes the rows of `parts` into `records`, which holds as many.
+fn scatter_rows(parts: &[(Values<'_>, &Column)], records: &mut [u8], record_bytes: usize) {
     // A block of records at a time, each column scattered into it while it stays in the
     // cache: column by column over the whole batch would stream every record through the
     // cache once a column.
@@ -328,13 +375,12 @@ pub(crate) fn pack(
     for (b, records) in records.chunks_mut(block * record_bytes).enumerate() {
         let first = b * block;
         let count = records.len() / record_bytes;
-        for (values, column) in &parts {
+        for (values, column) in parts {
             let width = column.bytes();
             let from = &values.bytes()[first * width..(first + count) * width];
             scatter(from, records, width, record_bytes, column.offset);
         }
     }
-    Ok(())
 }
 
 /// Bytes of records packed at a time: a block that stays in a core's L1 or L2 cache while
@@ -584,13 +630,15 @@ mod tests {
                 .collect();
             let (layout, columns) = layout_of("t", &fields).unwrap();
             let record_bytes = layout.record_bytes();
+            let want = reference(&batch, &columns, record_bytes);
             let mut out = vec![7u8; 5]; // packed after what is there
             pack(&batch, &columns, record_bytes, "t", &mut out, None).unwrap();
             assert_eq!(out[..5], [7u8; 5]);
-            assert!(
-                out[5..] == reference(&batch, &columns, record_bytes),
-                "{names:?}"
-            );
+            assert!(out[5..] == want, "{names:?}");
+            // Into a zeroed buffer of as many records.
+            let mut records = vec![0u8; want.len()];
+            pack_into(&batch, &columns, record_bytes, "t", &mut records).unwrap();
+            assert!(records == want, "{names:?}, into a buffer");
         }
     }
 }

@@ -15,7 +15,7 @@ use parquet::file::metadata::{FooterTail, ParquetMetaData, ParquetMetaDataReader
 use parquet::file::reader::{ChunkReader, Length};
 use parquet::file::FOOTER_SIZE;
 
-use super::columns::{pack, table_error, Column};
+use super::columns::{pack, pack_into, table_error, Column};
 use super::{columns_option, Chunks, TableSource};
 use crate::formats::{ByteRanges, FileRanges, Format, OpenFile, OpenRanges};
 use crate::{ReadOptions, Result, Source};
@@ -215,27 +215,42 @@ impl Chunks for RowGroups {
                 .with_batch_size(batch_rows(columns, record_bytes, self.rows[i]))
                 .build()
                 .map_err(|e| fail(&e))?;
-        let mut out = Vec::with_capacity(self.rows[i] as usize * record_bytes);
+        if columns.first().is_some_and(|c| c.tokens) {
+            let mut out = Vec::with_capacity(self.rows[i] as usize * record_bytes);
+            for batch in reader {
+                let batch = batch.map_err(|e| fail(&e))?;
+                pack(
+                    &batch,
+                    columns,
+                    record_bytes,
+                    &at,
+                    &mut out,
+                    documents.as_deref_mut(),
+                )?;
+            }
+            return Ok(out);
+        }
+        // Records: the row group's in one buffer of fresh zeroed pages (no memset, as growing
+        // a Vec batch by batch did), each batch packed into its place.
+        let rows = self.rows[i] as usize;
+        let mut out = vec![0u8; rows * record_bytes];
+        let mut decoded = 0;
         for batch in reader {
             let batch = batch.map_err(|e| fail(&e))?;
-            pack(
-                &batch,
-                columns,
-                record_bytes,
-                &at,
-                &mut out,
-                documents.as_deref_mut(),
-            )?;
+            let end = decoded + batch.num_rows();
+            let Some(records) = out.get_mut(decoded * record_bytes..end * record_bytes) else {
+                return Err(table_error(
+                    &at,
+                    format!("decoded more rows than the {rows} the footer says"),
+                ));
+            };
+            pack_into(&batch, columns, record_bytes, &at, records)?;
+            decoded = end;
         }
-        let tokens = columns.first().is_some_and(|c| c.tokens);
-        if !tokens && out.len() != self.rows[i] as usize * record_bytes {
+        if decoded != rows {
             return Err(table_error(
                 &at,
-                format!(
-                    "decoded {} rows where the footer says {}",
-                    out.len() / record_bytes,
-                    self.rows[i]
-                ),
+                format!("decoded {decoded} rows where the footer says {rows}"),
             ));
         }
         Ok(out)
@@ -308,6 +323,70 @@ impl ChunkReader for Fetched {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_row_group_of_many_batches_packs_every_record_in_its_place() {
+        use arrow_array::{FixedSizeListArray, Float32Array, Int64Array, RecordBatch, UInt8Array};
+        use parquet::arrow::ArrowWriter;
+        use parquet::file::properties::WriterProperties;
+        let rows = 100_000usize; // batches of `batch_rows`, the last one short
+        let n = rows as i64;
+        let pairs = (0..n).map(|i| Some([Some(i as f32), Some(-(i as f32))]));
+        let pairs = FixedSizeListArray::from_iter_primitive::<arrow_array::types::Float32Type, _, _>(
+            pairs, 2,
+        );
+        let batch = RecordBatch::try_from_iter([
+            (
+                "a",
+                Arc::new(UInt8Array::from_iter_values((0..n).map(|i| i as u8))) as _,
+            ),
+            (
+                "b",
+                Arc::new(Int64Array::from_iter_values((0..n).map(|i| i * 3))) as _,
+            ),
+            ("c", Arc::new(pairs) as _),
+            (
+                "d",
+                Arc::new(Float32Array::from_iter_values(
+                    (0..n).map(|i| i as f32 / 2.0),
+                )) as _,
+            ),
+        ])
+        .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("many.parquet");
+        let props = WriterProperties::builder()
+            .set_max_row_group_row_count(Some(rows))
+            .set_data_page_row_count_limit(7000)
+            .set_compression(parquet::basic::Compression::SNAPPY)
+            .build();
+        let file = std::fs::File::create(&path).unwrap();
+        let mut w = ArrowWriter::try_new(file, batch.schema(), Some(props)).unwrap();
+        w.write(&batch).unwrap();
+        w.close().unwrap();
+        let file = std::fs::File::open(&path).unwrap();
+        let size = file.metadata().unwrap().len();
+        let mut options = ReadOptions::default();
+        options.format.set("columns", "d,a,c,b");
+        let source = open_parquet(Arc::new(FileRanges::new(file, &path, size)), &options).unwrap();
+        let columns = source.columns();
+        let rb = source.layout().record_bytes();
+        assert!(rows > 2 * batch_rows(columns, rb, rows as u64));
+        // The records by hand: each column's value at its offset, padding zero.
+        let at = |name: &str| columns.iter().find(|c| c.name == name).unwrap().offset;
+        let mut want = vec![0u8; rows * rb];
+        for (i, record) in want.chunks_exact_mut(rb).enumerate() {
+            let mut put = |o: usize, b: &[u8]| record[o..o + b.len()].copy_from_slice(b);
+            put(at("a"), &[i as u8]);
+            put(at("b"), &(i as i64 * 3).to_le_bytes());
+            put(at("c"), &(i as f32).to_le_bytes());
+            put(at("c") + 4, &(-(i as f32)).to_le_bytes());
+            put(at("d"), &(i as f32 / 2.0).to_le_bytes());
+        }
+        let mut got = vec![1u8; rows * rb];
+        source.read_records(0, &mut got).unwrap();
+        assert!(got == want);
+    }
 
     #[test]
     fn a_read_where_two_chunks_touch_starts_in_the_second() {
