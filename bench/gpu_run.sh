@@ -10,7 +10,7 @@
 #
 # GPU sections: tests rust torch python pytests ab tokens machine probe nvjpeg jax images
 #               weed s3fs store storetokens bigcached bigsweep bigcold legacysoak soakstart soakwait
-#               peers noisy mixture text
+#               peers noisy mixture text parquet
 # It checks correctness, times pinfeed beside the torch baselines and writes JSON and text under
 # $OUT for `python3 bench/records.py report`. bench/README.md lists what each section measures.
 #
@@ -620,8 +620,8 @@ if want noisy && ls $C/*.whl >/dev/null 2>&1; then
 fi
 
 # issue 50: a Parquet text column tokenized on pinfeed's reader threads beside `datasets` (map and
-# streaming; its wheels are among the peers', from prepare or prepare-peers), a GPT step fed by it,
-# then Parquet float32 records against the same bytes as .npy.
+# streaming; its wheels are among the peers', from prepare or prepare-peers) and a GPT step fed by
+# it; the `parquet` section: Parquet float32 records against the same bytes as .npy.
 if want text && ls $C/*.whl >/dev/null 2>&1; then
     echo "== Text: TokenLoader tokenizing Parquet text beside datasets, a GPT step; Parquet records beside .npy"
     install_wheel /tmp/site $C/*.whl
@@ -634,6 +634,15 @@ if want text && ls $C/*.whl >/dev/null 2>&1; then
     PYTHONPATH=/tmp/site:/tmp/text-site timeout 420 python3 bench/tokens.py text --device cuda \
         $([ -f "$tok" ] && echo --tokenizer "$tok") --out "$OUT/$(date +%F)-$GPU-text.json" \
         ${TEXT_ARGS:-} 2>&1 | grep -v '^{'
+    # The GPT step alone, fed by another revision's wheel (`prepare-ab REV text-old`), on the
+    # same corpus and machine: the step before and after a change to the text path.
+    if ls $C/text-old/*.whl >/dev/null 2>&1; then
+        echo "== Text: the GPT step fed by text-old, $(cat $C/text-old/revision.txt)"
+        install_wheel /tmp/site-text-old $C/text-old/*.whl
+        PYTHONPATH=/tmp/site-text-old:/tmp/text-site timeout 200 python3 bench/tokens.py text \
+            --device cuda $([ -f "$tok" ] && echo --tokenizer "$tok") ${TEXT_ARGS:-} --rows '' \
+            --out "$OUT/$(date +%F)-$GPU-text-old.json" 2>&1 | grep -v '^{' | tail -4
+    fi
     if [ -x $C/tokenize_threads ] && [ -f "$tok" ]; then
         echo "== tokenize_threads: one tokenizer shared by the threads, or a copy each"
         python3 -c "
@@ -643,6 +652,11 @@ docs = pq.read_table(path, columns=['text']).column('text').to_pylist()[:4000]
 open('/tmp/pinfeed-docs.txt', 'w').write('\n'.join(d.replace('\n', ' ') for d in docs))" \
             && $C/tokenize_threads "$tok" /tmp/pinfeed-docs.txt 1,16 | tee "$OUT/tokenize_threads.txt"
     fi
+fi
+
+if want parquet && ls $C/*.whl >/dev/null 2>&1; then
+    echo "== Parquet records beside the same bytes as .npy"
+    install_wheel /tmp/site $C/*.whl
     PYTHONPATH=/tmp/site timeout 150 python3 bench/records.py parquet --device cuda \
         --out "$OUT/$(date +%F)-$GPU-parquet.json" ${PARQUET_ARGS:-} 2>&1 | tail -8
 fi

@@ -191,7 +191,11 @@ def parser():
     p.add_argument("--tokenizer", help="a tokenizer.json (default: a BPE trained on the corpus)")
     p.add_argument("--device", default=None, help="cuda or cpu (default: cuda where present)")
     p.add_argument("--workers", type=int, default=len(os.sched_getaffinity(0)))
-    p.add_argument("--rows", default=",".join(ROWS), help="the rows to run, comma-separated")
+    p.add_argument(
+        "--rows",
+        default=",".join(ROWS),
+        help="the rows to run, comma-separated ('' for none: the GPT step alone)",
+    )
     p.add_argument(
         "--row-seconds",
         type=float,
@@ -233,7 +237,7 @@ def main():
         flush=True,
     )
     result = {"args": vars(a), "cpus": len(os.sched_getaffinity(0)), "corpus": p, "rows": []}
-    for name in a.rows.split(","):
+    for name in filter(None, a.rows.split(",")):
         result["rows"].append(in_process(a, name, argv, a.prepared))
         print(json.dumps({k: v for k, v in result["rows"][-1].items() if k != "traceback"}))
         save(a, result)  # each row as it ends: a run cut short keeps those that ran
