@@ -4,8 +4,11 @@ the GPU; pinfeed's share of the step time is the difference. CUDA only.
 
     python3 bench/peers.py noisy --records FILE.npy [--layers 200] [--batch 32] [--out F.json]
 
-Each feed runs `--rounds` times, interleaved (resident, pinfeed, pinfeed with --threads, ...),
-and the median of each is reported.
+Each feed runs `--rounds` times, interleaved, each round in the reverse order of the last so
+that no feed always runs first. The host moves a launch-bound step by several percent from run
+to run, and slowly: a feed's share is its run against the resident run of the same round, the
+median of those pairs and their range (and the medians of all runs, and the fastest, beside).
+Each run also gives the process's CPU seconds a step (the trainer's thread and pinfeed's).
 """
 
 import argparse
@@ -36,11 +39,11 @@ def run(feed, net, width, steps, warm):
     for _ in range(warm):
         step()
     torch.cuda.synchronize()
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     for _ in range(steps):
         step()
     torch.cuda.synchronize()
-    return 1000 * (time.perf_counter() - t0) / steps
+    return 1000 * (time.perf_counter() - t0) / steps, 1000 * (time.process_time() - c0) / steps
 
 
 def pinfeed_feed(path, batch, threads):
@@ -52,6 +55,37 @@ def pinfeed_feed(path, batch, threads):
             yield from loader
 
     return gen()
+
+
+def share(step, base):
+    """The percentage of `step` that a `base` step lacks (negative where `base` is slower)."""
+    return 100 * (step - base) / step
+
+
+def summarize(runs, cpu, base="resident"):
+    """A row a feed from its runs (ms a step, round by round) and CPU ms a step: the median, the
+    fastest, and the share of its step that `base`'s step lacks, by the rounds' pairs (each run
+    against `base`'s of the same round: their median, and all of them sorted), by the medians
+    and by the fastest runs."""
+    med = {name: statistics.median(ms) for name, ms in runs.items()}
+    rows = []
+    for name, ms in runs.items():
+        pairs = sorted(share(m, b) for m, b in zip(ms, runs[base]))
+        rows.append(
+            {
+                "feed": name,
+                "ms_per_step": med[name],
+                "fastest_ms_per_step": min(ms),
+                "runs": ms,
+                "cpu_ms_per_step": statistics.median(cpu[name]),
+                "cpu_runs": cpu[name],
+                "pairs_pct": pairs,
+                "share_by_pairs_pct": statistics.median(pairs),
+                "share_of_step_pct": share(med[name], med[base]),
+                "share_of_fastest_pct": share(min(ms), min(runs[base])),
+            }
+        )
+    return rows
 
 
 def main():
@@ -74,30 +108,20 @@ def main():
         f"pinfeed threads={a.threads}": lambda: pinfeed_feed(a.records, a.batch, a.threads),
     }
     runs = {name: [] for name in feeds}
-    for _ in range(a.rounds):
-        for name, make in feeds.items():
-            runs[name].append(run(make(), net, a.width, a.steps, 20))
-    # The host moves every feed's step by several percent from run to run: each row gives its
-    # median and its fastest run, and pinfeed's share by both, with the runs' spread.
-    base, best = statistics.median(runs["resident"]), min(runs["resident"])
-    rows = []
-    for name, ms in runs.items():
-        med = statistics.median(ms)
-        rows.append(
-            {
-                "feed": name,
-                "ms_per_step": med,
-                "fastest_ms_per_step": min(ms),
-                "runs": ms,
-                "share_of_step_pct": 100 * (med - base) / med,
-                "share_of_fastest_pct": 100 * (min(ms) - best) / min(ms),
-            }
-        )
-        r = rows[-1]
+    cpu = {name: [] for name in feeds}
+    for r in range(a.rounds):
+        for name in list(feeds) if r % 2 == 0 else reversed(list(feeds)):
+            ms, cpu_ms = run(feeds[name](), net, a.width, a.steps, 20)
+            runs[name].append(ms)
+            cpu[name].append(cpu_ms)
+    rows = summarize(runs, cpu)
+    for r in rows:
         print(
-            f"{name:<22} median {med:7.3f} ms/step (runs {min(ms):.2f}-{max(ms):.2f})  "
-            f"pinfeed's share {r['share_of_step_pct']:6.2f}% (fastest runs: "
-            f"{r['share_of_fastest_pct']:.2f}%)"
+            f"{r['feed']:<22} median {r['ms_per_step']:7.3f} ms/step (runs "
+            f"{min(r['runs']):.2f}-{max(r['runs']):.2f}), {r['cpu_ms_per_step']:.2f} CPU ms/step; "
+            f"share by pairs {r['share_by_pairs_pct']:+.2f}% ({r['pairs_pct'][0]:+.1f} to "
+            f"{r['pairs_pct'][-1]:+.1f}), of medians {r['share_of_step_pct']:+.2f}%, of the fastest "
+            f"{r['share_of_fastest_pct']:+.2f}%"
         )
     if a.out:
         with open(a.out, "w") as f:

@@ -152,3 +152,29 @@ def test_a_row_that_hangs_says_where(tmp_path):
     assert where["main"][-1].endswith("in <module>")
     assert [f for f in where["others"] if f.endswith("in waits_in_a_worker")], where
     assert stacks(b"a row that printed nothing") == {}
+
+
+def test_the_noisy_neighbour_pairs_each_run_with_the_resident_run_of_its_round():
+    sys.path.insert(0, str(BENCH))
+    try:
+        from lib.peers_noisy import summarize
+    finally:
+        sys.path.remove(str(BENCH))
+    # Each run a tenth slower than the resident run of its round.
+    resident = [10.0, 20.0, 30.0]
+    runs = {"resident": resident, "fed": [r / 0.9 for r in resident]}
+    rows = {r["feed"]: r for r in summarize(runs, {k: [1.0, 2.0, 3.0] for k in runs})}
+    assert rows["resident"]["share_by_pairs_pct"] == 0
+    row = rows["fed"]
+    assert row["pairs_pct"] == pytest.approx([10.0, 10.0, 10.0])
+    assert row["share_by_pairs_pct"] == pytest.approx(10.0)
+    assert row["share_of_step_pct"] == pytest.approx(10.0)
+    assert row["share_of_fastest_pct"] == pytest.approx(10.0)
+    assert row["cpu_ms_per_step"] == 2.0
+    # Pairs and medians part where the host drifts: slower than the resident batch in one
+    # round, faster in the other (a negative share).
+    runs = {"resident": [10.0, 30.0], "fed": [12.0, 27.0]}
+    row = {r["feed"]: r for r in summarize(runs, {k: [0.0, 0.0] for k in runs})}["fed"]
+    assert row["pairs_pct"] == pytest.approx([100 * -3 / 27, 100 * 2 / 12])
+    assert row["share_by_pairs_pct"] == pytest.approx((100 * -3 / 27 + 100 * 2 / 12) / 2)
+    assert row["share_of_step_pct"] == pytest.approx(100 * (19.5 - 20) / 19.5)
