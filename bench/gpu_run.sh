@@ -3,7 +3,7 @@
 # toolchain); every other runs on the GPU machine, from the repository root, carrying what
 # `prepare` built:
 #
-#   bash bench/gpu_run.sh prepare              binaries, test binaries and the wheel -> .device-carry/
+#   bash bench/gpu_run.sh prepare              binaries, test binaries (tests.tgz), wheel -> .device-carry/
 #   bash bench/gpu_run.sh prepare-ab REV [NAME]  another revision's wheel -> .device-carry/NAME/ (old)
 #   bash bench/gpu_run.sh prepare-peers        the peers' wheels alone -> .device-carry/peer-wheels/
 #   bash bench/gpu_run.sh [SECTION...]         (default: tests rust torch python)
@@ -62,6 +62,8 @@ prepare() (
     test_binary "$C/tests/pinfeed-cuda-integration" -p pinfeed-cuda --test integration
     test_binary "$C/tests/pinfeed-integration" -p pinfeed --test integration
     test_binary "$C/tests/pinfeed-lib" -p pinfeed --lib
+    # Compressed (36 MB to 12): a call that carries them has room for two more wheels.
+    tar -czf "$C/tests.tgz" -C "$C" tests && rm -rf "$C/tests"
     # The soak test binary (its GPU soak runs for minutes, so not with the tests above).
     test_binary "$C/soak" -p pinfeed --test soak
     # Stripped, so that a call's 64 MiB carries it beside the wheels of other revisions.
@@ -162,6 +164,8 @@ export PYTHONUNBUFFERED=1
 DATA=/tmp/pinfeed-4g.npy
 RECORDS=1489700   # 4 GiB of 3x31x31 uint8 records
 
+# The test binaries, where carried as prepare left them.
+[ -f $C/tests.tgz ] && [ ! -d $C/tests ] && tar -xzf $C/tests.tgz -C $C
 nvidia-smi --query-gpu=name,driver_version,pcie.link.gen.current,pcie.link.width.current,memory.total --format=csv,noheader | tee "$OUT/machine.txt"
 # The GPU's short name for result files (h200, h100): the one-GPU machine comes as either card.
 GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -o -i 'h[0-9]\{3\}' | tr A-Z a-z)
