@@ -53,7 +53,7 @@ prepare() (
     cargo build --release --locked -p pinfeed-cuda --example nvjpeg_bench
     cp "${CARGO_TARGET_DIR:-target}"/release/examples/nvjpeg_bench "$C/"
     strip "$C/nvjpeg_bench"
-    # Tokens per second of a tokenizer shared by threads or copied, for the text section.
+    # Tokens per second of the library shared or copied, and of pinfeed's encoder (text section).
     cargo build --release --locked -p pinfeed-source --example tokenize_threads
     cp "${CARGO_TARGET_DIR:-target}"/release/examples/tokenize_threads "$C/"
     strip "$C/tokenize_threads"
@@ -648,7 +648,7 @@ if want text && ls $C/*.whl >/dev/null 2>&1; then
             --out "$OUT/$(date +%F)-$GPU-text-old.json" 2>&1 | grep -v '^{' | tail -4
     fi
     if [ -x $C/tokenize_threads ] && [ -f "$tok" ]; then
-        echo "== tokenize_threads: one tokenizer shared by the threads, or a copy each"
+        echo "== tokenize_threads: the library shared by the threads or a copy each, pinfeed's encoder"
         python3 -c "
 import glob, pyarrow.parquet as pq
 path = sorted(glob.glob('/tmp/pinfeed_text/text-*/parquet/part-000.parquet'))[0]

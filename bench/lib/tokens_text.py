@@ -27,8 +27,10 @@ missed.
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 
 from lib import text_corpus
@@ -100,8 +102,11 @@ def one(a):
 
 
 def in_process(a, name, argv, prepared):
-    """Row `name` in a fresh process, offline for the hub; its row, or the error it ended with."""
-    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
+    """Row `name` in a fresh process, offline for the hub, with an empty `$PINFEED_CACHE_DIR`
+    (pinfeed tokenizes the corpus, as at a first use: tokens it kept on disk before would make
+    its row a read of them); its row, or the error it ended with."""
+    cache = tempfile.mkdtemp(prefix="pinfeed-text-cache-")
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", PINFEED_CACHE_DIR=cache)
     cmd = [sys.executable, os.path.join(BENCH, "tokens.py"), "text", *argv]
     cmd += ["--one", name, "--prepared", prepared]
     try:
@@ -110,6 +115,8 @@ def in_process(a, name, argv, prepared):
         )
     except subprocess.TimeoutExpired:
         return {"row": name, "error": f"timed out after {a.row_timeout} s"}
+    finally:
+        shutil.rmtree(cache, ignore_errors=True)
     lines = out.stdout.strip().splitlines()
     try:
         return json.loads(lines[-1])

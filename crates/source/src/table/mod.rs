@@ -15,6 +15,7 @@
 //! an object in object storage by ranged GETs (`Format::open_ranges`), so that only what the
 //! columns asked for need is read, wherever the table lies.
 
+mod bytelevel;
 mod cache;
 pub mod columns;
 mod cores;

@@ -2,7 +2,9 @@
 //! `tokenizer.json` (the Rust library under the Python `tokenizers` package, so the ids are
 //! `Tokenizer.encode`'s), led by `bos` and followed by `eos` when given, the documents' ids
 //! concatenated into one stream of uint32 tokens. A chunk's rows are split among idle cores,
-//! so a file of one row group is not tokenized on one thread.
+//! so a file of one row group is not tokenized on one thread. A tokenizer of GPT-2's shape is
+//! run by [`super::bytelevel`], to the same ids. The tokenizer's truncation and padding are
+//! turned off: documents are packed whole, never cut or padded.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -11,6 +13,7 @@ use arrow_array::{Array, ArrayRef};
 use arrow_schema::DataType;
 use tokenizers::Tokenizer;
 
+use super::bytelevel::ByteLevel;
 use super::columns::table_error;
 use super::cores::Busy;
 use crate::rng::hash2;
@@ -19,6 +22,8 @@ use crate::Result;
 /// A loaded tokenizer and the special tokens put around each document.
 pub struct Text {
     tokenizer: Tokenizer,
+    /// The fast path, for a tokenizer of GPT-2's shape.
+    fast: Option<ByteLevel>,
     /// The tokenizer file, for errors.
     path: String,
     /// The token put before each document.
@@ -33,6 +38,8 @@ pub struct Text {
 
 /// Rows tokenized by this process, for [`tokenized_rows`].
 static TOKENIZED_ROWS: AtomicU64 = AtomicU64::new(0);
+/// The version of how documents become ids, in the fingerprint of the tokens kept on disk.
+const ENCODING: u64 = 2;
 /// Text bytes of a chunk below which it is tokenized on its caller's thread alone.
 const SPLIT_BYTES: usize = 256 << 10;
 
@@ -62,12 +69,15 @@ impl Text {
                 format!("cannot load the tokenizer: {}", one_line(&e.to_string())),
             )
         })?;
-        let tokenizer = Tokenizer::from_bytes(&bytes).map_err(|e| {
+        let cannot = |e: tokenizers::Error| {
             table_error(
                 path,
                 format!("cannot load the tokenizer: {}", one_line(&e.to_string())),
             )
-        })?;
+        };
+        let mut tokenizer = Tokenizer::from_bytes(&bytes).map_err(cannot)?;
+        tokenizer.with_truncation(None).map_err(cannot)?;
+        tokenizer.with_padding(None);
         let special = |which: &str, given: Option<&str>| -> Result<Option<u32>> {
             let Some(given) = given else { return Ok(None) };
             if let Some(id) = tokenizer.token_to_id(given) {
@@ -87,17 +97,22 @@ impl Text {
         };
         let (bos, eos) = (special("bos_token", bos)?, special("eos_token", eos)?);
         let id = |t: Option<u32>| t.map_or(u64::MAX, u64::from);
-        let fingerprint = bytes.chunks(8).fold(hash2(id(bos), id(eos)), |h, w| {
-            let mut word = [0u8; 8];
-            word[..w.len()].copy_from_slice(w);
-            hash2(h, u64::from_le_bytes(word))
-        });
+        // ENCODING changes with the way documents become ids: tokens kept on disk by another
+        // way are not reused.
+        let fingerprint = bytes
+            .chunks(8)
+            .fold(hash2(id(bos), id(eos) ^ ENCODING), |h, w| {
+                let mut word = [0u8; 8];
+                word[..w.len()].copy_from_slice(w);
+                hash2(h, u64::from_le_bytes(word))
+            });
         Ok(Text {
             bos,
             eos,
             fingerprint: hash2(fingerprint, bytes.len() as u64),
             path: path.to_owned(),
             spill: None,
+            fast: ByteLevel::of(&tokenizer),
             tokenizer,
         })
     }
@@ -105,6 +120,12 @@ impl Text {
     /// The token of id `id`, if the vocabulary has it.
     pub fn token(&self, id: u32) -> Option<String> {
         self.tokenizer.id_to_token(id)
+    }
+
+    /// Appends the tokens of `documents` to `out` as uint32 bytes, as a text column's rows are:
+    /// each led by `bos` and followed by `eos` where given. `at` names them in an error.
+    pub fn encode(&self, documents: &[&str], at: &str, out: &mut Vec<u8>) -> Result<()> {
+        self.encode_rows(documents, "text", at, out, None)
     }
 
     /// Whether `t` is a text type this reads.
@@ -216,24 +237,40 @@ impl Text {
         out: &mut Vec<u8>,
         mut documents: Option<&mut Vec<u64>>,
     ) -> Result<()> {
+        let mut cache = self.fast.as_ref().map(ByteLevel::take);
+        let mut encoded = Ok(());
         for text in texts {
-            // `encode_fast` leaves the offsets out; the ids are `encode`'s.
-            let encoding = self.tokenizer.encode_fast(*text, true).map_err(|e| {
-                table_error(at, format!("column {column:?}: cannot tokenize a row: {e}"))
-            })?;
-            let ids = self
-                .bos
-                .iter()
-                .chain(encoding.get_ids())
-                .chain(self.eos.iter());
             let before = out.len();
-            for id in ids {
-                out.extend_from_slice(&id.to_le_bytes());
+            if let Some(bos) = self.bos {
+                out.extend_from_slice(&bos.to_le_bytes());
+            }
+            encoded = match (&self.fast, &mut cache) {
+                (Some(fast), Some(cache)) if fast.takes(text) => {
+                    fast.encode(self.tokenizer.get_model(), text, cache, out)
+                }
+                // `encode_fast` leaves the offsets out; the ids are `encode`'s.
+                _ => self.tokenizer.encode_fast(*text, true).map(|encoding| {
+                    for id in encoding.get_ids() {
+                        out.extend_from_slice(&id.to_le_bytes());
+                    }
+                }),
+            };
+            if encoded.is_err() {
+                break;
+            }
+            if let Some(eos) = self.eos {
+                out.extend_from_slice(&eos.to_le_bytes());
             }
             if let Some(documents) = documents.as_deref_mut() {
                 documents.push(((out.len() - before) / 4) as u64);
             }
         }
+        if let (Some(fast), Some(cache)) = (&self.fast, cache) {
+            fast.give(cache);
+        }
+        encoded.map_err(|e| {
+            table_error(at, format!("column {column:?}: cannot tokenize a row: {e}"))
+        })?;
         TOKENIZED_ROWS.fetch_add(texts.len() as u64, Ordering::Relaxed);
         Ok(())
     }
