@@ -4,11 +4,13 @@ the GPU; pinfeed's share of the step time is the difference. CUDA only.
 
     python3 bench/peers.py noisy --records FILE.npy [--layers 200] [--batch 32] [--out F.json]
 
-Each feed runs `--rounds` times, interleaved, each round in the reverse order of the last so
-that no feed always runs first. The host moves a launch-bound step by several percent from run
-to run, and slowly: a feed's share is its run against the resident run of the same round, the
-median of those pairs and their range (and the medians of all runs, and the fastest, beside).
-Each run also gives the process's CPU seconds a step (the trainer's thread and pinfeed's).
+Every feed is made once and stays alive; the run is `--blocks` blocks of `--block-steps` steps
+a feed, in turns, each block in the reverse order of the last so that no feed always runs
+first. The host moves a launch-bound step by several percent, and slowly: a feed's share is
+each of its blocks against the resident block beside it, the median of those pairs and their
+range (and the medians of all blocks, and the fastest, beside). Each block also gives the
+process's CPU ms a step (the trainer's thread and pinfeed's) and the trainer's ms a step inside
+`next()`, the part of a step the feed takes on the trainer's own thread.
 """
 
 import argparse
@@ -26,24 +28,31 @@ def model(layers, width):
     return torch.nn.Sequential(*mods).cuda()
 
 
-def run(feed, net, width, steps, warm):
+def stepper(net, width):
+    """One training step of `net` on the next batch of a feed, and the ms it waited in `next()`."""
     opt = torch.optim.SGD(net.parameters(), lr=1e-4)
 
-    def step():
+    def step(feed):
+        t = time.perf_counter()
         x = next(feed)
+        waited = time.perf_counter() - t
         x = x.reshape(len(x), -1)[:, :width].float() / 255
         net(x).square().mean().backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
+        return 1000 * waited
 
-    for _ in range(warm):
-        step()
+    return step
+
+
+def block(step, feed, steps):
+    """ms a step, CPU ms a step and ms a step in `next()`, over `steps` steps of `feed`."""
     torch.cuda.synchronize()
     t0, c0 = time.perf_counter(), time.process_time()
-    for _ in range(steps):
-        step()
+    waited = sum(step(feed) for _ in range(steps))
     torch.cuda.synchronize()
-    return 1000 * (time.perf_counter() - t0) / steps, 1000 * (time.process_time() - c0) / steps
+    ms = 1000 * (time.perf_counter() - t0) / steps
+    return ms, 1000 * (time.process_time() - c0) / steps, waited / steps
 
 
 def pinfeed_feed(path, batch, threads):
@@ -62,11 +71,11 @@ def share(step, base):
     return 100 * (step - base) / step
 
 
-def summarize(runs, cpu, base="resident"):
-    """A row a feed from its runs (ms a step, round by round) and CPU ms a step: the median, the
-    fastest, and the share of its step that `base`'s step lacks, by the rounds' pairs (each run
-    against `base`'s of the same round: their median, and all of them sorted), by the medians
-    and by the fastest runs."""
+def summarize(runs, cpu, waits=None, base="resident"):
+    """A row a feed from its blocks (ms a step, block by block), CPU ms a step and ms a step in
+    `next()`: the median, the fastest, and the share of its step that `base`'s step lacks, by
+    the blocks' pairs (each block against `base`'s of the same turn: their median, and all of
+    them sorted), by the medians and by the fastest blocks."""
     med = {name: statistics.median(ms) for name, ms in runs.items()}
     rows = []
     for name, ms in runs.items():
@@ -79,6 +88,7 @@ def summarize(runs, cpu, base="resident"):
                 "runs": ms,
                 "cpu_ms_per_step": statistics.median(cpu[name]),
                 "cpu_runs": cpu[name],
+                "next_ms_per_step": statistics.median(waits[name]) if waits else None,
                 "pairs_pct": pairs,
                 "share_by_pairs_pct": statistics.median(pairs),
                 "share_of_step_pct": share(med[name], med[base]),
@@ -94,31 +104,35 @@ def main():
     p.add_argument("--layers", type=int, default=200)
     p.add_argument("--width", type=int, default=256)
     p.add_argument("--batch", type=int, default=32)
-    p.add_argument("--steps", type=int, default=100)
-    p.add_argument("--rounds", type=int, default=9)
+    p.add_argument("--block-steps", type=int, default=20, help="steps a block")
+    p.add_argument("--blocks", type=int, default=30, help="blocks a feed, in turns")
     p.add_argument("--threads", type=int, default=2, help="a second pinfeed row's reader threads")
     p.add_argument("--out")
     a = p.parse_args()
     torch.manual_seed(0)
     net = model(a.layers, a.width)
+    step = stepper(net, a.width)
     resident = next(pinfeed_feed(a.records, a.batch, None)).clone()
     feeds = {
-        "resident": lambda: iter(lambda: resident, None),
-        "pinfeed": lambda: pinfeed_feed(a.records, a.batch, None),
-        f"pinfeed threads={a.threads}": lambda: pinfeed_feed(a.records, a.batch, a.threads),
+        "resident": iter(lambda: resident, None),
+        "pinfeed": pinfeed_feed(a.records, a.batch, None),
+        f"pinfeed threads={a.threads}": pinfeed_feed(a.records, a.batch, a.threads),
     }
-    runs = {name: [] for name in feeds}
-    cpu = {name: [] for name in feeds}
-    for r in range(a.rounds):
-        for name in list(feeds) if r % 2 == 0 else reversed(list(feeds)):
-            ms, cpu_ms = run(feeds[name](), net, a.width, a.steps, 20)
+    for feed in feeds.values():
+        block(step, feed, 20)
+    runs, cpu, waits = ({name: [] for name in feeds} for _ in range(3))
+    for b in range(a.blocks):
+        for name in list(feeds) if b % 2 == 0 else reversed(list(feeds)):
+            ms, cpu_ms, waited = block(step, feeds[name], a.block_steps)
             runs[name].append(ms)
             cpu[name].append(cpu_ms)
-    rows = summarize(runs, cpu)
+            waits[name].append(waited)
+    rows = summarize(runs, cpu, waits)
     for r in rows:
         print(
             f"{r['feed']:<22} median {r['ms_per_step']:7.3f} ms/step (runs "
-            f"{min(r['runs']):.2f}-{max(r['runs']):.2f}), {r['cpu_ms_per_step']:.2f} CPU ms/step; "
+            f"{min(r['runs']):.2f}-{max(r['runs']):.2f}), {r['cpu_ms_per_step']:.2f} CPU ms/step, "
+            f"{r['next_ms_per_step']:.3f} ms/step in next(); "
             f"share by pairs {r['share_by_pairs_pct']:+.2f}% ({r['pairs_pct'][0]:+.1f} to "
             f"{r['pairs_pct'][-1]:+.1f}), of medians {r['share_of_step_pct']:+.2f}%, of the fastest "
             f"{r['share_of_fastest_pct']:+.2f}%"

@@ -154,7 +154,7 @@ def test_a_row_that_hangs_says_where(tmp_path):
     assert stacks(b"a row that printed nothing") == {}
 
 
-def test_the_noisy_neighbour_pairs_each_run_with_the_resident_run_of_its_round():
+def test_the_noisy_neighbour_pairs_each_block_with_the_resident_block_of_its_turn():
     sys.path.insert(0, str(BENCH))
     try:
         from lib.peers_noisy import summarize
@@ -163,7 +163,8 @@ def test_the_noisy_neighbour_pairs_each_run_with_the_resident_run_of_its_round()
     # Each run a tenth slower than the resident run of its round.
     resident = [10.0, 20.0, 30.0]
     runs = {"resident": resident, "fed": [r / 0.9 for r in resident]}
-    rows = {r["feed"]: r for r in summarize(runs, {k: [1.0, 2.0, 3.0] for k in runs})}
+    waits = {"resident": [0.0, 0.0, 0.0], "fed": [0.5, 0.1, 0.2]}
+    rows = {r["feed"]: r for r in summarize(runs, {k: [1.0, 2.0, 3.0] for k in runs}, waits)}
     assert rows["resident"]["share_by_pairs_pct"] == 0
     row = rows["fed"]
     assert row["pairs_pct"] == pytest.approx([10.0, 10.0, 10.0])
@@ -171,6 +172,7 @@ def test_the_noisy_neighbour_pairs_each_run_with_the_resident_run_of_its_round()
     assert row["share_of_step_pct"] == pytest.approx(10.0)
     assert row["share_of_fastest_pct"] == pytest.approx(10.0)
     assert row["cpu_ms_per_step"] == 2.0
+    assert row["next_ms_per_step"] == 0.2
     # Pairs and medians part where the host drifts: slower than the resident batch in one
     # round, faster in the other (a negative share).
     runs = {"resident": [10.0, 30.0], "fed": [12.0, 27.0]}
