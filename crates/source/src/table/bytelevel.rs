@@ -12,10 +12,11 @@
 use std::sync::{LazyLock, Mutex};
 
 use aho_corasick::AhoCorasick;
-use regex::Regex;
+use regex_automata::meta::{Cache, Regex};
+use regex_automata::{Anchored, Input};
 use tokenizers::{Model, ModelWrapper, PostProcessor, PreTokenizerWrapper, Tokenizer};
 
-/// GPT-2's pattern, as the library writes it, less its `\s+(?!\S)` (the `regex` crate has no
+/// GPT-2's pattern, as the library writes it, less its `\s+(?!\S)` (`regex-automata` has no
 /// look-ahead): [`pieces`] takes a run of spaces back by one character where that alternative
 /// would have.
 static PATTERN: LazyLock<Regex> = LazyLock::new(|| {
@@ -29,8 +30,12 @@ const CACHED_PIECES: usize = 1 << 15;
 /// dashes) are rare and would only fill the cache.
 const CACHED_BYTES: usize = 64;
 
-/// The ids of pieces seen before, by the piece's text.
-pub(crate) type Pieces = ahash::AHashMap<Box<str>, Box<[u32]>>;
+/// One thread's state: the ids of pieces seen before, by the piece's text, and the pattern's
+/// search cache.
+pub(crate) struct Pieces {
+    ids: ahash::AHashMap<Box<str>, Box<[u32]>>,
+    search: Cache,
+}
 
 /// A tokenizer whose documents this module encodes.
 pub(crate) struct ByteLevel {
@@ -86,7 +91,10 @@ impl ByteLevel {
     /// A cache of pieces for one thread's run of documents, given back with [`Self::give`].
     pub(crate) fn take(&self) -> Pieces {
         let mut caches = self.caches.lock().unwrap_or_else(|p| p.into_inner());
-        caches.pop().unwrap_or_default()
+        caches.pop().unwrap_or_else(|| Pieces {
+            ids: Default::default(),
+            search: PATTERN.create_cache(),
+        })
     }
 
     /// Gives back a cache [`Self::take`] handed out.
@@ -113,11 +121,12 @@ impl ByteLevel {
         };
         let mut mapped = String::new();
         let mut failed = None;
-        pieces(text, |piece| {
+        let Pieces { ids: known, search } = cache;
+        pieces(text, search, |piece| {
             if failed.is_some() {
                 return;
             }
-            if let Some(ids) = cache.get(piece) {
+            if let Some(ids) = known.get(piece) {
                 return put(out, ids);
             }
             mapped.clear();
@@ -126,8 +135,8 @@ impl ByteLevel {
                 Ok(tokens) => {
                     let ids: Box<[u32]> = tokens.iter().map(|t| t.id).collect();
                     put(out, &ids);
-                    if cache.len() < CACHED_PIECES && piece.len() <= CACHED_BYTES {
-                        cache.insert(piece.into(), ids);
+                    if known.len() < CACHED_PIECES && piece.len() <= CACHED_BYTES {
+                        known.insert(piece.into(), ids);
                     }
                 }
                 Err(e) => failed = Some(e),
@@ -147,13 +156,14 @@ fn put(out: &mut Vec<u8>, ids: &[u32]) {
 /// `text`. Where the pattern's `\s+(?!\S)` would match, a run of two or more spaces followed by
 /// a character that is not one, the run is cut before its last space (which then leads the
 /// next piece, ` word`), as that alternative's backtracking does.
-pub(crate) fn pieces<'a>(text: &'a str, mut each: impl FnMut(&'a str)) {
+pub(crate) fn pieces<'a>(text: &'a str, search: &mut Cache, mut each: impl FnMut(&'a str)) {
     let mut at = 0;
     while at < text.len() {
-        // Every character is matched by one alternative, so the match starts at `at`.
+        // Every character is matched by one alternative: a search anchored at `at` finds its
+        // end alone, with no search back for the start.
+        let from = Input::new(text).range(at..).anchored(Anchored::Yes);
         let mut end = PATTERN
-            .find_at(text, at)
-            .filter(|m| m.start() == at)
+            .search_with(search, &from)
             .map_or(text.len(), |m| m.end());
         let piece = &text[at..end];
         if end < text.len() {
@@ -310,7 +320,7 @@ mod tests {
                     "{text:?} (round {round}, {prefix_space})"
                 );
             }
-            assert!(!cache.is_empty(), "pieces are kept");
+            assert!(!cache.ids.is_empty(), "pieces are kept");
         }
     }
 
@@ -325,9 +335,10 @@ mod tests {
 
     #[test]
     fn pieces_cut_runs_of_spaces_as_the_look_ahead_does() {
-        let cut = |text: &str| {
+        let mut search = PATTERN.create_cache();
+        let mut cut = |text: &str| {
             let mut all = Vec::new();
-            pieces(text, |p| all.push(p.to_owned()));
+            pieces(text, &mut search, |p| all.push(p.to_owned()));
             all
         };
         assert_eq!(cut("a   b"), ["a", "  ", " b"]);
