@@ -270,7 +270,9 @@ def _cut_at_starts(torch: Any, flat: Any, count: int) -> Any:
     target = torch.where(flat, flat.cumsum(0) - 1, count + 1 + positions)
     out = torch.empty(count + 1 + n, dtype=torch.int64, device=flat.device)
     out.scatter_(0, target, positions)
-    out[count] = n
+    # fill_ passes n to the kernel: `out[count] = n` copies it from pageable host memory,
+    # which waits for the stream.
+    out[count : count + 1].fill_(n)
     return out[: count + 1].int()
 
 
