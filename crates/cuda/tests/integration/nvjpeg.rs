@@ -30,7 +30,13 @@ const DECODABLE: [&str; 6] = [
 ];
 
 fn fixture(name: &str) -> Vec<u8> {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../source/tests/fixtures/images");
+    // Where the test was built, else below the current folder: the GPU machine runs the binary
+    // from the root of a copy of the repository elsewhere.
+    let built = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../source/tests/fixtures/images");
+    let dir = match built.is_dir() {
+        true => built,
+        false => PathBuf::from("crates/source/tests/fixtures/images"),
+    };
     let path = dir.join(name);
     std::fs::read(&path).unwrap_or_else(|e| panic!("fixture {}: {e}", path.display()))
 }
