@@ -234,7 +234,8 @@ def run(name, p, a):
 
 def _gpt_run(a, batches):
     """ms a step of nanoGPT's GPT (bench/lib/nanogpt_model.py, tokens_nanogpt's configuration,
-    bf16 autocast) over `a.train_steps` steps after `a.warmup`, fed by `batches`."""
+    bf16 autocast) over `a.train_steps` steps after `a.warmup`, fed by `batches`, and ms a step
+    the trainer's thread spent in `next(batches)`."""
     import torch
 
     from lib.nanogpt_model import GPT, GPTConfig
@@ -247,13 +248,16 @@ def _gpt_run(a, batches):
     optimizer = model.configure_optimizers(0.1, 6e-4, (0.9, 0.95), "cuda")
     ctx = torch.autocast(device_type="cuda", dtype=torch.bfloat16)
     X, Y = next(batches)
+    waited = 0.0
 
     def step():
-        nonlocal X, Y
+        nonlocal X, Y, waited
         with ctx:
             _, loss = model(X, Y)
         # As nanoGPT's train.py: the next batch is fetched while the GPU runs the forward pass.
+        t = time.perf_counter()
         X, Y = next(batches)
+        waited += time.perf_counter() - t
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -261,11 +265,12 @@ def _gpt_run(a, batches):
     for _ in range(a.warmup):
         step()
     torch.cuda.synchronize()
+    waited = 0.0
     t0 = time.perf_counter()
     for _ in range(a.train_steps):
         step()
     torch.cuda.synchronize()
-    return 1000 * (time.perf_counter() - t0) / a.train_steps
+    return 1000 * (time.perf_counter() - t0) / a.train_steps, 1000 * waited / a.train_steps
 
 
 def _text_steps(p, a):
@@ -296,13 +301,17 @@ def gpt(p, a):
     one = next(text)
     made_s = time.perf_counter() - t0
     runs = {"bound": [], "pinfeed": []}
+    waits = {"bound": [], "pinfeed": []}
     for _ in range(a.rounds):
-        runs["bound"].append(_gpt_run(a, iter(lambda: one, None)))
-        runs["pinfeed"].append(_gpt_run(a, text))
+        for name, feed in (("bound", iter(lambda: one, None)), ("pinfeed", text)):
+            ms, waited = _gpt_run(a, feed)
+            runs[name].append(ms)
+            waits[name].append(waited)
     median = {k: sorted(v)[len(v) // 2] for k, v in runs.items()}
     return {
         "ms_per_step": median,
         "runs": runs,
+        "next_ms_per_step": {k: sorted(v)[len(v) // 2] for k, v in waits.items()},
         "overhead_vs_bound_pct": 100 * (median["pinfeed"] / median["bound"] - 1),
         "loader_made_s": made_s,
         "shape": [B, T],

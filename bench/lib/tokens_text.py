@@ -184,7 +184,9 @@ def print_gpt(gpt):
         ms = gpt["ms_per_step"]
         print(
             f"\nGPT step 12x1024: bound {ms['bound']:.2f} ms, pinfeed text {ms['pinfeed']:.2f} ms "
-            f"({gpt['overhead_vs_bound_pct']:+.2f}%); the loader made in "
+            f"({gpt['overhead_vs_bound_pct']:+.2f}%; in next() "
+            f"{gpt['next_ms_per_step']['bound']:.3f} / {gpt['next_ms_per_step']['pinfeed']:.3f} "
+            f"ms a step); the loader made in "
             f"{gpt['loader_made_s']:.1f} s"
         )
 
