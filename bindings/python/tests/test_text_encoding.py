@@ -1,7 +1,8 @@
 """A text column's ids are the ``tokenizers`` package's ``encode_batch``: on text made to reach
-every edge of GPT-2's pattern (runs of spaces, line ends, contractions, other scripts, emoji,
-an end-of-text token written in a document), for byte-level tokenizers that pinfeed runs
-without the library's bookkeeping and for one it leaves to the library. A tokenizer saved with
+every edge of GPT-2's and Llama 3's patterns (runs of spaces, line ends, contractions, other
+scripts, emoji, an end-of-text token written in a document), for byte-level tokenizers that
+pinfeed runs without the library's bookkeeping (GPT-2's shape, Llama 3's split then bytes, a
+template around each document) and for one it leaves to the library. A tokenizer saved with
 truncation still packs whole documents."""
 
 import numpy as np
@@ -19,6 +20,11 @@ PARTS = [
     "🙂", "!", "...", "-", "<", "|", ">", "endoftext", "<|endoftext|>",
 ]  # fmt: skip
 EOS = "<|endoftext|>"
+BOS = "<|begin_of_text|>"
+LLAMA3 = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 
 
 def texts(n, seed):
@@ -26,18 +32,26 @@ def texts(n, seed):
     return ["".join(rng.choice(PARTS, int(rng.integers(1, 40)))) for _ in range(n)]
 
 
-def tokenizer(path, prefix_space=True, normalizer=None, truncate=None):
+def tokenizer(path, prefix_space=True, normalizer=None, truncate=None, split=False, bos=False):
     tok = tk.Tokenizer(tk.models.BPE())
-    tok.pre_tokenizer = tk.pre_tokenizers.ByteLevel(add_prefix_space=prefix_space)
+    bytes_ = tk.pre_tokenizers.ByteLevel(add_prefix_space=prefix_space, use_regex=not split)
+    tok.pre_tokenizer = bytes_
+    if split:
+        regex = tk.pre_tokenizers.Split(tk.Regex(LLAMA3), behavior="isolated")
+        tok.pre_tokenizer = tk.pre_tokenizers.Sequence([regex, bytes_])
     if normalizer is not None:
         tok.normalizer = normalizer
     trainer = tk.trainers.BpeTrainer(
         vocab_size=500,
-        special_tokens=[EOS],
+        special_tokens=[EOS, BOS],
         initial_alphabet=tk.pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
     tok.train_from_iterator(texts(400, seed=1), trainer)
+    if bos:
+        tok.post_processor = tk.processors.TemplateProcessing(
+            single=f"{BOS} $A", special_tokens=[(BOS, tok.token_to_id(BOS))]
+        )
     if truncate:
         tok.enable_truncation(truncate)
     tok.save(str(path))
@@ -47,7 +61,15 @@ def tokenizer(path, prefix_space=True, normalizer=None, truncate=None):
 
 @pytest.mark.parametrize(
     "shape",
-    ["gpt2", "prefix space", "normalizer", "truncation"],
+    [
+        "gpt2",
+        "prefix space",
+        "normalizer",
+        "truncation",
+        "llama3",
+        "llama3 with bos",
+        "gpt2 with bos",
+    ],
 )
 def test_windows_are_encode_batch_of_every_document(tmp_path, shape):
     kw = {
@@ -55,6 +77,9 @@ def test_windows_are_encode_batch_of_every_document(tmp_path, shape):
         "prefix space": dict(prefix_space=True),
         "normalizer": dict(normalizer=tk.normalizers.NFKC()),
         "truncation": dict(prefix_space=False, truncate=4),
+        "llama3": dict(prefix_space=False, split=True),
+        "llama3 with bos": dict(prefix_space=False, split=True, bos=True),
+        "gpt2 with bos": dict(prefix_space=False, bos=True),
     }[shape]
     tok = tokenizer(tmp_path / "tokenizer.json", **kw)
     docs = texts(300, seed=2)

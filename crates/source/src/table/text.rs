@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use arrow_array::cast::AsArray;
 use arrow_array::{Array, ArrayRef};
 use arrow_schema::DataType;
-use tokenizers::Tokenizer;
+use tokenizers::{Encoding, Token, Tokenizer};
 
 use super::bytelevel::ByteLevel;
 use super::columns::table_error;
@@ -78,6 +78,7 @@ impl Text {
         let mut tokenizer = Tokenizer::from_bytes(&bytes).map_err(cannot)?;
         tokenizer.with_truncation(None).map_err(cannot)?;
         tokenizer.with_padding(None);
+        post_processes(&tokenizer).map_err(|why| table_error(path, why))?;
         let special = |which: &str, given: Option<&str>| -> Result<Option<u32>> {
             let Some(given) = given else { return Ok(None) };
             if let Some(id) = tokenizer.token_to_id(given) {
@@ -244,17 +245,22 @@ impl Text {
             if let Some(bos) = self.bos {
                 out.extend_from_slice(&bos.to_le_bytes());
             }
-            encoded = match (&self.fast, &mut cache) {
+            let done = match (&self.fast, &mut cache) {
                 (Some(fast), Some(cache)) if fast.takes(text) => {
-                    fast.encode(self.tokenizer.get_model(), text, cache, out)
+                    fast.encode(&self.tokenizer, text, cache, out)
                 }
-                // `encode_fast` leaves the offsets out; the ids are `encode`'s.
-                _ => self.tokenizer.encode_fast(*text, true).map(|encoding| {
+                _ => Ok(false),
+            };
+            // The library's `encode_fast` (no offsets; the ids are `encode`'s) where the fast
+            // path is not taken.
+            encoded = done.and_then(|done| match done {
+                true => Ok(()),
+                false => self.tokenizer.encode_fast(*text, true).map(|encoding| {
                     for id in encoding.get_ids() {
                         out.extend_from_slice(&id.to_le_bytes());
                     }
                 }),
-            };
+            });
             if encoded.is_err() {
                 break;
             }
@@ -273,6 +279,25 @@ impl Text {
         })?;
         TOKENIZED_ROWS.fetch_add(texts.len() as u64, Ordering::Relaxed);
         Ok(())
+    }
+}
+
+/// Whether `tokenizer`'s post-processor takes a document: a template that names a sequence or
+/// a token it does not hold loads, then panics on every document.
+fn post_processes(tokenizer: &Tokenizer) -> std::result::Result<(), String> {
+    let probe = Encoding::from_tokens(vec![Token::new(0, String::new(), (0, 0))], 0);
+    let run = std::panic::AssertUnwindSafe(|| tokenizer.post_process(probe, None, true));
+    match std::panic::catch_unwind(run) {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(e)) => Err(format!(
+            "cannot load the tokenizer: its post-processor fails on a document: {}",
+            one_line(&e.to_string())
+        )),
+        Err(_) => Err(
+            "cannot load the tokenizer: its post-processor fails on a document \
+             (a template naming a sequence or a token it does not hold)"
+                .to_owned(),
+        ),
     }
 }
 
