@@ -71,7 +71,7 @@ def share(step, base):
     return 100 * (step - base) / step
 
 
-def summarize(runs, cpu, waits=None, base="resident"):
+def summarize(runs, cpu, waits, base="resident"):
     """A row a feed from its blocks (ms a step, block by block), CPU ms a step and ms a step in
     `next()`: the median, the fastest, and the share of its step that `base`'s step lacks, by
     the blocks' pairs (each block against `base`'s of the same turn: their median, and all of
@@ -88,7 +88,7 @@ def summarize(runs, cpu, waits=None, base="resident"):
                 "runs": ms,
                 "cpu_ms_per_step": statistics.median(cpu[name]),
                 "cpu_runs": cpu[name],
-                "next_ms_per_step": statistics.median(waits[name]) if waits else None,
+                "next_ms_per_step": statistics.median(waits[name]),
                 "pairs_pct": pairs,
                 "share_by_pairs_pct": statistics.median(pairs),
                 "share_of_step_pct": share(med[name], med[base]),

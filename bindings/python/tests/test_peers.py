@@ -176,7 +176,8 @@ def test_the_noisy_neighbour_pairs_each_block_with_the_resident_block_of_its_tur
     # Pairs and medians part where the host drifts: slower than the resident batch in one
     # round, faster in the other (a negative share).
     runs = {"resident": [10.0, 30.0], "fed": [12.0, 27.0]}
-    row = {r["feed"]: r for r in summarize(runs, {k: [0.0, 0.0] for k in runs})}["fed"]
+    zeros = {k: [0.0, 0.0] for k in runs}
+    row = {r["feed"]: r for r in summarize(runs, zeros, zeros)}["fed"]
     assert row["pairs_pct"] == pytest.approx([100 * -3 / 27, 100 * 2 / 12])
     assert row["share_by_pairs_pct"] == pytest.approx((100 * -3 / 27 + 100 * 2 / 12) / 2)
     assert row["share_of_step_pct"] == pytest.approx(100 * (19.5 - 20) / 19.5)

@@ -49,7 +49,7 @@ pub(crate) struct Pieces {
 }
 
 /// How a document is cut into pieces.
-#[derive(Clone, Copy, PartialEq, Debug)]
+#[derive(Clone, Copy)]
 enum Cut {
     /// GPT-2's pattern, searched here; a space put before the document first, if asked.
     Gpt2 { prefix_space: bool },
@@ -90,24 +90,41 @@ fn split_then_bytes(tokenizer: &Tokenizer) -> Option<(&Split, bool)> {
     }
 }
 
-/// The ids `tokenizer`'s post-processor puts before and after one document's, found by
-/// post-processing a probe of one token; `None` where that is not all it does.
-fn around(tokenizer: &Tokenizer) -> Option<(Vec<u32>, Vec<u32>)> {
-    const PROBE: u32 = u32::MAX;
+/// The id of the one-token document [`post_processed`] hands the post-processor.
+const PROBE: u32 = u32::MAX;
+
+/// The ids `tokenizer`'s post-processor makes of a document of one token, [`PROBE`]; or why it
+/// cannot process a document (a template that names a sequence or a token it does not hold
+/// loads, then panics on every document).
+pub(crate) fn post_processed(tokenizer: &Tokenizer) -> Result<Vec<u32>, String> {
     let probe = Encoding::from_tokens(vec![Token::new(PROBE, String::new(), (0, 0))], 0);
-    let done = tokenizer.post_process(probe, None, true).ok()?;
-    let ids = done.get_ids();
-    let at = ids.iter().position(|&id| id == PROBE)?;
-    let once = ids.iter().filter(|&&id| id == PROBE).count() == 1;
+    let run = std::panic::AssertUnwindSafe(|| tokenizer.post_process(probe, None, true));
+    match std::panic::catch_unwind(run) {
+        Ok(Ok(done)) => Ok(done.get_ids().to_vec()),
+        Ok(Err(e)) => Err(format!("its post-processor fails on a document: {e}")),
+        Err(_) => Err(
+            "its post-processor fails on a document (a template naming a sequence \
+                       or a token it does not hold)"
+                .to_owned(),
+        ),
+    }
+}
+
+/// The ids `tokenizer`'s post-processor puts before and after a document's, from what it made
+/// of the probe (`probed`, [`post_processed`]); `None` where that is not all it does.
+fn around(tokenizer: &Tokenizer, probed: &[u32]) -> Option<(Vec<u32>, Vec<u32>)> {
+    let at = probed.iter().position(|&id| id == PROBE)?;
+    let once = probed.iter().filter(|&&id| id == PROBE).count() == 1;
     let added = tokenizer
         .get_post_processor()
         .map_or(0, |p| tokenizers::PostProcessor::added_tokens(p, false));
-    (once && ids.len() == added + 1).then(|| (ids[..at].to_vec(), ids[at + 1..].to_vec()))
+    (once && probed.len() == added + 1).then(|| (probed[..at].to_vec(), probed[at + 1..].to_vec()))
 }
 
 impl ByteLevel {
-    /// The fast path for `tokenizer`, if it has one of the shapes this module encodes.
-    pub(crate) fn of(tokenizer: &Tokenizer) -> Option<ByteLevel> {
+    /// The fast path for `tokenizer`, if it has one of the shapes this module encodes;
+    /// `probed` is what its post-processor made of the probe ([`post_processed`]).
+    pub(crate) fn of(tokenizer: &Tokenizer, probed: &[u32]) -> Option<ByteLevel> {
         let cut = match tokenizer.get_pre_tokenizer() {
             Some(PreTokenizerWrapper::ByteLevel(pre)) if pre.use_regex => Cut::Gpt2 {
                 prefix_space: pre.add_prefix_space,
@@ -123,7 +140,7 @@ impl ByteLevel {
         if tokenizer.get_normalizer().is_some() || sampled {
             return None;
         }
-        let (before, after) = around(tokenizer)?;
+        let (before, after) = around(tokenizer, probed)?;
         let added: Vec<String> = tokenizer
             .get_added_tokens_decoder()
             .into_values()
@@ -382,6 +399,13 @@ mod tests {
         tokenizer
     }
 
+    fn fast_path(tokenizer: &Tokenizer) -> Option<ByteLevel> {
+        ByteLevel::of(
+            tokenizer,
+            &post_processed(tokenizer).expect("post-processes"),
+        )
+    }
+
     fn ours(fast: &ByteLevel, tokenizer: &Tokenizer, text: &str, cache: &mut Pieces) -> Vec<u32> {
         let mut out = Vec::new();
         assert!(fast
@@ -413,7 +437,7 @@ mod tests {
             ),
         ];
         for (name, tokenizer) in &shapes {
-            let fast = ByteLevel::of(tokenizer).unwrap_or_else(|| panic!("{name}: a fast path"));
+            let fast = fast_path(tokenizer).unwrap_or_else(|| panic!("{name}: a fast path"));
             let mut cache = fast.take();
             let mut rng = StdRng::seed_from_u64(11);
             let mut taken = 0;
@@ -436,7 +460,7 @@ mod tests {
     #[test]
     fn a_document_holding_an_added_token_is_the_librarys() {
         let tokenizer = gpt2(false);
-        let fast = ByteLevel::of(&tokenizer).expect("GPT-2's shape");
+        let fast = fast_path(&tokenizer).expect("GPT-2's shape");
         assert!(fast.takes("text, then more"));
         assert!(!fast.takes("one<|endoftext|>two"));
         assert!(!fast.takes(""), "an empty document is the library's");
@@ -460,9 +484,9 @@ mod tests {
     fn other_shapes_are_left_to_the_library() {
         let mut tokenizer = gpt2(false);
         let _ = tokenizer.with_normalizer(Some(tokenizers::normalizers::Lowercase));
-        assert!(ByteLevel::of(&tokenizer).is_none(), "a normalizer");
+        assert!(fast_path(&tokenizer).is_none(), "a normalizer");
         let tokenizer = trained(Pre::default().use_regex(false).into());
-        assert!(ByteLevel::of(&tokenizer).is_none(), "no pattern at all");
+        assert!(fast_path(&tokenizer).is_none(), "no pattern at all");
         let removed = Split::new(
             SplitPattern::String(" ".into()),
             SplitDelimiterBehavior::Removed,
@@ -471,7 +495,7 @@ mod tests {
         let bytes = Pre::new(false, true, false);
         let pre = Sequence::new(vec![removed.expect("splits").into(), bytes.into()]);
         assert!(
-            ByteLevel::of(&trained(pre.into())).is_none(),
+            fast_path(&trained(pre.into())).is_none(),
             "a split that drops text"
         );
         let isolated = Split::new(
@@ -484,7 +508,7 @@ mod tests {
             isolated.expect("splits").into(),
         ]);
         assert!(
-            ByteLevel::of(&trained(pre.into())).is_none(),
+            fast_path(&trained(pre.into())).is_none(),
             "bytes mapped before the split"
         );
     }
@@ -492,7 +516,7 @@ mod tests {
     #[test]
     fn the_tokens_a_template_adds_are_put_around_each_document() {
         let tokenizer = templated(gpt2(false));
-        let fast = ByteLevel::of(&tokenizer).expect("GPT-2's shape");
+        let fast = fast_path(&tokenizer).expect("GPT-2's shape");
         let id = |t: &str| tokenizer.token_to_id(t).expect("added");
         assert_eq!(fast.before, [id("<|begin_of_text|>")]);
         assert_eq!(fast.after, [id("<|endoftext|>")]);
@@ -501,7 +525,7 @@ mod tests {
     #[test]
     fn a_document_of_a_very_long_piece_is_the_librarys() {
         let tokenizer = gpt2(false);
-        let fast = ByteLevel::of(&tokenizer).expect("GPT-2's shape");
+        let fast = fast_path(&tokenizer).expect("GPT-2's shape");
         let text = format!("Hello{}x it's", " ".repeat(LONGEST_PIECE + 1));
         let mut out = vec![7u8];
         let taken = fast.encode(&tokenizer, &text, &mut fast.take(), &mut out);

@@ -2,18 +2,18 @@
 //! `tokenizer.json` (the Rust library under the Python `tokenizers` package, so the ids are
 //! `Tokenizer.encode`'s), led by `bos` and followed by `eos` when given, the documents' ids
 //! concatenated into one stream of uint32 tokens. A chunk's rows are split among idle cores,
-//! so a file of one row group is not tokenized on one thread. A tokenizer of GPT-2's shape is
-//! run by [`super::bytelevel`], to the same ids. The tokenizer's truncation and padding are
-//! turned off: documents are packed whole, never cut or padded.
+//! so a file of one row group is not tokenized on one thread. A byte-level BPE of GPT-2's or
+//! Llama 3's shape is run by [`super::bytelevel`], to the same ids. The tokenizer's truncation
+//! and padding are turned off: documents are packed whole, never cut or padded.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use arrow_array::cast::AsArray;
 use arrow_array::{Array, ArrayRef};
 use arrow_schema::DataType;
-use tokenizers::{Encoding, Token, Tokenizer};
+use tokenizers::Tokenizer;
 
-use super::bytelevel::ByteLevel;
+use super::bytelevel::{post_processed, ByteLevel};
 use super::columns::table_error;
 use super::cores::Busy;
 use crate::rng::hash2;
@@ -22,7 +22,7 @@ use crate::Result;
 /// A loaded tokenizer and the special tokens put around each document.
 pub struct Text {
     tokenizer: Tokenizer,
-    /// The fast path, for a tokenizer of GPT-2's shape.
+    /// The fast path, for a byte-level BPE of a shape [`ByteLevel`] takes.
     fast: Option<ByteLevel>,
     /// The tokenizer file, for errors.
     path: String,
@@ -78,7 +78,12 @@ impl Text {
         let mut tokenizer = Tokenizer::from_bytes(&bytes).map_err(cannot)?;
         tokenizer.with_truncation(None).map_err(cannot)?;
         tokenizer.with_padding(None);
-        post_processes(&tokenizer).map_err(|why| table_error(path, why))?;
+        let probed = post_processed(&tokenizer).map_err(|why| {
+            table_error(
+                path,
+                format!("cannot load the tokenizer: {}", one_line(&why)),
+            )
+        })?;
         let special = |which: &str, given: Option<&str>| -> Result<Option<u32>> {
             let Some(given) = given else { return Ok(None) };
             if let Some(id) = tokenizer.token_to_id(given) {
@@ -113,7 +118,7 @@ impl Text {
             fingerprint: hash2(fingerprint, bytes.len() as u64),
             path: path.to_owned(),
             spill: None,
-            fast: ByteLevel::of(&tokenizer),
+            fast: ByteLevel::of(&tokenizer, &probed),
             tokenizer,
         })
     }
@@ -239,28 +244,26 @@ impl Text {
         mut documents: Option<&mut Vec<u64>>,
     ) -> Result<()> {
         let mut cache = self.fast.as_ref().map(ByteLevel::take);
+        let mut encode = |text: &str, out: &mut Vec<u8>| -> tokenizers::Result<()> {
+            if let (Some(fast), Some(cache)) = (&self.fast, &mut cache) {
+                if fast.takes(text) && fast.encode(&self.tokenizer, text, cache, out)? {
+                    return Ok(());
+                }
+            }
+            // `encode_fast` leaves the offsets out; the ids are `encode`'s.
+            let encoding = self.tokenizer.encode_fast(text, true)?;
+            for id in encoding.get_ids() {
+                out.extend_from_slice(&id.to_le_bytes());
+            }
+            Ok(())
+        };
         let mut encoded = Ok(());
         for text in texts {
             let before = out.len();
             if let Some(bos) = self.bos {
                 out.extend_from_slice(&bos.to_le_bytes());
             }
-            let done = match (&self.fast, &mut cache) {
-                (Some(fast), Some(cache)) if fast.takes(text) => {
-                    fast.encode(&self.tokenizer, text, cache, out)
-                }
-                _ => Ok(false),
-            };
-            // The library's `encode_fast` (no offsets; the ids are `encode`'s) where the fast
-            // path is not taken.
-            encoded = done.and_then(|done| match done {
-                true => Ok(()),
-                false => self.tokenizer.encode_fast(*text, true).map(|encoding| {
-                    for id in encoding.get_ids() {
-                        out.extend_from_slice(&id.to_le_bytes());
-                    }
-                }),
-            });
+            encoded = encode(text, out);
             if encoded.is_err() {
                 break;
             }
@@ -279,25 +282,6 @@ impl Text {
         })?;
         TOKENIZED_ROWS.fetch_add(texts.len() as u64, Ordering::Relaxed);
         Ok(())
-    }
-}
-
-/// Whether `tokenizer`'s post-processor takes a document: a template that names a sequence or
-/// a token it does not hold loads, then panics on every document.
-fn post_processes(tokenizer: &Tokenizer) -> std::result::Result<(), String> {
-    let probe = Encoding::from_tokens(vec![Token::new(0, String::new(), (0, 0))], 0);
-    let run = std::panic::AssertUnwindSafe(|| tokenizer.post_process(probe, None, true));
-    match std::panic::catch_unwind(run) {
-        Ok(Ok(_)) => Ok(()),
-        Ok(Err(e)) => Err(format!(
-            "cannot load the tokenizer: its post-processor fails on a document: {}",
-            one_line(&e.to_string())
-        )),
-        Err(_) => Err(
-            "cannot load the tokenizer: its post-processor fails on a document \
-             (a template naming a sequence or a token it does not hold)"
-                .to_owned(),
-        ),
     }
 }
 
