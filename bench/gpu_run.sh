@@ -57,6 +57,10 @@ prepare() (
     cargo build --release --locked -p pinfeed-source --example tokenize_threads
     cp "${CARGO_TARGET_DIR:-target}"/release/examples/tokenize_threads "$C/"
     strip "$C/tokenize_threads"
+    # Parquet records decoded per second on 1 to 16 threads (parquet section).
+    cargo build --release --locked -p pinfeed-source --example decode_tables
+    cp "${CARGO_TARGET_DIR:-target}"/release/examples/decode_tables "$C/"
+    strip "$C/decode_tables"
     # Test binaries that hold GPU tests (marked #[ignore = "needs a CUDA device"]): the
     # integration tests of both crates, and the loader's unit tests (its device cache).
     test_binary "$C/tests/pinfeed-cuda-integration" -p pinfeed-cuda --test integration
@@ -669,6 +673,19 @@ if want parquet && ls $C/*.whl >/dev/null 2>&1; then
     install_wheel /tmp/site $C/*.whl
     PYTHONPATH=/tmp/site timeout 150 python3 bench/records.py parquet --device cuda \
         --out "$OUT/$(date +%F)-$GPU-parquet.json" ${PARQUET_ARGS:-} 2>&1 | tail -8
+    # The same rows fed by another revision's wheel (`prepare-ab REV parquet-old`).
+    if ls $C/parquet-old/*.whl >/dev/null 2>&1; then
+        echo "== Parquet records, parquet-old: $(cat $C/parquet-old/revision.txt)"
+        install_wheel /tmp/site-parquet-old $C/parquet-old/*.whl
+        PYTHONPATH=/tmp/site-parquet-old timeout 150 python3 bench/records.py parquet \
+            --device cuda --out "$OUT/$(date +%F)-$GPU-parquet-old.json" ${PARQUET_ARGS:-} \
+            2>&1 | tail -8
+    fi
+    if [ -x $C/decode_tables ]; then
+        echo "== decode_tables: the Parquet file's records decoded on 1 to 16 threads"
+        $C/decode_tables /tmp/pinfeed_parquet/records.parquet 1,4,16 16384 3 \
+            | tee "$OUT/decode_tables.txt"
+    fi
 fi
 
 if [ -n "${PACK:-}" ]; then

@@ -6,6 +6,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, TryLockError};
 
+use super::spares;
 use crate::Result;
 
 /// Bytes of decoded records the cache keeps at most unless [`set_limit`] says otherwise (the
@@ -23,9 +24,32 @@ static LIMIT: AtomicUsize = AtomicUsize::new(0);
 /// (table id, chunk index).
 type Key = (u64, usize);
 
-/// A decoded chunk's records, shared by the cache and its readers (a `Vec` behind the `Arc`,
-/// as `pack` made it: an `Arc<[u8]>` would copy it once more).
-pub(crate) type Chunk = Arc<Vec<u8>>;
+/// A decoded chunk's records, shared by the cache and its readers.
+pub(crate) type Chunk = Arc<Records>;
+
+/// A chunk's bytes (the `Vec` `pack` made, not copied into an `Arc<[u8]>`), given back to the
+/// [`spares`] when the last reader lets go.
+#[derive(Debug)]
+pub(crate) struct Records(Vec<u8>);
+
+impl std::ops::Deref for Records {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+impl Drop for Records {
+    fn drop(&mut self) {
+        give_back(std::mem::take(&mut self.0));
+    }
+}
+
+/// Gives a buffer no longer used back to the [`spares`].
+pub(crate) fn give_back(buf: Vec<u8>) {
+    spares::give(buf, limit());
+}
 
 #[derive(Default)]
 struct Slot {
@@ -120,7 +144,7 @@ fn fill(
     load: impl FnOnce() -> Result<Vec<u8>>,
 ) -> Result<Chunk> {
     let loaded: Chunk = match load() {
-        Ok(v) => Arc::new(v),
+        Ok(v) => Arc::new(Records(v)),
         Err(e) => {
             drop(data);
             let mut c = cache().lock().unwrap_or_else(|e| e.into_inner());
@@ -135,8 +159,8 @@ fn fill(
     // Sizes are set and summed under the cache's lock only, so evictions subtract what was added.
     let mut c = cache().lock().unwrap_or_else(|e| e.into_inner());
     if c.slots.get(&key).is_some_and(|s| Arc::ptr_eq(s, slot)) {
-        slot.bytes.store(loaded.len(), Ordering::Relaxed);
-        c.bytes += loaded.len();
+        slot.bytes.store(loaded.0.capacity(), Ordering::Relaxed);
+        c.bytes += loaded.0.capacity();
     }
     evict(&mut c, key);
     Ok(loaded)
@@ -179,6 +203,7 @@ fn evict(c: &mut Cache, keep: Key) {
             c.bytes -= s.bytes.load(Ordering::Relaxed);
         }
     }
+    spares::trim(limit);
 }
 
 /// Forgets every chunk of table `id` (the table is dropped).

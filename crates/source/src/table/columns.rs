@@ -296,6 +296,7 @@ pub(crate) fn pack(
     }
     let rows = batch.num_rows();
     let parts = record_parts(batch, columns, rows, at)?;
+    let parts: Vec<_> = parts.iter().map(|(v, c)| (v.bytes(), *c)).collect();
     if let Some(values) = whole(&parts, record_bytes) {
         out.extend_from_slice(values);
         return Ok(());
@@ -318,6 +319,7 @@ pub(crate) fn pack_into(
 ) -> Result<()> {
     debug_assert_eq!(records.len(), batch.num_rows() * record_bytes);
     let parts = record_parts(batch, columns, batch.num_rows(), at)?;
+    let parts: Vec<_> = parts.iter().map(|(v, c)| (v.bytes(), *c)).collect();
     match whole(&parts, record_bytes) {
         Some(values) => records.copy_from_slice(values),
         None => scatter_rows(&parts, records, record_bytes),
@@ -357,17 +359,16 @@ fn record_parts<'a, 'c>(
 
 /// The records already, where one column fills the record (a fixed-size list, or one
 /// primitive): its values, row after row.
-fn whole<'p>(parts: &'p [(Values<'_>, &Column)], record_bytes: usize) -> Option<&'p [u8]> {
+pub(crate) fn whole<'v>(parts: &[(&'v [u8], &Column)], record_bytes: usize) -> Option<&'v [u8]> {
     match parts {
-        [(values, column)] if column.offset == 0 && column.bytes() == record_bytes => {
-            Some(values.bytes())
-        }
+        [(values, column)] if column.offset == 0 && column.bytes() == record_bytes => Some(values),
         _ => None,
     }
 }
 
-/// Writes the rows of `parts` into `records`, which holds as many.
-fn scatter_rows(parts: &[(Values<'_>, &Column)], records: &mut [u8], record_bytes: usize) {
+/// Writes the rows of `parts` (each column's values, row after row) into `records`, which
+/// holds as many.
+pub(crate) fn scatter_rows(parts: &[(&[u8], &Column)], records: &mut [u8], record_bytes: usize) {
     // A block of records at a time, each column scattered into it while it stays in the
     // cache: column by column over the whole batch would stream every record through the
     // cache once a column.
@@ -377,7 +378,7 @@ fn scatter_rows(parts: &[(Values<'_>, &Column)], records: &mut [u8], record_byte
         let count = records.len() / record_bytes;
         for (values, column) in parts {
             let width = column.bytes();
-            let from = &values.bytes()[first * width..(first + count) * width];
+            let from = &values[first * width..(first + count) * width];
             scatter(from, records, width, record_bytes, column.offset);
         }
     }

@@ -9,7 +9,8 @@
 //! outgrow the cache (`shuffle="block"` with blocks of a row group reads each once an epoch;
 //! a token column's shuffled orders take the chunks a few at a time,
 //! [`ChunkOrder`](crate::tokens::ChunkOrder)). The cache holds [`cache_limit`] bytes
-//! (1 GiB unless [`set_cache_limit`] says otherwise).
+//! (1 GiB unless [`set_cache_limit`] says otherwise), and a quarter as much again of buffers
+//! of chunks let go, kept for the next decodes while a table is open (`spares`).
 //!
 //! Each format reads its file through [`crate::formats::ByteRanges`]: a local file by `pread`,
 //! an object in object storage by ranged GETs (`Format::open_ranges`), so that only what the
@@ -21,7 +22,9 @@ pub mod columns;
 mod cores;
 mod ipc;
 mod jsonl;
+mod pages;
 mod parquet;
+mod spares;
 mod spill;
 mod text;
 
@@ -303,6 +306,8 @@ pub struct TableSource {
     decodes: std::sync::atomic::AtomicU64,
     /// What reading this table says for statistics (malformed lines skipped).
     description: String,
+    /// Counts this table among the open ones, whose decoding keeps spare buffers ([`spares`]).
+    _open: spares::Open,
 }
 
 impl TableSource {
@@ -313,6 +318,7 @@ impl TableSource {
         chunks: Box<dyn Chunks>,
         description: String,
     ) -> Result<TableSource> {
+        let open = spares::Open::new();
         let id = cache::new_id();
         let chunks: Box<dyn Chunks> = match columns.first() {
             Some(c) if c.tokens => Box::new(TokenChunks::count(chunks, &columns, c.itemsize, id)?),
@@ -339,6 +345,7 @@ impl TableSource {
             id,
             decodes: Default::default(),
             description,
+            _open: open,
         })
     }
 

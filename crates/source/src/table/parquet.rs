@@ -16,6 +16,7 @@ use parquet::file::reader::{ChunkReader, Length};
 use parquet::file::FOOTER_SIZE;
 
 use super::columns::{pack, pack_into, table_error, Column};
+use super::pages::{decode, Plan};
 use super::{columns_option, Chunks, TableSource};
 use crate::formats::{ByteRanges, FileRanges, Format, OpenFile, OpenRanges};
 use crate::{ReadOptions, Result, Source};
@@ -121,6 +122,10 @@ pub(crate) fn open_parquet(
         .iter()
         .map(|g| g.num_rows().max(0) as u64)
         .collect();
+    let plan = match columns.first() {
+        Some(c) if !c.tokens => Plan::new(metadata.parquet_schema(), &fields),
+        _ => None,
+    };
     let mask = ProjectionMask::roots(metadata.parquet_schema(), indices.iter().copied());
     let leaves = (0..metadata.parquet_schema().num_columns())
         .filter(|&c| mask.leaf_included(c))
@@ -132,6 +137,7 @@ pub(crate) fn open_parquet(
         mask,
         leaves,
         rows,
+        plan,
     };
     TableSource::new(
         name,
@@ -151,6 +157,8 @@ struct RowGroups {
     /// The leaf columns `mask` takes: the column chunks read of each row group.
     leaves: Vec<usize>,
     rows: Vec<u64>,
+    /// How records are decoded without arrow's reader, where their columns allow it.
+    plan: Option<Plan>,
 }
 
 impl std::fmt::Debug for RowGroups {
@@ -208,6 +216,10 @@ impl Chunks for RowGroups {
         let at = format!("{}, row group {i}", self.name);
         let fail = |e: &dyn std::fmt::Display| table_error(&at, format!("cannot decode: {e}"));
         let fetched = self.fetch(i, &at)?;
+        if let Some(plan) = &self.plan {
+            let group = self.metadata.metadata().row_group(i);
+            return decode(plan, Arc::new(fetched), group, columns, record_bytes, &at);
+        }
         let reader =
             ParquetRecordBatchReaderBuilder::new_with_metadata(fetched, self.metadata.clone())
                 .with_projection(self.mask.clone())
@@ -230,10 +242,10 @@ impl Chunks for RowGroups {
             }
             return Ok(out);
         }
-        // Records: the row group's in one buffer of fresh zeroed pages (no memset, as growing
-        // a Vec batch by batch did), each batch packed into its place.
+        // Records: the row group's in one zeroed buffer (a spare, or fresh pages: no memset, as
+        // growing a Vec batch by batch did), each batch packed into its place.
         let rows = self.rows[i] as usize;
-        let mut out = vec![0u8; rows * record_bytes];
+        let mut out = super::spares::take(rows * record_bytes, true);
         let mut decoded = 0;
         for batch in reader {
             let batch = batch.map_err(|e| fail(&e))?;
