@@ -411,8 +411,8 @@ mod tests {
     use parquet::arrow::ArrowWriter;
     use parquet::file::properties::WriterProperties;
 
-    /// A Parquet file of `batch` in memory, in row groups of `group_rows`, pages of at most
-    /// 3,000 rows, with or without statistics.
+    /// A Parquet file of `batch` in memory, snappy-compressed, in row groups of `group_rows`,
+    /// pages of at most 3,000 rows, with or without statistics.
     fn written(batch: &RecordBatch, group_rows: usize, statistics: bool) -> bytes::Bytes {
         let stats = if statistics {
             parquet::file::properties::EnabledStatistics::Page
@@ -423,6 +423,7 @@ mod tests {
             .set_max_row_group_row_count(Some(group_rows))
             .set_data_page_row_count_limit(3000)
             .set_write_batch_size(1000)
+            .set_compression(parquet::basic::Compression::SNAPPY)
             .set_statistics_enabled(stats)
             .build();
         let mut file = Vec::new();
@@ -591,5 +592,48 @@ mod tests {
                 .to_string();
             assert!(e.contains("column \"v\" holds a null at row 6543"), "{e}");
         }
+    }
+
+    #[test]
+    fn garbled_pages_are_refused_or_read_never_a_panic() {
+        use arrow_array::*;
+        let n = 30_000usize;
+        let batch = RecordBatch::try_from_iter([
+            (
+                "f",
+                Arc::new(Float32Array::from_iter_values((0..n).map(|i| i as f32))) as ArrayRef,
+            ),
+            (
+                "d",
+                Arc::new(Int64Array::from_iter_values(
+                    (0..n).map(|i| (i % 100) as i64),
+                )) as _,
+            ),
+        ])
+        .unwrap();
+        let file = written(&batch, 10_000, false);
+        let body = file.len() - 2000; // the footer left whole
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state as usize
+        };
+        let mut refused = 0;
+        for trial in 0..400 {
+            let mut data = file.to_vec();
+            for _ in 0..1 + trial % 40 {
+                let at = 4 + next() % (body - 4);
+                data[at] = next() as u8;
+            }
+            let data = bytes::Bytes::from(data);
+            let got = std::panic::catch_unwind(|| records(&data, &["f", "d"], 1 + trial % 2));
+            match got {
+                Ok(read) => refused += usize::from(read.expect("a plan").is_err()),
+                Err(_) => panic!("garbled trial {trial} panicked"),
+            }
+        }
+        assert!(refused > 0, "no garbled page was refused");
     }
 }
