@@ -1,12 +1,15 @@
-//! Parquet columns of records decoded by parquet's column readers straight into each column's
-//! values, then packed into records. Arrow's reader (`parquet.rs`) builds arrays a batch at a
-//! time and hands them to be copied once more; this path takes a column whose physical type
-//! holds its values as the record does (a float32 in a FLOAT, a uint8 in an INT32, ...), one
-//! level deep. Fixed-size lists, half floats and anything else go to arrow's reader.
+//! Parquet columns of records decoded by parquet's column readers straight into the records.
+//! Arrow's reader (`parquet.rs`) builds arrays a batch at a time and hands them on to be copied
+//! once more; this path takes a column whose physical type holds its values as the record does
+//! (a float32 in a FLOAT, a uint8 in an INT32, ...), one level deep. Fixed-size lists, half
+//! floats and anything else go to arrow's reader.
 //!
-//! A row group of several megabytes is decoded by its reader and helper threads ([`Busy`]):
-//! each column chunk by one thread (its pages decode in order), then the records a block of
-//! rows at a time, each block by one thread.
+//! On the reader's thread alone, a window of rows at a time: every column's values of the
+//! window into a small buffer, then into the records, while both are in the cache. Where cores
+//! are idle ([`Busy`]), a row group of several megabytes is split among helper threads instead:
+//! each column chunk decoded by one thread (its pages decode in order) into a buffer of every
+//! column's values, then the records packed a block of rows at a time, each block by one
+//! thread.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
