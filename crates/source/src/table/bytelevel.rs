@@ -1,7 +1,7 @@
 //! Byte-level BPE tokenization without the library's bookkeeping, for the tokenizers that cut
-//! text as GPT-2 does (GPT-2, GPT-J, GPT-NeoX, RoBERTa: the byte-level pre-tokenizer with its
-//! pattern) or by a pattern of their own before a byte-level mapping (Llama 3, Qwen 2: a split
-//! on a regex, then the byte-level pre-tokenizer without its pattern). A document is cut into
+//! text as GPT-2 does (GPT-2, GPT-J, RoBERTa: the byte-level pre-tokenizer with its pattern) or
+//! by a pattern of their own before a byte-level mapping (Llama 3: a split on a regex, then the
+//! byte-level pre-tokenizer without its pattern), with no normalizer. A document is cut into
 //! pieces, each piece's ids come from a cache of the pieces this thread has seen, and only a
 //! piece not seen goes through the library's model; the tokens the post-processor puts around
 //! a document (Llama 3's `<|begin_of_text|>`) are found once, by post-processing a probe. The
@@ -46,16 +46,17 @@ const LONGEST_PIECE: usize = 500_000;
 pub(crate) struct Pieces {
     ids: ahash::AHashMap<Box<str>, Box<[u32]>>,
     search: Cache,
+    /// A piece's bytes as the model's characters, kept for the next piece not seen.
+    mapped: String,
 }
 
 /// How a document is cut into pieces.
-#[derive(Clone, Copy)]
 enum Cut {
     /// GPT-2's pattern, searched here; a space put before the document first, if asked.
     Gpt2 { prefix_space: bool },
     /// The tokenizer's own split pattern (its regex, the library's matches), each match and
     /// each run between matches a piece; a space put before each piece, if asked.
-    Split { prefix_space: bool },
+    Split { split: Split, prefix_space: bool },
 }
 
 /// A tokenizer whose documents this module encodes.
@@ -98,6 +99,8 @@ const PROBE: u32 = u32::MAX;
 /// loads, then panics on every document).
 pub(crate) fn post_processed(tokenizer: &Tokenizer) -> Result<Vec<u32>, String> {
     let probe = Encoding::from_tokens(vec![Token::new(PROBE, String::new(), (0, 0))], 0);
+    // The library has no check of a template short of running it; a malformed one panics,
+    // and the panic hook's line on stderr is printed before this turns it into an error.
     let run = std::panic::AssertUnwindSafe(|| tokenizer.post_process(probe, None, true));
     match std::panic::catch_unwind(run) {
         Ok(Ok(done)) => Ok(done.get_ids().to_vec()),
@@ -129,9 +132,13 @@ impl ByteLevel {
             Some(PreTokenizerWrapper::ByteLevel(pre)) if pre.use_regex => Cut::Gpt2 {
                 prefix_space: pre.add_prefix_space,
             },
-            _ => Cut::Split {
-                prefix_space: split_then_bytes(tokenizer)?.1,
-            },
+            _ => {
+                let (split, prefix_space) = split_then_bytes(tokenizer)?;
+                Cut::Split {
+                    split: split.clone(),
+                    prefix_space,
+                }
+            }
         };
         let sampled = match tokenizer.get_model() {
             ModelWrapper::BPE(bpe) => bpe.dropout.is_some_and(|p| p > 0.0),
@@ -172,6 +179,7 @@ impl ByteLevel {
         caches.pop().unwrap_or_else(|| Pieces {
             ids: Default::default(),
             search: PATTERN.create_cache(),
+            mapped: String::new(),
         })
     }
 
@@ -193,10 +201,19 @@ impl ByteLevel {
     ) -> tokenizers::Result<bool> {
         let start = out.len();
         let model = tokenizer.get_model();
-        let piece_space = matches!(self.cut, Cut::Split { prefix_space: true });
-        let mut mapped = String::new();
+        let piece_space = matches!(
+            self.cut,
+            Cut::Split {
+                prefix_space: true,
+                ..
+            }
+        );
         let mut failed = None;
-        let Pieces { ids: known, search } = cache;
+        let Pieces {
+            ids: known,
+            search,
+            mapped,
+        } = cache;
         put(out, &self.before);
         let mut each = |piece: &str| {
             if failed.is_some() || piece.is_empty() {
@@ -210,7 +227,7 @@ impl ByteLevel {
                 mapped.push(self.chars[usize::from(b' ')]);
             }
             mapped.extend(piece.bytes().map(|b| self.chars[usize::from(b)]));
-            match model.tokenize(&mapped) {
+            match model.tokenize(mapped.as_str()) {
                 Ok(tokens) => {
                     let ids: Box<[u32]> = tokens.iter().map(|t| t.id).collect();
                     put(out, &ids);
@@ -221,10 +238,10 @@ impl ByteLevel {
                 Err(e) => failed = Some(e),
             }
         };
-        match self.cut {
+        match &self.cut {
             Cut::Gpt2 { prefix_space } => {
                 let spaced;
-                let text = match prefix_space && !text.starts_with(' ') {
+                let text = match *prefix_space && !text.starts_with(' ') {
                     true => {
                         spaced = format!(" {text}");
                         spaced.as_str()
@@ -236,8 +253,7 @@ impl ByteLevel {
                     return Ok(false);
                 }
             }
-            Cut::Split { .. } => {
-                let (split, _) = split_then_bytes(tokenizer).expect("the shape it was made of");
+            Cut::Split { split, .. } => {
                 let mut from = 0;
                 for (start, end) in split.regex.find_iter(text) {
                     each(&text[from..start]);

@@ -103,8 +103,6 @@ pub(crate) fn decode<R: ChunkReader + 'static>(
     record_bytes: usize,
     at: &str,
 ) -> Result<Vec<u8>> {
-    let total = (group.num_rows().max(0) as usize).saturating_mul(record_bytes);
-    let busy = Busy::take((total / SPLIT_BYTES).min(columns.len()).saturating_sub(1));
     let decode = Decode {
         plan,
         group,
@@ -112,6 +110,8 @@ pub(crate) fn decode<R: ChunkReader + 'static>(
         record_bytes,
         at,
     };
+    let total = decode.rows().saturating_mul(record_bytes);
+    let busy = Busy::take((total / SPLIT_BYTES).min(columns.len()).saturating_sub(1));
     decode.on(chunks, busy.threads())
 }
 
@@ -125,9 +125,14 @@ struct Decode<'a> {
 }
 
 impl Decode<'_> {
+    /// The row group's rows, as its footer says.
+    fn rows(&self) -> usize {
+        usize::try_from(self.group.num_rows().max(0)).unwrap_or(usize::MAX)
+    }
+
     /// The records, on `threads` threads.
     fn on<R: ChunkReader + 'static>(&self, chunks: Arc<R>, threads: usize) -> Result<Vec<u8>> {
-        let rows = usize::try_from(self.group.num_rows().max(0)).unwrap_or(usize::MAX);
+        let rows = self.rows();
         let (columns, record_bytes) = (self.columns, self.record_bytes);
         let mut cursors = self.cursors(chunks, rows)?;
         // Where the columns leave no padding in a record, every byte of it is written.
@@ -207,7 +212,10 @@ fn split(
     record_bytes: usize,
     out: &mut [u8],
 ) -> Result<()> {
-    let mut values = spares::take(out.len(), false);
+    let mut values = spares::take(
+        rows * columns.iter().map(Column::bytes).sum::<usize>(),
+        false,
+    );
     let mut work = Vec::with_capacity(columns.len());
     let mut rest = &mut values[..];
     for (cursor, column) in cursors.into_iter().zip(columns) {

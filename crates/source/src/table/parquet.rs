@@ -117,11 +117,18 @@ pub(crate) fn open_parquet(
             }
         }
     }
-    let rows = meta
+    let rows: Vec<u64> = meta
         .row_groups()
         .iter()
         .map(|g| g.num_rows().max(0) as u64)
         .collect();
+    if columns.first().is_some_and(|c| !c.tokens) {
+        let memory = crate::system::mem_total();
+        for (g, &n) in rows.iter().enumerate() {
+            let at = format!("{name}, row group {g}");
+            fits_in_memory(&at, n, layout.record_bytes(), memory)?;
+        }
+    }
     let plan = match columns.first() {
         Some(c) if !c.tokens => Plan::new(metadata.parquet_schema(), &fields),
         _ => None,
@@ -146,6 +153,23 @@ pub(crate) fn open_parquet(
         Box::new(chunks),
         "parquet row groups".into(),
     )
+}
+
+/// Refuses a row group whose `rows` records of `record_bytes` each, decoded whole, would not
+/// fit in the machine's `memory`: a footer that says so is corrupt or the file is not meant
+/// for records, and allocating them would end the process rather than fail.
+fn fits_in_memory(at: &str, rows: u64, record_bytes: usize, memory: Option<u64>) -> Result<()> {
+    let bytes = rows.saturating_mul(record_bytes as u64);
+    match memory {
+        Some(memory) if bytes > memory => Err(table_error(
+            at,
+            format!(
+                "the footer says {rows} rows, {bytes} bytes of records decoded, more than this \
+                 machine's {memory} bytes of memory"
+            ),
+        )),
+        _ => Ok(()),
+    }
 }
 
 /// A Parquet file's row groups.
@@ -398,6 +422,19 @@ mod tests {
         let mut got = vec![1u8; rows * rb];
         source.read_records(0, &mut got).unwrap();
         assert!(got == want);
+    }
+
+    #[test]
+    fn a_row_group_larger_than_memory_is_refused_naming_it() {
+        assert!(fits_in_memory("f, row group 2", 1000, 128, Some(128_000)).is_ok());
+        assert!(fits_in_memory("f, row group 2", u64::MAX, 128, None).is_ok());
+        let e = fits_in_memory("f, row group 2", 1001, 128, Some(128_000)).unwrap_err();
+        let e = e.to_string();
+        assert!(
+            e.contains("f, row group 2") && e.contains("1001 rows, 128128 bytes"),
+            "{e}"
+        );
+        assert!(fits_in_memory("f", u64::MAX, 128, Some(u64::MAX - 1)).is_err());
     }
 
     #[test]

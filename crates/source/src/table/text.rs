@@ -63,27 +63,17 @@ impl Text {
     /// Loads `path` (a `tokenizer.json`); `bos` and `eos` are tokens of its vocabulary
     /// (`<|endoftext|>`), or, when no token is so written, ids.
     pub fn load(path: &str, bos: Option<&str>, eos: Option<&str>) -> Result<Text> {
-        let bytes = std::fs::read(path).map_err(|e| {
+        let cannot = |why: &dyn std::fmt::Display| {
             table_error(
                 path,
-                format!("cannot load the tokenizer: {}", one_line(&e.to_string())),
-            )
-        })?;
-        let cannot = |e: tokenizers::Error| {
-            table_error(
-                path,
-                format!("cannot load the tokenizer: {}", one_line(&e.to_string())),
+                format!("cannot load the tokenizer: {}", one_line(&why.to_string())),
             )
         };
-        let mut tokenizer = Tokenizer::from_bytes(&bytes).map_err(cannot)?;
-        tokenizer.with_truncation(None).map_err(cannot)?;
+        let bytes = std::fs::read(path).map_err(|e| cannot(&e))?;
+        let mut tokenizer = Tokenizer::from_bytes(&bytes).map_err(|e| cannot(&e))?;
+        tokenizer.with_truncation(None).map_err(|e| cannot(&e))?;
         tokenizer.with_padding(None);
-        let probed = post_processed(&tokenizer).map_err(|why| {
-            table_error(
-                path,
-                format!("cannot load the tokenizer: {}", one_line(&why)),
-            )
-        })?;
+        let probed = post_processed(&tokenizer).map_err(|why| cannot(&why))?;
         let special = |which: &str, given: Option<&str>| -> Result<Option<u32>> {
             let Some(given) = given else { return Ok(None) };
             if let Some(id) = tokenizer.token_to_id(given) {

@@ -158,8 +158,10 @@ fn text_is_tokenized_with_eos_after_each_document() {
     let mut documents = opts.clone();
     documents.format.set("documents", "true");
     let s = open_with(&path, None, &documents).unwrap();
-    assert_eq!(s.document_lengths(), Some(vec![3, 4])); // "a b" and "c z a", each with eos
-                                                        // A template naming a second sequence ($B) loads, and panics on every document.
+    // "a b" and "c z a", each with eos.
+    assert_eq!(s.document_lengths(), Some(vec![3, 4]));
+
+    // A template naming a second sequence ($B) loads, and panics on every document.
     let json = tokenizer.to_string(false).unwrap().replace(
         "\"post_processor\":null",
         r#""post_processor":{"type":"TemplateProcessing","single":[{"Sequence":{"id":"B","type_id":0}}],"pair":[],"special_tokens":{}}"#,
